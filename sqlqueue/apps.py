@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class SqlqueueConfig(AppConfig):
+    name = "sqlqueue"
+    verbose_name = "SQL queue"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from sqlqueue import checks  # noqa: F401  (registers the system checks)

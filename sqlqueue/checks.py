@@ -1,0 +1,164 @@
+"""System checks. Ids are stable and documented in docs/reference/checks.md.
+
+Settings checks (``sqlqueue.E001``-``E007``, ``W001``-``W002``) run with every
+``manage.py check``. Database checks (``E101``-``E106``, ``W101``-``W103``) need a
+connection, so Django runs them only with ``check --database`` and before ``migrate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from sqlqueue.conf import QueueSettings, validate
+from sqlqueue.storage.sql import SUPPORTED_VENDORS
+
+QUEUE_TABLES = (
+    "queue_messages",
+    "queue_delivery_state",
+    "queue_partition_leases",
+    "queue_offsets",
+    "queue_subscriber_heartbeats",
+)
+MIN_MYSQL = (8, 0)
+MIN_MARIADB = (10, 11)
+MIN_SQLITE = (3, 35)
+#: room for the rest of a row in one packet, on top of the largest payload
+PACKET_MARGIN = 64 * 1024
+
+
+def _message(problem_id: str, msg: str, hint: str | None = None) -> CheckMessage:
+    kind = Error if ".E" in problem_id else Warning
+    return kind(msg, hint=hint, id=problem_id)
+
+
+@register("sqlqueue")
+def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    _, problems = validate(getattr(settings, "SQLQUEUE", None), settings.DATABASES)
+    return [_message(p.id, p.msg, p.hint) for p in problems]
+
+
+@register(Tags.database)
+def check_database(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    conf, _ = validate(getattr(settings, "SQLQUEUE", None), settings.DATABASES)
+    if conf is None or (databases is not None and conf.DATABASE not in databases):
+        return []  # the settings check reports the problem; or this database is not asked for
+    connection = connections[conf.DATABASE]
+    if connection.vendor not in SUPPORTED_VENDORS:
+        return [Error(
+            f"SQLQUEUE['DATABASE'] ({conf.DATABASE!r}) is a {connection.vendor} database; "
+            "sqlqueue supports MySQL 8.0+, MariaDB 10.11+ and SQLite.",
+            id="sqlqueue.E101",
+        )]
+    try:
+        if connection.vendor == "mysql":
+            return _check_mysql(connection, conf)
+        return _check_sqlite(connection)
+    except DatabaseError as exc:
+        return [Warning(
+            f"Could not inspect database {conf.DATABASE!r}: {exc}",
+            hint="Run 'manage.py check --database default' once the database is reachable.",
+            id="sqlqueue.W103",
+        )]
+
+
+def _version_text(numbers: Sequence[int]) -> str:
+    return ".".join(str(n) for n in numbers)
+
+
+def _check_mysql(connection: BaseDatabaseWrapper, conf: QueueSettings) -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    is_mariadb = bool(connection.mysql_is_mariadb)  # type: ignore[attr-defined]
+    version = tuple(connection.mysql_version)  # type: ignore[attr-defined]
+    minimum = MIN_MARIADB if is_mariadb else MIN_MYSQL
+    if version < minimum:
+        product = "MariaDB" if is_mariadb else "MySQL"
+        messages.append(Error(
+            f"{product} {_version_text(version)} is too old for sqlqueue; "
+            f"{product} {_version_text(minimum)} or newer is required.",
+            id="sqlqueue.E102",
+        ))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@character_set_connection, @@max_allowed_packet")
+        charset, max_packet = cursor.fetchone()
+        isolation = _isolation_level(cursor)
+        cursor.execute(
+            "SELECT TABLE_NAME, TABLE_COLLATION FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (%s, %s, %s, %s, %s)",
+            list(QUEUE_TABLES),
+        )
+        collations = dict(cursor.fetchall())
+    if charset != "utf8mb4":
+        messages.append(Error(
+            f"The connection to {connection.alias!r} uses the character set {charset!r}; "
+            "topics, keys and payloads need utf8mb4.",
+            hint=f"Set DATABASES[{connection.alias!r}]['OPTIONS']['charset'] = 'utf8mb4'.",
+            id="sqlqueue.E103",
+        ))
+    wrong = sorted(t for t, c in collations.items() if not str(c).startswith("utf8mb4"))
+    if wrong:
+        messages.append(Error(
+            f"Queue tables {', '.join(wrong)} are not utf8mb4: "
+            + ", ".join(f"{t}={collations[t]}" for t in wrong) + ".",
+            hint="Convert them: ALTER TABLE <name> CONVERT TO CHARACTER SET utf8mb4 "
+                 "COLLATE utf8mb4_bin (docs/reference/schema.md).",
+            id="sqlqueue.E104",
+        ))
+    if isolation == "READ-UNCOMMITTED":
+        messages.append(Error(
+            "The transaction isolation level is READ UNCOMMITTED: consumers would see "
+            "messages of transactions that later roll back.",
+            hint="Use READ COMMITTED (Django's default for MySQL) or REPEATABLE READ, via "
+                 "DATABASES[...]['OPTIONS']['isolation_level'].",
+            id="sqlqueue.E105",
+        ))
+    elif isolation == "SERIALIZABLE":
+        messages.append(Warning(
+            "The transaction isolation level is SERIALIZABLE: every read takes locks, "
+            "so publishers and consumers block each other and deadlock more often.",
+            hint="Use READ COMMITTED, Django's default for MySQL.",
+            id="sqlqueue.W101",
+        ))
+    if int(max_packet) < conf.MAX_PAYLOAD_BYTES + PACKET_MARGIN:
+        messages.append(Warning(
+            f"max_allowed_packet ({max_packet} bytes) is too small for "
+            f"SQLQUEUE['MAX_PAYLOAD_BYTES'] ({conf.MAX_PAYLOAD_BYTES} bytes): the largest "
+            "accepted payloads would be refused by the server.",
+            hint="Raise max_allowed_packet on the server or lower MAX_PAYLOAD_BYTES.",
+            id="sqlqueue.W102",
+        ))
+    return messages
+
+
+def _isolation_level(cursor: Any) -> str:
+    # MySQL 8 and MariaDB >= 11.1 call it transaction_isolation; older MariaDB tx_isolation.
+    for variable in ("transaction_isolation", "tx_isolation"):
+        try:
+            cursor.execute(f"SELECT @@SESSION.{variable}")
+        except DatabaseError:
+            continue
+        return str(cursor.fetchone()[0]).upper().replace(" ", "-")
+    return ""
+
+
+def _check_sqlite(connection: BaseDatabaseWrapper) -> list[CheckMessage]:
+    import sqlite3
+
+    version = sqlite3.sqlite_version_info
+    if version < MIN_SQLITE:
+        return [Error(
+            f"SQLite {sqlite3.sqlite_version} is too old for sqlqueue; "
+            f"{_version_text(MIN_SQLITE)} or newer is required.",
+            id="sqlqueue.E102",
+        )]
+    return []

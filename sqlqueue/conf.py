@@ -1,0 +1,276 @@
+"""The ``SQLQUEUE`` setting: defaults, validation and a lazily built, typed view of it.
+
+Nothing here reads Django settings at import time. ``get_settings()`` builds a frozen
+``QueueSettings`` on first use and caches it until Django's ``setting_changed`` signal
+says ``SQLQUEUE`` (or ``DATABASES``) changed, so ``override_settings`` works in tests.
+
+``validate()`` is shared by the system checks (``sqlqueue.checks``) and by
+``get_settings()``: the checks report every problem with a stable id, and runtime code
+refuses to start on settings the checks would reject.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from sqlqueue.exceptions import ConfigurationError
+
+MAX_NAME_BYTES = 255  # VARCHAR(255) columns of the RFC schema
+MAX_DLQ_SUFFIX_BYTES = 64
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """Validated ``SQLQUEUE`` values; durations are float seconds."""
+
+    DATABASE: str = "default"
+    POLL_INTERVAL: float = 0.1
+    BATCH_SIZE: int = 10
+    VISIBILITY_TIMEOUT: float = 60.0
+    MAX_ATTEMPTS: int = 5
+    MIN_BACKOFF: float = 1.0
+    MAX_BACKOFF: float = 3600.0
+    LEASE_DURATION: float = 30.0
+    LEASE_RENEW_INTERVAL: float = 10.0
+    THREADS: int = 4
+    SHUTDOWN_TIMEOUT: float = 30.0
+    DEFAULT_PARTITIONS: int = 16
+    MAX_PAYLOAD_BYTES: int = 1_048_576
+    DLQ_SUFFIX: str = "_dlq"
+    RETENTION: float = 0.0
+    MAX_TRANSACTION_AGE: float = 300.0
+
+    @property
+    def max_topic_bytes(self) -> int:
+        """Longest topic (UTF-8 bytes) whose dead-letter topic still fits 255 bytes."""
+        return MAX_NAME_BYTES - len(self.DLQ_SUFFIX.encode("utf-8"))
+
+
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QueueSettings)}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the settings; ``id`` is the system check id (``sqlqueue.E004``)."""
+
+    id: str
+    msg: str
+    hint: str | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return ".E" in self.id
+
+
+# -- value coercion --------------------------------------------------------------------
+
+class _BadValue(Exception):
+    def __init__(self, check_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.check_id = check_id
+        self.reason = reason
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _BadValue("sqlqueue.E003", "must be a number of seconds or a timedelta")
+    if not math.isfinite(value):
+        raise _BadValue("sqlqueue.E004", "must be finite")
+    return float(value)
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BadValue("sqlqueue.E003", "must be an integer")
+    return value
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _BadValue("sqlqueue.E003", "must be a string")
+    return value
+
+
+def _at_least(
+    convert: Callable[[Any], Any], minimum: float, *, strict: bool = False
+) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        converted = convert(value)
+        if converted < minimum or (strict and converted == minimum):
+            relation = ">" if strict else ">="
+            raise _BadValue("sqlqueue.E004", f"must be {relation} {minimum:g}")
+        return converted
+
+    return check
+
+
+def _at_most(check: Callable[[Any], Any], maximum: float) -> Callable[[Any], Any]:
+    def bounded(value: Any) -> Any:
+        converted = check(value)
+        if converted > maximum:
+            raise _BadValue("sqlqueue.E004", f"must be <= {maximum:g}")
+        return converted
+
+    return bounded
+
+
+def _dlq_suffix(value: Any) -> str:
+    text = _text(value)
+    if not text:
+        raise _BadValue("sqlqueue.E004", "must not be empty")
+    if any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in text):
+        raise _BadValue("sqlqueue.E004", "must not contain control characters")
+    if len(text.encode("utf-8")) > MAX_DLQ_SUFFIX_BYTES:
+        raise _BadValue("sqlqueue.E004", f"must be at most {MAX_DLQ_SUFFIX_BYTES} bytes")
+    return text
+
+
+def _alias(value: Any) -> str:
+    text = _text(value)
+    if not text:
+        raise _BadValue("sqlqueue.E004", "must not be empty")
+    return text
+
+
+_positive_seconds = _at_least(_seconds, 0, strict=True)
+_non_negative_seconds = _at_least(_seconds, 0)
+
+CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "DATABASE": _alias,
+    "POLL_INTERVAL": _positive_seconds,
+    "BATCH_SIZE": _at_most(_at_least(_integer, 1), 10_000),
+    "VISIBILITY_TIMEOUT": _positive_seconds,
+    "MAX_ATTEMPTS": _at_most(_at_least(_integer, 1), 1_000_000),
+    "MIN_BACKOFF": _non_negative_seconds,
+    "MAX_BACKOFF": _positive_seconds,
+    "LEASE_DURATION": _positive_seconds,
+    "LEASE_RENEW_INTERVAL": _positive_seconds,
+    "THREADS": _at_most(_at_least(_integer, 1), 1024),
+    "SHUTDOWN_TIMEOUT": _non_negative_seconds,
+    "DEFAULT_PARTITIONS": _at_most(_at_least(_integer, 1), 100_000),
+    "MAX_PAYLOAD_BYTES": _at_most(_at_least(_integer, 1), 1 << 30),
+    "DLQ_SUFFIX": _dlq_suffix,
+    "RETENTION": _non_negative_seconds,
+    "MAX_TRANSACTION_AGE": _positive_seconds,
+}
+assert set(CONVERTERS) == set(DEFAULTS), "every setting needs exactly one converter"
+
+
+# -- validation -------------------------------------------------------------------------
+
+def validate(
+    raw: Any, database_aliases: Mapping[str, Any] | None = None
+) -> tuple[QueueSettings | None, list[Problem]]:
+    """Check a raw ``SQLQUEUE`` value; return the settings (if usable) and every problem."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        return None, [Problem(
+            "sqlqueue.E001",
+            f"SQLQUEUE must be a dict, not {type(raw).__name__}.",
+            "Set SQLQUEUE = {...} in your settings, or remove it to use the defaults.",
+        )]
+
+    problems: list[Problem] = []
+    for key in sorted(set(raw) - set(DEFAULTS), key=str):
+        problems.append(Problem(
+            "sqlqueue.E002",
+            f"SQLQUEUE has an unknown key {key!r}.",
+            f"Known keys: {', '.join(DEFAULTS)}.",
+        ))
+
+    values: dict[str, Any] = {}
+    for key, default in DEFAULTS.items():
+        value = raw.get(key, default)
+        try:
+            values[key] = CONVERTERS[key](value)
+        except _BadValue as bad:
+            problems.append(Problem(
+                bad.check_id,
+                f"SQLQUEUE[{key!r}] {bad.reason}; got {value!r}.",
+                f"The default is {default!r}.",
+            ))
+
+    problems.extend(_relations(values, database_aliases))
+    if any(p.is_error for p in problems):
+        return None, problems
+    return QueueSettings(**values), problems
+
+
+def _relations(values: dict[str, Any], aliases: Mapping[str, Any] | None) -> list[Problem]:
+    problems: list[Problem] = []
+    renew, lease = values.get("LEASE_RENEW_INTERVAL"), values.get("LEASE_DURATION")
+    if renew is not None and lease is not None:
+        if renew >= lease:
+            problems.append(Problem(
+                "sqlqueue.E005",
+                f"SQLQUEUE['LEASE_RENEW_INTERVAL'] ({renew:g}s) must be shorter than "
+                f"SQLQUEUE['LEASE_DURATION'] ({lease:g}s), or leases expire between renewals.",
+                "Keep the renew interval at a third of the lease duration or less.",
+            ))
+        elif renew > lease / 2:
+            problems.append(Problem(
+                "sqlqueue.W001",
+                f"SQLQUEUE['LEASE_RENEW_INTERVAL'] ({renew:g}s) is more than half of "
+                f"SQLQUEUE['LEASE_DURATION'] ({lease:g}s): one slow renewal loses the lease.",
+                "Keep the renew interval at a third of the lease duration or less.",
+            ))
+    low, high = values.get("MIN_BACKOFF"), values.get("MAX_BACKOFF")
+    if low is not None and high is not None and low > high:
+        problems.append(Problem(
+            "sqlqueue.E006",
+            f"SQLQUEUE['MIN_BACKOFF'] ({low:g}s) is greater than "
+            f"SQLQUEUE['MAX_BACKOFF'] ({high:g}s).",
+        ))
+    alias = values.get("DATABASE")
+    if alias is not None and aliases is not None and alias not in aliases:
+        problems.append(Problem(
+            "sqlqueue.E007",
+            f"SQLQUEUE['DATABASE'] is {alias!r}, which is not in DATABASES.",
+            f"Use one of: {', '.join(aliases) or '(none configured)'}.",
+        ))
+    poll, visibility = values.get("POLL_INTERVAL"), values.get("VISIBILITY_TIMEOUT")
+    if poll is not None and visibility is not None and poll >= visibility:
+        problems.append(Problem(
+            "sqlqueue.W002",
+            f"SQLQUEUE['POLL_INTERVAL'] ({poll:g}s) is not shorter than "
+            f"SQLQUEUE['VISIBILITY_TIMEOUT'] ({visibility:g}s): redeliveries will lag.",
+        ))
+    return problems
+
+
+# -- the cached, lazily built settings ---------------------------------------------------
+
+_cached: QueueSettings | None = None
+
+
+def get_settings() -> QueueSettings:
+    """The validated settings; raises ``ConfigurationError`` naming every error."""
+    global _cached
+    if _cached is None:
+        from django.conf import settings as django_settings
+
+        built, problems = validate(
+            getattr(django_settings, "SQLQUEUE", None), django_settings.DATABASES
+        )
+        if built is None:
+            details = "; ".join(f"{p.msg} ({p.id})" for p in problems if p.is_error)
+            raise ConfigurationError(f"Invalid SQLQUEUE setting: {details}")
+        _cached = built
+    return _cached
+
+
+@receiver(setting_changed)
+def _reset_on_change(*, setting: str, **kwargs: Any) -> None:
+    global _cached
+    if setting in ("SQLQUEUE", "DATABASES"):
+        _cached = None

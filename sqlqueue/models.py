@@ -1,0 +1,175 @@
+"""Django models mirroring the five tables of the RFC "SQL-Based Distributed Queue".
+
+Table and column names, keys and units are the RFC's (timestamps are epoch milliseconds
+in BIGINT UNSIGNED). Columns the RFC lacks carry a database default, so a row written by
+another RFC implementation, with only the RFC's columns, is valid and consumed normally.
+docs/reference/schema.md has the final DDL and the reasons behind each choice.
+
+The four per-group tables use Django's ``CompositePrimaryKey`` so the primary keys are
+exactly the RFC's: the hot-path upserts (``INSERT ... ON DUPLICATE KEY UPDATE``) conflict
+on them, and no surrogate column widens the rows or their secondary indexes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from sqlqueue.conf import MAX_NAME_BYTES as NAME_LENGTH
+from sqlqueue.publishing.messages import DEFAULT_PRIORITY
+
+
+class UnsignedBigAutoField(models.BigAutoField):
+    """``BIGINT UNSIGNED AUTO_INCREMENT`` on MySQL/MariaDB, as the RFC's ``offset``."""
+
+    def db_type(self, connection: BaseDatabaseWrapper) -> str | None:
+        if connection.vendor == "mysql":
+            return "bigint UNSIGNED AUTO_INCREMENT"
+        return super().db_type(connection)
+
+    def rel_db_type(self, connection: BaseDatabaseWrapper) -> str | None:
+        if connection.vendor == "mysql":
+            return "bigint UNSIGNED"
+        return super().rel_db_type(connection)
+
+
+def _name(**kwargs: Any) -> models.CharField[str, str]:
+    return models.CharField(max_length=NAME_LENGTH, **kwargs)
+
+
+def _epoch_ms(**kwargs: Any) -> models.PositiveBigIntegerField[int, int]:
+    return models.PositiveBigIntegerField(**kwargs)
+
+
+class QueueMessage(models.Model):
+    """One published message: the immutable, shared log of every topic."""
+
+    offset = UnsignedBigAutoField(primary_key=True)
+    topic = _name()
+    partition_key = _name()
+    id = _name(help_text="Deduplication key within (topic, partition_key).")
+    payload = models.BinaryField(help_text="UTF-8 JSON, at most MAX_PAYLOAD_BYTES.")
+    metadata = models.JSONField(null=True, blank=True)
+    created_at = _epoch_ms(help_text="Epoch ms, database clock, at insert.")
+    published_at = _epoch_ms(help_text="Epoch ms, publisher's clock.")
+    # Dead-letter columns (RFC): meaningful on rows of a dead-letter topic only.
+    failed_at = _epoch_ms(db_default=0)
+    failure_count = models.PositiveIntegerField(db_default=0)
+    last_error = models.TextField(db_default="")
+    original_topic = _name(db_default="")
+    failure_detail = models.JSONField(null=True, blank=True)
+    # Added by sqlqueue, each with a default (docs/reference/schema.md).
+    priority = models.PositiveSmallIntegerField(
+        db_default=DEFAULT_PRIORITY, help_text="0..255, lower is delivered first."
+    )
+    deliver_after = _epoch_ms(
+        db_default=0, help_text="Epoch ms; not delivered before. 0 = at once."
+    )
+    consumer_group = _name(
+        db_default="", help_text="Dead letters: the group whose attempts failed."
+    )
+
+    class Meta:
+        db_table = "queue_messages"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["topic", "partition_key", "id"], name="idx_topic_partition_id"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["topic", "partition_key", "offset"], name="idx_topic_partition_offset"
+            ),
+        ]
+        verbose_name = "message"
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.partition_key}@{self.offset} ({self.id})"
+
+
+class DeliveryState(models.Model):
+    """Per consumer group, per message: acked, invisible until, retry count."""
+
+    pk = models.CompositePrimaryKey("consumer_group", "topic", "partition_key", "message_offset")
+    consumer_group = _name()
+    topic = _name()
+    partition_key = _name()
+    message_offset = models.PositiveBigIntegerField()
+    acked = models.BooleanField(db_default=False)
+    invisible_until = _epoch_ms(db_default=0)
+    retry_count = models.PositiveIntegerField(db_default=0)
+    postponed = models.BooleanField(db_default=False)
+    # Added by sqlqueue.
+    acked_at = _epoch_ms(db_default=0, help_text="Epoch ms, database clock; 0 = not acked.")
+
+    class Meta:
+        db_table = "queue_delivery_state"
+        verbose_name = "delivery state"
+        verbose_name_plural = "delivery states"
+
+    def __str__(self) -> str:
+        return f"{self.consumer_group}:{self.topic}/{self.partition_key}@{self.message_offset}"
+
+
+class PartitionLease(models.Model):
+    """Which subscriber owns a (group, topic, partition), until when, with which generation."""
+
+    pk = models.CompositePrimaryKey("consumer_group", "topic", "partition_key")
+    consumer_group = _name()
+    topic = _name()
+    partition_key = _name()
+    leased_by = _name()
+    leased_at = _epoch_ms()
+    lease_renewed_at = _epoch_ms()
+    # Added by sqlqueue: fencing token, incremented on every change of owner.
+    generation = models.PositiveBigIntegerField(db_default=0)
+
+    class Meta:
+        db_table = "queue_partition_leases"
+        indexes = [models.Index(fields=["lease_renewed_at"], name="idx_lease_renewed")]
+        verbose_name = "partition lease"
+
+    def __str__(self) -> str:
+        return f"{self.consumer_group}:{self.topic}/{self.partition_key} by {self.leased_by}"
+
+
+class PartitionOffset(models.Model):
+    """The contiguous-ack watermark of a group on a partition."""
+
+    pk = models.CompositePrimaryKey("consumer_group", "topic", "partition_key")
+    consumer_group = _name()
+    topic = _name()
+    partition_key = _name()
+    offset_acked = models.PositiveBigIntegerField(
+        db_default=0, help_text="Every offset <= this is done for the group."
+    )
+    updated_at = _epoch_ms()
+
+    class Meta:
+        db_table = "queue_offsets"
+        # The RFC indexes (topic) only; garbage collection filters on the partition too.
+        indexes = [models.Index(fields=["topic", "partition_key"], name="idx_topic_partition")]
+        verbose_name = "partition offset"
+
+    def __str__(self) -> str:
+        return f"{self.consumer_group}:{self.topic}/{self.partition_key}<={self.offset_acked}"
+
+
+class SubscriberHeartbeat(models.Model):
+    """A live subscriber of a (group, topic); rows older than the lease duration are dead."""
+
+    pk = models.CompositePrimaryKey("consumer_group", "topic", "subscriber_name")
+    consumer_group = _name()
+    topic = _name()
+    subscriber_name = _name()
+    heartbeat_at = _epoch_ms()
+    deregistered_at = _epoch_ms(db_default=0)
+
+    class Meta:
+        db_table = "queue_subscriber_heartbeats"
+        verbose_name = "subscriber heartbeat"
+
+    def __str__(self) -> str:
+        return f"{self.consumer_group}:{self.topic} {self.subscriber_name}"

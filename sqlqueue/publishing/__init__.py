@@ -1,0 +1,1 @@
+"""Publishing: validate messages, then write them in the caller's transaction."""

@@ -1,0 +1,197 @@
+"""Outgoing messages: what callers pass in, how it is checked, and what they get back.
+
+Everything here is pure Python: validation happens before any SQL runs, so a refused
+message leaves the caller's transaction exactly as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+
+from sqlqueue.conf import MAX_NAME_BYTES, QueueSettings
+from sqlqueue.exceptions import InvalidMessage
+from sqlqueue.storage.sql.base import MessageRow
+
+DEFAULT_PRIORITY = 50
+MIN_PRIORITY, MAX_PRIORITY = 0, 255
+UNKEYED_PREFIX = "default-"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A message for ``send_messages``; the fields mean what ``send_message``'s arguments do."""
+
+    payload: Any
+    partition_key: str | None = None
+    id: str | None = None
+    metadata: Mapping[str, str] | None = None
+    priority: int = DEFAULT_PRIORITY
+    delay: float | timedelta | None = None
+    deliver_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class SentMessage:
+    """The stored message: ``created`` is False when ``id`` was already published."""
+
+    topic: str
+    partition_key: str
+    id: str
+    offset: int
+    created: bool = field(default=True)
+
+
+def check_name(kind: str, value: Any, *, max_bytes: int = MAX_NAME_BYTES) -> str:
+    """A topic, partition key or id: a non-empty str of printable characters."""
+    if not isinstance(value, str):
+        raise InvalidMessage(f"{kind} must be a string, not {type(value).__name__}.")
+    if not value:
+        raise InvalidMessage(f"{kind} must not be empty.")
+    bad = next((ch for ch in value if ord(ch) < 32 or 127 <= ord(ch) < 160), None)
+    if bad is not None:
+        raise InvalidMessage(f"{kind} {value[:50]!r} contains the control character {bad!r}.")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidMessage(f"{kind} {value[:50]!r} is not valid Unicode text.") from exc
+    if size > max_bytes:
+        raise InvalidMessage(f"{kind} is {size} bytes long; the limit is {max_bytes} bytes.")
+    return value
+
+
+def check_topic(topic: Any, conf: QueueSettings) -> str:
+    # Leave room for the dead-letter suffix so that topic + DLQ_SUFFIX still fits.
+    return check_name("topic", topic, max_bytes=conf.max_topic_bytes)
+
+
+def encode_payload(payload: Any, conf: QueueSettings) -> bytes:
+    try:
+        text = json.dumps(payload, cls=DjangoJSONEncoder, ensure_ascii=False,
+                          separators=(",", ":"), allow_nan=False)
+        data = text.encode("utf-8")
+    except (TypeError, ValueError, UnicodeEncodeError) as exc:
+        raise InvalidMessage(f"payload cannot be encoded as JSON: {exc}") from exc
+    if len(data) > conf.MAX_PAYLOAD_BYTES:
+        raise InvalidMessage(
+            f"payload is {len(data)} bytes as JSON; the limit is "
+            f"{conf.MAX_PAYLOAD_BYTES} bytes (SQLQUEUE['MAX_PAYLOAD_BYTES'])."
+        )
+    return data
+
+
+def encode_metadata(metadata: Any, conf: QueueSettings) -> str | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping):
+        raise InvalidMessage(
+            f"metadata must be a dict of str to str, not {type(metadata).__name__}."
+        )
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise InvalidMessage(
+                f"metadata must map str to str; got {key!r}: {type(value).__name__}."
+            )
+    if not metadata:
+        return None  # the RFC stores NULL for an empty map
+    try:
+        text = json.dumps(dict(metadata), ensure_ascii=False, separators=(",", ":"))
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidMessage("metadata is not valid Unicode text.") from exc
+    if size > conf.MAX_PAYLOAD_BYTES:
+        raise InvalidMessage(f"metadata is {size} bytes as JSON; the limit is "
+                             f"{conf.MAX_PAYLOAD_BYTES} bytes.")
+    return text
+
+
+def check_priority(priority: Any) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidMessage(f"priority must be an integer, not {type(priority).__name__}.")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidMessage(
+            f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}; got {priority}."
+        )
+    return priority
+
+
+def schedule(delay: Any, deliver_at: Any) -> tuple[int | None, int]:
+    """(delay in ms, or None; absolute epoch ms, 0 for "at once")."""
+    if delay is not None and deliver_at is not None:
+        raise InvalidMessage("give either delay or deliver_at, not both.")
+    if delay is not None:
+        if isinstance(delay, timedelta):
+            seconds = delay.total_seconds()
+        elif isinstance(delay, int | float) and not isinstance(delay, bool):
+            seconds = float(delay)
+        else:
+            raise InvalidMessage(
+                f"delay must be seconds or a timedelta, not {type(delay).__name__}."
+            )
+        if not math.isfinite(seconds) or seconds < 0:
+            raise InvalidMessage(f"delay must be a finite number >= 0; got {delay!r}.")
+        if seconds > 100 * 365 * 86400:
+            raise InvalidMessage(f"delay of {seconds:g}s is more than a century.")
+        return round(seconds * 1000), 0
+    if deliver_at is not None:
+        if not isinstance(deliver_at, datetime):
+            raise InvalidMessage(
+                f"deliver_at must be a datetime, not {type(deliver_at).__name__}."
+            )
+        if deliver_at.tzinfo is None or deliver_at.utcoffset() is None:
+            raise InvalidMessage(
+                "deliver_at must be an aware datetime (use django.utils.timezone.now() "
+                "or datetime.now(tz=...))."
+            )
+        micros = (deliver_at - EPOCH) // timedelta(microseconds=1)
+        return None, max(0, -(-micros // 1000))  # round up: never deliver early
+    return None, 0
+
+
+def unkeyed_partition(message_id: str, partitions: int) -> str:
+    """Spread unkeyed messages over ``partitions`` keys, deterministically by id.
+
+    Deterministic so that publishing the same id twice (a retried job, a Spark task
+    retry) lands on the same key and is deduplicated.
+    """
+    return f"{UNKEYED_PREFIX}{zlib.crc32(message_id.encode('utf-8')) % partitions}"
+
+
+def prepare(topic: str, message: OutgoingMessage, conf: QueueSettings,
+            published_at: int) -> MessageRow:
+    """Validate one message for an already checked topic and turn it into a row."""
+    if message.id is None:
+        message_id = str(uuid.uuid4())
+    else:
+        message_id = check_name("id", message.id)
+    if message.partition_key is None:
+        partition_key = unkeyed_partition(message_id, conf.DEFAULT_PARTITIONS)
+    else:
+        partition_key = check_name("partition_key", message.partition_key)
+    delay_ms, deliver_at_ms = schedule(message.delay, message.deliver_at)
+    return MessageRow(
+        topic=topic,
+        partition_key=partition_key,
+        id=message_id,
+        payload=encode_payload(message.payload, conf),
+        metadata=encode_metadata(message.metadata, conf),
+        published_at=published_at,
+        priority=check_priority(message.priority),
+        delay_ms=delay_ms,
+        deliver_at_ms=deliver_at_ms,
+    )
+
+
+def now_ms() -> int:
+    """The publisher's clock, for ``published_at`` (the RFC's producer timestamp)."""
+    return time.time_ns() // 1_000_000

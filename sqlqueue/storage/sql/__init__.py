@@ -1,0 +1,34 @@
+"""Named SQL statements, one module per vendor; ``dialect_for()`` picks the right one."""
+
+from __future__ import annotations
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from sqlqueue.exceptions import ConfigurationError
+from sqlqueue.storage.sql.base import Dialect, MessageRow
+
+SUPPORTED_VENDORS = ("mysql", "sqlite")
+
+
+def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
+    """The statements for ``connection``'s database; cached on the connection object."""
+    dialect: Dialect | None = getattr(connection, "_sqlqueue_dialect", None)
+    if dialect is None:
+        if connection.vendor == "mysql":
+            from sqlqueue.storage.sql.mysql import MySQLDialect
+
+            dialect = MySQLDialect(connection)
+        elif connection.vendor == "sqlite":
+            from sqlqueue.storage.sql.sqlite import SQLiteDialect
+
+            dialect = SQLiteDialect(connection)
+        else:
+            raise ConfigurationError(
+                f"sqlqueue supports MySQL, MariaDB and SQLite; database "
+                f"{connection.alias!r} is {connection.vendor}."
+            )
+        connection._sqlqueue_dialect = dialect  # type: ignore[attr-defined]
+    return dialect
+
+
+__all__ = ["SUPPORTED_VENDORS", "Dialect", "MessageRow", "dialect_for"]

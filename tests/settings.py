@@ -1,0 +1,68 @@
+"""Settings for the test suite.
+
+The database comes from ``DATABASE_URL`` (django-environ syntax):
+
+    DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3  (the default)
+    DATABASE_URL=mysql://root@127.0.0.1:3306/test       (MariaDB / MySQL)
+
+Django creates and destroys a ``test_...`` database next to the named one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import environ
+
+env = environ.Env()
+BASE_DIR = Path(__file__).resolve().parent.parent
+SECRET_KEY = "sqlqueue-tests-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+_default_sqlite = f"sqlite:///{Path(tempfile.gettempdir()) / 'sqlqueue-tests.sqlite3'}"
+_database = env.db_url("DATABASE_URL", default=_default_sqlite)
+if _database["ENGINE"] == "django.db.backends.mysql":
+    _database.setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
+elif _database["ENGINE"] == "django.db.backends.sqlite3":
+    # A file, not the in-memory default, so that a second connection in another thread
+    # or process really is a second connection with its own locks.
+    _database["TEST"] = {
+        "NAME": str(Path(tempfile.gettempdir()) / f"test-sqlqueue-{os.getpid()}.sqlite3")
+    }
+    _database.setdefault("OPTIONS", {}).update({"timeout": 20})
+DATABASES = {"default": _database}
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.admin",
+    "sqlqueue",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+SQLQUEUE: dict[str, object] = {}
