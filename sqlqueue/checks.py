@@ -1,7 +1,7 @@
 """System checks. Ids are stable and documented in docs/reference/checks.md.
 
 Settings checks (``sqlqueue.E001``-``E007``, ``W001``-``W002``) run with every
-``manage.py check``. Database checks (``E101``-``E106``, ``W101``-``W103``) need a
+``manage.py check``. Database checks (``E101``-``E105``, ``W101``-``W104``) need a
 connection, so Django runs them only with ``check --database`` and before ``migrate``.
 """
 
@@ -39,7 +39,9 @@ def _message(problem_id: str, msg: str, hint: str | None = None) -> CheckMessage
 
 
 @register("sqlqueue")
-def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
     _, problems = validate(getattr(settings, "SQLQUEUE", None), settings.DATABASES)
     return [_message(p.id, p.msg, p.hint) for p in problems]
 
@@ -154,11 +156,20 @@ def _isolation_level(cursor: Any) -> str:
 def _check_sqlite(connection: BaseDatabaseWrapper) -> list[CheckMessage]:
     import sqlite3
 
-    version = sqlite3.sqlite_version_info
-    if version < MIN_SQLITE:
-        return [Error(
+    messages: list[CheckMessage] = []
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        messages.append(Error(
             f"SQLite {sqlite3.sqlite_version} is too old for sqlqueue; "
             f"{_version_text(MIN_SQLITE)} or newer is required.",
             id="sqlqueue.E102",
-        )]
-    return []
+        ))
+    mode = str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode") or "")
+    if mode.upper() != "IMMEDIATE":
+        messages.append(Warning(
+            f"SQLite database {connection.alias!r} starts transactions in DEFERRED mode: "
+            "a publisher and a consumer writing at once fail with 'database is locked'.",
+            hint=f"Set DATABASES[{connection.alias!r}]['OPTIONS']['transaction_mode'] = "
+                 "'IMMEDIATE' (Django 5.1+).",
+            id="sqlqueue.W104",
+        ))
+    return messages

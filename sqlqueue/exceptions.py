@@ -9,7 +9,7 @@ class SqlqueueError(Exception):
     """Root of every exception raised by sqlqueue."""
 
 
-class InvalidMessage(SqlqueueError, ValueError):  # noqa: N818 - public name fixed by the SPEC
+class InvalidMessage(SqlqueueError, ValueError):
     """A message was refused before anything was written.
 
     Raised for bad topics, partition keys, ids, payloads, metadata, priorities and

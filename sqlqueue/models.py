@@ -12,7 +12,7 @@ on them, and no surrogate column widens the rows or their secondary indexes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -20,8 +20,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from sqlqueue.conf import MAX_NAME_BYTES as NAME_LENGTH
 from sqlqueue.publishing.messages import DEFAULT_PRIORITY
 
+if TYPE_CHECKING:
+    _BigAutoField = models.BigAutoField[int, int]
+else:  # the field classes are generic for type checkers only
+    _BigAutoField = models.BigAutoField
 
-class UnsignedBigAutoField(models.BigAutoField):
+
+class UnsignedBigAutoField(_BigAutoField):
     """``BIGINT UNSIGNED AUTO_INCREMENT`` on MySQL/MariaDB, as the RFC's ``offset``."""
 
     def db_type(self, connection: BaseDatabaseWrapper) -> str | None:

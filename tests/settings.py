@@ -33,7 +33,9 @@ elif _database["ENGINE"] == "django.db.backends.sqlite3":
     _database["TEST"] = {
         "NAME": str(Path(tempfile.gettempdir()) / f"test-sqlqueue-{os.getpid()}.sqlite3")
     }
-    _database.setdefault("OPTIONS", {}).update({"timeout": 20})
+    # IMMEDIATE: a transaction takes the write lock at BEGIN, so two publishers queue up
+    # instead of failing with "database is locked" when one upgrades a read lock.
+    _database.setdefault("OPTIONS", {}).update({"timeout": 20, "transaction_mode": "IMMEDIATE"})
 DATABASES = {"default": _database}
 
 INSTALLED_APPS = [

@@ -38,7 +38,7 @@ def send_message(
     payload: Any,
     *,
     partition_key: str | None = None,
-    id: str | None = None,  # noqa: A002 - the SPEC's name
+    id: str | None = None,
     metadata: Mapping[str, str] | None = None,
     priority: int = DEFAULT_PRIORITY,
     delay: float | timedelta | None = None,

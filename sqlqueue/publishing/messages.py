@@ -170,10 +170,7 @@ def unkeyed_partition(message_id: str, partitions: int) -> str:
 def prepare(topic: str, message: OutgoingMessage, conf: QueueSettings,
             published_at: int) -> MessageRow:
     """Validate one message for an already checked topic and turn it into a row."""
-    if message.id is None:
-        message_id = str(uuid.uuid4())
-    else:
-        message_id = check_name("id", message.id)
+    message_id = str(uuid.uuid4()) if message.id is None else check_name("id", message.id)
     if message.partition_key is None:
         partition_key = unkeyed_partition(message_id, conf.DEFAULT_PARTITIONS)
     else:

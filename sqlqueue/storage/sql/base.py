@@ -83,15 +83,15 @@ class Dialect:
     def select_message_offsets_sql(self, count: int, *, lock: bool) -> str:
         """``select_message_offsets``: offsets of (partition_key, id) pairs of one topic.
 
-        Written as an OR of equalities on the unique key's columns so that every vendor
-        turns it into ``count`` point lookups on ``idx_topic_partition_id``.
+        An OR of full-key equalities, which every vendor turns into ``count`` point
+        lookups on ``idx_topic_partition_id`` (SQLite needs the topic in every term).
         """
         q = self.quote
-        pairs = " OR ".join([f"({q('partition_key')} = %s AND {q('id')} = %s)"] * count)
+        term = f"({q('topic')} = %s AND {q('partition_key')} = %s AND {q('id')} = %s)"
         suffix = self.locking_read_suffix if lock else ""
         return (
             f"SELECT {q('offset')}, {q('partition_key')}, {q('id')} "
-            f"FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = %s AND ({pairs}){suffix}"
+            f"FROM {q(MESSAGE_TABLE)} WHERE {' OR '.join([term] * count)}{suffix}"
         )
 
     def select_message_offsets(
@@ -100,9 +100,9 @@ class Dialect:
         wanted = list(dict.fromkeys(keys))
         if not wanted:
             return {}
-        params: list[Any] = [topic]
+        params: list[Any] = []
         for partition_key, message_id in wanted:
-            params += [partition_key, message_id]
+            params += [topic, partition_key, message_id]
         cursor.execute(self.select_message_offsets_sql(len(wanted), lock=lock), params)
         return {(pk, mid): int(offset) for offset, pk, mid in cursor.fetchall()}
 

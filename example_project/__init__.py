@@ -1,0 +1,1 @@
+"""An example Django project that publishes order events with sqlqueue."""

@@ -1,0 +1,1 @@
+"""A tiny shop whose orders are announced on the ``orders.created`` topic."""

@@ -1,0 +1,262 @@
+"""What ``manage.py demo`` does, as plain functions: sample data, a rollback, the queue.
+
+Kept apart from the command so that the steps can be read (and reused, e.g. from a
+shell) without the command-line plumbing around them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.db.models.functions import Length
+
+from example_project.shop.models import Customer, Order
+from example_project.shop.services import ORDERS_CREATED, LineItem, place_order
+from sqlqueue.models import QueueMessage
+
+REFERENCE_PREFIX = "DEMO-"
+SAMPLE_CUSTOMERS = [
+    ("Ada Lovelace", "ada@example.com"),
+    ("Grace Hopper", "grace@example.com"),
+    ("Alan Turing", "alan@example.com"),
+]
+CATALOG = [
+    ("TEA-EARL-GREY", Decimal("6.50")),
+    ("MUG-STONEWARE", Decimal("12.00")),
+    ("KETTLE-1L", Decimal("39.90")),
+    ("BISCUITS-OAT", Decimal("3.20")),
+]
+
+
+class PaymentDeclined(Exception):
+    """Raised by the rollback demo after the order was placed, to undo it."""
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    """What is left in the database of an order whose transaction rolled back."""
+
+    reference: str
+    message_id: str
+    order_exists: bool
+    message_exists: bool
+
+
+@dataclass(frozen=True)
+class QueuedMessage:
+    """A stored ``queue_messages`` row, decoded for display."""
+
+    offset: int
+    partition_key: str
+    id: str
+    priority: int
+    created_at: datetime
+    payload: Any
+    metadata: Any
+
+
+def ensure_customers() -> tuple[list[Customer], int]:
+    """The sample customers, created if missing; returns them and how many were new."""
+    customers: list[Customer] = []
+    created_count = 0
+    for name, email in SAMPLE_CUSTOMERS:
+        customer, created = Customer.objects.get_or_create(email=email, defaults={"name": name})
+        customers.append(customer)
+        created_count += created
+    return customers, created_count
+
+
+def demo_reference(number: int) -> str:
+    """``DEMO-0001`` style: sorts well and reads well in the admin."""
+    return f"{REFERENCE_PREFIX}{number:04d}"
+
+
+def next_demo_number() -> int:
+    """One more than the highest existing demo reference, so every run adds new orders."""
+    # Longest first, then highest: DEMO-10000 comes after DEMO-9999.
+    highest = (
+        Order.objects.filter(reference__regex=rf"^{REFERENCE_PREFIX}[0-9]+$")
+        .order_by(Length("reference").desc(), "-reference")
+        .values_list("reference", flat=True)
+        .first()
+    )
+    if highest is None:
+        return 1
+    return int(highest.removeprefix(REFERENCE_PREFIX)) + 1
+
+
+def sample_lines(number: int) -> list[LineItem]:
+    """Between one and three catalog lines, chosen by ``number`` so runs are repeatable."""
+    lines = []
+    for i in range(1 + number % 3):
+        sku, price = CATALOG[(number + i) % len(CATALOG)]
+        lines.append(LineItem(sku=sku, quantity=1 + (number + i) % 3, unit_price=price))
+    return lines
+
+
+def place_demo_orders(customers: list[Customer], count: int, first_number: int) -> list[Order]:
+    """Place ``count`` orders through ``place_order``, one transaction each."""
+    orders = []
+    for number in range(first_number, first_number + count):
+        customer = customers[(number - 1) % len(customers)]
+        orders.append(
+            place_order(customer, sample_lines(number), reference=demo_reference(number))
+        )
+    return orders
+
+
+def demonstrate_rollback(customer: Customer, number: int) -> RollbackResult:
+    """Place an order inside an outer transaction that then fails, and look for traces.
+
+    ``place_order``'s atomic block becomes a savepoint of the outer one, so when the
+    payment step raises, the order, its lines and its message are all undone.
+    """
+    reference = demo_reference(number)
+    try:
+        with transaction.atomic():
+            place_order(customer, sample_lines(number), reference=reference)
+            raise PaymentDeclined(f"card declined for order {reference}")
+    except PaymentDeclined:
+        pass
+    message_id = f"order-{reference}"
+    return RollbackResult(
+        reference=reference,
+        message_id=message_id,
+        order_exists=Order.objects.filter(reference=reference).exists(),
+        message_exists=QueueMessage.objects.filter(topic=ORDERS_CREATED, id=message_id).exists(),
+    )
+
+
+def recent_messages(topic: str = ORDERS_CREATED, limit: int = 20) -> list[QueuedMessage]:
+    """The newest ``limit`` messages of ``topic``, returned oldest first like a log."""
+    rows = QueueMessage.objects.filter(topic=topic).order_by("-offset")[:limit]
+    return [
+        QueuedMessage(
+            offset=row.offset,
+            partition_key=row.partition_key,
+            id=row.id,
+            priority=row.priority,
+            created_at=epoch_ms_to_datetime(row.created_at),
+            payload=decode_payload(row.payload),
+            metadata=row.metadata,
+        )
+        for row in reversed(rows)
+    ]
+
+
+def count_messages(topic: str = ORDERS_CREATED) -> int:
+    """All stored messages of ``topic`` (consumed or not; nothing is deleted here)."""
+    return QueueMessage.objects.filter(topic=topic).count()
+
+
+def epoch_ms_to_datetime(value: int) -> datetime:
+    """sqlqueue stores times as epoch milliseconds; integer maths keeps them exact."""
+    seconds, millis = divmod(value, 1000)
+    return datetime.fromtimestamp(seconds, tz=UTC) + timedelta(milliseconds=millis)
+
+
+def iso_utc(moment: datetime) -> str:
+    """``2025-01-31T12:00:00.123Z``: unambiguous and sortable."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def decode_payload(raw: bytes | memoryview) -> Any:
+    """Payloads are UTF-8 JSON bytes; show anything else (another producer?) as is."""
+    data = bytes(raw)
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 order``, ``2 orders``: the demo's output is read by people."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def format_orders(orders: list[Order]) -> list[str]:
+    """One aligned line per placed order."""
+    name_width = max((len(order.customer.name) for order in orders), default=0)
+    lines = []
+    for order in orders:
+        lines.append(
+            f"{order.reference}  {order.customer.name:<{name_width}}  "
+            f"{plural(order.lines.count(), 'line'):<7}  total {order.total:>7}"
+        )
+    return lines
+
+
+def format_messages(messages: list[QueuedMessage], width: int = 96) -> list[str]:
+    """A table of messages, each row followed by its decoded payload and metadata.
+
+    The JSON is wrapped at ``width`` columns, between items only, so that it stays
+    readable under its row.
+    """
+    header = ("offset", "partition key", "message id", "priority", "created at (UTC)")
+    rows = [
+        (str(m.offset), m.partition_key, m.id, str(m.priority), iso_utc(m.created_at))
+        for m in messages
+    ]
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    right_aligned = {0, 3}
+
+    def render(cells: tuple[str, ...]) -> str:
+        return "  ".join(
+            cell.rjust(width) if index in right_aligned else cell.ljust(width)
+            for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    indent = " " * (widths[0] + 2)
+    lines = [render(header), render(tuple("-" * width for width in widths))]
+    for message, row in zip(messages, rows, strict=True):
+        lines.append(render(row))
+        lines.extend(_labelled(f"{indent}payload:  ", message.payload, width))
+        if message.metadata:
+            lines.extend(_labelled(f"{indent}metadata: ", message.metadata, width))
+    return lines
+
+
+def _labelled(label: str, value: Any, width: int) -> list[str]:
+    if isinstance(value, bytes):
+        return [label + repr(value)]
+    return (label + _fill_json(value, len(label), width)).splitlines()
+
+
+def _fill_json(value: Any, column: int, width: int) -> str:
+    """JSON for ``value`` starting at ``column``: one line if it fits, else filled.
+
+    Items are packed onto lines greedily; an item too long for a line of its own is
+    filled the same way, its continuation lines aligned just inside its bracket.
+    """
+    compact = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    if column + len(compact) <= width or not isinstance(value, dict | list) or not value:
+        return compact
+    if isinstance(value, dict):
+        opener, closer = "{", "}"
+        items = [(json.dumps(key, ensure_ascii=False) + ": ", item) for key, item in value.items()]
+    else:
+        opener, closer = "[", "]"
+        items = [("", item) for item in value]
+    inner = column + 1
+    text, line_column = opener, inner
+    for index, (prefix, item) in enumerate(items):
+        tail = closer if index == len(items) - 1 else ","
+        if index:
+            single = prefix + json.dumps(item, ensure_ascii=False, separators=(", ", ": "))
+            if line_column + 1 + len(single) + len(tail) <= width:
+                text, line_column = text + " ", line_column + 1
+            else:
+                text, line_column = text + "\n" + " " * inner, inner
+        piece = prefix + _fill_json(item, line_column + len(prefix), width) + tail
+        text += piece
+        if "\n" in piece:
+            line_column = len(piece.rsplit("\n", 1)[1])
+        else:
+            line_column += len(piece)
+    return text
+

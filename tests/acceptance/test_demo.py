@@ -1,0 +1,60 @@
+"""The README demo, run as a newcomer would: manage.py subprocesses on a fresh SQLite file."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def manage(*args: str, database: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{database}",
+           "DJANGO_SETTINGS_MODULE": "example_project.settings"}
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, text=True,
+        capture_output=True, timeout=120, check=False,
+    )
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    path = tmp_path / "demo.sqlite3"
+    migrated = manage("migrate", "-v", "0", database=path)
+    assert migrated.returncode == 0, migrated.stderr
+    return path
+
+
+def test_demo_places_orders_and_queues_one_message_each(database: Path) -> None:
+    run = manage("demo", "--orders", "3", database=database)
+    assert run.returncode == 0, run.stderr
+    assert "DEMO-0003" in run.stdout
+    with closing(sqlite3.connect(database)) as db:
+        orders = db.execute("SELECT COUNT(*) FROM shop_order").fetchone()[0]
+        messages = db.execute(
+            "SELECT id, partition_key FROM queue_messages WHERE topic = 'orders.created' "
+            'ORDER BY "offset"'
+        ).fetchall()
+    assert orders == 3
+    assert [m[0] for m in messages] == ["order-DEMO-0001", "order-DEMO-0002", "order-DEMO-0003"]
+    # The demo's rolled-back order left neither an order nor a message.
+    assert "order-DEMO-0004" not in {m[0] for m in messages}
+
+
+def test_demo_runs_again_on_the_same_database(database: Path) -> None:
+    assert manage("demo", "--orders", "2", database=database).returncode == 0
+    again = manage("demo", "--orders", "2", database=database)
+    assert again.returncode == 0, again.stderr
+    assert "DEMO-0004" in again.stdout
+
+
+def test_system_checks_pass_including_database_checks(database: Path) -> None:
+    run = manage("check", "--database", "default", database=database)
+    assert run.returncode == 0, run.stderr
+    assert "no issues" in run.stdout

@@ -1,0 +1,122 @@
+"""System checks: settings errors fire with their ids; database checks read the server."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.checks import Error
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.db import connection
+
+from sqlqueue import ConfigurationError, send_message
+from sqlqueue.checks import check_database, check_settings
+
+pytestmark = pytest.mark.django_db
+
+
+def ids(messages: list[Any]) -> list[str]:
+    return [m.id for m in messages]
+
+
+def test_default_settings_pass_every_check() -> None:
+    assert check_settings() == []
+    assert check_database(databases=["default"]) == []
+
+
+def test_bad_settings_stop_manage_py_check(settings: Any) -> None:
+    settings.SQLQUEUE = {"LEASE_DURATION": 5, "LEASE_RENEW_INTERVAL": 5, "BATCH_SIZE": "ten"}
+    with pytest.raises(SystemCheckError) as raised:
+        call_command("check")
+    assert "sqlqueue.E005" in str(raised.value)
+    assert "sqlqueue.E003" in str(raised.value)
+    assert all(isinstance(m, Error) for m in check_settings())
+
+
+def test_runtime_refuses_settings_the_checks_reject(settings: Any) -> None:
+    settings.SQLQUEUE = {"MAX_PAYLOAD_BYTES": -1}
+    with pytest.raises(ConfigurationError, match=r"MAX_PAYLOAD_BYTES.*sqlqueue.E004"):
+        send_message("t", 1)
+
+
+def test_settings_are_reread_after_a_change(settings: Any) -> None:
+    settings.SQLQUEUE = {"MAX_PAYLOAD_BYTES": 5}
+    from sqlqueue import InvalidMessage
+
+    with pytest.raises(InvalidMessage, match="limit is 5 bytes"):
+        send_message("t", "too long")
+
+
+def test_unknown_database_alias(settings: Any) -> None:
+    settings.SQLQUEUE = {"DATABASE": "queue"}
+    assert ids(check_settings()) == ["sqlqueue.E007"]
+    assert check_database(databases=["default"]) == []  # reported once, by the settings check
+
+
+@pytest.fixture
+def session_variable() -> Iterator[Any]:
+    """Change a MySQL session variable for one test; the connection is closed afterwards."""
+    if connection.vendor != "mysql":
+        pytest.skip("session variables are MySQL/MariaDB's")
+
+    def run(sql: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+
+    yield run
+    connection.close()
+
+
+def test_read_uncommitted_is_an_error(session_variable: Any) -> None:
+    session_variable("SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
+    assert ids(check_database(databases=["default"])) == ["sqlqueue.E105"]
+
+
+def test_serializable_is_a_warning(session_variable: Any) -> None:
+    session_variable("SET SESSION TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+    assert ids(check_database(databases=["default"])) == ["sqlqueue.W101"]
+
+
+def test_a_connection_without_utf8mb4_is_an_error(session_variable: Any) -> None:
+    session_variable("SET NAMES latin1")
+    assert ids(check_database(databases=["default"])) == ["sqlqueue.E103"]
+
+
+def test_packet_smaller_than_the_payload_limit_warns(settings: Any, session_variable: Any) -> None:
+    settings.SQLQUEUE = {"MAX_PAYLOAD_BYTES": 1 << 30}
+    assert ids(check_database(databases=["default"])) == ["sqlqueue.W102"]
+
+
+@pytest.mark.django_db(transaction=True)  # ALTER TABLE commits implicitly
+def test_tables_in_another_charset_are_an_error(session_variable: Any) -> None:
+    initial = importlib.import_module("sqlqueue.migrations.0001_initial")
+    session_variable(
+        "ALTER TABLE queue_subscriber_heartbeats CONVERT TO CHARACTER SET latin1"
+    )
+    try:
+        messages = check_database(databases=["default"])
+        assert ids(messages) == ["sqlqueue.E104"]
+        assert "queue_subscriber_heartbeats" in messages[0].msg
+    finally:
+        session_variable(
+            "ALTER TABLE queue_subscriber_heartbeats "
+            f"CONVERT TO CHARACTER SET utf8mb4 COLLATE {initial.binary_collation(connection)}"
+        )
+
+
+def test_sqlite_without_immediate_transactions_warns() -> None:
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's transaction mode")
+    options = connection.settings_dict["OPTIONS"]
+    saved = options.pop("transaction_mode")
+    try:
+        assert ids(check_database(databases=["default"])) == ["sqlqueue.W104"]
+    finally:
+        options["transaction_mode"] = saved
+
+
+def test_other_databases_are_not_inspected() -> None:
+    assert check_database(databases=["other"]) == []

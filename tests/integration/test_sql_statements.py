@@ -1,0 +1,143 @@
+"""Every named statement in sqlqueue.storage.sql, on the real database, with its plan."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection
+
+from sqlqueue.storage.sql import MessageRow, dialect_for
+
+pytestmark = pytest.mark.django_db
+
+
+def row(pk: str = "k", mid: str = "i", **overrides: Any) -> MessageRow:
+    values: dict[str, Any] = {
+        "topic": "t", "partition_key": pk, "id": mid, "payload": b'{"n":1}', "metadata": None,
+        "published_at": 1, "priority": 50, "delay_ms": None, "deliver_at_ms": 0,
+    }
+    values.update(overrides)
+    return MessageRow(**values)
+
+
+def test_database_now_ms_is_the_server_clock_in_utc() -> None:
+    with connection.cursor() as cursor:
+        now = dialect_for(connection).database_now_ms(cursor)
+    # This machine's clock and the local server's agree to well within a minute.
+    assert abs(now - time.time() * 1000) < 60_000
+
+
+def test_insert_messages_returns_the_offset_and_fails_on_duplicates() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        offset = dialect.insert_messages(cursor, [row()])
+        assert isinstance(offset, int) and offset > 0
+        with pytest.raises(IntegrityError) as raised:
+            dialect.insert_messages(cursor, [row(mid="new"), row()])
+        assert dialect.is_duplicate_message(raised.value)
+        # The failed multi-row statement left nothing behind, not even its first row.
+        assert dialect.select_message_offsets(
+            cursor, "t", [("k", "i"), ("k", "new")], lock=False
+        ) == {("k", "i"): offset}
+
+
+def test_insert_messages_computes_deliver_after() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        dialect.insert_messages(cursor, [
+            row(mid="delayed", delay_ms=5000),
+            row(mid="at", deliver_at_ms=1234),
+            row(mid="now"),
+        ])
+        cursor.execute(
+            "SELECT id, created_at, deliver_after FROM queue_messages ORDER BY id"
+        )
+        got = {mid: (created, after) for mid, created, after in cursor.fetchall()}
+    assert got["delayed"][1] - got["delayed"][0] == 5000
+    assert got["at"][1] == 1234
+    assert got["now"][1] == 0
+
+
+def test_other_integrity_errors_are_not_duplicates() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor, pytest.raises(IntegrityError) as raised:
+        cursor.execute(
+            "INSERT INTO queue_messages (topic, partition_key, id, payload, created_at, "
+            "published_at) VALUES ('t', 'k', 'i', NULL, 1, 1)"
+        )
+    assert not dialect.is_duplicate_message(raised.value)
+
+
+def test_select_message_offsets_reads_only_the_asked_pairs() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        dialect.insert_messages(cursor, [row("a", "1"), row("a", "2"), row("b", "1")])
+        found = dialect.select_message_offsets(
+            cursor, "t", [("a", "1"), ("b", "1"), ("b", "2")], lock=True
+        )
+        assert set(found) == {("a", "1"), ("b", "1")}
+        assert dialect.select_message_offsets(cursor, "t", [], lock=False) == {}
+
+
+def explain(sql: str, params: list[Any]) -> str:
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("EXPLAIN " + sql, params)
+            columns = [c[0] for c in cursor.description]
+            return " ".join(str(dict(zip(columns, r, strict=True))) for r in cursor.fetchall())
+        cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+        return " ".join(str(r) for r in cursor.fetchall())
+
+
+def test_select_message_offsets_uses_the_unique_key() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        rows = [row(f"k{n % 7}", f"id-{n}") for n in range(300)]
+        dialect.insert_messages(cursor, rows)
+        if connection.vendor == "mysql":
+            cursor.execute("ANALYZE TABLE queue_messages")
+            cursor.fetchall()
+    sql = dialect.select_message_offsets_sql(3, lock=False)
+    plan = explain(sql, ["t", "k1", "id-1", "t", "k2", "id-2", "t", "k3", "id-3"])
+    if connection.vendor == "sqlite":
+        # SQLite names the index of a UNIQUE constraint itself (sqlite_autoindex_...).
+        assert "MULTI-INDEX OR" in plan
+        assert plan.count("(topic=? AND partition_key=? AND id=?)") == 3
+    else:
+        assert "idx_topic_partition_id" in plan
+        assert "'type': 'range'" in plan and "'key_len': '3066'" in plan
+
+
+def test_identifiers_are_quoted() -> None:
+    """`offset` is reserved in MariaDB >= 10.6: the statements must quote it."""
+    dialect = dialect_for(connection)
+    quoted = connection.ops.quote_name("offset")
+    assert quoted in dialect.select_message_offsets_sql(1, lock=False)
+    assert connection.ops.quote_name("queue_messages") in dialect.insert_messages_sql(1)
+
+
+def test_tables_use_a_binary_no_pad_collation(mysql_only: None) -> None:
+    initial = importlib.import_module("sqlqueue.migrations.0001_initial")
+    expected = initial.binary_collation(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT TABLE_NAME, TABLE_COLLATION FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'queue\\_%%'"
+        )
+        collations = dict(cursor.fetchall())
+    assert collations == dict.fromkeys(initial.QUEUE_TABLES, expected)
+
+
+def test_offset_is_unsigned_auto_increment(mysql_only: None) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW CREATE TABLE queue_messages")
+        ddl = cursor.fetchone()[1]
+    assert "`offset` bigint(20) unsigned NOT NULL AUTO_INCREMENT" in ddl or (
+        "`offset` bigint unsigned NOT NULL AUTO_INCREMENT" in ddl
+    )
+    assert "UNIQUE KEY `idx_topic_partition_id` (`topic`,`partition_key`,`id`)" in ddl
+    assert "KEY `idx_topic_partition_offset` (`topic`,`partition_key`,`offset`)" in ddl
+    assert "longblob" in ddl
