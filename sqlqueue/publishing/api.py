@@ -59,13 +59,13 @@ def send_message(
     for round_ in range(MAX_DEDUP_ROUNDS):
         with connection.cursor() as cursor:
             try:
-                offset = dialect.insert_messages(cursor, [row])
+                offsets = dialect.insert_messages(cursor, [row])
             except IntegrityError as error:
                 if not dialect.is_duplicate_message(error) or round_ == MAX_DEDUP_ROUNDS - 1:
                     raise
             else:
-                assert offset is not None
-                return SentMessage(topic, row.partition_key, row.id, offset, created=True)
+                assert offsets is not None  # a single row's offset is always known
+                return SentMessage(topic, row.partition_key, row.id, offsets[0], created=True)
             found = dialect.select_message_offsets(
                 cursor, topic, [row.key], lock=connection.in_atomic_block
             )
@@ -135,23 +135,27 @@ def _store_chunk(
     connection: BaseDatabaseWrapper, dialect: Dialect, topic: str, chunk: Sequence[MessageRow]
 ) -> tuple[dict[tuple[str, str], int], set[tuple[str, str]]]:
     """Insert the rows of ``chunk`` not yet stored; return every row's offset, and the new ones."""
-    keys = [row.key for row in chunk]
+    # Ids that sqlqueue just generated (UUID4) cannot be stored yet: no lookup for them.
+    may_exist = [row.key for row in chunk if not row.fresh_id]
     with connection.cursor() as cursor:
         for round_ in range(MAX_DEDUP_ROUNDS):
             # First round: a plain read. After a duplicate-key error: a locking read, which
             # sees rows committed after this transaction's snapshot was taken.
-            existing = dialect.select_message_offsets(cursor, topic, keys, lock=round_ > 0)
+            existing = dialect.select_message_offsets(cursor, topic, may_exist, lock=round_ > 0)
             new_rows = [row for row in chunk if row.key not in existing]
             if not new_rows:
                 return existing, set()
             try:
-                dialect.insert_messages(cursor, new_rows)
+                offsets = dialect.insert_messages(cursor, new_rows)
             except IntegrityError as error:
                 if not dialect.is_duplicate_message(error) or round_ == MAX_DEDUP_ROUNDS - 1:
                     raise
                 continue
             new_keys = [row.key for row in new_rows]
-            stored = dialect.select_message_offsets(cursor, topic, new_keys, lock=False)
+            if offsets is None:
+                stored = dialect.select_message_offsets(cursor, topic, new_keys, lock=False)
+            else:
+                stored = dict(zip(new_keys, offsets, strict=True))
             return {**existing, **stored}, set(new_keys)
     raise AssertionError("unreachable")  # pragma: no cover
 

@@ -170,7 +170,8 @@ def unkeyed_partition(message_id: str, partitions: int) -> str:
 def prepare(topic: str, message: OutgoingMessage, conf: QueueSettings,
             published_at: int) -> MessageRow:
     """Validate one message for an already checked topic and turn it into a row."""
-    message_id = str(uuid.uuid4()) if message.id is None else check_name("id", message.id)
+    fresh_id = message.id is None
+    message_id = str(uuid.uuid4()) if fresh_id else check_name("id", message.id)
     if message.partition_key is None:
         partition_key = unkeyed_partition(message_id, conf.DEFAULT_PARTITIONS)
     else:
@@ -186,6 +187,7 @@ def prepare(topic: str, message: OutgoingMessage, conf: QueueSettings,
         priority=check_priority(message.priority),
         delay_ms=delay_ms,
         deliver_at_ms=deliver_at_ms,
+        fresh_id=fresh_id,
     )
 
 

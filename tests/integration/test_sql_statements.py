@@ -33,8 +33,8 @@ def test_database_now_ms_is_the_server_clock_in_utc() -> None:
 def test_insert_messages_returns_the_offset_and_fails_on_duplicates() -> None:
     dialect = dialect_for(connection)
     with connection.cursor() as cursor:
-        offset = dialect.insert_messages(cursor, [row()])
-        assert isinstance(offset, int) and offset > 0
+        (offset,) = dialect.insert_messages(cursor, [row()]) or []
+        assert offset > 0
         with pytest.raises(IntegrityError) as raised:
             dialect.insert_messages(cursor, [row(mid="new"), row()])
         assert dialect.is_duplicate_message(raised.value)
@@ -59,6 +59,20 @@ def test_insert_messages_computes_deliver_after() -> None:
     assert got["delayed"][1] - got["delayed"][0] == 5000
     assert got["at"][1] == 1234
     assert got["now"][1] == 0
+
+
+def test_insert_messages_reports_the_offsets_of_a_multi_row_insert() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        dialect.insert_messages(cursor, [row(mid="before")])
+        offsets = dialect.insert_messages(cursor, [row(mid=f"m{n}") for n in range(50)])
+        stored = dialect.select_message_offsets(
+            cursor, "t", [("k", f"m{n}") for n in range(50)], lock=False
+        )
+    if offsets is None:  # MySQL with innodb_autoinc_lock_mode = 2: the caller reads back
+        assert connection.vendor == "mysql"
+        return
+    assert offsets == [stored[("k", f"m{n}")] for n in range(50)]
 
 
 def test_other_integrity_errors_are_not_duplicates() -> None:

@@ -27,6 +27,8 @@ class MessageRow:
     priority: int
     delay_ms: int | None  # deliver_after = database now + delay_ms ...
     deliver_at_ms: int  # ... or this absolute epoch ms when delay_ms is None (0 = at once)
+    #: the id is a fresh UUID4 made by sqlqueue, so it cannot already be stored
+    fresh_id: bool = False
 
     @property
     def key(self) -> MessageKey:
@@ -69,15 +71,21 @@ class Dialect:
                        r.published_at, r.priority, r.delay_ms, r.deliver_at_ms]
         return params
 
-    def insert_messages(self, cursor: CursorWrapper, rows: Sequence[MessageRow]) -> int | None:
-        """Insert ``rows``; return the offset of the first one (exact for a single row).
+    def insert_messages(
+        self, cursor: CursorWrapper, rows: Sequence[MessageRow]
+    ) -> list[int] | None:
+        """Insert ``rows``; return their offsets in order, or None if they cannot be known
+        without reading them back.
 
         Raises ``IntegrityError`` if any row's (topic, partition_key, id) exists; the
         statement is then rolled back as a whole and the transaction stays usable.
         """
         cursor.execute(self.insert_messages_sql(len(rows)), self.insert_messages_params(rows))
-        lastrowid: int | None = cursor.lastrowid
-        return lastrowid
+        return self.inserted_offsets(cursor, len(rows))
+
+    def inserted_offsets(self, cursor: CursorWrapper, count: int) -> list[int] | None:
+        """The offsets the last ``insert_messages`` of ``count`` rows allocated, if known."""
+        raise NotImplementedError
 
     # -- select_message_offsets --------------------------------------------------------
     def select_message_offsets_sql(self, count: int, *, lock: bool) -> str:

@@ -7,6 +7,7 @@ inside a write transaction already sees every committed row.
 from __future__ import annotations
 
 from django.db import IntegrityError
+from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.storage.sql.base import Dialect
 
@@ -15,6 +16,12 @@ class SQLiteDialect(Dialect):
     vendor = "sqlite"
     now_ms_sql = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
     locking_read_suffix = ""
+
+    def inserted_offsets(self, cursor: CursorWrapper, count: int) -> list[int] | None:
+        # SQLite has one writer at a time and numbers the rows of a statement one after
+        # the other (AUTOINCREMENT: never reusing a number); lastrowid is the last one.
+        last = int(cursor.lastrowid)
+        return list(range(last - count + 1, last + 1))
 
     def is_duplicate_message(self, error: IntegrityError) -> bool:
         return (

@@ -1,0 +1,135 @@
+"""Quick publish-rate measurement (the full benchmark suite is bench/README.md's job).
+
+    .venv/bin/python -m bench.publish                       # MariaDB, database sqlqueue_bench
+    .venv/bin/python -m bench.publish --url sqlite:////tmp/bench.sqlite3
+    .venv/bin/python -m bench.publish --single 5000 --bulk 100000 --json out.json
+
+Measures, on an emptied queue table:
+  single: one send_message per transaction.atomic() (what a web request does)
+  bulk:   send_messages in batches of --batch messages, one transaction per batch
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from typing import Any
+
+import django
+from django.conf import settings
+
+
+def configure(url: str) -> None:
+    import environ
+
+    database = environ.Env.db_url_config(url)
+    if database["ENGINE"].endswith("mysql"):
+        database["OPTIONS"] = {"charset": "utf8mb4"}
+    else:
+        database["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20,
+                               "init_command": "PRAGMA journal_mode=WAL;"}
+    settings.configure(
+        DATABASES={"default": database},
+        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "sqlqueue"],
+        USE_TZ=True,
+        SQLQUEUE={},
+    )
+    django.setup()
+
+
+def ensure_database(url: str) -> None:
+    if not url.startswith("mysql"):
+        return
+    import MySQLdb
+
+    parsed = __import__("environ").Env.db_url_config(url)
+    server = MySQLdb.connect(host=parsed["HOST"] or "127.0.0.1", port=int(parsed["PORT"] or 3306),
+                             user=parsed["USER"] or "root", passwd=parsed["PASSWORD"] or "")
+    server.cursor().execute(
+        f"CREATE DATABASE IF NOT EXISTS `{parsed['NAME']}` CHARACTER SET utf8mb4"
+    )
+    server.close()
+
+
+def empty_queue() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {connection.ops.quote_name('queue_messages')}")
+
+
+def bench_single(count: int) -> float:
+    from django.db import transaction
+
+    from sqlqueue import send_message
+
+    started = time.perf_counter()
+    for n in range(count):
+        with transaction.atomic():
+            send_message("bench.single", {"seq": n, "t": time.time()}, partition_key=f"p{n % 16}")
+    return count / (time.perf_counter() - started)
+
+
+def bench_bulk(count: int, batch: int) -> float:
+    from django.db import transaction
+
+    from sqlqueue import OutgoingMessage, send_messages
+
+    started = time.perf_counter()
+    for first in range(0, count, batch):
+        with transaction.atomic():
+            send_messages("bench.bulk", [
+                OutgoingMessage({"seq": n, "t": time.time()}, partition_key=f"p{n % 16}")
+                for n in range(first, min(first + batch, count))
+            ])
+    return count / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=os.environ.get(
+        "BENCH_DATABASE_URL", "mysql://root@127.0.0.1:3306/sqlqueue_bench"))
+    parser.add_argument("--single", type=int, default=2000)
+    parser.add_argument("--bulk", type=int, default=50_000)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+
+    ensure_database(args.url)
+    configure(args.url)
+    from django.core.management import call_command
+    from django.db import connection
+
+    call_command("migrate", verbosity=0)
+    empty_queue()
+    results: dict[str, Any] = {
+        "database": f"{connection.vendor} {'.'.join(map(str, connection.Database.version_info if connection.vendor == 'mysql' else connection.Database.sqlite_version_info))}",
+        "server_version": _server_version(),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "single_per_s": round(bench_single(args.single)),
+        "bulk_per_s": round(bench_bulk(args.bulk, args.batch)),
+        "single_count": args.single,
+        "bulk_count": args.bulk,
+        "batch": args.batch,
+    }
+    empty_queue()
+    print(json.dumps(results, indent=2))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=2)
+
+
+def _server_version() -> str:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT VERSION()" if connection.vendor == "mysql" else "SELECT sqlite_version()")
+        return str(cursor.fetchone()[0])
+
+
+if __name__ == "__main__":
+    main()
