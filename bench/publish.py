@@ -106,7 +106,7 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     empty_queue()
     results: dict[str, Any] = {
-        "database": f"{connection.vendor} {'.'.join(map(str, connection.Database.version_info if connection.vendor == 'mysql' else connection.Database.sqlite_version_info))}",
+        "database": connection.vendor,
         "server_version": _server_version(),
         "python": platform.python_version(),
         "django": django.get_version(),
@@ -127,7 +127,8 @@ def _server_version() -> str:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT VERSION()" if connection.vendor == "mysql" else "SELECT sqlite_version()")
+        is_mysql = connection.vendor == "mysql"
+        cursor.execute("SELECT VERSION()" if is_mysql else "SELECT sqlite_version()")
         return str(cursor.fetchone()[0])
 
 
