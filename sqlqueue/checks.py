@@ -69,7 +69,7 @@ def check_database(
     except DatabaseError as exc:
         return [Warning(
             f"Could not inspect database {conf.DATABASE!r}: {exc}",
-            hint="Run 'manage.py check --database default' once the database is reachable.",
+            hint=f"Run 'manage.py check --database {conf.DATABASE}' once it is reachable.",
             id="sqlqueue.W103",
         )]
 
@@ -107,13 +107,14 @@ def _check_mysql(connection: BaseDatabaseWrapper, conf: QueueSettings) -> list[C
             hint=f"Set DATABASES[{connection.alias!r}]['OPTIONS']['charset'] = 'utf8mb4'.",
             id="sqlqueue.E103",
         ))
-    wrong = sorted(t for t, c in collations.items() if not str(c).startswith("utf8mb4"))
+    wrong = sorted(t for t, c in collations.items() if not _is_binary_utf8mb4(str(c)))
     if wrong:
         messages.append(Error(
-            f"Queue tables {', '.join(wrong)} are not utf8mb4: "
-            + ", ".join(f"{t}={collations[t]}" for t in wrong) + ".",
-            hint="Convert them: ALTER TABLE <name> CONVERT TO CHARACTER SET utf8mb4 "
-                 "COLLATE utf8mb4_bin (docs/reference/schema.md).",
+            f"Queue tables {', '.join(wrong)} do not use a binary utf8mb4 collation: "
+            + ", ".join(f"{t}={collations[t]}" for t in wrong)
+            + ". Topics, keys and ids must compare byte for byte.",
+            hint="Convert them: ALTER TABLE <name> CONVERT TO CHARACTER SET utf8mb4 COLLATE "
+                 f"{_binary_collation(connection)} (docs/reference/schema.md).",
             id="sqlqueue.E104",
         ))
     if isolation == "READ-UNCOMMITTED":
@@ -142,6 +143,19 @@ def _check_mysql(connection: BaseDatabaseWrapper, conf: QueueSettings) -> list[C
     return messages
 
 
+def _is_binary_utf8mb4(collation: str) -> bool:
+    return collation.startswith("utf8mb4") and collation.endswith("_bin")
+
+
+def _binary_collation(connection: BaseDatabaseWrapper) -> str:
+    """The collation migration 0001 gives the queue tables (byte-wise, no padding)."""
+    if connection.mysql_is_mariadb:  # type: ignore[attr-defined]
+        return "utf8mb4_nopad_bin"
+    if tuple(connection.mysql_version) >= (8, 0, 17):  # type: ignore[attr-defined]
+        return "utf8mb4_0900_bin"
+    return "utf8mb4_bin"
+
+
 def _isolation_level(cursor: Any) -> str:
     # MySQL 8 and MariaDB >= 11.1 call it transaction_isolation; older MariaDB tx_isolation.
     for variable in ("transaction_isolation", "tx_isolation"):
@@ -166,8 +180,8 @@ def _check_sqlite(connection: BaseDatabaseWrapper) -> list[CheckMessage]:
     mode = str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode") or "")
     if mode.upper() != "IMMEDIATE":
         messages.append(Warning(
-            f"SQLite database {connection.alias!r} starts transactions in DEFERRED mode: "
-            "a publisher and a consumer writing at once fail with 'database is locked'.",
+            f"SQLite database {connection.alias!r} does not start transactions in IMMEDIATE "
+            "mode: a publisher and a consumer writing at once fail with 'database is locked'.",
             hint=f"Set DATABASES[{connection.alias!r}]['OPTIONS']['transaction_mode'] = "
                  "'IMMEDIATE' (Django 5.1+).",
             id="sqlqueue.W104",

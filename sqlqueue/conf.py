@@ -100,6 +100,10 @@ def _text(value: Any) -> str:
     return value
 
 
+def _number(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
 def _at_least(
     convert: Callable[[Any], Any], minimum: float, *, strict: bool = False
 ) -> Callable[[Any], Any]:
@@ -107,7 +111,7 @@ def _at_least(
         converted = convert(value)
         if converted < minimum or (strict and converted == minimum):
             relation = ">" if strict else ">="
-            raise _BadValue("sqlqueue.E004", f"must be {relation} {minimum:g}")
+            raise _BadValue("sqlqueue.E004", f"must be {relation} {_number(minimum)}")
         return converted
 
     return check
@@ -117,7 +121,7 @@ def _at_most(check: Callable[[Any], Any], maximum: float) -> Callable[[Any], Any
     def bounded(value: Any) -> Any:
         converted = check(value)
         if converted > maximum:
-            raise _BadValue("sqlqueue.E004", f"must be <= {maximum:g}")
+            raise _BadValue("sqlqueue.E004", f"must be <= {_number(maximum)}")
         return converted
 
     return bounded

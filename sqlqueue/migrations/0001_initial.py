@@ -17,13 +17,12 @@ def binary_collation(connection):
     """The utf8mb4 collation that compares bytes and keeps trailing spaces significant.
 
     utf8mb4_bin (the RFC's) pads with spaces, so ids "a" and "a " would collide in the
-    unique key; the NO PAD binary collations compare exactly, like SQLite does.
+    unique key; the NO PAD binary collations compare exactly, like SQLite does. (MySQL
+    before 8.0.17 has no NO PAD binary collation: there utf8mb4_bin is the best choice.)
     """
-    if connection.mysql_is_mariadb:
-        return "utf8mb4_nopad_bin"
-    if connection.mysql_version >= (8, 0, 17):
-        return "utf8mb4_0900_bin"
-    return "utf8mb4_bin"
+    from sqlqueue.checks import _binary_collation
+
+    return _binary_collation(connection)
 
 
 def use_binary_collation(apps, schema_editor):

@@ -98,9 +98,11 @@ def encode_metadata(metadata: Any, conf: QueueSettings) -> str | None:
             f"metadata must be a dict of str to str, not {type(metadata).__name__}."
         )
     for key, value in metadata.items():
-        if not isinstance(key, str) or not isinstance(value, str):
+        if not isinstance(key, str):
+            raise InvalidMessage(f"metadata keys must be str; got {key!r}.")
+        if not isinstance(value, str):
             raise InvalidMessage(
-                f"metadata must map str to str; got {key!r}: {type(value).__name__}."
+                f"metadata values must be str; {key!r} is a {type(value).__name__}."
             )
     if not metadata:
         return None  # the RFC stores NULL for an empty map

@@ -91,10 +91,11 @@ def test_packet_smaller_than_the_payload_limit_warns(settings: Any, session_vari
 
 
 @pytest.mark.django_db(transaction=True)  # ALTER TABLE commits implicitly
-def test_tables_in_another_charset_are_an_error(session_variable: Any) -> None:
+@pytest.mark.parametrize("charset", ["latin1", "utf8mb4 COLLATE utf8mb4_general_ci"])
+def test_tables_not_binary_utf8mb4_are_an_error(session_variable: Any, charset: str) -> None:
     initial = importlib.import_module("sqlqueue.migrations.0001_initial")
     session_variable(
-        "ALTER TABLE queue_subscriber_heartbeats CONVERT TO CHARACTER SET latin1"
+        f"ALTER TABLE queue_subscriber_heartbeats CONVERT TO CHARACTER SET {charset}"
     )
     try:
         messages = check_database(databases=["default"])
