@@ -10,3 +10,6 @@ class SqlqueueConfig(AppConfig):
 
     def ready(self) -> None:
         from sqlqueue import checks  # noqa: F401  (registers the system checks)
+        from sqlqueue.consuming.registry import autodiscover
+
+        autodiscover()

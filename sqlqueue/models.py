@@ -73,7 +73,9 @@ class QueueMessage(models.Model):
         db_default=0, help_text="Epoch ms; not delivered before. 0 = at once."
     )
     consumer_group = _name(
-        db_default="", help_text="Dead letters: the group whose attempts failed."
+        db_default="",
+        help_text="'' = for every group; else only this group receives it (a replay), "
+        "or, on a dead letter, the group whose attempts failed.",
     )
 
     class Meta:
@@ -108,6 +110,9 @@ class DeliveryState(models.Model):
     postponed = models.BooleanField(db_default=False)
     # Added by sqlqueue.
     acked_at = _epoch_ms(db_default=0, help_text="Epoch ms, database clock; 0 = not acked.")
+    last_error = models.TextField(
+        db_default="", help_text="Traceback of the last failed attempt, while retrying."
+    )
 
     class Meta:
         db_table = "queue_delivery_state"

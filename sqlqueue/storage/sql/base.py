@@ -35,7 +35,392 @@ class MessageRow:
         return (self.partition_key, self.id)
 
 
-class Dialect:
+# =========================================================================================
+# Consuming: the statements a subscriber runs. Each is named after what it does; the
+# method docstrings say which index serves it.
+# =========================================================================================
+
+STATE_TABLE = "queue_delivery_state"
+OFFSETS_TABLE = "queue_offsets"
+STATE_KEY = ("consumer_group", "topic", "partition_key", "message_offset")
+OFFSETS_KEY = ("consumer_group", "topic", "partition_key")
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedRow:
+    """A message row joined with this group's delivery state (None: never delivered)."""
+
+    offset: int
+    id: str
+    payload: bytes
+    metadata: str | None
+    created_at: int
+    published_at: int
+    priority: int
+    deliver_after: int
+    consumer_group: str
+    failure_detail: str | None
+    acked: bool | None
+    invisible_until: int | None
+    retry_count: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """The new delivery state of one message after its handler ran."""
+
+    offset: int
+    acked: bool
+    invisible_until: int
+    last_error: str = ""
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8")
+    return str(value)
+
+
+class ConsumingStatements:
+    """Mixin for ``Dialect``: the subscriber's statements, shared shapes."""
+
+    quote: Any
+    now_ms_sql: str
+
+    # Vendor hooks -------------------------------------------------------------------
+    def upsert_clause(self, key: Sequence[str], assignments: dict[str, str]) -> str:
+        """``ON DUPLICATE KEY UPDATE`` / ``ON CONFLICT DO UPDATE``; ``{new}`` marks the
+        would-be-inserted value of a column in ``assignments``' expressions."""
+        raise NotImplementedError
+
+    def insert_if_absent(self, table: str, columns: Sequence[str], key: Sequence[str]) -> str:
+        raise NotImplementedError
+
+    def discover_partitions_sql(self) -> str:
+        raise NotImplementedError
+
+    def delete_messages_upto_sql(self) -> str:
+        raise NotImplementedError
+
+    def write_horizon_ms(self, cursor: CursorWrapper) -> int | None:
+        """Database time before which every publishing transaction has ended (None: no
+        transaction can commit out of offset order on this database)."""
+        raise NotImplementedError
+
+    # fetch_messages ---------------------------------------------------------------------
+    _FETCH_COLUMNS = (
+        "offset", "id", "payload", "metadata", "created_at", "published_at", "priority",
+        "deliver_after", "consumer_group", "failure_detail",
+    )
+
+    def _fetch_sql(self, where: str) -> str:
+        q = self.quote
+        columns = ", ".join(f"m.{q(c)}" for c in self._FETCH_COLUMNS)
+        return (
+            f"SELECT {columns}, s.{q('acked')}, s.{q('invisible_until')}, "
+            f"s.{q('retry_count')} "
+            f"FROM {q(MESSAGE_TABLE)} m LEFT JOIN {q(STATE_TABLE)} s "
+            f"ON s.{q('consumer_group')} = %s AND s.{q('topic')} = m.{q('topic')} "
+            f"AND s.{q('partition_key')} = m.{q('partition_key')} "
+            f"AND s.{q('message_offset')} = m.{q('offset')} "
+            f"WHERE m.{q('topic')} = %s AND m.{q('partition_key')} = %s AND {where} "
+            f"ORDER BY m.{q('offset')}"
+        )
+
+    def fetch_messages_sql(self) -> str:
+        """``fetch_messages``: the next rows of a partition above an offset, with this
+        group's state; a range on ``idx_topic_partition_offset``, then primary-key
+        lookups (message row, delivery state)."""
+        return self._fetch_sql(f"m.{self.quote('offset')} > %s") + " LIMIT %s"
+
+    def fetch_messages(
+        self, cursor: CursorWrapper, group: str, topic: str, partition: str,
+        after: int, limit: int,
+    ) -> list[FetchedRow]:
+        cursor.execute(self.fetch_messages_sql(), [group, topic, partition, after, limit])
+        return [self._fetched(r) for r in cursor.fetchall()]
+
+    def fetch_messages_at(
+        self, cursor: CursorWrapper, group: str, topic: str, partition: str,
+        offsets: Sequence[int],
+    ) -> list[FetchedRow]:
+        """``fetch_messages_at``: the same, for given offsets (late commits found by a
+        sweep)."""
+        if not offsets:
+            return []
+        marks = ", ".join(["%s"] * len(offsets))
+        sql = self._fetch_sql(f"m.{self.quote('offset')} IN ({marks})")
+        cursor.execute(sql, [group, topic, partition, *offsets])
+        return [self._fetched(r) for r in cursor.fetchall()]
+
+    @staticmethod
+    def _fetched(r: Sequence[Any]) -> FetchedRow:
+        return FetchedRow(
+            offset=int(r[0]), id=r[1], payload=bytes(r[2]), metadata=_text(r[3]),
+            created_at=int(r[4]), published_at=int(r[5]), priority=int(r[6]),
+            deliver_after=int(r[7]), consumer_group=r[8], failure_detail=_text(r[9]),
+            acked=None if r[10] is None else bool(r[10]),
+            invisible_until=None if r[11] is None else int(r[11]),
+            retry_count=None if r[12] is None else int(r[12]),
+        )
+
+    # list_offsets -------------------------------------------------------------------------
+    def list_offsets_sql(self) -> str:
+        """``list_offsets``: offsets stored in (after, upto] of a partition; index-only on
+        ``idx_topic_partition_offset``. Used to find late-committed rows."""
+        q = self.quote
+        return (
+            f"SELECT {q('offset')} FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = %s "
+            f"AND {q('partition_key')} = %s AND {q('offset')} > %s AND {q('offset')} <= %s "
+            f"ORDER BY {q('offset')} LIMIT %s"
+        )
+
+    def list_offsets(
+        self, cursor: CursorWrapper, topic: str, partition: str, after: int, upto: int,
+        limit: int,
+    ) -> list[int]:
+        cursor.execute(self.list_offsets_sql(), [topic, partition, after, upto, limit])
+        return [int(r[0]) for r in cursor.fetchall()]
+
+    # head_offset -----------------------------------------------------------------------
+    def head_offset(self, cursor: CursorWrapper) -> int:
+        """``head_offset``: the newest offset of the whole log (primary key, O(1))."""
+        q = self.quote
+        cursor.execute(f"SELECT MAX({q('offset')}) FROM {q(MESSAGE_TABLE)}")
+        row = cursor.fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    # discover_partitions ---------------------------------------------------------------
+    def discover_partitions(self, cursor: CursorWrapper, topic: str) -> list[str]:
+        """``discover_partitions``: the distinct partition keys of a topic, by loose index
+        scan of ``idx_topic_partition_offset`` (cost grows with partitions, not rows)."""
+        cursor.execute(self.discover_partitions_sql(), self.discover_partitions_params(topic))
+        return [r[0] for r in cursor.fetchall() if r[0] is not None]
+
+    def discover_partitions_params(self, topic: str) -> list[Any]:
+        return [topic]
+
+    # mark_delivered ---------------------------------------------------------------------
+    def mark_delivered_sql(self, count: int) -> str:
+        """``mark_delivered``: start the visibility clock and charge an attempt, for many
+        messages in one statement. An acked row is never touched; a redelivery adds one
+        to ``retry_count`` (the first delivery creates the row with 0)."""
+        q = self.quote
+        columns = (*STATE_KEY, "acked", "invisible_until", "retry_count")
+        values = ", ".join(["(%s, %s, %s, %s, 0, %s, 0)"] * count)
+        clause = self.upsert_clause(STATE_KEY, {
+            # Reads only columns this statement does not assign: order-independent.
+            "retry_count": f"CASE WHEN {q('acked')} = 0 THEN {q('retry_count')} + 1 "
+                           f"ELSE {q('retry_count')} END",
+            "invisible_until": f"CASE WHEN {q('acked')} = 0 THEN {{new}}({q('invisible_until')}) "
+                               f"ELSE {q('invisible_until')} END",
+        })
+        return (
+            f"INSERT INTO {q(STATE_TABLE)} ({', '.join(q(c) for c in columns)}) "
+            f"VALUES {values} {clause}"
+        )
+
+    def mark_delivered(
+        self, cursor: CursorWrapper, group: str, topic: str, partition: str,
+        deliveries: Sequence[tuple[int, int]],
+    ) -> None:
+        """``deliveries``: (offset, invisible_until) pairs."""
+        if not deliveries:
+            return
+        params: list[Any] = []
+        for offset, invisible_until in deliveries:
+            params += [group, topic, partition, offset, invisible_until]
+        cursor.execute(self.mark_delivered_sql(len(deliveries)), params)
+
+    # settle -------------------------------------------------------------------------------
+    def settle_sql(self, count: int) -> str:
+        """``settle``: record handler outcomes (acks and scheduled retries) for many
+        messages in one statement; an acked row stays acked."""
+        q = self.quote
+        now = self.now_ms_sql
+        columns = (*STATE_KEY, "acked", "invisible_until", "acked_at", "last_error")
+        one = f"(%s, %s, %s, %s, %s, %s, CASE WHEN %s THEN {now} ELSE 0 END, %s)"
+        clause = self.upsert_clause(STATE_KEY, {
+            "acked_at": f"CASE WHEN {q('acked')} = 1 THEN {q('acked_at')} "
+                        f"ELSE {{new}}({q('acked_at')}) END",
+            "invisible_until": f"CASE WHEN {q('acked')} = 1 THEN {q('invisible_until')} "
+                               f"ELSE {{new}}({q('invisible_until')}) END",
+            "last_error": f"CASE WHEN {q('acked')} = 1 THEN {q('last_error')} "
+                          f"ELSE {{new}}({q('last_error')}) END",
+            # Assigned last: MySQL evaluates left to right, and the lines above must read
+            # the old value.
+            "acked": f"CASE WHEN {q('acked')} = 1 THEN 1 ELSE {{new}}({q('acked')}) END",
+        })
+        return (
+            f"INSERT INTO {q(STATE_TABLE)} ({', '.join(q(c) for c in columns)}) "
+            f"VALUES {', '.join([one] * count)} {clause}"
+        )
+
+    def settle(
+        self, cursor: CursorWrapper, group: str, topic: str, partition: str,
+        settlements: Sequence[Settlement],
+    ) -> None:
+        if not settlements:
+            return
+        params: list[Any] = []
+        for s in settlements:
+            acked = 1 if s.acked else 0
+            params += [group, topic, partition, s.offset, acked, s.invisible_until, acked,
+                       s.last_error]
+        cursor.execute(self.settle_sql(len(settlements)), params)
+
+    # give_back ---------------------------------------------------------------------------
+    def give_back(
+        self, cursor: CursorWrapper, group: str, topic: str, partition: str,
+        offset: int, previous_retry_count: int | None,
+    ) -> None:
+        """``give_back``: undo ``mark_delivered`` for a message that never reached a
+        handler (graceful shutdown): no attempt charged, visible again at once."""
+        q = self.quote
+        key_sql = " AND ".join(f"{q(c)} = %s" for c in STATE_KEY)
+        key: list[Any] = [group, topic, partition, offset]
+        if previous_retry_count is None:
+            cursor.execute(f"DELETE FROM {q(STATE_TABLE)} WHERE {key_sql} AND {q('acked')} = 0",
+                           key)
+        else:
+            cursor.execute(
+                f"UPDATE {q(STATE_TABLE)} SET {q('invisible_until')} = 0, "
+                f"{q('retry_count')} = %s WHERE {key_sql} AND {q('acked')} = 0",
+                [previous_retry_count, *key],
+            )
+
+    # extend_visibility -------------------------------------------------------------------
+    def extend_visibility(
+        self, cursor: CursorWrapper, group: str, topic: str, partition: str, offset: int,
+        milliseconds: int,
+    ) -> int:
+        """``extend_visibility``: invisible for ``milliseconds`` from the database's now;
+        returns the number of rows changed (0: already acked or not delivered)."""
+        q = self.quote
+        key_sql = " AND ".join(f"{q(c)} = %s" for c in STATE_KEY)
+        cursor.execute(
+            f"UPDATE {q(STATE_TABLE)} SET {q('invisible_until')} = {self.now_ms_sql} + %s "
+            f"WHERE {key_sql} AND {q('acked')} = 0",
+            [milliseconds, group, topic, partition, offset],
+        )
+        return int(cursor.rowcount)
+
+    # offsets (watermarks) ------------------------------------------------------------------
+    def ensure_watermark(
+        self, cursor: CursorWrapper, group: str, topic: str, partition: str
+    ) -> int:
+        """``ensure_watermark``: create the group's offsets row if missing (this is what
+        registers the group with garbage collection), then read the watermark."""
+        q = self.quote
+        columns = (*OFFSETS_KEY, "offset_acked", "updated_at")
+        cursor.execute(
+            self.insert_if_absent(OFFSETS_TABLE, columns, OFFSETS_KEY).format(
+                values=f"%s, %s, %s, 0, {self.now_ms_sql}"
+            ),
+            [group, topic, partition],
+        )
+        cursor.execute(
+            f"SELECT {q('offset_acked')} FROM {q(OFFSETS_TABLE)} WHERE "
+            + " AND ".join(f"{q(c)} = %s" for c in OFFSETS_KEY),
+            [group, topic, partition],
+        )
+        row = cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    def advance_watermark(
+        self, cursor: CursorWrapper, group: str, topic: str, partition: str, upto: int
+    ) -> int:
+        """``advance_watermark``: move the watermark forward, never back."""
+        q = self.quote
+        cursor.execute(
+            f"UPDATE {q(OFFSETS_TABLE)} SET {q('offset_acked')} = %s, "
+            f"{q('updated_at')} = {self.now_ms_sql} WHERE "
+            + " AND ".join(f"{q(c)} = %s" for c in OFFSETS_KEY)
+            + f" AND {q('offset_acked')} < %s",
+            [upto, group, topic, partition, upto],
+        )
+        return int(cursor.rowcount)
+
+    def delete_states_upto(
+        self, cursor: CursorWrapper, group: str, topic: str, partition: str, upto: int
+    ) -> int:
+        """``delete_states_upto``: drop delivery state the watermark covers (primary-key
+        range). Run only after ``advance_watermark`` committed."""
+        q = self.quote
+        cursor.execute(
+            f"DELETE FROM {q(STATE_TABLE)} WHERE {q('consumer_group')} = %s AND "
+            f"{q('topic')} = %s AND {q('partition_key')} = %s AND {q('message_offset')} <= %s",
+            [group, topic, partition, upto],
+        )
+        return int(cursor.rowcount)
+
+    def topic_watermarks(
+        self, cursor: CursorWrapper, topic: str
+    ) -> tuple[set[str], dict[str, dict[str, int]]]:
+        """``topic_watermarks``: every group known on a topic, and each partition's
+        watermarks by group, in one read of ``idx_topic_partition``."""
+        q = self.quote
+        cursor.execute(
+            f"SELECT {q('consumer_group')}, {q('partition_key')}, {q('offset_acked')} "
+            f"FROM {q(OFFSETS_TABLE)} WHERE {q('topic')} = %s",
+            [topic],
+        )
+        groups: set[str] = set()
+        partitions: dict[str, dict[str, int]] = {}
+        for group, partition, watermark in cursor.fetchall():
+            groups.add(group)
+            partitions.setdefault(partition, {})[group] = int(watermark)
+        return groups, partitions
+
+    # dead letters ---------------------------------------------------------------------------
+    _DEAD_LETTER_COLUMNS = (
+        "topic", "partition_key", "id", "payload", "metadata", "created_at", "published_at",
+        "failed_at", "failure_count", "last_error", "original_topic", "failure_detail",
+        "priority", "consumer_group",
+    )
+
+    def insert_dead_letter_sql(self) -> str:
+        """``insert_dead_letter``: copy a message into its dead-letter topic for one group
+        (payload copied inside the server); dead-lettering it again updates the row."""
+        q = self.quote
+        now = self.now_ms_sql
+        m = "m."
+        select = (
+            f"SELECT %s, {m}{q('partition_key')}, %s, {m}{q('payload')}, {m}{q('metadata')}, "
+            f"{now}, {m}{q('published_at')}, {now}, %s, %s, {m}{q('topic')}, %s, "
+            f"{m}{q('priority')}, %s FROM {q(MESSAGE_TABLE)} m WHERE {m}{q('offset')} = %s"
+        )
+        clause = self.upsert_clause(("topic", "partition_key", "id"), {
+            "failed_at": f"{{new}}({q('failed_at')})",
+            "failure_count": f"{{new}}({q('failure_count')})",
+            "last_error": f"{{new}}({q('last_error')})",
+            "failure_detail": f"{{new}}({q('failure_detail')})",
+        })
+        columns = ", ".join(q(c) for c in self._DEAD_LETTER_COLUMNS)
+        return f"INSERT INTO {q(MESSAGE_TABLE)} ({columns}) {select} {clause}"
+
+    def insert_dead_letter(
+        self, cursor: CursorWrapper, *, dead_letter_topic: str, dead_letter_id: str,
+        offset: int, attempts: int, last_error: str, detail: str, group: str,
+    ) -> None:
+        cursor.execute(
+            self.insert_dead_letter_sql(),
+            [dead_letter_topic, dead_letter_id, attempts, last_error, detail, group, offset],
+        )
+
+    # garbage collection -------------------------------------------------------------------
+    def delete_messages_upto(
+        self, cursor: CursorWrapper, topic: str, partition: str, upto: int, limit: int
+    ) -> int:
+        """``delete_messages_upto``: garbage-collect the oldest rows of a partition, at most
+        ``limit`` per statement (short transactions, short locks)."""
+        cursor.execute(self.delete_messages_upto_sql(), [topic, partition, upto, limit])
+        return int(cursor.rowcount)
+
+
+class Dialect(ConsumingStatements):
     """Named statements for one database vendor, bound to one connection."""
 
     vendor = ""

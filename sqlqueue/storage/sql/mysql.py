@@ -7,7 +7,9 @@ time zone nor from the worker's clock.
 
 from __future__ import annotations
 
-from django.db import IntegrityError
+from collections.abc import Sequence
+
+from django.db import DatabaseError, IntegrityError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.storage.sql.base import Dialect
@@ -39,6 +41,61 @@ class MySQLDialect(Dialect):
             row = cursor.fetchone()
             self._autoinc_lock_mode = int(row[0]) if row else 2
         return self._autoinc_lock_mode <= 1
+
+    def upsert_clause(self, key: Sequence[str], assignments: dict[str, str]) -> str:
+        # MySQL applies the assignments left to right; callers order them so that no
+        # expression reads a column assigned before it.
+        sets = ", ".join(
+            f"{self.quote(column)} = {expression.replace('{new}(', 'VALUES(')}"
+            for column, expression in assignments.items()
+        )
+        return f"ON DUPLICATE KEY UPDATE {sets}"
+
+    def insert_if_absent(self, table: str, columns: Sequence[str], key: Sequence[str]) -> str:
+        # Not INSERT IGNORE: that would also turn real errors into warnings.
+        q = self.quote
+        return (
+            f"INSERT INTO {q(table)} ({', '.join(q(c) for c in columns)}) VALUES ({{values}}) "
+            f"ON DUPLICATE KEY UPDATE {q(key[0])} = {q(key[0])}"
+        )
+
+    def discover_partitions_sql(self) -> str:
+        # Both servers answer DISTINCT on an index prefix with a loose index scan
+        # ("Using index for group-by"): one seek per partition.
+        q = self.quote
+        return (
+            f"SELECT DISTINCT {q('partition_key')} FROM {q('queue_messages')} "
+            f"WHERE {q('topic')} = %s"
+        )
+
+    def delete_messages_upto_sql(self) -> str:
+        q = self.quote
+        return (
+            f"DELETE FROM {q('queue_messages')} WHERE {q('topic')} = %s AND "
+            f"{q('partition_key')} = %s AND {q('offset')} <= %s ORDER BY {q('offset')} LIMIT %s"
+        )
+
+    _horizon_unavailable = False
+
+    def write_horizon_ms(self, cursor: CursorWrapper) -> int | None:
+        """Start of the oldest open transaction that has written rows (None if none).
+
+        Rows a transaction inserts get offsets allocated after it started, so every offset
+        allocated before that moment belongs to a finished transaction. Needs the PROCESS
+        privilege; without it the caller falls back to MAX_TRANSACTION_AGE.
+        """
+        if self._horizon_unavailable:
+            raise DatabaseError("information_schema.INNODB_TRX is not readable")
+        try:
+            cursor.execute(
+                "SELECT MIN(UNIX_TIMESTAMP(trx_started)) FROM information_schema.INNODB_TRX "
+                "WHERE trx_rows_modified > 0"
+            )
+        except DatabaseError:
+            self._horizon_unavailable = True
+            raise
+        row = cursor.fetchone()
+        return None if not row or row[0] is None else int(row[0]) * 1000
 
     def is_duplicate_message(self, error: IntegrityError) -> bool:
         code = error.args[0] if error.args else None

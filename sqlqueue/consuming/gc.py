@@ -1,0 +1,85 @@
+"""Garbage collection of the message log (SPEC I8).
+
+A row may go once every *known* group of its topic is done with it (its watermark on that
+partition covers the row) and RETENTION has passed since then. Known groups are those
+with a ``queue_offsets`` row on any partition of the topic, plus the groups this process
+runs; a known group without a row on a partition has a watermark of 0 there, which holds
+that partition's rows back (a stopped group keeps counting until an operator removes it).
+Topics nobody consumes, dead-letter topics among them, are never collected.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from django.db import connections
+
+from sqlqueue.conf import QueueSettings
+from sqlqueue.storage.sql import dialect_for
+
+logger = logging.getLogger("sqlqueue.gc")
+
+GC_INTERVAL = 10.0  # seconds between passes over a topic
+GC_BATCH = 1000  # rows per DELETE: short transactions, short locks
+
+
+class GarbageCollector:
+    def __init__(self, conf: QueueSettings, alias: str, known_groups: dict[str, set[str]]):
+        self.conf = conf
+        self.alias = alias
+        self.known_groups = known_groups  # topic -> groups running in this process
+        self._next_pass: dict[str, float] = {}
+        # (monotonic time, collectable offset) per (topic, partition), for RETENTION
+        self._history: dict[tuple[str, str], deque[tuple[float, int]]] = {}
+        self.deleted = 0
+
+    def collect(self, cursor: Any, force: bool = False) -> int:
+        """One bounded pass over the topics whose turn it is; returns rows deleted."""
+        now = time.monotonic()
+        deleted = 0
+        for topic in self.known_groups:
+            if not force and now < self._next_pass.get(topic, 0.0):
+                continue
+            removed, more = self._collect_topic(cursor, topic, now)
+            deleted += removed
+            self._next_pass[topic] = now + (0.0 if more else GC_INTERVAL)
+        self.deleted += deleted
+        return deleted
+
+    def _collect_topic(self, cursor: Any, topic: str, now: float) -> tuple[int, bool]:
+        dialect = dialect_for(connections[self.alias])
+        groups, watermarks = dialect.topic_watermarks(cursor, topic)
+        groups |= self.known_groups.get(topic, set())
+        if not groups:
+            return 0, False
+        deleted, more = 0, False
+        for partition, by_group in watermarks.items():
+            collectable = min(by_group.get(group, 0) for group in groups)
+            upto = self._retained(topic, partition, collectable, now)
+            if upto <= 0:
+                continue
+            removed = dialect.delete_messages_upto(cursor, topic, partition, upto, GC_BATCH)
+            deleted += removed
+            more = more or removed == GC_BATCH
+        if deleted:
+            logger.info("Garbage-collected %s message(s) of topic %r.", deleted, topic)
+        return deleted, more
+
+    def _retained(self, topic: str, partition: str, collectable: int, now: float) -> int:
+        """The highest offset every group finished at least RETENTION seconds ago."""
+        if self.conf.RETENTION <= 0:
+            return collectable
+        history = self._history.setdefault((topic, partition), deque())
+        if not history or history[-1][1] != collectable:
+            history.append((now, collectable))
+        upto = 0
+        while history and now - history[0][0] >= self.conf.RETENTION:
+            upto = history[0][1]
+            if len(history) > 1 and now - history[1][0] >= self.conf.RETENTION:
+                history.popleft()
+            else:
+                break
+        return upto

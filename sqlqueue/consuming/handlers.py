@@ -1,0 +1,162 @@
+"""Running one handler call on a pool thread, and turning what happened into an outcome."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from django.db import DatabaseError, connections, transaction
+
+from sqlqueue.consuming.message import Message, Reject, Retry
+from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql.base import FetchedRow, Settlement
+
+if TYPE_CHECKING:
+    from sqlqueue.consuming.registry import Consumer
+
+logger = logging.getLogger("sqlqueue.consumer")
+
+MAX_ERROR_CHARS = 64 * 1024  # keep tracebacks readable and rows small
+OutcomeKind = Literal["ack", "acked", "retry", "fail", "reject"]
+
+
+@dataclass
+class Delivery:
+    """A message handed to the handler pool."""
+
+    consumer: Consumer
+    alias: str
+    partition_key: str
+    row: FetchedRow
+    attempt: int
+    sequence: int
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _state: str = "queued"  # queued -> started | given_back
+
+    def sort_key(self) -> tuple[int, int]:
+        return (self.row.priority, self.sequence)
+
+    def start(self) -> bool:
+        """Claim the delivery for a handler thread; False if it was given back."""
+        with self._lock:
+            if self._state != "queued":
+                return False
+            self._state = "started"
+            return True
+
+    def give_back(self) -> bool:
+        """Take back a delivery no handler started (shutdown); False if one did."""
+        with self._lock:
+            if self._state != "queued":
+                return False
+            self._state = "given_back"
+            return True
+
+
+@dataclass(frozen=True)
+class Outcome:
+    delivery: Delivery
+    kind: OutcomeKind
+    error: str = ""
+    delay: float | None = None  # Retry(delay=...)
+
+
+def build_message(delivery: Delivery, extend: bool = True) -> Message:
+    row = delivery.row
+    message_id = row.id
+    if row.failure_detail:
+        # A replayed dead letter carries the id it was first published with.
+        try:
+            replay_of = json.loads(row.failure_detail).get("replay_of") or {}
+            message_id = replay_of.get("id", message_id)
+        except (ValueError, AttributeError):
+            pass
+    return Message(
+        topic=delivery.consumer.topic,
+        partition_key=delivery.partition_key,
+        offset=row.offset,
+        id=message_id,
+        body=row.payload,
+        metadata=json.loads(row.metadata) if row.metadata else {},
+        attempt=delivery.attempt,
+        created_at_ms=row.created_at,
+        published_at_ms=row.published_at,
+        consumer_group=delivery.consumer.group,
+        extend=(lambda seconds: _extend_visibility(delivery, seconds)) if extend else None,
+    )
+
+
+def run(delivery: Delivery) -> Outcome:
+    """Call the handler; never raises (a handler's exception is an outcome)."""
+    consumer = delivery.consumer
+    try:
+        message = build_message(delivery)
+        if consumer.atomic:
+            _run_atomic(delivery, message)
+            return Outcome(delivery, "acked")
+        consumer.handler(message)
+        return Outcome(delivery, "ack")
+    except Retry as retry:
+        return Outcome(delivery, "retry", error=_error_text(retry), delay=retry.delay)
+    except Reject as reject:
+        return Outcome(delivery, "reject", error=reject.reason)
+    except Exception as exc:
+        if isinstance(exc, DatabaseError):
+            connections[delivery.alias].close()  # a fresh connection for the next handler
+        logger.warning(
+            "Handler %s failed on %s/%s@%s (attempt %s): %r", consumer.name, consumer.topic,
+            delivery.partition_key, delivery.row.offset, delivery.attempt, exc,
+        )
+        return Outcome(delivery, "fail", error=_error_text(exc))
+
+
+def _run_atomic(delivery: Delivery, message: Message) -> None:
+    """The handler's writes and the ack commit together, or not at all (SPEC I13)."""
+    consumer = delivery.consumer
+    connection = connections[delivery.alias]
+    with transaction.atomic(using=delivery.alias):
+        consumer.handler(message)
+        with connection.cursor() as cursor:
+            dialect_for(connection).settle(
+                cursor, consumer.group, consumer.topic, delivery.partition_key,
+                [Settlement(delivery.row.offset, acked=True, invisible_until=0)],
+            )
+
+
+def _extend_visibility(delivery: Delivery, seconds: float) -> None:
+    consumer = delivery.consumer
+    connection = connections[delivery.alias]
+    side = None
+    if connection.in_atomic_block:
+        # Inside an atomic handler the change would only be seen at its commit: write it
+        # on a connection of its own so that it takes effect now.
+        side = connections.create_connection(delivery.alias)
+        connection = side
+    try:
+        with connection.cursor() as cursor:
+            changed = dialect_for(connection).extend_visibility(
+                cursor, consumer.group, consumer.topic, delivery.partition_key,
+                delivery.row.offset, round(seconds * 1000),
+            )
+    finally:
+        if side is not None:
+            side.close()
+    if not changed:
+        from sqlqueue.exceptions import SqlqueueError
+
+        raise SqlqueueError(
+            f"Cannot extend the visibility of {consumer.topic}/{delivery.partition_key}"
+            f"@{delivery.row.offset}: it is no longer in flight for {consumer.group!r}."
+        )
+
+
+def _error_text(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc))
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS // 2] + "\n[... traceback truncated ...]\n" + text[
+            -MAX_ERROR_CHARS // 2 :]
+    return text

@@ -1,0 +1,181 @@
+"""In-memory bookkeeping of one partition for one consumer group. No I/O here.
+
+Offsets of the partition fall in three zones::
+
+    ... done ... | watermark W | window: fetched, not all done | cursor C | not fetched
+
+* Everything at or below ``W`` (the durable watermark, ``queue_offsets.offset_acked``) is
+  finished for the group and can never change.
+* ``entries`` holds every row fetched above ``W``: done (acked or dead-lettered) or open
+  (waiting, due, in flight, backing off, scheduled).
+* ``W`` moves over a done row only once the row is *settled*: no publishing transaction
+  that could still commit a row below it is open (the write horizon). Rows committed
+  late, below rows already fetched, are found by sweeping the window (late commits,
+  SPEC I4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sqlqueue.storage.sql.base import FetchedRow
+
+
+@dataclass
+class Entry:
+    offset: int
+    created_at: int
+    priority: int
+    row: FetchedRow | None  # dropped once done, to keep only what the watermark needs
+    done: bool = False
+    in_flight: bool = False
+    due_ms: int = 0  # not delivered before this database time
+    retry_count: int | None = None  # the state row's, None while never delivered
+    previous_retry_count: int | None = None  # before the current delivery (give-back)
+
+    @property
+    def attempt(self) -> int:
+        return (self.retry_count or 0) + 1
+
+
+@dataclass
+class PartitionState:
+    partition_key: str
+    watermark: int
+    cursor: int = 0
+    covered: int = 0  # every offset up to here was below the head at some fetch ...
+    covered_at_ms: int = 0  # ... at this database time
+    exhausted: bool = False  # the last fetch found the end of the partition
+    entries: dict[int, Entry] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.cursor = max(self.cursor, self.watermark)
+        self.covered = max(self.covered, self.watermark)
+
+    # -- what was read ----------------------------------------------------------------
+    def absorb(self, rows: Iterable[FetchedRow], group: str) -> list[Entry]:
+        """Add fetched rows; return the new entries (rows already known are ignored)."""
+        added = []
+        for row in rows:
+            if row.offset <= self.watermark or row.offset in self.entries:
+                continue
+            entry = Entry(row.offset, row.created_at, row.priority, row)
+            if row.consumer_group not in ("", group) or row.acked:
+                # Addressed to another group (a replay), or already acked for us.
+                entry.done, entry.row = True, None
+            else:
+                entry.retry_count = row.retry_count
+                entry.due_ms = max(row.deliver_after, row.invisible_until or 0)
+            self.entries[row.offset] = entry
+            added.append(entry)
+            self.cursor = max(self.cursor, row.offset)
+        return added
+
+    @property
+    def open_count(self) -> int:
+        return sum(1 for e in self.entries.values() if not e.done)
+
+    @property
+    def in_flight_count(self) -> int:
+        return sum(1 for e in self.entries.values() if e.in_flight)
+
+    def wants_fetch(self, batch_size: int, head: int) -> bool:
+        """Read more when the buffer is at most half full and there may be new rows."""
+        if self.open_count > batch_size // 2:
+            return False
+        return not (self.exhausted and head <= self.covered)
+
+    def fetched(self, rows_returned: int, limit: int, head: int, now_ms: int) -> None:
+        self.exhausted = rows_returned < limit
+        if self.exhausted and max(head, self.cursor) > self.covered:
+            self.covered = max(head, self.cursor)
+            self.covered_at_ms = now_ms
+
+    # -- what to deliver ----------------------------------------------------------------
+    def ready(self, now_ms: int, batch_size: int, ordered: bool) -> list[Entry]:
+        """Entries to hand to handlers now, best first."""
+        if ordered:
+            head = self._first_open()
+            if head is None or head.in_flight or head.due_ms > now_ms:
+                return []  # one at a time, in offset order: the head holds the partition
+            return [head]
+        room = batch_size - self.in_flight_count
+        if room <= 0:
+            return []
+        due = [e for e in self.entries.values()
+               if not e.done and not e.in_flight and e.due_ms <= now_ms]
+        due.sort(key=lambda e: (e.priority, e.offset))
+        return due[:room]
+
+    def _first_open(self) -> Entry | None:
+        open_offsets = [o for o, e in self.entries.items() if not e.done]
+        return self.entries[min(open_offsets)] if open_offsets else None
+
+    def next_due_ms(self) -> int | None:
+        """When the earliest waiting entry becomes deliverable (None: nothing waits)."""
+        waiting = [e.due_ms for e in self.entries.values() if not e.done and not e.in_flight]
+        return min(waiting) if waiting else None
+
+    def dispatched(self, entry: Entry) -> None:
+        entry.in_flight = True
+        entry.previous_retry_count = entry.retry_count
+        entry.retry_count = 0 if entry.retry_count is None else entry.retry_count + 1
+
+    # -- what happened ------------------------------------------------------------------
+    def finished(self, offset: int) -> None:
+        """Acked or dead-lettered: done for good."""
+        entry = self.entries.get(offset)
+        if entry is not None:
+            entry.done, entry.in_flight, entry.row = True, False, None
+
+    def retry_at(self, offset: int, due_ms: int) -> None:
+        entry = self.entries.get(offset)
+        if entry is not None:
+            entry.in_flight, entry.due_ms = False, due_ms
+
+    def given_back(self, offset: int) -> None:
+        entry = self.entries.get(offset)
+        if entry is not None:
+            entry.in_flight, entry.retry_count = False, entry.previous_retry_count
+
+    # -- the watermark ------------------------------------------------------------------
+    def advance_candidate(self, horizon_ms: int | None) -> int:
+        """The highest offset the watermark may move to: the end of the run of done
+        entries just above it whose rows are settled (created before ``horizon_ms``;
+        None means every visible row is settled)."""
+        candidate = self.watermark
+        for offset in sorted(self.entries):
+            entry = self.entries[offset]
+            if not entry.done or (horizon_ms is not None and entry.created_at >= horizon_ms):
+                return candidate
+            candidate = offset
+        # Everything fetched is done. Once no transaction that was open when the fetch
+        # read up to ``covered`` can still commit, nothing can appear below it: the
+        # watermark may close the window (offsets there belong to other partitions).
+        if horizon_ms is None or horizon_ms > self.covered_at_ms:
+            candidate = max(candidate, self.covered)
+        return candidate
+
+    @property
+    def window_open(self) -> bool:
+        return self.covered > self.watermark or bool(self.entries)
+
+    def window_offsets(self, upto: int) -> set[int]:
+        return {o for o in self.entries if o <= upto}
+
+    def moved_watermark(self, new_watermark: int) -> None:
+        for offset in [o for o in self.entries if o <= new_watermark]:
+            del self.entries[offset]
+        self.watermark = max(self.watermark, new_watermark)
+
+    # -- status ---------------------------------------------------------------------------
+    def busy(self, now_ms: int) -> bool:
+        """Work that ``--until-empty`` waits for: in flight, deliverable, or retrying.
+        A message scheduled for later and never delivered does not count."""
+        for entry in self.entries.values():
+            if entry.done:
+                continue
+            if entry.in_flight or entry.due_ms <= now_ms or entry.retry_count is not None:
+                return True
+        return False

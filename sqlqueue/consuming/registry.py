@@ -1,0 +1,166 @@
+"""``@sqlqueue.consumer``: registering handlers, and finding them in ``consumers.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlqueue.conf import CONVERTERS, QueueSettings, _BadValue
+from sqlqueue.exceptions import ConfigurationError, InvalidMessage
+from sqlqueue.publishing.messages import check_name
+
+Handler = Callable[..., Any]
+
+#: consumer option -> the SQLQUEUE key that gives its default
+OPTION_SETTINGS = {
+    "max_attempts": "MAX_ATTEMPTS",
+    "visibility_timeout": "VISIBILITY_TIMEOUT",
+    "batch_size": "BATCH_SIZE",
+    "min_backoff": "MIN_BACKOFF",
+    "max_backoff": "MAX_BACKOFF",
+}
+
+
+@dataclass(frozen=True)
+class ConsumerOptions:
+    """A consumer's options with the settings' defaults filled in."""
+
+    max_attempts: int
+    visibility_timeout: float
+    batch_size: int
+    min_backoff: float
+    max_backoff: float
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """A registered handler of one topic for one consumer group."""
+
+    topic: str
+    group: str
+    handler: Handler
+    ordered: bool = False
+    atomic: bool = False
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.group}:{self.topic}"
+
+    def options(self, conf: QueueSettings) -> ConsumerOptions:
+        values = {option: getattr(conf, key) for option, key in OPTION_SETTINGS.items()}
+        values.update(dict(self.overrides))
+        if values["min_backoff"] > values["max_backoff"]:
+            raise ConfigurationError(
+                f"Consumer {self.name}: min_backoff ({values['min_backoff']:g}s) is greater "
+                f"than max_backoff ({values['max_backoff']:g}s)."
+            )
+        return ConsumerOptions(**values)
+
+
+_registry: dict[tuple[str, str], Consumer] = {}
+
+
+def consumer(
+    topic: str,
+    *,
+    group: str,
+    ordered: bool = False,
+    atomic: bool = False,
+    max_attempts: int | None = None,
+    visibility_timeout: float | None = None,
+    batch_size: int | None = None,
+    min_backoff: float | None = None,
+    max_backoff: float | None = None,
+) -> Callable[[Handler], Handler]:
+    """Register the decorated function as ``group``'s handler of ``topic``.
+
+    Options left as None take their value from ``SQLQUEUE`` when the consumer runs.
+    """
+    try:
+        check_name("topic", topic)
+        check_name("group", group)
+    except InvalidMessage as exc:
+        raise ConfigurationError(f"@consumer({topic!r}, group={group!r}): {exc}") from exc
+    for flag, value in (("ordered", ordered), ("atomic", atomic)):
+        if not isinstance(value, bool):
+            raise ConfigurationError(f"@consumer({topic!r}): {flag} must be True or False.")
+    given: dict[str, Any] = {
+        "max_attempts": max_attempts, "visibility_timeout": visibility_timeout,
+        "batch_size": batch_size, "min_backoff": min_backoff, "max_backoff": max_backoff,
+    }
+    overrides: list[tuple[str, Any]] = []
+    for option, value in given.items():
+        if value is None:
+            continue
+        try:
+            overrides.append((option, CONVERTERS[OPTION_SETTINGS[option]](value)))
+        except _BadValue as bad:
+            raise ConfigurationError(
+                f"@consumer({topic!r}, group={group!r}): {option} {bad.reason}; got {value!r}."
+            ) from None
+
+    def register(handler: Handler) -> Handler:
+        if not callable(handler):
+            raise ConfigurationError(f"@consumer({topic!r}) must decorate a function.")
+        registered = Consumer(topic, group, handler, ordered, atomic, tuple(overrides))
+        existing = _registry.get((group, topic))
+        if existing is not None and _qualified(existing.handler) != _qualified(handler):
+            raise ConfigurationError(
+                f"Group {group!r} already has a handler for {topic!r}: "
+                f"{_qualified(existing.handler)}; one handler per (group, topic)."
+            )
+        _registry[(group, topic)] = registered
+        return handler
+
+    return register
+
+
+def _qualified(handler: Handler) -> str:
+    return f"{getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', handler)}"
+
+
+def registered_consumers() -> list[Consumer]:
+    return sorted(_registry.values(), key=lambda c: (c.group, c.topic))
+
+
+def select_consumers(
+    groups: Iterable[str] = (), topics: Iterable[str] = ()
+) -> list[Consumer]:
+    """The registered consumers matching ``groups`` and ``topics`` (empty: all).
+
+    Raises ``ConfigurationError`` naming any group or topic no consumer has.
+    """
+    wanted_groups, wanted_topics = set(groups), set(topics)
+    known = registered_consumers()
+    unknown_groups = wanted_groups - {c.group for c in known}
+    unknown_topics = wanted_topics - {c.topic for c in known}
+    if unknown_groups or unknown_topics:
+        parts = []
+        if unknown_groups:
+            parts.append(f"no consumer in group(s) {', '.join(sorted(unknown_groups))}")
+        if unknown_topics:
+            parts.append(f"no consumer of topic(s) {', '.join(sorted(unknown_topics))}")
+        available = ", ".join(c.name for c in known) or "none are registered"
+        raise ConfigurationError(f"{'; '.join(parts)}. Registered (group:topic): {available}.")
+    chosen = [
+        c for c in known
+        if (not wanted_groups or c.group in wanted_groups)
+        and (not wanted_topics or c.topic in wanted_topics)
+    ]
+    if not chosen:
+        raise ConfigurationError("No registered consumer matches both --group and --topic.")
+    return chosen
+
+
+def unregister(group: str, topic: str) -> None:
+    """Forget a consumer (for tests that register handlers on the fly)."""
+    _registry.pop((group, topic), None)
+
+
+def autodiscover() -> None:
+    """Import ``consumers`` from every installed app, which registers their handlers."""
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("consumers")

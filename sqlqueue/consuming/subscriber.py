@@ -1,0 +1,286 @@
+"""One subscription: a consumer group's view of one topic, across its partitions.
+
+Runs on the runner's main thread and owns its database connection there. Each poll it
+reads new rows of its partitions, hands deliverable ones to the handler pool, records
+the outcomes that came back (in one statement per partition), and moves watermarks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from django.db import connections, transaction
+from django.db.backends.utils import CursorWrapper
+
+from sqlqueue.conf import MAX_NAME_BYTES, QueueSettings
+from sqlqueue.consuming.backoff import retry_delay
+from sqlqueue.consuming.handlers import Delivery, Outcome
+from sqlqueue.consuming.partition import Entry, PartitionState
+from sqlqueue.consuming.registry import Consumer
+from sqlqueue.storage.sql import Dialect, dialect_for
+from sqlqueue.storage.sql.base import Settlement
+
+logger = logging.getLogger("sqlqueue.consumer")
+
+DISCOVERY_INTERVAL = 1.0  # seconds between partition discoveries while the log grows
+DISCOVERY_IDLE_INTERVAL = 30.0  # ... and while it does not
+SWEEP_INTERVAL = 2.0  # seconds between sweeps of a window for late-committed rows
+SWEEP_LIMIT = 5000  # offsets read per sweep
+WATERMARK_STEP = 0.5  # seconds between watermark writes of a partition, at most
+_sequence = itertools.count()
+
+
+def dead_letter_id(original_id: str, group: str) -> str:
+    """The id of a group's dead letter: unique per (message id, group) in the dead-letter
+    topic, so two groups can dead-letter the same message (SPEC I6)."""
+    candidate = f"{original_id}@{group}"
+    if len(candidate.encode("utf-8")) <= MAX_NAME_BYTES:
+        return candidate
+    return "sha256:" + hashlib.sha256(f"{original_id}\x00{group}".encode()).hexdigest()
+
+
+class Subscriber:
+    def __init__(self, consumer: Consumer, conf: QueueSettings, alias: str) -> None:
+        self.consumer = consumer
+        self.options = consumer.options(conf)
+        self.conf = conf
+        self.alias = alias
+        self.partitions: dict[str, PartitionState] = {}
+        self.stats: Counter[str] = Counter()
+        self._discovered_at_head = -1
+        self._next_discovery = 0.0
+        self._last_sweep: dict[str, float] = {}
+        self._last_advance: dict[str, float] = {}
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect_for(connections[self.alias])
+
+    @property
+    def group(self) -> str:
+        return self.consumer.group
+
+    @property
+    def topic(self) -> str:
+        return self.consumer.topic
+
+    def reset(self) -> None:
+        """Forget the in-memory view (after a lost connection); it is rebuilt from the
+        database, where everything that matters is durable."""
+        self.partitions.clear()
+        self._discovered_at_head = -1
+        self._next_discovery = 0.0
+
+    # -- partitions ---------------------------------------------------------------------
+    def discover(self, cursor: CursorWrapper, head: int) -> None:
+        """Pick up new partitions. This is the seam where leases will assign partitions:
+        today one subscriber per (group, topic) owns all of them."""
+        now = time.monotonic()
+        # A new head may mean a new partition: look again, at most once a second; with
+        # no new message anywhere, look only now and then.
+        wait = 0.0 if head != self._discovered_at_head else DISCOVERY_IDLE_INTERVAL
+        if now < self._next_discovery + wait:
+            return
+        for key in self.dialect.discover_partitions(cursor, self.topic):
+            if key not in self.partitions:
+                watermark = self.dialect.ensure_watermark(cursor, self.group, self.topic, key)
+                self.partitions[key] = PartitionState(key, watermark)
+        self._discovered_at_head = head
+        self._next_discovery = now + DISCOVERY_INTERVAL
+
+    # -- delivering ---------------------------------------------------------------------
+    def poll(
+        self, cursor: CursorWrapper, now_ms: int, head: int, budget: int | None
+    ) -> list[Delivery]:
+        """Read what is new and return the deliveries to hand out now (marked delivered).
+
+        ``budget`` caps the number of deliveries (``--max-messages``); None: no cap.
+        """
+        batch = self.options.batch_size
+        deliveries: list[Delivery] = []
+        for state in self.partitions.values():
+            if state.wants_fetch(batch, head):
+                rows = self.dialect.fetch_messages(
+                    cursor, self.group, self.topic, state.partition_key, state.cursor, batch
+                )
+                state.absorb(rows, self.group)
+                state.fetched(len(rows), batch, head, now_ms)
+            ready = state.ready(now_ms, batch, self.consumer.ordered)
+            if budget is not None:
+                ready = ready[: max(0, budget - len(deliveries))]
+            if ready:
+                deliveries += self._deliver(cursor, state, ready, now_ms)
+        return deliveries
+
+    def _deliver(
+        self, cursor: CursorWrapper, state: PartitionState, ready: list[Entry], now_ms: int
+    ) -> list[Delivery]:
+        invisible_until = now_ms + round(self.options.visibility_timeout * 1000)
+        self.dialect.mark_delivered(
+            cursor, self.group, self.topic, state.partition_key,
+            [(e.offset, invisible_until) for e in ready],
+        )
+        deliveries = []
+        for entry in ready:
+            state.dispatched(entry)
+            assert entry.row is not None
+            delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
+                                entry.attempt, next(_sequence))
+            if entry.attempt > self.options.max_attempts:
+                # Attempts were charged but never reported (a worker died mid-handler, or
+                # gave up past the visibility timeout): the retry budget is spent.
+                self._dead_letter(cursor, state, delivery, "crashed", (
+                    f"Gave up after {entry.attempt - 1} attempt(s) that never completed "
+                    "(the worker stopped or the visibility timeout ran out)."
+                ))
+                continue
+            deliveries.append(delivery)
+        self.stats["delivered"] += len(deliveries)
+        return deliveries
+
+    # -- outcomes -----------------------------------------------------------------------
+    def record(self, cursor: CursorWrapper, outcomes: Iterable[Outcome], now_ms: int) -> None:
+        """Write what the handlers did: one statement per partition for acks and retries,
+        one short transaction per dead letter."""
+        by_partition: dict[str, list[Outcome]] = {}
+        for outcome in outcomes:
+            by_partition.setdefault(outcome.delivery.partition_key, []).append(outcome)
+        for key, done in by_partition.items():
+            state = self.partitions.get(key)
+            settlements: list[Settlement] = []
+            retries: list[tuple[int, int]] = []
+            for outcome in done:
+                offset = outcome.delivery.row.offset
+                if outcome.kind == "ack":
+                    settlements.append(Settlement(offset, acked=True, invisible_until=0))
+                elif outcome.kind == "acked":
+                    pass  # an atomic handler wrote its ack in its own transaction
+                elif outcome.kind == "reject" or (
+                    outcome.delivery.attempt >= self.options.max_attempts
+                ):
+                    reason = "rejected" if outcome.kind == "reject" else "max_attempts"
+                    self._dead_letter(cursor, state, outcome.delivery, reason, outcome.error)
+                    continue
+                else:
+                    delay = outcome.delay
+                    if delay is None:
+                        delay = retry_delay(outcome.delivery.attempt, self.options.min_backoff,
+                                            self.options.max_backoff)
+                    due = now_ms + round(1000 * delay)
+                    settlements.append(Settlement(offset, acked=False, invisible_until=due,
+                                                  last_error=outcome.error))
+                    retries.append((offset, due))
+                    self.stats["retried"] += 1
+                    continue
+                self.stats["acked"] += 1
+                if state is not None:
+                    state.finished(offset)
+            self.dialect.settle(cursor, self.group, self.topic, key, settlements)
+            if state is not None:
+                for offset, due in retries:
+                    state.retry_at(offset, due)
+
+    def _dead_letter(
+        self, cursor: CursorWrapper, state: PartitionState | None, delivery: Delivery,
+        reason: str, error: str,
+    ) -> None:
+        row = delivery.row
+        detail = json.dumps({"id": row.id, "offset": row.offset, "group": self.group,
+                             "reason": reason})
+        with transaction.atomic(using=self.alias):
+            self.dialect.insert_dead_letter(
+                cursor,
+                dead_letter_topic=self.topic + self.conf.DLQ_SUFFIX,
+                dead_letter_id=dead_letter_id(row.id, self.group),
+                offset=row.offset, attempts=delivery.attempt, last_error=error,
+                detail=detail, group=self.group,
+            )
+            self.dialect.settle(cursor, self.group, self.topic, delivery.partition_key,
+                                [Settlement(row.offset, acked=True, invisible_until=0)])
+        logger.error("Dead-lettered %s/%s@%s for group %r after %s attempt(s) (%s).",
+                     self.topic, delivery.partition_key, row.offset, self.group,
+                     delivery.attempt, reason)
+        self.stats["dead_lettered"] += 1
+        if state is not None:
+            state.finished(row.offset)
+
+    def give_back(self, cursor: CursorWrapper, delivery: Delivery) -> None:
+        """A delivery no handler started: undo its attempt (graceful shutdown)."""
+        state = self.partitions.get(delivery.partition_key)
+        entry = state.entries.get(delivery.row.offset) if state else None
+        # The attempt before this delivery: none at all for a first delivery.
+        previous = entry.previous_retry_count if entry else (
+            None if delivery.attempt == 1 else delivery.attempt - 2
+        )
+        self.dialect.give_back(cursor, self.group, self.topic, delivery.partition_key,
+                               delivery.row.offset, previous)
+        if state is not None:
+            state.given_back(delivery.row.offset)
+
+    # -- watermarks ---------------------------------------------------------------------
+    def advance(
+        self, cursor: CursorWrapper, horizon: Callable[[], int | None], force: bool = False
+    ) -> None:
+        """Move each partition's watermark over settled, done rows, after checking the
+        window for late-committed rows; then drop the delivery state it covers."""
+        now = time.monotonic()
+        for key, state in self.partitions.items():
+            if not state.window_open:
+                continue  # idle and settled: nothing to check, no query
+            candidate = state.advance_candidate(horizon())
+            sweep_due = force or now - self._last_sweep.get(key, 0.0) >= SWEEP_INTERVAL
+            if candidate <= state.watermark and not sweep_due:
+                continue
+            recently = now - self._last_advance.get(key, 0.0) < WATERMARK_STEP
+            if candidate > state.watermark and recently and not sweep_due:
+                continue  # batch watermark writes: at most one per partition per step
+            candidate = self._sweep(cursor, state, candidate, horizon)
+            self._last_sweep[key] = now
+            if candidate > state.watermark:
+                self.dialect.advance_watermark(cursor, self.group, self.topic, key, candidate)
+                # Only now that the watermark is durable may the state behind it go.
+                self.dialect.delete_states_upto(cursor, self.group, self.topic, key, candidate)
+                state.moved_watermark(candidate)
+                self._last_advance[key] = now
+
+    def _sweep(
+        self, cursor: CursorWrapper, state: PartitionState, candidate: int,
+        horizon: Callable[[], int | None],
+    ) -> int:
+        """Look for rows in the window that were committed after the fetch passed them."""
+        upto = max(candidate, state.covered)
+        stored = self.dialect.list_offsets(
+            cursor, self.topic, state.partition_key, state.watermark, upto, SWEEP_LIMIT
+        )
+        unknown = [o for o in stored if o not in state.entries]
+        if unknown:
+            rows = self.dialect.fetch_messages_at(
+                cursor, self.group, self.topic, state.partition_key, unknown
+            )
+            for entry in state.absorb(rows, self.group):
+                logger.info("Found late-committed message %s/%s@%s for group %r.",
+                            self.topic, state.partition_key, entry.offset, self.group)
+            candidate = state.advance_candidate(horizon())
+        if len(stored) == SWEEP_LIMIT:
+            candidate = min(candidate, stored[-1])  # only checked up to there
+        return candidate
+
+    # -- status -------------------------------------------------------------------------
+    def busy(self, now_ms: int) -> bool:
+        return any(state.busy(now_ms) for state in self.partitions.values())
+
+    def caught_up(self, head: int) -> bool:
+        """Every partition was read to its end at the current head."""
+        return self._discovered_at_head == head and all(
+            state.exhausted and state.covered >= head for state in self.partitions.values()
+        )
+
+    def next_due_ms(self) -> int | None:
+        dues = [d for d in (s.next_due_ms() for s in self.partitions.values()) if d is not None]
+        return min(dues) if dues else None

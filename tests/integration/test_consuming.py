@@ -1,0 +1,432 @@
+"""The consumer engine against a real database: delivery, retries, dead letters,
+ordering, atomic handlers, scheduling, priorities, watermarks and cost."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+import sqlqueue
+from sqlqueue import Message, OutgoingMessage, send_message, send_messages
+from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
+from sqlqueue.storage.sql import dialect_for
+from tests.integration.consuming_helpers import (
+    drain,
+    drain_until_watermarks,
+    fast_settings,
+    reached,
+    register,
+    watermarks,
+)
+from tests.testapp.models import Order
+
+pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["register"]  # the fixture
+
+
+class Journal:
+    """Thread-safe record of handler calls."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, int, int, Any]] = []  # (partition, offset, attempt, payload)
+        self.times: dict[int, list[float]] = defaultdict(list)
+
+    def __call__(self, message: Message) -> None:
+        with self.lock:
+            self.calls.append((message.partition_key, message.offset, message.attempt,
+                               message.payload))
+            self.times[message.offset].append(time.monotonic())
+
+    def offsets(self) -> list[int]:
+        return sorted(c[1] for c in self.calls)
+
+
+def db_now_ms() -> int:
+    with connection.cursor() as cursor:
+        return dialect_for(connection).database_now_ms(cursor)
+
+
+def test_every_message_is_handled_once_and_the_watermark_follows(register: Any) -> None:
+    journal = register("t", "g", Journal())
+    sent = send_messages("t", [OutgoingMessage(n, partition_key=f"k{n % 3}") for n in range(30)])
+    runner = drain(["g"])
+    assert journal.offsets() == sorted(s.offset for s in sent)
+    assert all(attempt == 1 for _, _, attempt, _ in journal.calls)
+    assert runner.subscribers[0].stats["acked"] == 30
+    drain_until_watermarks("g", {
+        f"k{n}": max(s.offset for s in sent if s.partition_key == f"k{n}") for n in range(3)
+    })
+    assert not DeliveryState.objects.exists()  # cleaned behind the watermarks
+    assert len(journal.calls) == 30  # draining again delivered nothing twice
+
+
+def test_message_fields(register: Any) -> None:
+    seen: list[Message] = []
+    register("orders", "g", seen.append)
+    sent = send_message("orders", {"order_id": 7}, partition_key="c-1", id="o-7",
+                        metadata={"trace": "abc"})
+    drain(["g"])
+    (message,) = seen
+    assert (message.topic, message.partition_key, message.offset, message.id) == (
+        "orders", "c-1", sent.offset, "o-7")
+    assert message.payload == {"order_id": 7}
+    assert message.metadata == {"trace": "abc"}
+    assert (message.attempt, message.consumer_group) == (1, "g")
+    assert message.created_at.tzinfo is not None and message.published_at.tzinfo is not None
+
+
+def test_retry_then_success(register: Any) -> None:
+    attempts: list[int] = []
+
+    def flaky(message: Message) -> None:
+        attempts.append(message.attempt)
+        if message.attempt < 3:
+            raise ConnectionError("the payment provider is down")
+
+    register("t", "g", flaky)
+    send_message("t", 1)
+    runner = drain(["g"])
+    assert attempts == [1, 2, 3]
+    assert runner.subscribers[0].stats["retried"] == 2
+    assert not QueueMessage.objects.filter(topic="t_dlq").exists()
+
+
+def test_backoff_spaces_retries(register: Any) -> None:
+    journal = Journal()
+
+    def failing(message: Message) -> None:
+        journal(message)
+        if message.attempt < 4:
+            raise RuntimeError("not yet")
+
+    register("t", "g", failing)
+    sent = send_message("t", 1)
+    drain(["g"], conf=fast_settings(MIN_BACKOFF=0.1, MAX_BACKOFF=0.3))
+    times = journal.times[sent.offset]
+    gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    # min(max_backoff, min_backoff * 2^(n-1)) at least; never early.
+    assert len(gaps) == 3
+    assert gaps[0] >= 0.1 and gaps[1] >= 0.2 and gaps[2] >= 0.3
+    assert gaps[2] < 0.3 * 1.33 + 1.0  # capped by max_backoff (+ jitter, + scheduling)
+
+
+def test_retry_with_an_explicit_delay(register: Any) -> None:
+    journal = Journal()
+
+    def later(message: Message) -> None:
+        journal(message)
+        if message.attempt == 1:
+            raise sqlqueue.Retry(delay=0.3)
+
+    register("t", "g", later)
+    sent = send_message("t", 1)
+    drain(["g"])
+    first, second = journal.times[sent.offset]
+    assert second - first >= 0.3
+
+
+def test_dead_letter_after_max_attempts_and_never_again(register: Any) -> None:
+    calls: list[int] = []
+
+    def broken(message: Message) -> None:
+        calls.append(message.attempt)
+        raise ValueError("cannot parse the order")
+
+    register("orders", "billing", broken, max_attempts=3)
+    sent = send_message("orders", {"order_id": 1}, partition_key="c-1", id="o-1")
+    drain(["billing"])
+    assert calls == [1, 2, 3]
+    dead = QueueMessage.objects.get(topic="orders_dlq")
+    assert (dead.partition_key, dead.consumer_group, dead.original_topic) == (
+        "c-1", "billing", "orders")
+    assert dead.failure_count == 3
+    assert "ValueError: cannot parse the order" in dead.last_error
+    assert "Traceback" in dead.last_error
+    assert dead.failure_detail == {"id": "o-1", "offset": sent.offset, "group": "billing",
+                                   "reason": "max_attempts"}
+    assert bytes(dead.payload) == bytes(QueueMessage.objects.get(offset=sent.offset).payload)
+    drain(["billing"])
+    assert calls == [1, 2, 3]  # never delivered to that group again
+
+
+def test_reject_dead_letters_at_once(register: Any) -> None:
+    calls: list[int] = []
+
+    def picky(message: Message) -> None:
+        calls.append(message.attempt)
+        raise sqlqueue.Reject("unknown order type")
+
+    register("orders", "g", picky)
+    send_message("orders", 1)
+    drain(["g"])
+    assert calls == [1]
+    dead = QueueMessage.objects.get(topic="orders_dlq")
+    assert dead.last_error == "unknown order type"
+    assert dead.failure_detail["reason"] == "rejected"
+
+
+def test_groups_are_isolated(register: Any) -> None:
+    good = register("orders", "shipping", Journal())
+
+    def bad(message: Message) -> None:
+        raise sqlqueue.Reject("billing cannot handle it")
+
+    register("orders", "billing", bad)
+    sent = send_messages("orders", list(range(5)))
+    drain(["billing"])
+    # Billing's dead letters removed nothing from the log: shipping still gets it all.
+    assert QueueMessage.objects.filter(topic="orders").count() == 5
+    assert QueueMessage.objects.filter(topic="orders_dlq", consumer_group="billing").count() == 5
+    drain(["shipping"])
+    assert good.offsets() == sorted(s.offset for s in sent)
+
+
+def test_two_groups_dead_letter_the_same_message(register: Any) -> None:
+    for group in ("a", "b"):
+        register("t", group, lambda m: (_ for _ in ()).throw(sqlqueue.Reject("no")))
+    send_message("t", 1, id="same")
+    drain(["a", "b"])
+    assert sorted(QueueMessage.objects.filter(topic="t_dlq")
+                  .values_list("consumer_group", flat=True)) == ["a", "b"]
+
+
+def test_ordered_partitions_never_overlap_and_follow_offsets(register: Any) -> None:
+    lock = threading.Lock()
+    running: dict[str, int] = defaultdict(int)
+    overlaps: list[str] = []
+    order: dict[str, list[int]] = defaultdict(list)
+
+    def careful(message: Message) -> None:
+        with lock:
+            running[message.partition_key] += 1
+            if running[message.partition_key] > 1:
+                overlaps.append(message.partition_key)
+            order[message.partition_key].append(message.offset)
+        time.sleep(0.005)
+        with lock:
+            running[message.partition_key] -= 1
+
+    register("t", "g", careful, ordered=True)
+    sent = send_messages("t", [OutgoingMessage(n, partition_key=f"k{n % 2}") for n in range(30)])
+    drain(["g"], threads=4)
+    assert overlaps == []
+    for key in ("k0", "k1"):
+        expected = [s.offset for s in sent if s.partition_key == key]
+        assert order[key] == expected
+
+
+def test_ordered_partition_waits_for_a_failing_message(register: Any) -> None:
+    order: list[tuple[int, int]] = []
+
+    def first_fails_twice(message: Message) -> None:
+        order.append((message.payload, message.attempt))
+        if message.payload == 0 and message.attempt < 3:
+            raise RuntimeError("transient")
+
+    register("t", "g", first_fails_twice, ordered=True)
+    send_messages("t", [OutgoingMessage(n, partition_key="k") for n in range(3)])
+    drain(["g"])
+    assert order == [(0, 1), (0, 2), (0, 3), (1, 1), (2, 1)]
+
+
+def test_unordered_retry_does_not_hold_back_later_messages(register: Any) -> None:
+    order: list[int] = []
+
+    def first_fails(message: Message) -> None:
+        order.append(message.payload)
+        if message.payload == 0 and message.attempt == 1:
+            raise sqlqueue.Retry(delay=0.3)
+
+    register("t", "g", first_fails)
+    send_messages("t", [OutgoingMessage(n, partition_key="k") for n in range(3)])
+    drain(["g"])
+    assert order[:3] == [0, 1, 2] and order[3] == 0
+
+
+def test_atomic_handler_writes_commit_with_the_ack(register: Any) -> None:
+    def create_order(message: Message) -> None:
+        Order.objects.create(reference=f"R{message.payload}-{message.attempt}")
+        if message.attempt == 1:
+            raise RuntimeError("after the write: everything must roll back")
+
+    register("t", "g", create_order, atomic=True)
+    send_message("t", 1)
+    drain(["g"])
+    assert list(Order.objects.values_list("reference", flat=True)) == ["R1-2"]
+    assert not DeliveryState.objects.filter(acked=False).exists()
+
+
+def test_scheduled_message_is_not_delivered_early(register: Any) -> None:
+    seen: list[int] = []
+
+    def record_time(message: Message) -> None:
+        seen.append(db_now_ms())
+
+    register("t", "g", record_time)
+    sent = send_message("t", 1, delay=0.5)
+    due = QueueMessage.objects.get(offset=sent.offset).deliver_after
+    drain(["g"])  # a message scheduled for later does not keep --until-empty running
+    assert seen == [] or seen[0] >= due
+    while db_now_ms() < due:  # wait on the condition: the database clock passed it
+        time.sleep(0.05)
+    drain(["g"])
+    assert len(seen) == 1 and seen[0] >= due
+
+
+def test_scheduled_message_does_not_hold_back_later_ones(register: Any) -> None:
+    journal = register("t", "g", Journal())
+    send_message("t", "later", partition_key="k", delay=3600)
+    now = send_message("t", "now", partition_key="k")
+    drain(["g"])
+    assert [c[1] for c in journal.calls] == [now.offset]
+
+
+def test_priority_orders_deliverable_messages(register: Any) -> None:
+    journal = register("t", "g", Journal(), batch_size=10)
+    send_messages("t", [OutgoingMessage(p, partition_key="k", priority=p)
+                        for p in (50, 10, 90, 0, 50)])
+    drain(["g"], threads=1)
+    assert [c[3] for c in journal.calls] == [0, 10, 50, 50, 90]
+
+
+def test_a_row_with_only_the_rfc_columns_is_consumed(register: Any) -> None:
+    journal = register("t", "g", Journal())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO queue_messages (topic, id, payload, metadata, partition_key, "
+            "created_at, published_at, failed_at, failure_count, last_error, original_topic, "
+            "failure_detail) VALUES ('t', 'rfc-1', %s, NULL, 'k', 1, 1, 0, 0, '', '', NULL)",
+            [b'{"from": "go"}'],
+        )
+    drain(["g"])
+    assert [c[3] for c in journal.calls] == [{"from": "go"}]
+
+
+def test_extend_visibility(register: Any) -> None:
+    observed: list[int] = []
+
+    def slow(message: Message) -> None:
+        message.extend_visibility(600)
+        observed.append(DeliveryState.objects.get(message_offset=message.offset).invisible_until)
+
+    register("t", "g", slow)
+    send_message("t", 1)
+    before = db_now_ms()
+    drain(["g"])
+    assert observed and observed[0] >= before + 590_000
+
+
+def test_max_messages_stops_after_that_many(register: Any) -> None:
+    journal = register("t", "g", Journal())
+    send_messages("t", list(range(10)))
+    from sqlqueue.consuming.registry import select_consumers
+    from sqlqueue.consuming.runner import Runner
+
+    runner = Runner(select_consumers(["g"]), max_messages=4, conf=fast_settings())
+    runner.run(install_signal_handlers=False)
+    assert len(journal.calls) == 4
+    assert DeliveryState.objects.filter(acked=False).count() == 0  # nothing left charged
+
+
+# -- cost --------------------------------------------------------------------------------------
+
+def test_draining_costs_at_most_a_tenth_of_a_statement_per_message(register: Any) -> None:
+    register("t", "g", lambda message: None, batch_size=100)
+    sent = send_messages("t", [OutgoingMessage(n, partition_key="k") for n in range(2000)])
+    with CaptureQueriesContext(connection) as queries:
+        runner = drain_in_this_thread(["g"])
+    assert runner.subscribers[0].stats["acked"] == 2000
+    drain_until_watermarks("g", {"k": sent[-1].offset})
+    per_message = len(queries) / 2000
+    assert per_message <= 0.1, f"{len(queries)} statements for 2000 messages"
+
+
+def drain_in_this_thread(groups: list[str]) -> Any:
+    """Like drain(), on the test's own thread so its connection's queries are counted."""
+    from sqlqueue.consuming.registry import select_consumers
+    from sqlqueue.consuming.runner import Runner
+
+    runner = Runner(select_consumers(groups), until_empty=True, conf=fast_settings())
+    runner.run(install_signal_handlers=False)
+    return runner
+
+
+def test_an_idle_subscriber_polls_with_one_query(register: Any) -> None:
+    from sqlqueue.consuming.registry import select_consumers
+    from sqlqueue.consuming.runner import Runner
+
+    register("t", "g", lambda message: None)
+    sent = send_messages("t", [OutgoingMessage(n, partition_key=f"k{n}") for n in range(5)])
+    runner = Runner(select_consumers(["g"]), conf=fast_settings())
+    runner.start_handler_threads()
+    head = sent[-1].offset
+    deadline = time.monotonic() + 20
+    # Warm up until every watermark reached the head: drained and settled.
+    while not reached("g", {f"k{n}": head for n in range(5)}):
+        assert time.monotonic() < deadline, watermarks("g")
+        runner._cycle()
+        time.sleep(0.02)
+    for _ in range(3):
+        with CaptureQueriesContext(connection) as queries:
+            runner._cycle()
+        assert len(queries) == 1, [q["sql"] for q in queries]  # the log's head, nothing else
+    runner.stop()
+    runner._shutdown()
+
+
+def test_fetch_uses_the_partition_offset_index(register: Any) -> None:
+    send_messages("t", [OutgoingMessage(n, partition_key=f"k{n % 5}") for n in range(200)])
+    sql = dialect_for(connection).fetch_messages_sql()
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("ANALYZE TABLE queue_messages")
+            cursor.fetchall()
+            cursor.execute("EXPLAIN " + sql, ["g", "t", "k1", 0, 100])
+            plan = str(cursor.fetchall())
+        else:
+            cursor.execute("EXPLAIN QUERY PLAN " + sql, ["g", "t", "k1", 0, 100])
+            plan = str(cursor.fetchall())
+    assert "idx_topic_partition_offset" in plan
+
+
+# -- late commits (I4) -------------------------------------------------------------------------
+
+def test_a_late_committed_message_is_still_delivered(register: Any, mysql_only: None) -> None:
+    """A publishing transaction takes an offset, stays open while later messages are
+    published and consumed, then commits: its message must still be delivered."""
+    journal = register("t", "g", Journal())
+    held = threading.Event()
+    release = threading.Event()
+    late: list[int] = []
+
+    def slow_publisher() -> None:
+        from django.db import connections
+
+        try:
+            with transaction.atomic():
+                late.append(send_message("t", "late", partition_key="k").offset)
+                held.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    publisher = threading.Thread(target=slow_publisher)
+    publisher.start()
+    assert held.wait(30)
+    after = send_messages("t", [OutgoingMessage(n, partition_key="k") for n in range(3)])
+    drain(["g"])
+    assert [c[3] for c in journal.calls] == [0, 1, 2]
+    watermark = PartitionOffset.objects.get(consumer_group="g", partition_key="k").offset_acked
+    assert watermark < late[0] < after[0].offset  # the watermark waits below the open one
+    release.set()
+    publisher.join(30)
+    drain(["g"])
+    assert sorted(c[3] for c in journal.calls if isinstance(c[3], str)) == ["late"]
+    drain_until_watermarks("g", {"k": after[-1].offset})
