@@ -19,8 +19,8 @@ RUN_TIMEOUT = 60.0
 
 def fast_settings(**overrides: Any) -> QueueSettings:
     """Short intervals so that tests wait milliseconds, not seconds."""
-    values: dict[str, Any] = dict(POLL_INTERVAL=0.01, MIN_BACKOFF=0.02, MAX_BACKOFF=0.1,
-                                  SHUTDOWN_TIMEOUT=10, VISIBILITY_TIMEOUT=30)
+    values: dict[str, Any] = {"POLL_INTERVAL": 0.01, "MIN_BACKOFF": 0.02, "MAX_BACKOFF": 0.1,
+                                  "SHUTDOWN_TIMEOUT": 10, "VISIBILITY_TIMEOUT": 30}
     values.update(overrides)
     return dataclasses.replace(QueueSettings(), **values)
 

@@ -3,6 +3,7 @@ ordering, atomic handlers, scheduling, priorities, watermarks and cost."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import defaultdict
@@ -110,7 +111,7 @@ def test_backoff_spaces_retries(register: Any) -> None:
     sent = send_message("t", 1)
     drain(["g"], conf=fast_settings(MIN_BACKOFF=0.1, MAX_BACKOFF=0.3))
     times = journal.times[sent.offset]
-    gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     # min(max_backoff, min_backoff * 2^(n-1)) at least; never early.
     assert len(gaps) == 3
     assert gaps[0] >= 0.1 and gaps[1] >= 0.2 and gaps[2] >= 0.3
