@@ -65,16 +65,20 @@ class Outcome:
     delay: float | None = None  # Retry(delay=...)
 
 
-def build_message(delivery: Delivery, extend: bool = True) -> Message:
-    row = delivery.row
-    message_id = row.id
+def published_id(row: FetchedRow) -> str:
+    """The id the message was published with: a replayed dead letter keeps its own."""
     if row.failure_detail:
-        # A replayed dead letter carries the id it was first published with.
         try:
             replay_of = json.loads(row.failure_detail).get("replay_of") or {}
-            message_id = replay_of.get("id", message_id)
+            return str(replay_of.get("id", row.id))
         except (ValueError, AttributeError):
             pass
+    return row.id
+
+
+def build_message(delivery: Delivery, extend: bool = True) -> Message:
+    row = delivery.row
+    message_id = published_id(row)
     return Message(
         topic=delivery.consumer.topic,
         partition_key=delivery.partition_key,

@@ -27,7 +27,7 @@ from sqlqueue.consuming import handlers
 from sqlqueue.consuming.clock import DatabaseClock
 from sqlqueue.consuming.gc import GarbageCollector
 from sqlqueue.consuming.handlers import Delivery, Outcome
-from sqlqueue.consuming.registry import Consumer
+from sqlqueue.consuming.registry import Consumer, registered_consumers
 from sqlqueue.consuming.subscriber import Subscriber
 from sqlqueue.storage.sql import dialect_for
 
@@ -59,10 +59,14 @@ class Runner:
         self.until_empty = until_empty
         self.max_messages = max_messages
         self.subscribers = [Subscriber(c, self.conf, self.alias) for c in consumers]
-        self.collector = GarbageCollector(self.conf, self.alias,
-                                          {c.topic: set() for c in consumers})
-        for c in consumers:
-            self.collector.known_groups[c.topic].add(c.group)
+        # Known to garbage collection: every group registered in this process for these
+        # topics, running here or not, besides those with an offsets row anywhere.
+        topics = {c.topic for c in consumers}
+        known: dict[str, set[str]] = {topic: set() for topic in topics}
+        for registered in (*registered_consumers(), *consumers):
+            if registered.topic in topics:
+                known[registered.topic].add(registered.group)
+        self.collector = GarbageCollector(self.conf, self.alias, known)
         self.clock = DatabaseClock(self._database_now)
         self.stopping = threading.Event()
         self._wakeup = threading.Event()

@@ -20,7 +20,7 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.conf import MAX_NAME_BYTES, QueueSettings
 from sqlqueue.consuming.backoff import retry_delay
-from sqlqueue.consuming.handlers import Delivery, Outcome
+from sqlqueue.consuming.handlers import Delivery, Outcome, published_id
 from sqlqueue.consuming.partition import Entry, PartitionState
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.storage.sql import Dialect, dialect_for
@@ -191,13 +191,14 @@ class Subscriber:
         reason: str, error: str,
     ) -> None:
         row = delivery.row
-        detail = json.dumps({"id": row.id, "offset": row.offset, "group": self.group,
+        message_id = published_id(row)
+        detail = json.dumps({"id": message_id, "offset": row.offset, "group": self.group,
                              "reason": reason})
         with transaction.atomic(using=self.alias):
             self.dialect.insert_dead_letter(
                 cursor,
                 dead_letter_topic=self.topic + self.conf.DLQ_SUFFIX,
-                dead_letter_id=dead_letter_id(row.id, self.group),
+                dead_letter_id=dead_letter_id(message_id, self.group),
                 offset=row.offset, attempts=delivery.attempt, last_error=error,
                 detail=detail, group=self.group,
             )

@@ -80,7 +80,9 @@ def reached(group: str, expected: dict[str, int]) -> bool:
     return set(current) == set(expected) and all(current[k] >= v for k, v in expected.items())
 
 
-def drain_until_watermarks(group: str, expected: dict[str, int], timeout: float = 20) -> None:
+def drain_until_watermarks(
+    group: str, expected: dict[str, int], timeout: float = 20, **kwargs: Any
+) -> None:
     """Drain until the group's watermarks reach at least ``expected``. On MySQL a watermark
     trails the newest rows by the write horizon (about a second): this waits on that."""
     import time
@@ -90,4 +92,4 @@ def drain_until_watermarks(group: str, expected: dict[str, int], timeout: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"watermarks {watermarks(group)} never reached {expected}")
         time.sleep(0.2)
-        drain([group])
+        drain([group], **kwargs)

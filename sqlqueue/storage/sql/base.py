@@ -410,6 +410,24 @@ class ConsumingStatements:
             [dead_letter_topic, dead_letter_id, attempts, last_error, detail, group, offset],
         )
 
+    def insert_replay(
+        self, cursor: CursorWrapper, *, dead_letter_offset: int, replay_id: str, detail: str
+    ) -> int:
+        """``insert_replay``: copy a dead letter back to its original topic, addressed to
+        the group that dead-lettered it; returns the new offset."""
+        q = self.quote
+        now = self.now_ms_sql
+        columns = ("topic", "partition_key", "id", "payload", "metadata", "created_at",
+                   "published_at", "priority", "consumer_group", "failure_detail")
+        cursor.execute(
+            f"INSERT INTO {q(MESSAGE_TABLE)} ({', '.join(q(c) for c in columns)}) "
+            f"SELECT {q('original_topic')}, {q('partition_key')}, %s, {q('payload')}, "
+            f"{q('metadata')}, {now}, {q('published_at')}, {q('priority')}, "
+            f"{q('consumer_group')}, %s FROM {q(MESSAGE_TABLE)} WHERE {q('offset')} = %s",
+            [replay_id, detail, dead_letter_offset],
+        )
+        return int(cursor.lastrowid)
+
     # garbage collection -------------------------------------------------------------------
     def delete_messages_upto(
         self, cursor: CursorWrapper, topic: str, partition: str, upto: int, limit: int

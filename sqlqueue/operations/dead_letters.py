@@ -1,0 +1,84 @@
+"""Dead letters: replay one to its consumer group, or discard it.
+
+A dead letter is a row of ``<topic><DLQ_SUFFIX>`` whose ``consumer_group`` names the group
+whose attempts failed. Replaying it publishes a copy to the original topic addressed to
+that group only (``consumer_group`` set), so no other group sees it again (SPEC I6, I7),
+and removes the dead letter, in one transaction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from django.db import connections, transaction
+
+from sqlqueue.conf import MAX_NAME_BYTES, get_settings
+from sqlqueue.exceptions import SqlqueueError
+from sqlqueue.models import QueueMessage
+from sqlqueue.storage.sql import dialect_for
+
+
+class NotADeadLetter(SqlqueueError, LookupError):  # noqa: N818 - reads as a sentence
+    """The offset names no dead letter (never one, or already replayed or discarded)."""
+
+
+@dataclass(frozen=True)
+class Replayed:
+    dead_letter_offset: int
+    group: str
+    topic: str
+    partition_key: str
+    offset: int  # of the new message in the original topic
+
+
+def replay_dead_letter(offset: int, *, using: str | None = None) -> Replayed:
+    """Redeliver a dead letter to the group that dead-lettered it, and to no other."""
+    alias = using or get_settings().DATABASE
+    with transaction.atomic(using=alias):
+        dead = _locked_dead_letter(offset, alias)
+        detail = dead.failure_detail if isinstance(dead.failure_detail, dict) else {}
+        original_id = str(detail.get("id", dead.id))
+        replay_detail = json.dumps({"replay_of": {
+            "id": original_id, "offset": detail.get("offset"), "dead_letter_offset": offset,
+        }})
+        connection = connections[alias]
+        with connection.cursor() as cursor:
+            new_offset = dialect_for(connection).insert_replay(
+                cursor, dead_letter_offset=offset, replay_id=_replay_id(original_id, offset),
+                detail=replay_detail,
+            )
+        dead.delete()
+    return Replayed(offset, dead.consumer_group, dead.original_topic, dead.partition_key,
+                    new_offset)
+
+
+def discard_dead_letter(offset: int, *, using: str | None = None) -> None:
+    """Delete a dead letter for good."""
+    alias = using or get_settings().DATABASE
+    with transaction.atomic(using=alias):
+        _locked_dead_letter(offset, alias).delete()
+
+
+def _locked_dead_letter(offset: int, alias: str) -> QueueMessage:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 1:
+        raise NotADeadLetter(f"A dead letter's offset is a positive integer; got {offset!r}.")
+    dead = (QueueMessage.objects.using(alias).select_for_update()
+            .filter(offset=offset).exclude(original_topic="").exclude(consumer_group="")
+            .first())
+    if dead is None:
+        raise NotADeadLetter(
+            f"No dead letter at offset {offset}: it was replayed or discarded already, or "
+            "that message is not a dead letter."
+        )
+    return dead
+
+
+def _replay_id(original_id: str, dead_letter_offset: int) -> str:
+    """Unique in the original topic: a dead letter is replayed at most once."""
+    candidate = f"{original_id}~replay-{dead_letter_offset}"
+    if len(candidate.encode("utf-8")) <= MAX_NAME_BYTES:
+        return candidate
+    digest = hashlib.sha256(original_id.encode("utf-8")).hexdigest()
+    return f"sha256:{digest}~replay-{dead_letter_offset}"

@@ -1,0 +1,151 @@
+"""Replaying and discarding dead letters; garbage collection of the log."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from django.db import connection
+
+import sqlqueue
+from sqlqueue import Message, send_message, send_messages
+from sqlqueue.consuming.gc import GarbageCollector
+from sqlqueue.models import PartitionOffset, QueueMessage
+from sqlqueue.operations.dead_letters import (
+    NotADeadLetter,
+    discard_dead_letter,
+    replay_dead_letter,
+)
+from tests.integration.consuming_helpers import (
+    drain,
+    drain_until_watermarks,
+    fast_settings,
+    register,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["register"]
+
+
+def test_replay_redelivers_to_that_group_only(register: Any) -> None:
+    calls: dict[str, list[tuple[str, int]]] = {"billing": [], "shipping": []}
+    fail = {"on": True}
+
+    def billing(message: Message) -> None:
+        calls["billing"].append((message.id, message.attempt))
+        if fail["on"]:
+            raise sqlqueue.Reject("card declined")
+
+    register("orders", "billing", billing)
+    register("orders", "shipping", lambda m: calls["shipping"].append((m.id, m.attempt)))
+    send_message("orders", {"n": 1}, partition_key="c-1", id="o-1")
+    drain(["billing", "shipping"])
+    dead = QueueMessage.objects.get(topic="orders_dlq")
+
+    fail["on"] = False
+    replayed = replay_dead_letter(dead.offset)
+    assert (replayed.group, replayed.topic, replayed.partition_key) == (
+        "billing", "orders", "c-1")
+    assert not QueueMessage.objects.filter(topic="orders_dlq").exists()
+    drain(["billing", "shipping"])
+    # Billing got it again, with its original id and a fresh retry budget; shipping did not.
+    assert calls["billing"] == [("o-1", 1), ("o-1", 1)]
+    assert calls["shipping"] == [("o-1", 1)]
+
+
+def test_dead_lettering_again_after_a_replay(register: Any) -> None:
+    register("t", "g", lambda m: (_ for _ in ()).throw(sqlqueue.Reject("still broken")))
+    send_message("t", 1, partition_key="k", id="x")
+    drain(["g"])
+    first = QueueMessage.objects.get(topic="t_dlq")
+    replay_dead_letter(first.offset)
+    drain(["g"])
+    second = QueueMessage.objects.get(topic="t_dlq")
+    assert second.offset != first.offset
+    assert second.failure_detail["id"] == "x"
+    replay_dead_letter(second.offset)  # and it can be replayed again
+    drain(["g"])
+    assert QueueMessage.objects.filter(topic="t_dlq").count() == 1
+
+
+def test_replaying_twice_is_refused() -> None:
+    with pytest.raises(NotADeadLetter):
+        replay_dead_letter(10**9)
+    plain = send_message("t", 1)
+    with pytest.raises(NotADeadLetter, match="not a dead letter"):
+        replay_dead_letter(plain.offset)
+    with pytest.raises(NotADeadLetter):
+        replay_dead_letter(-1)
+
+
+def test_discard(register: Any) -> None:
+    register("t", "g", lambda m: (_ for _ in ()).throw(sqlqueue.Reject("no")))
+    send_message("t", 1)
+    drain(["g"])
+    dead = QueueMessage.objects.get(topic="t_dlq")
+    discard_dead_letter(dead.offset)
+    assert not QueueMessage.objects.filter(topic="t_dlq").exists()
+    with pytest.raises(NotADeadLetter):
+        discard_dead_letter(dead.offset)
+
+
+# -- garbage collection ---------------------------------------------------------------------
+
+def collect(groups: dict[str, set[str]], **overrides: Any) -> int:
+    conf = dataclasses.replace(fast_settings(), **overrides)
+    collector = GarbageCollector(conf, "default", groups)
+    with connection.cursor() as cursor:
+        return collector.collect(cursor, force=True)
+
+
+def test_gc_deletes_what_every_known_group_finished(register: Any) -> None:
+    register("t", "a", lambda m: None)
+    register("t", "b", lambda m: None)
+    sent = send_messages("t", [sqlqueue.OutgoingMessage(n, partition_key="k")
+                               for n in range(10)])
+    drain_until_watermarks("a", {"k": sent[-1].offset})
+    # Group b is known (this process runs it) but has not consumed: nothing may go.
+    assert collect({"t": {"a", "b"}}) == 0
+    drain_until_watermarks("b", {"k": sent[-1].offset})
+    assert collect({"t": {"a", "b"}}) == 10
+    assert not QueueMessage.objects.filter(topic="t").exists()
+
+
+def test_gc_counts_a_stopped_group_with_an_offsets_row(register: Any) -> None:
+    register("t", "a", lambda m: None)
+    sent = send_message("t", 1, partition_key="k")
+    # Group "stopped" registered itself once (its offsets row) and is not running now.
+    PartitionOffset.objects.create(consumer_group="stopped", topic="t", partition_key="k",
+                                   offset_acked=0, updated_at=0)
+    drain_until_watermarks("a", {"k": sent.offset})
+    assert collect({"t": {"a"}}) == 0
+
+
+def test_gc_never_touches_dead_letters(register: Any) -> None:
+    register("t", "g", lambda m: (_ for _ in ()).throw(sqlqueue.Reject("no")))
+    sent = send_message("t", 1, partition_key="k")
+    drain_until_watermarks("g", {"k": sent.offset})
+    collect({"t": {"g"}, "t_dlq": set()})
+    assert QueueMessage.objects.filter(topic="t_dlq").count() == 1
+
+
+def test_gc_waits_for_retention(register: Any) -> None:
+    register("t", "g", lambda m: None)
+    sent = send_message("t", 1, partition_key="k")
+    drain_until_watermarks("g", {"k": sent.offset}, conf=fast_settings(RETENTION=3600))
+    assert collect({"t": {"g"}}, RETENTION=3600) == 0
+    assert QueueMessage.objects.filter(topic="t").count() == 1
+
+
+def test_gc_deletes_in_bounded_batches(register: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlqueue.consuming import gc
+
+    monkeypatch.setattr(gc, "GC_BATCH", 7)
+    register("t", "g", lambda m: None)
+    sent = send_messages("t", [sqlqueue.OutgoingMessage(n, partition_key="k")
+                               for n in range(20)])
+    # The runner collects too; a long RETENTION keeps it from doing so here.
+    drain_until_watermarks("g", {"k": sent[-1].offset}, conf=fast_settings(RETENTION=3600))
+    assert collect({"t": {"g"}}) == 7
+    assert QueueMessage.objects.filter(topic="t").count() == 13
