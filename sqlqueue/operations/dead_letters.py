@@ -20,7 +20,7 @@ from sqlqueue.models import QueueMessage
 from sqlqueue.storage.sql import dialect_for
 
 
-class NotADeadLetter(SqlqueueError, LookupError):  # noqa: N818 - reads as a sentence
+class NotADeadLetter(SqlqueueError, LookupError):
     """The offset names no dead letter (never one, or already replayed or discarded)."""
 
 
