@@ -124,8 +124,8 @@ class Runner:
             if self._signals > 1:
                 logger.warning("Second signal: exiting at once.")
                 os._exit(1)
-            logger.info("Signal %s: finishing in-flight handlers (up to %ss); signal again "
-                        "to exit at once.", signum, self.conf.SHUTDOWN_TIMEOUT)
+            logger.warning("Signal %s: finishing in-flight handlers (up to %ss); signal "
+                           "again to exit at once.", signum, self.conf.SHUTDOWN_TIMEOUT)
             self.stop()
 
         signal.signal(signal.SIGINT, handle)

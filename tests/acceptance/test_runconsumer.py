@@ -1,0 +1,151 @@
+"""``manage.py runconsumer`` as a real subprocess, with real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from sqlqueue import OutgoingMessage, send_messages
+from sqlqueue.models import DeliveryState
+from tests.testapp.models import HandlerCall
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[2]
+TOPIC = "accept.work"
+
+
+def database_url() -> str:
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    password = f":{settings['PASSWORD']}" if settings["PASSWORD"] else ""
+    return (f"mysql://{settings['USER']}{password}@{settings['HOST'] or '127.0.0.1'}:"
+            f"{settings['PORT'] or 3306}/{settings['NAME']}")
+
+
+def runconsumer(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
+           "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "runconsumer", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or condition}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+        if process.stdout:
+            process.stdout.close()
+        if process.stderr:
+            process.stderr.close()
+
+
+def finished(group: str) -> list[int]:
+    return sorted(HandlerCall.objects.filter(group=group, event="finished")
+                  .values_list("message_offset", flat=True))
+
+
+def test_until_empty_handles_everything_and_exits_zero(processes: list) -> None:
+    sent = send_messages(TOPIC, [OutgoingMessage({"n": n}, partition_key=f"k{n % 4}")
+                                 for n in range(20)])
+    process = runconsumer("--until-empty", "--threads", "3")
+    processes.append(process)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    offsets = sorted(s.offset for s in sent)
+    assert finished("workers") == offsets
+    assert finished("auditors") == offsets
+    assert "workers:accept.work: 20 acked, 0 retried, 0 dead-lettered" in out
+    # The ordered group handled each partition in offset order.
+    for key in ("k0", "k1", "k2", "k3"):
+        calls = list(HandlerCall.objects.filter(group="auditors", partition_key=key,
+                                                event="started")
+                     .order_by("id").values_list("message_offset", flat=True))
+        assert calls == sorted(calls)
+
+
+def test_retries_and_dead_letters_across_the_process(processes: list) -> None:
+    send_messages(TOPIC, [OutgoingMessage({"fail_times": 1}, partition_key="k"),
+                          OutgoingMessage({"reject": True}, partition_key="k")])
+    process = runconsumer("--group", "workers", "--until-empty")
+    processes.append(process)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert "1 acked, 1 retried, 1 dead-lettered" in out
+
+
+def test_unknown_group_or_topic_is_a_clear_error(processes: list) -> None:
+    process = runconsumer("--group", "nope", "--topic", "nothing.here")
+    processes.append(process)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert "no consumer in group(s) nope" in err
+    assert "no consumer of topic(s) nothing.here" in err
+    assert "workers:accept.work" in err  # what is registered
+
+
+def test_first_signal_finishes_in_flight_work_and_gives_back_the_rest(processes: list) -> None:
+    sent = send_messages(TOPIC, [OutgoingMessage({"sleep": 0.5}, partition_key="k")
+                                 for _ in range(10)])
+    process = runconsumer("--group", "workers", "--threads", "2")
+    processes.append(process)
+    wait_for(lambda: HandlerCall.objects.filter(event="started").count() >= 2,
+             what="two handlers to start")
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    started = set(HandlerCall.objects.filter(event="started")
+                  .values_list("message_offset", flat=True))
+    # Every handler that started also finished: the signal let them complete.
+    assert set(finished("workers")) == started
+    assert len(started) < 10
+    # Messages that were fetched but never started were given back: no attempt charged.
+    charged = DeliveryState.objects.filter(consumer_group="workers", acked=False)
+    assert not charged.filter(retry_count__gt=0).exists()
+    assert not charged.filter(invisible_until__gt=0).exists()
+
+    again = runconsumer("--group", "workers", "--until-empty", "--threads", "4")
+    processes.append(again)
+    _, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    assert finished("workers") == sorted(s.offset for s in sent)
+    assert set(HandlerCall.objects.values_list("attempt", flat=True)) == {1}
+
+
+def test_second_signal_exits_at_once(processes: list) -> None:
+    send_messages(TOPIC, [OutgoingMessage({"sleep": 60}, partition_key="k")])
+    process = runconsumer("--group", "workers", "--threads", "1")
+    processes.append(process)
+    wait_for(lambda: HandlerCall.objects.filter(event="started").exists(),
+             what="the handler to start")
+    process.send_signal(signal.SIGTERM)
+    assert process.stderr is not None
+    line = process.stderr.readline()  # the runner says it got the first signal
+    assert "finishing in-flight handlers" in line
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=30)
+    assert time.monotonic() - started < 10
+    assert process.returncode != 0

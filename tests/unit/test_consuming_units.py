@@ -1,0 +1,162 @@
+"""Pure pieces of the consumer engine: backoff, the partition bookkeeping, the registry."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from sqlqueue import ConfigurationError, Message, Retry
+from sqlqueue.consuming.backoff import JITTER, retry_delay
+from sqlqueue.consuming.partition import PartitionState
+from sqlqueue.consuming.registry import consumer, select_consumers, unregister
+from sqlqueue.consuming.subscriber import dead_letter_id
+from sqlqueue.storage.sql.base import FetchedRow
+
+
+def row(offset: int, **overrides: Any) -> FetchedRow:
+    values: dict[str, Any] = dict(
+        offset=offset, id=f"m{offset}", payload=b"{}", metadata=None, created_at=1000,
+        published_at=1000, priority=50, deliver_after=0, consumer_group="",
+        failure_detail=None, acked=None, invisible_until=None, retry_count=None,
+    )
+    values.update(overrides)
+    return FetchedRow(**values)
+
+
+# -- backoff (I9) ------------------------------------------------------------------------------
+
+def test_backoff_doubles_from_min_and_stops_at_max() -> None:
+    no_jitter = random.Random()
+    no_jitter.random = lambda: 0.0  # type: ignore[method-assign]
+    delays = [retry_delay(n, 1, 30, no_jitter) for n in range(1, 8)]
+    assert delays == [1, 2, 4, 8, 16, 30, 30]
+
+
+def test_backoff_jitter_is_up_to_a_third_and_spreads_retries() -> None:
+    rng = random.Random(7)
+    delays = [retry_delay(3, 1, 3600, rng) for _ in range(1000)]
+    assert all(4 <= d <= 4 * (1 + JITTER) for d in delays)
+    assert len({round(d, 4) for d in delays}) > 900  # no thundering herd
+
+
+def test_backoff_survives_huge_attempt_numbers() -> None:
+    assert retry_delay(10_000, 1, 60, random.Random(1)) <= 60 * (1 + JITTER)
+    with pytest.raises(ValueError):
+        retry_delay(0, 1, 60)
+
+
+# -- partition bookkeeping ----------------------------------------------------------------
+
+def test_unordered_ready_orders_by_priority_and_caps_in_flight() -> None:
+    state = PartitionState("k", watermark=0)
+    state.absorb([row(1, priority=50), row(2, priority=0), row(3, priority=10)], "g")
+    ready = state.ready(now_ms=5000, batch_size=2, ordered=False)
+    assert [e.offset for e in ready] == [2, 3]
+    for entry in ready:
+        state.dispatched(entry)
+    assert state.ready(5000, 2, False) == []  # two in flight: the cap
+
+
+def test_ordered_ready_is_the_head_only() -> None:
+    state = PartitionState("k", watermark=0)
+    state.absorb([row(1), row(2)], "g")
+    (head,) = state.ready(5000, 10, ordered=True)
+    assert head.offset == 1
+    state.dispatched(head)
+    assert state.ready(5000, 10, ordered=True) == []
+    state.retry_at(1, due_ms=9000)
+    assert state.ready(5000, 10, ordered=True) == []  # backing off holds the partition
+    assert [e.offset for e in state.ready(9000, 10, ordered=True)] == [1]
+
+
+def test_scheduled_and_invisible_rows_wait() -> None:
+    state = PartitionState("k", watermark=0)
+    state.absorb([row(1, deliver_after=8000), row(2, invisible_until=7000, retry_count=0),
+                  row(3)], "g")
+    (now,) = state.ready(5000, 10, False)
+    assert now.offset == 3
+    state.dispatched(now)
+    assert state.next_due_ms() == 7000  # the invisible one comes back first
+    assert [e.offset for e in state.ready(8000, 10, False)] == [1, 2]
+
+
+def test_rows_acked_or_for_other_groups_are_done() -> None:
+    state = PartitionState("k", watermark=0)
+    state.absorb([row(1, acked=True), row(2, consumer_group="other"), row(3)], "g")
+    assert [e.offset for e in state.ready(5000, 10, False)] == [3]
+    assert state.advance_candidate(horizon_ms=None) == 2
+
+
+def test_watermark_needs_done_and_settled_rows() -> None:
+    state = PartitionState("k", watermark=0)
+    state.absorb([row(1, created_at=100), row(2, created_at=200), row(3, created_at=300)], "g")
+    state.finished(1)
+    state.finished(3)
+    assert state.advance_candidate(None) == 1  # 2 is not done
+    state.finished(2)
+    assert state.advance_candidate(horizon_ms=250) == 2  # 3 may still have late neighbours
+    assert state.advance_candidate(horizon_ms=None) == 3
+    state.moved_watermark(3)
+    assert state.entries == {}
+
+
+def test_watermark_closes_the_window_once_settled() -> None:
+    state = PartitionState("k", watermark=0)
+    state.absorb([row(5, created_at=100)], "g")
+    state.fetched(rows_returned=1, limit=10, head=40, now_ms=1000)
+    state.finished(5)
+    assert state.advance_candidate(horizon_ms=900) == 5  # the fetch may still be passed
+    assert state.advance_candidate(horizon_ms=1001) == 40  # nothing can appear below 40
+
+
+def test_give_back_restores_the_attempt() -> None:
+    state = PartitionState("k", watermark=0)
+    (entry,) = state.absorb([row(1, retry_count=2, invisible_until=0)], "g")
+    state.dispatched(entry)
+    assert entry.attempt == 4
+    state.given_back(1)
+    assert entry.attempt == 3 and not entry.in_flight
+
+
+def test_busy_ignores_messages_scheduled_for_later() -> None:
+    state = PartitionState("k", watermark=0)
+    state.absorb([row(1, deliver_after=10_000)], "g")
+    assert not state.busy(5000)
+    state.absorb([row(2, invisible_until=9000, retry_count=1)], "g")
+    assert state.busy(5000)  # waiting on a retry backoff
+
+
+# -- registry and messages --------------------------------------------------------------------
+
+def test_registry_rejects_bad_options_and_conflicts() -> None:
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+        consumer("t", group="g", max_attempts=0)
+    with pytest.raises(ConfigurationError, match="group"):
+        consumer("t", group="")
+    consumer("unit.t", group="unit.g")(lambda m: None)
+    try:
+        with pytest.raises(ConfigurationError, match="already has a handler"):
+            consumer("unit.t", group="unit.g")(print)
+        with pytest.raises(ConfigurationError, match="nope"):
+            select_consumers(["nope"])
+    finally:
+        unregister("unit.g", "unit.t")
+
+
+def test_dead_letter_ids_fit_the_column() -> None:
+    assert dead_letter_id("o-1", "billing") == "o-1@billing"
+    long_id = dead_letter_id("x" * 255, "billing")
+    assert len(long_id.encode()) <= 255 and long_id.startswith("sha256:")
+
+
+def test_message_payload_and_extend_checks() -> None:
+    message = Message(topic="t", partition_key="k", offset=1, id="i", body=b"\xff raw",
+                      metadata={}, attempt=1, created_at_ms=0, published_at_ms=0,
+                      consumer_group="g")
+    assert message.payload == b"\xff raw"  # not JSON: handed over as bytes
+    with pytest.raises(ValueError):
+        message.extend_visibility(0)
+    with pytest.raises(ValueError):
+        Retry(delay=-1)
