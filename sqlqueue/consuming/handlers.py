@@ -125,10 +125,10 @@ def _run_atomic(delivery: Delivery, message: Message) -> None:
     with transaction.atomic(using=delivery.alias):
         consumer.handler(message)
         with connection.cursor() as cursor:
-            dialect_for(connection).settle(
-                cursor, consumer.group, consumer.topic, delivery.partition_key,
-                [Settlement(delivery.row.offset, acked=True, invisible_until=0)],
-            )
+            dialect_for(connection).settle(cursor, consumer.group, consumer.topic, [
+                Settlement(delivery.partition_key, delivery.row.offset, acked=True,
+                           invisible_until=0),
+            ])
 
 
 def _extend_visibility(delivery: Delivery, seconds: float) -> None:

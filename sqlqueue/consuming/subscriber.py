@@ -103,7 +103,7 @@ class Subscriber:
         ``budget`` caps the number of deliveries (``--max-messages``); None: no cap.
         """
         batch = self.options.batch_size
-        deliveries: list[Delivery] = []
+        chosen: list[tuple[PartitionState, Entry]] = []
         for state in self.partitions.values():
             if state.wants_fetch(batch, head):
                 rows = self.dialect.fetch_messages(
@@ -113,21 +113,20 @@ class Subscriber:
                 state.fetched(len(rows), batch, head, now_ms)
             ready = state.ready(now_ms, batch, self.consumer.ordered)
             if budget is not None:
-                ready = ready[: max(0, budget - len(deliveries))]
-            if ready:
-                deliveries += self._deliver(cursor, state, ready, now_ms)
-        return deliveries
+                ready = ready[: max(0, budget - len(chosen))]
+            chosen += [(state, entry) for entry in ready]
+        return self._deliver(cursor, chosen, now_ms) if chosen else []
 
     def _deliver(
-        self, cursor: CursorWrapper, state: PartitionState, ready: list[Entry], now_ms: int
+        self, cursor: CursorWrapper, chosen: list[tuple[PartitionState, Entry]], now_ms: int
     ) -> list[Delivery]:
+        """Mark every chosen message delivered, all partitions in one statement."""
         invisible_until = now_ms + round(self.options.visibility_timeout * 1000)
-        self.dialect.mark_delivered(
-            cursor, self.group, self.topic, state.partition_key,
-            [(e.offset, invisible_until) for e in ready],
-        )
+        self.dialect.mark_delivered(cursor, self.group, self.topic, [
+            (state.partition_key, entry.offset, invisible_until) for state, entry in chosen
+        ])
         deliveries = []
-        for entry in ready:
+        for state, entry in chosen:
             state.dispatched(entry)
             assert entry.row is not None
             delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
@@ -146,45 +145,43 @@ class Subscriber:
 
     # -- outcomes -----------------------------------------------------------------------
     def record(self, cursor: CursorWrapper, outcomes: Iterable[Outcome], now_ms: int) -> None:
-        """Write what the handlers did: one statement per partition for acks and retries,
-        one short transaction per dead letter."""
-        by_partition: dict[str, list[Outcome]] = {}
+        """Write what the handlers did: acks and retries of every partition in one
+        statement, and one short transaction per dead letter."""
+        settlements: list[Settlement] = []
+        finished: list[Delivery] = []
+        retries: list[tuple[Delivery, int]] = []
         for outcome in outcomes:
-            by_partition.setdefault(outcome.delivery.partition_key, []).append(outcome)
-        for key, done in by_partition.items():
-            state = self.partitions.get(key)
-            settlements: list[Settlement] = []
-            retries: list[tuple[int, int]] = []
-            for outcome in done:
-                offset = outcome.delivery.row.offset
-                if outcome.kind == "ack":
-                    settlements.append(Settlement(offset, acked=True, invisible_until=0))
-                elif outcome.kind == "acked":
-                    pass  # an atomic handler wrote its ack in its own transaction
-                elif outcome.kind == "reject" or (
-                    outcome.delivery.attempt >= self.options.max_attempts
-                ):
-                    reason = "rejected" if outcome.kind == "reject" else "max_attempts"
-                    self._dead_letter(cursor, state, outcome.delivery, reason, outcome.error)
-                    continue
-                else:
-                    delay = outcome.delay
-                    if delay is None:
-                        delay = retry_delay(outcome.delivery.attempt, self.options.min_backoff,
-                                            self.options.max_backoff)
-                    due = now_ms + round(1000 * delay)
-                    settlements.append(Settlement(offset, acked=False, invisible_until=due,
-                                                  last_error=outcome.error))
-                    retries.append((offset, due))
-                    self.stats["retried"] += 1
-                    continue
-                self.stats["acked"] += 1
-                if state is not None:
-                    state.finished(offset)
-            self.dialect.settle(cursor, self.group, self.topic, key, settlements)
+            delivery = outcome.delivery
+            key, offset = delivery.partition_key, delivery.row.offset
+            if outcome.kind == "ack":
+                settlements.append(Settlement(key, offset, acked=True, invisible_until=0))
+                finished.append(delivery)
+            elif outcome.kind == "acked":
+                finished.append(delivery)  # an atomic handler wrote its ack already
+            elif outcome.kind == "reject" or delivery.attempt >= self.options.max_attempts:
+                reason = "rejected" if outcome.kind == "reject" else "max_attempts"
+                self._dead_letter(cursor, self.partitions.get(key), delivery, reason,
+                                  outcome.error)
+            else:
+                delay = outcome.delay
+                if delay is None:
+                    delay = retry_delay(delivery.attempt, self.options.min_backoff,
+                                        self.options.max_backoff)
+                due = now_ms + round(1000 * delay)
+                settlements.append(Settlement(key, offset, acked=False, invisible_until=due,
+                                              last_error=outcome.error))
+                retries.append((delivery, due))
+        self.dialect.settle(cursor, self.group, self.topic, settlements)
+        self.stats["acked"] += len(finished)
+        self.stats["retried"] += len(retries)
+        for delivery in finished:
+            state = self.partitions.get(delivery.partition_key)
             if state is not None:
-                for offset, due in retries:
-                    state.retry_at(offset, due)
+                state.finished(delivery.row.offset)
+        for delivery, due in retries:
+            state = self.partitions.get(delivery.partition_key)
+            if state is not None:
+                state.retry_at(delivery.row.offset, due)
 
     def _dead_letter(
         self, cursor: CursorWrapper, state: PartitionState | None, delivery: Delivery,
@@ -202,8 +199,9 @@ class Subscriber:
                 offset=row.offset, attempts=delivery.attempt, last_error=error,
                 detail=detail, group=self.group,
             )
-            self.dialect.settle(cursor, self.group, self.topic, delivery.partition_key,
-                                [Settlement(row.offset, acked=True, invisible_until=0)])
+            self.dialect.settle(cursor, self.group, self.topic, [
+                Settlement(delivery.partition_key, row.offset, acked=True, invisible_until=0)
+            ])
         logger.error("Dead-lettered %s/%s@%s for group %r after %s attempt(s) (%s).",
                      self.topic, delivery.partition_key, row.offset, self.group,
                      delivery.attempt, reason)

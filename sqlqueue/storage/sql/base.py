@@ -69,6 +69,7 @@ class FetchedRow:
 class Settlement:
     """The new delivery state of one message after its handler ran."""
 
+    partition_key: str
     offset: int
     acked: bool
     invisible_until: int
@@ -223,14 +224,14 @@ class ConsumingStatements:
         )
 
     def mark_delivered(
-        self, cursor: CursorWrapper, group: str, topic: str, partition: str,
-        deliveries: Sequence[tuple[int, int]],
+        self, cursor: CursorWrapper, group: str, topic: str,
+        deliveries: Sequence[tuple[str, int, int]],
     ) -> None:
-        """``deliveries``: (offset, invisible_until) pairs."""
+        """``deliveries``: (partition key, offset, invisible_until), any partitions."""
         if not deliveries:
             return
         params: list[Any] = []
-        for offset, invisible_until in deliveries:
+        for partition, offset, invisible_until in deliveries:
             params += [group, topic, partition, offset, invisible_until]
         cursor.execute(self.mark_delivered_sql(len(deliveries)), params)
 
@@ -259,15 +260,14 @@ class ConsumingStatements:
         )
 
     def settle(
-        self, cursor: CursorWrapper, group: str, topic: str, partition: str,
-        settlements: Sequence[Settlement],
+        self, cursor: CursorWrapper, group: str, topic: str, settlements: Sequence[Settlement]
     ) -> None:
         if not settlements:
             return
         params: list[Any] = []
         for s in settlements:
             acked = 1 if s.acked else 0
-            params += [group, topic, partition, s.offset, acked, s.invisible_until, acked,
+            params += [group, topic, s.partition_key, s.offset, acked, s.invisible_until, acked,
                        s.last_error]
         cursor.execute(self.settle_sql(len(settlements)), params)
 
