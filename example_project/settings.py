@@ -10,6 +10,7 @@ Everything that differs between a laptop and a server comes from the environment
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -109,7 +110,12 @@ USE_TZ = True
 STATIC_URL = "static/"
 
 # -- sqlqueue --------------------------------------------------------------------------
-# Every key is optional; the defaults suit this project. For example:
+# Every key is optional. For example:
 #     "VISIBILITY_TIMEOUT": 120,  # seconds a consumer may hold a message before redelivery
 #     "MAX_ATTEMPTS": 10,         # deliveries before a message goes to the dead-letter topic
-SQLQUEUE: dict[str, object] = {}
+SQLQUEUE: dict[str, object] = {
+    # Keep messages for a week after every consumer group is done with them, rather than
+    # deleting them at once (the default): handled order events stay visible in the admin
+    # and in `manage.py demo`, which is what you want when something needs explaining.
+    "RETENTION": timedelta(days=7),
+}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.http import HttpRequest
 
-from example_project.shop.models import Customer, Order, OrderLine
+from example_project.shop.models import ConfirmationEmail, Customer, Order, OrderLine
 
 
 @admin.register(Customer)
@@ -36,4 +36,16 @@ class OrderAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         """No: an order added here would skip place_order and never be published."""
+        return False
+
+
+@admin.register(ConfirmationEmail)
+class ConfirmationEmailAdmin(admin.ModelAdmin):
+    list_display = ["order", "attempt", "sent_at"]
+    list_filter = ["attempt", "sent_at"]
+    list_select_related = ["order"]
+    search_fields = ["order__reference"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        """No: these record e-mails the ``emails`` consumer sent; see consumers.py."""
         return False

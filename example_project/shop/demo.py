@@ -1,4 +1,5 @@
-"""What ``manage.py demo`` does, as plain functions: sample data, a rollback, the queue.
+"""What ``manage.py demo`` does, as plain functions: sample data, a rollback, the queue,
+and the consumers that handle it.
 
 Kept apart from the command so that the steps can be read (and reused, e.g. from a
 shell) without the command-line plumbing around them.
@@ -6,17 +7,25 @@ shell) without the command-line plumbing around them.
 
 from __future__ import annotations
 
+import io
 import json
+import logging
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.core.management import call_command
 from django.db import transaction
 from django.db.models.functions import Length
 
-from example_project.shop.models import Customer, Order
+from example_project.shop.models import ConfirmationEmail, Customer, Order
 from example_project.shop.services import ORDERS_CREATED, LineItem, place_order
+from sqlqueue.conf import get_settings
 from sqlqueue.models import QueueMessage
 
 REFERENCE_PREFIX = "DEMO-"
@@ -58,6 +67,27 @@ class QueuedMessage:
     created_at: datetime
     payload: Any
     metadata: Any
+
+
+@dataclass(frozen=True)
+class ConsumerRun:
+    """What ``runconsumer --until-empty`` printed and logged, and how long it took."""
+
+    report: list[str]
+    log: list[str]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ConsumerResults:
+    """The consumers' effects, read back from the database (all orders, not one run)."""
+
+    orders: int
+    paid: int
+    emails: int
+    emails_retried: int
+    dead_letter_topic: str
+    dead_letters: int
 
 
 def ensure_customers() -> tuple[list[Customer], int]:
@@ -130,6 +160,76 @@ def demonstrate_rollback(customer: Customer, number: int) -> RollbackResult:
         order_exists=Order.objects.filter(reference=reference).exists(),
         message_exists=QueueMessage.objects.filter(topic=ORDERS_CREATED, id=message_id).exists(),
     )
+
+
+def run_consumers() -> ConsumerRun:
+    """Run every registered consumer until nothing is left to do, as a worker would.
+
+    This is ``manage.py runconsumer --until-empty``, called in-process so that its report
+    and its warnings (a handler's failure is logged) can be shown in the demo's own
+    layout rather than interleaved on stderr.
+    """
+    output = io.StringIO()
+    started = time.monotonic()
+    with _captured_log("sqlqueue") as log, _signal_handlers_restored():
+        call_command("runconsumer", until_empty=True, stdout=output)
+    return ConsumerRun(
+        report=output.getvalue().splitlines(),
+        log=log,
+        seconds=time.monotonic() - started,
+    )
+
+
+def consumer_results(topic: str = ORDERS_CREATED) -> ConsumerResults:
+    """Counts that show what the consumers did, independent of runconsumer's report."""
+    dead_letter_topic = topic + get_settings().DLQ_SUFFIX
+    emails = ConfirmationEmail.objects.all()
+    return ConsumerResults(
+        orders=Order.objects.count(),
+        paid=Order.objects.filter(status=Order.Status.PAID).count(),
+        emails=emails.count(),
+        emails_retried=emails.filter(attempt__gt=1).count(),
+        dead_letter_topic=dead_letter_topic,
+        dead_letters=QueueMessage.objects.filter(topic=dead_letter_topic).count(),
+    )
+
+
+class _ListHandler(logging.Handler):
+    """Keeps formatted records in a list (logging serialises ``emit`` across threads)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname}: {record.getMessage()}")
+
+
+@contextmanager
+def _captured_log(name: str) -> Iterator[list[str]]:
+    """Collect ``name``'s warnings and errors; with a handler attached they no longer
+    reach Python's last-resort stderr handler."""
+    lines: list[str] = []
+    handler = _ListHandler(lines)
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+
+
+@contextmanager
+def _signal_handlers_restored() -> Iterator[None]:
+    """runconsumer installs its graceful-stop handlers; put the previous ones back so
+    that Ctrl-C stops the rest of the demo as usual."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, previous in saved.items():
+            if previous is not None:  # None: not installed from Python; leave it be
+                signal.signal(signum, previous)
 
 
 def recent_messages(topic: str = ORDERS_CREATED, limit: int = 20) -> list[QueuedMessage]:

@@ -54,3 +54,21 @@ class OrderLine(models.Model):
     def subtotal(self) -> Decimal:
         """Quantity times unit price; the order's total is the sum of these."""
         return self.quantity * self.unit_price
+
+
+class ConfirmationEmail(models.Model):
+    """A confirmation "sent" by the ``emails`` consumer: one row per e-mail delivered.
+
+    ``attempt`` is the delivery of ``orders.created`` that finally got through, so the
+    demo can show which e-mails needed a retry.
+    """
+
+    order = models.ForeignKey(Order, on_delete=models.CASCADE, related_name="confirmation_emails")
+    sent_at = models.DateTimeField(default=timezone.now)
+    attempt = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["sent_at", "pk"]
+
+    def __str__(self) -> str:
+        return f"Confirmation e-mail for order #{self.order_id} (attempt {self.attempt})"

@@ -47,11 +47,40 @@ def test_demo_places_orders_and_queues_one_message_each(database: Path) -> None:
     assert "order-DEMO-0004" not in {m[0] for m in messages}
 
 
+def test_demo_runs_the_consumers_to_completion(database: Path) -> None:
+    run = manage("demo", "--orders", "3", database=database)
+    assert run.returncode == 0, run.stderr
+    assert "billing:orders.created: 3 acked" in run.stdout
+    # Orders DEMO-0001 and -0002 are over 100: the mail provider times out once for each.
+    assert "emails:orders.created: 3 acked, 2 retried, 0 dead-lettered" in run.stdout
+    with closing(sqlite3.connect(database)) as db:
+        statuses = db.execute("SELECT reference, status FROM shop_order").fetchall()
+        emails = db.execute(
+            "SELECT o.reference, e.attempt FROM shop_confirmationemail e "
+            "JOIN shop_order o ON o.id = e.order_id ORDER BY o.reference"
+        ).fetchall()
+        dead_letters = db.execute(
+            "SELECT COUNT(*) FROM queue_messages WHERE topic = 'orders.created_dlq'"
+        ).fetchone()[0]
+    assert sorted(statuses) == [
+        ("DEMO-0001", "paid"), ("DEMO-0002", "paid"), ("DEMO-0003", "paid"),
+    ]
+    assert emails == [("DEMO-0001", 2), ("DEMO-0002", 2), ("DEMO-0003", 1)]
+    assert dead_letters == 0
+
+
 def test_demo_runs_again_on_the_same_database(database: Path) -> None:
     assert manage("demo", "--orders", "2", database=database).returncode == 0
     again = manage("demo", "--orders", "2", database=database)
     assert again.returncode == 0, again.stderr
     assert "DEMO-0004" in again.stdout
+    # The consumers pick up where they left off: only the two new orders.
+    assert "billing:orders.created: 2 acked" in again.stdout
+    assert "emails:orders.created: 2 acked" in again.stdout
+    with closing(sqlite3.connect(database)) as db:
+        unpaid = db.execute("SELECT COUNT(*) FROM shop_order WHERE status != 'paid'").fetchone()
+        emails = db.execute("SELECT COUNT(*) FROM shop_confirmationemail").fetchone()
+    assert (unpaid[0], emails[0]) == (0, 4)
 
 
 def test_system_checks_pass_including_database_checks(database: Path) -> None:
