@@ -19,24 +19,11 @@ import time
 from typing import Any
 
 import django
-from django.conf import settings
 
 
 def configure(url: str) -> None:
-    import environ
-
-    database = environ.Env.db_url_config(url)
-    if database["ENGINE"].endswith("mysql"):
-        database["OPTIONS"] = {"charset": "utf8mb4"}
-    else:
-        database["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20,
-                               "init_command": "PRAGMA journal_mode=WAL;"}
-    settings.configure(
-        DATABASES={"default": database},
-        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "sqlqueue"],
-        USE_TZ=True,
-        SQLQUEUE={},
-    )
+    os.environ["BENCH_DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
     django.setup()
 
 
