@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sqlqueue.consumer")
 
 MAX_ERROR_CHARS = 64 * 1024  # keep tracebacks readable and rows small
-OutcomeKind = Literal["ack", "acked", "retry", "fail", "reject"]
+OutcomeKind = Literal["ack", "acked", "retry", "fail", "reject", "not_started"]
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Delivery:
     row: FetchedRow
     attempt: int
     sequence: int
+    lease_valid: Callable[[], bool] = lambda: True
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _state: str = "queued"  # queued -> started | given_back
 
@@ -41,12 +43,17 @@ class Delivery:
         return (self.row.priority, self.sequence)
 
     def start(self) -> bool:
-        """Claim the delivery for a handler thread; False if it was given back."""
+        """Claim the delivery for a handler thread; False if it was given back, or if the
+        partition's lease can no longer be trusted (then nothing starts: SPEC I5)."""
         with self._lock:
-            if self._state != "queued":
+            if self._state != "queued" or not self.lease_valid():
                 return False
             self._state = "started"
             return True
+
+    @property
+    def given_back(self) -> bool:
+        return self._state == "given_back"
 
     def give_back(self) -> bool:
         """Take back a delivery no handler started (shutdown); False if one did."""

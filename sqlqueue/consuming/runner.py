@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.consuming import handlers
@@ -58,7 +58,7 @@ class Runner:
         self.threads = threads or self.conf.THREADS
         self.until_empty = until_empty
         self.max_messages = max_messages
-        self.subscribers = [Subscriber(c, self.conf, self.alias) for c in consumers]
+        self.subscribers = [Subscriber(c, self.conf, self.alias, self.name) for c in consumers]
         # Known to garbage collection: every group registered in this process for these
         # topics, running here or not, besides those with an offsets row anywhere.
         topics = {c.topic for c in consumers}
@@ -139,38 +139,53 @@ class Runner:
         dialect = dialect_for(connection)
         with connection.cursor() as cursor:
             now_ms = self.clock.now_ms()
-            self._record_outcomes(cursor, now_ms)
+            outcomes = self._collect_outcomes()
             head = dialect.head_offset(cursor)
+            horizon = self._horizon(cursor, now_ms)
             budget = None if self.max_messages is None else self.max_messages - self._dispatched
             for subscriber in self.subscribers:
                 subscriber.discover(cursor, head)
-                deliveries = subscriber.poll(cursor, now_ms, head, budget)
+                subscriber.keep_leases(cursor)
+                mine = outcomes.pop(id(subscriber.consumer), [])
+                if not subscriber.has_work(len(mine), head, now_ms):
+                    continue
+                # One short transaction per subscription: its leases are share-locked
+                # first, so every write below is made by the partitions' current owner.
+                with transaction.atomic(using=self.alias):
+                    subscriber.fence(cursor)
+                    subscriber.record(cursor, mine, now_ms)
+                    deliveries = subscriber.poll(cursor, now_ms, head, budget)
+                    subscriber.advance(cursor, horizon)
+                # Handed to the handlers only once the marks are committed.
                 for delivery in deliveries:
                     self._in_flight += 1
                     self._dispatched += 1
                     self._work.put((delivery.sort_key(), delivery))
                 if budget is not None:
                     budget -= len(deliveries)
-            horizon = self._horizon(cursor, now_ms)
-            for subscriber in self.subscribers:
-                subscriber.advance(cursor, horizon)
             self.collector.collect(cursor)
             return self._next_delay(now_ms, head)
 
-    def _record_outcomes(self, cursor: Any, now_ms: int) -> None:
+    def _collect_outcomes(self) -> dict[int, list[Outcome]]:
+        """What the handler threads finished since the last pass, by consumer."""
         outcomes: dict[int, list[Outcome]] = {}
         while True:
             try:
                 outcome = self._done.get_nowait()
             except queue.Empty:
-                break
+                return outcomes
             self._in_flight -= 1
             outcomes.setdefault(id(outcome.delivery.consumer), []).append(outcome)
             self.stats[outcome.kind] += 1
+
+    def _record_outcomes(self, cursor: Any, now_ms: int) -> None:
+        outcomes = self._collect_outcomes()
         for subscriber in self.subscribers:
             mine = outcomes.get(id(subscriber.consumer))
             if mine:
-                subscriber.record(cursor, mine, now_ms)
+                with transaction.atomic(using=self.alias):
+                    subscriber.fence(cursor)
+                    subscriber.record(cursor, mine, now_ms)
 
     def _horizon(self, cursor: Any, now_ms: int) -> Callable[[], int | None]:
         """Lazily (at most once per pass): database time before which no publishing
@@ -226,7 +241,12 @@ class Runner:
             if delivery is None:
                 return
             if not delivery.start():
-                continue  # given back during shutdown
+                if not delivery.given_back:
+                    # The partition's lease is no longer trusted: nothing starts, and
+                    # the main thread gives the message back.
+                    self._done.put(Outcome(delivery, "not_started"))
+                    self._wakeup.set()
+                continue
             try:
                 outcome = handlers.run(delivery)
             finally:
@@ -252,16 +272,25 @@ class Runner:
         try:
             connection = connections[self.alias]
             with connection.cursor() as cursor:
-                for delivery in given_back:
-                    self._subscriber_of(delivery).give_back(cursor, delivery)
+                for subscriber in self.subscribers:
+                    mine = [d for d in given_back if d.consumer is subscriber.consumer]
+                    if mine:
+                        with transaction.atomic(using=self.alias):
+                            subscriber.fence(cursor)
+                            for delivery in mine:
+                                if delivery.partition_key in subscriber.partitions:
+                                    subscriber.give_back(cursor, delivery)
                 while self._in_flight > 0 and time.monotonic() < deadline:
                     self._wakeup.wait(min(0.1, max(0.0, deadline - time.monotonic())))
                     self._wakeup.clear()
                     self._record_outcomes(cursor, self.clock.now_ms())
                 self._record_outcomes(cursor, self.clock.now_ms())
                 for subscriber in self.subscribers:
-                    subscriber.advance(cursor, self._horizon(cursor, self.clock.now_ms()),
-                                       force=True)
+                    with transaction.atomic(using=self.alias):
+                        subscriber.fence(cursor)
+                        subscriber.advance(cursor, self._horizon(cursor, self.clock.now_ms()),
+                                           force=True)
+                    subscriber.stop(cursor)  # hand the partitions over, deregister
         except DatabaseError as exc:
             logger.warning("Could not record the last outcomes (%s); those messages will be "
                            "redelivered after their visibility timeout.", exc)
@@ -279,9 +308,6 @@ class Runner:
             self.stats.update({f"{subscriber.consumer.name}:{k}": v
                                for k, v in subscriber.stats.items()})
         connections[self.alias].close()
-
-    def _subscriber_of(self, delivery: Delivery) -> Subscriber:
-        return next(s for s in self.subscribers if s.consumer is delivery.consumer)
 
     def _database_now(self) -> int:
         connection = connections[self.alias]

@@ -21,6 +21,7 @@ from django.db.backends.utils import CursorWrapper
 from sqlqueue.conf import MAX_NAME_BYTES, QueueSettings
 from sqlqueue.consuming.backoff import retry_delay
 from sqlqueue.consuming.handlers import Delivery, Outcome, published_id
+from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.partition import Entry, PartitionState
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.storage.sql import Dialect, dialect_for
@@ -46,12 +47,17 @@ def dead_letter_id(original_id: str, group: str) -> str:
 
 
 class Subscriber:
-    def __init__(self, consumer: Consumer, conf: QueueSettings, alias: str) -> None:
+    def __init__(self, consumer: Consumer, conf: QueueSettings, alias: str,
+                 name: str = "subscriber") -> None:
         self.consumer = consumer
         self.options = consumer.options(conf)
         self.conf = conf
         self.alias = alias
-        self.partitions: dict[str, PartitionState] = {}
+        self.name = name
+        self.leases = LeaseKeeper(consumer.group, consumer.topic, name, conf.LEASE_DURATION,
+                                  conf.LEASE_RENEW_INTERVAL)
+        self.discovered: list[str] = []
+        self.partitions: dict[str, PartitionState] = {}  # the partitions this one holds
         self.stats: Counter[str] = Counter()
         self._discovered_at_head = -1
         self._next_discovery = 0.0
@@ -76,23 +82,67 @@ class Subscriber:
         self.partitions.clear()
         self._discovered_at_head = -1
         self._next_discovery = 0.0
+        self.leases.hurry()
 
     # -- partitions ---------------------------------------------------------------------
     def discover(self, cursor: CursorWrapper, head: int) -> None:
-        """Pick up new partitions. This is the seam where leases will assign partitions:
-        today one subscriber per (group, topic) owns all of them."""
+        """Find the topic's partitions (a loose index scan); new ones are leased at the
+        next lease tick, which comes at once when nobody holds them."""
         now = time.monotonic()
         # A new head may mean a new partition: look again, at most once a second; with
         # no new message anywhere, look only now and then.
         wait = 0.0 if head != self._discovered_at_head else DISCOVERY_IDLE_INTERVAL
         if now < self._next_discovery + wait:
             return
-        for key in self.dialect.discover_partitions(cursor, self.topic):
-            if key not in self.partitions:
-                watermark = self.dialect.ensure_watermark(cursor, self.group, self.topic, key)
-                self.partitions[key] = PartitionState(key, watermark)
+        self.discovered = self.dialect.discover_partitions(cursor, self.topic)
+        held = set(self.leases.owned) | self.leases.others
+        if any(key not in held for key in self.discovered):
+            self.leases.hurry()
         self._discovered_at_head = head
         self._next_discovery = now + DISCOVERY_INTERVAL
+
+    def keep_leases(self, cursor: CursorWrapper) -> None:
+        """The lease tick, when due: heartbeat, renew, rebalance; then start or stop
+        working on the partitions gained or lost."""
+        if not self.leases.due():
+            return
+        idle = {key for key, state in self.partitions.items() if state.in_flight_count == 0}
+        idle |= set(self.leases.owned) - set(self.partitions)
+        gained, lost = self.leases.tick(cursor, self.dialect, self.discovered, idle)
+        for key in lost:
+            self.partitions.pop(key, None)
+        for key in sorted(gained):
+            watermark = self.dialect.ensure_watermark(cursor, self.group, self.topic, key)
+            self.partitions[key] = PartitionState(key, watermark)
+
+    def fence(self, cursor: CursorWrapper) -> None:
+        """Inside the cycle's transaction: share-lock this (group, topic)'s leases and keep
+        only the partitions still held with the same generation. Until the transaction
+        ends nobody can take them over, so every write that follows is made as owner
+        (fencing against a subscriber that was paused or cut off, SPEC I5)."""
+        current = {p: (owner, generation, age)
+                   for p, owner, generation, age in self.dialect.list_leases(
+                       cursor, self.group, self.topic, lock=True)}
+        for key in list(self.partitions):
+            owner, generation, age = current.get(key, ("", -1, 0))
+            if (owner != self.name or generation != self.leases.generation(key)
+                    or age >= self.leases.duration_ms):
+                logger.warning("%s lost the lease on %s/%s to %r; stopping work on it.",
+                               self.name, self.topic, key, owner or "nobody")
+                del self.partitions[key]
+                self.leases.owned.pop(key, None)
+
+    def has_work(self, outcomes: int, head: int, now_ms: int) -> bool:
+        """Whether a cycle would write or read anything (if not, it costs no query)."""
+        if outcomes:
+            return True
+        batch = self.options.batch_size
+        for key, state in self.partitions.items():
+            if state.window_open or state.wants_fetch(batch, head):
+                return True
+            if self.leases.holds(key) and state.ready(now_ms, batch, self.consumer.ordered):
+                return True
+        return False
 
     # -- delivering ---------------------------------------------------------------------
     def poll(
@@ -104,7 +154,9 @@ class Subscriber:
         """
         batch = self.options.batch_size
         chosen: list[tuple[PartitionState, Entry]] = []
-        for state in self.partitions.values():
+        for key, state in self.partitions.items():
+            if not self.leases.holds(key):
+                continue  # being released, or the lease is too close to its end
             if state.wants_fetch(batch, head):
                 rows = self.dialect.fetch_messages(
                     cursor, self.group, self.topic, state.partition_key, state.cursor, batch
@@ -130,7 +182,8 @@ class Subscriber:
             state.dispatched(entry)
             assert entry.row is not None
             delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
-                                entry.attempt, next(_sequence))
+                                entry.attempt, next(_sequence),
+                                lease_valid=self._lease_check(state.partition_key))
             if entry.attempt > self.options.max_attempts:
                 # Attempts were charged but never reported (a worker died mid-handler, or
                 # gave up past the visibility timeout): the retry budget is spent.
@@ -143,6 +196,12 @@ class Subscriber:
         self.stats["delivered"] += len(deliveries)
         return deliveries
 
+    def _lease_check(self, partition: str) -> Callable[[], bool]:
+        def valid() -> bool:
+            return self.leases.holds(partition)
+
+        return valid
+
     # -- outcomes -----------------------------------------------------------------------
     def record(self, cursor: CursorWrapper, outcomes: Iterable[Outcome], now_ms: int) -> None:
         """Write what the handlers did: acks and retries of every partition in one
@@ -153,6 +212,14 @@ class Subscriber:
         for outcome in outcomes:
             delivery = outcome.delivery
             key, offset = delivery.partition_key, delivery.row.offset
+            if key not in self.partitions:
+                # The lease went elsewhere: the new owner redelivers this message once
+                # its visibility timeout is over (at least once, never acked by a stranger).
+                self.stats["abandoned"] += 1
+                continue
+            if outcome.kind == "not_started":
+                self.give_back(cursor, delivery)
+                continue
             if outcome.kind == "ack":
                 settlements.append(Settlement(key, offset, acked=True, invisible_until=0))
                 finished.append(delivery)
@@ -275,10 +342,18 @@ class Subscriber:
         return any(state.busy(now_ms) for state in self.partitions.values())
 
     def caught_up(self, head: int) -> bool:
-        """Every partition was read to its end at the current head."""
-        return self._discovered_at_head == head and all(
-            state.exhausted and state.covered >= head for state in self.partitions.values()
-        )
+        """Every partition is held by a live subscriber, and this one read each of its
+        own to the end at the current head."""
+        held = set(self.partitions) | self.leases.others
+        return (self._discovered_at_head == head
+                and all(key in held for key in self.discovered)
+                and all(state.exhausted and state.covered >= head
+                        for state in self.partitions.values()))
+
+    def stop(self, cursor: CursorWrapper) -> None:
+        """Graceful stop: hand every partition over and deregister."""
+        self.leases.release_all(cursor, self.dialect)
+        self.partitions.clear()
 
     def next_due_ms(self) -> int | None:
         dues = [d for d in (s.next_due_ms() for s in self.partitions.values()) if d is not None]

@@ -104,10 +104,11 @@ def test_gc_deletes_what_every_known_group_finished(register: Any) -> None:
     register("t", "b", lambda m: None)
     sent = send_messages("t", [sqlqueue.OutgoingMessage(n, partition_key="k")
                                for n in range(10)])
-    drain_until_watermarks("a", {"k": sent[-1].offset})
+    keep = fast_settings(RETENTION=3600)  # the runners must not collect on their own here
+    drain_until_watermarks("a", {"k": sent[-1].offset}, conf=keep)
     # Group b is known (this process runs it) but has not consumed: nothing may go.
     assert collect({"t": {"a", "b"}}) == 0
-    drain_until_watermarks("b", {"k": sent[-1].offset})
+    drain_until_watermarks("b", {"k": sent[-1].offset}, conf=keep)
     assert collect({"t": {"a", "b"}}) == 10
     assert not QueueMessage.objects.filter(topic="t").exists()
 
@@ -118,7 +119,7 @@ def test_gc_counts_a_stopped_group_with_an_offsets_row(register: Any) -> None:
     # Group "stopped" registered itself once (its offsets row) and is not running now.
     PartitionOffset.objects.create(consumer_group="stopped", topic="t", partition_key="k",
                                    offset_acked=0, updated_at=0)
-    drain_until_watermarks("a", {"k": sent.offset})
+    drain_until_watermarks("a", {"k": sent.offset}, conf=fast_settings(RETENTION=3600))
     assert collect({"t": {"a"}}) == 0
 
 

@@ -42,6 +42,8 @@ class MessageRow:
 
 STATE_TABLE = "queue_delivery_state"
 OFFSETS_TABLE = "queue_offsets"
+LEASES_TABLE = "queue_partition_leases"
+HEARTBEATS_TABLE = "queue_subscriber_heartbeats"
 STATE_KEY = ("consumer_group", "topic", "partition_key", "message_offset")
 OFFSETS_KEY = ("consumer_group", "topic", "partition_key")
 
@@ -89,6 +91,7 @@ class ConsumingStatements:
 
     quote: Any
     now_ms_sql: str
+    locking_read_suffix: str
 
     # Vendor hooks -------------------------------------------------------------------
     def upsert_clause(self, key: Sequence[str], assignments: dict[str, str]) -> str:
@@ -427,6 +430,150 @@ class ConsumingStatements:
             [replay_id, detail, dead_letter_offset],
         )
         return int(cursor.lastrowid)
+
+    # leases -------------------------------------------------------------------------------
+    def acquire_leases_sql(self, count: int) -> str:
+        """``acquire_leases``: take partitions that have no lease, or whose lease expired
+        (not renewed for ``duration_ms`` by the database clock). A live lease is left
+        alone, whoever holds it. Every change of owner increments ``generation``."""
+        q = self.quote
+        now = self.now_ms_sql
+        expired = f"{q('lease_renewed_at')} < {now} - %s"
+        columns = (*OFFSETS_KEY, "leased_by", "leased_at", "lease_renewed_at", "generation")
+        one = f"(%s, %s, %s, %s, {now}, {now}, 1)"
+        clause = self.upsert_clause(OFFSETS_KEY, {
+            # Every condition reads lease_renewed_at, which is assigned last.
+            "generation": f"CASE WHEN {expired} THEN {q('generation')} + 1 "
+                          f"ELSE {q('generation')} END",
+            "leased_by": f"CASE WHEN {expired} THEN {{new}}({q('leased_by')}) "
+                         f"ELSE {q('leased_by')} END",
+            "leased_at": f"CASE WHEN {expired} THEN {now} ELSE {q('leased_at')} END",
+            "lease_renewed_at": f"CASE WHEN {expired} THEN {now} "
+                                f"ELSE {q('lease_renewed_at')} END",
+        })
+        return (
+            f"INSERT INTO {q(LEASES_TABLE)} ({', '.join(q(c) for c in columns)}) "
+            f"VALUES {', '.join([one] * count)} {clause}"
+        )
+
+    def acquire_leases(
+        self, cursor: CursorWrapper, group: str, topic: str, partitions: Sequence[str],
+        owner: str, duration_ms: int,
+    ) -> None:
+        if not partitions:
+            return
+        params: list[Any] = []
+        for partition in partitions:
+            params += [group, topic, partition, owner]
+        params += [duration_ms] * 4  # the four CASE conditions
+        cursor.execute(self.acquire_leases_sql(len(partitions)), params)
+
+    def renew_leases(
+        self, cursor: CursorWrapper, group: str, topic: str, owner: str, duration_ms: int
+    ) -> int:
+        """``renew_leases``: extend every lease ``owner`` still holds. An expired lease is
+        not revived (it may already be someone else's to take): it must be acquired
+        again, which changes its generation."""
+        q = self.quote
+        now = self.now_ms_sql
+        cursor.execute(
+            f"UPDATE {q(LEASES_TABLE)} SET {q('lease_renewed_at')} = {now} "
+            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s AND {q('leased_by')} = %s "
+            f"AND {q('lease_renewed_at')} >= {now} - %s",
+            [group, topic, owner, duration_ms],
+        )
+        return int(cursor.rowcount)
+
+    def list_leases(
+        self, cursor: CursorWrapper, group: str, topic: str, *, lock: bool = False
+    ) -> list[tuple[str, str, int, int]]:
+        """``list_leases``: (partition, owner, generation, ms since renewal) of every lease
+        of a (group, topic); primary-key prefix. ``lock``: share-lock them until commit
+        (fencing: the owner cannot change while this transaction writes as owner)."""
+        q = self.quote
+        cursor.execute(
+            f"SELECT {q('partition_key')}, {q('leased_by')}, {q('generation')}, "
+            f"{self.now_ms_sql} - {q('lease_renewed_at')} FROM {q(LEASES_TABLE)} "
+            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s"
+            + (self.locking_read_suffix if lock else ""),
+            [group, topic],
+        )
+        return [(r[0], r[1], int(r[2]), int(r[3])) for r in cursor.fetchall()]
+
+    def release_leases(
+        self, cursor: CursorWrapper, group: str, topic: str, partitions: Sequence[str],
+        owner: str,
+    ) -> int:
+        """``release_leases``: give partitions up (only those ``owner`` holds)."""
+        if not partitions:
+            return 0
+        q = self.quote
+        marks = ", ".join(["%s"] * len(partitions))
+        cursor.execute(
+            f"DELETE FROM {q(LEASES_TABLE)} WHERE {q('consumer_group')} = %s AND "
+            f"{q('topic')} = %s AND {q('leased_by')} = %s AND {q('partition_key')} IN ({marks})",
+            [group, topic, owner, *partitions],
+        )
+        return int(cursor.rowcount)
+
+    def purge_abandoned(
+        self, cursor: CursorWrapper, group: str, topic: str, older_than_ms: int
+    ) -> None:
+        """``purge_abandoned``: forget leases and heartbeats nobody renewed for a long
+        time. Runs long after such leases could be taken over, so the work of a dead
+        subscriber is always recovered before it is forgotten."""
+        q = self.quote
+        now = self.now_ms_sql
+        cursor.execute(
+            f"DELETE FROM {q(LEASES_TABLE)} WHERE {q('consumer_group')} = %s AND "
+            f"{q('topic')} = %s AND {q('lease_renewed_at')} < {now} - %s",
+            [group, topic, older_than_ms],
+        )
+        cursor.execute(
+            f"DELETE FROM {q(HEARTBEATS_TABLE)} WHERE {q('consumer_group')} = %s AND "
+            f"{q('topic')} = %s AND {q('heartbeat_at')} < {now} - %s",
+            [group, topic, older_than_ms],
+        )
+
+    # heartbeats ---------------------------------------------------------------------------
+    def heartbeat(self, cursor: CursorWrapper, group: str, topic: str, name: str) -> None:
+        """``heartbeat``: this subscriber is alive (database time)."""
+        q = self.quote
+        now = self.now_ms_sql
+        columns = ("consumer_group", "topic", "subscriber_name", "heartbeat_at",
+                   "deregistered_at")
+        clause = self.upsert_clause(("consumer_group", "topic", "subscriber_name"), {
+            "heartbeat_at": f"{{new}}({q('heartbeat_at')})",
+            "deregistered_at": "0",
+        })
+        cursor.execute(
+            f"INSERT INTO {q(HEARTBEATS_TABLE)} ({', '.join(q(c) for c in columns)}) "
+            f"VALUES (%s, %s, %s, {now}, 0) {clause}",
+            [group, topic, name],
+        )
+
+    def live_subscribers(
+        self, cursor: CursorWrapper, group: str, topic: str, within_ms: int
+    ) -> list[str]:
+        """``live_subscribers``: names with a heartbeat in the last ``within_ms``."""
+        q = self.quote
+        cursor.execute(
+            f"SELECT {q('subscriber_name')} FROM {q(HEARTBEATS_TABLE)} WHERE "
+            f"{q('consumer_group')} = %s AND {q('topic')} = %s AND "
+            f"{q('heartbeat_at')} >= {self.now_ms_sql} - %s AND {q('deregistered_at')} = 0 "
+            f"ORDER BY {q('subscriber_name')}",
+            [group, topic, within_ms],
+        )
+        return [r[0] for r in cursor.fetchall()]
+
+    def deregister(self, cursor: CursorWrapper, group: str, topic: str, name: str) -> None:
+        """``deregister``: a graceful goodbye, so the others rebalance at once."""
+        q = self.quote
+        cursor.execute(
+            f"DELETE FROM {q(HEARTBEATS_TABLE)} WHERE {q('consumer_group')} = %s AND "
+            f"{q('topic')} = %s AND {q('subscriber_name')} = %s",
+            [group, topic, name],
+        )
 
     # garbage collection -------------------------------------------------------------------
     def delete_messages_upto(

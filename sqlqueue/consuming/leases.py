@@ -1,0 +1,170 @@
+"""Partition leases, heartbeats and fair sharing among the subscribers of a (group, topic).
+
+Every ``LEASE_RENEW_INTERVAL`` a subscriber heartbeats, renews the leases it holds, reads
+who is alive and who holds what, and then gives up or takes partitions so that with S
+live subscribers and P partitions each holds floor(P/S) or ceil(P/S) (SPEC I12): the
+subscribers sorted by name, the first P mod S get one more. All times are the database's
+(SPEC I11); locally, a lease is trusted only until a deadline computed from the database's
+own view of it, minus a safety margin, on the monotonic clock, so a paused or cut-off
+subscriber stops starting handlers before anyone else can take its partitions (SPEC I5).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db.backends.utils import CursorWrapper
+
+from sqlqueue.storage.sql import Dialect
+
+logger = logging.getLogger("sqlqueue.leases")
+
+PURGE_AFTER_LEASES = 10  # forget leases/heartbeats not renewed for 10 lease durations
+
+
+@dataclass
+class Lease:
+    generation: int
+    deadline: float  # monotonic time after which this subscriber no longer trusts it
+
+
+def fair_share(partitions: int, members: list[str], me: str) -> int:
+    """How many partitions ``me`` should hold: floor(P/S), plus one for the first P mod S
+    members by name, so that the shares add up to P exactly."""
+    if not members or me not in members:
+        # Not yet (or no longer) seen alive: claim a conservative share.
+        count = len(members) + 1
+        return max(1, -(-partitions // count))
+    count = len(members)
+    rank = sorted(members).index(me)
+    return partitions // count + (1 if rank < partitions % count else 0)
+
+
+class LeaseKeeper:
+    """The leases one subscriber holds on one (group, topic)."""
+
+    def __init__(self, group: str, topic: str, name: str, duration: float,
+                 renew_interval: float) -> None:
+        self.group = group
+        self.topic = topic
+        self.name = name
+        self.duration_ms = round(duration * 1000)
+        self.renew_interval = renew_interval
+        # Stop trusting a lease this long before the database could let it go.
+        self.margin = min(renew_interval, duration / 3)
+        self.owned: dict[str, Lease] = {}
+        self.releasing: set[str] = set()
+        self.members: list[str] = []
+        self.share = 0
+        self.others: set[str] = set()  # partitions live subscribers other than me hold
+        self._next_tick = 0.0
+        self._ticks = 0
+
+    # -- local view ---------------------------------------------------------------------
+    def holds(self, partition: str) -> bool:
+        """May this subscriber start work on ``partition`` now?"""
+        lease = self.owned.get(partition)
+        return (lease is not None and partition not in self.releasing
+                and time.monotonic() < lease.deadline)
+
+    def generation(self, partition: str) -> int | None:
+        lease = self.owned.get(partition)
+        return None if lease is None else lease.generation
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._next_tick
+
+    def hurry(self) -> None:
+        """Tick at the next opportunity (new partitions, a member left)."""
+        self._next_tick = 0.0
+
+    # -- the periodic tick ----------------------------------------------------------------
+    def tick(self, cursor: CursorWrapper, dialect: Dialect, discovered: Iterable[str],
+             idle: set[str]) -> tuple[set[str], set[str]]:
+        """Heartbeat, renew, rebalance. ``idle``: owned partitions with nothing in flight,
+        which may be released now. Returns (partitions gained, partitions lost)."""
+        started = time.monotonic()
+        self._next_tick = started + self.renew_interval
+        self._ticks += 1
+        dialect.heartbeat(cursor, self.group, self.topic, self.name)
+        dialect.renew_leases(cursor, self.group, self.topic, self.name, self.duration_ms)
+        leases = dialect.list_leases(cursor, self.group, self.topic)
+        self.members = dialect.live_subscribers(cursor, self.group, self.topic, self.duration_ms)
+        before = set(self.owned)
+        self._adopt(leases, started)
+        partitions = set(discovered) | {partition for partition, *_ in leases}
+        self.share = fair_share(len(partitions), self.members, self.name)
+
+        released = self._shed(cursor, dialect, idle)
+        wanted = self.share - len(self.owned)
+        if wanted > 0:
+            free = sorted(p for p in partitions if p not in self.owned and p not in self.others)
+            if free:
+                # Start at a place of our own in the list, so that subscribers
+                # acquiring at once mostly ask for different partitions.
+                start = zlib.crc32(self.name.encode()) % len(free)
+                candidates = (free[start:] + free[:start])[:wanted]
+                dialect.acquire_leases(cursor, self.group, self.topic, candidates, self.name,
+                                       self.duration_ms)
+                self._adopt(dialect.list_leases(cursor, self.group, self.topic), started)
+        if self.releasing:
+            # Partitions still finishing in-flight work: look again shortly, not in a
+            # whole renew interval, so that handing over stays quick.
+            self._next_tick = min(self._next_tick, time.monotonic() + 0.2)
+        if self._ticks % PURGE_AFTER_LEASES == 0:
+            dialect.purge_abandoned(cursor, self.group, self.topic,
+                                    PURGE_AFTER_LEASES * self.duration_ms)
+        gained = set(self.owned) - before
+        lost = (before - set(self.owned)) - released
+        if gained or lost or released:
+            logger.info("%s on %s/%s: holds %s of %s partitions (share %s, %s live); "
+                        "+%s -%s released %s", self.name, self.group, self.topic,
+                        len(self.owned), len(partitions), self.share, len(self.members),
+                        len(gained), len(lost), len(released))
+        return gained, lost | released
+
+    def _adopt(self, leases: list[tuple[str, str, int, int]], started: float) -> None:
+        """Believe the database: which leases are mine, with what generation, until when."""
+        owned: dict[str, Lease] = {}
+        others: set[str] = set()
+        for partition, owner, generation, age_ms in leases:
+            if age_ms >= self.duration_ms:
+                continue  # expired: free for anyone, me included
+            if owner == self.name:
+                # Valid in the database until renewal + duration; that renewal happened
+                # at most age_ms before the query, and the query after ``started``.
+                remaining = (self.duration_ms - age_ms) / 1000
+                owned[partition] = Lease(generation, started + remaining - self.margin)
+            else:
+                others.add(partition)
+        self.owned = owned
+        self.others = others
+        self.releasing &= set(owned)
+
+    def _shed(self, cursor: CursorWrapper, dialect: Dialect, idle: set[str]) -> set[str]:
+        """Give up partitions beyond the fair share: the highest keys first (the same
+        choice every time), each once nothing of it is in flight."""
+        excess = len(self.owned) - self.share
+        if excess <= 0:
+            self.releasing.clear()
+            return set()
+        self.releasing = set(sorted(self.owned)[-excess:])
+        ready = sorted(self.releasing & idle)
+        if ready:
+            dialect.release_leases(cursor, self.group, self.topic, ready, self.name)
+            for partition in ready:
+                del self.owned[partition]
+            self.releasing -= set(ready)
+            self.hurry()  # check again soon for the rest
+        return set(ready)
+
+    def release_all(self, cursor: CursorWrapper, dialect: Dialect) -> None:
+        """Graceful stop: hand every partition over and say goodbye."""
+        dialect.release_leases(cursor, self.group, self.topic, sorted(self.owned), self.name)
+        dialect.deregister(cursor, self.group, self.topic, self.name)
+        self.owned.clear()
+        self.releasing.clear()
