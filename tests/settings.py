@@ -10,6 +10,7 @@ Django creates and destroys a ``test_...`` database next to the named one.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -67,4 +68,13 @@ TEMPLATES = [
     }
 ]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-SQLQUEUE: dict[str, object] = {}
+# Subprocesses started by the acceptance tests get their timing through the environment.
+SQLQUEUE: dict[str, object] = json.loads(os.environ.get("SQLQUEUE_JSON", "{}"))
+
+if os.environ.get("SQLQUEUE_TEST_LOG"):
+    LOGGING = {
+        "version": 1,
+        "handlers": {"console": {"class": "logging.StreamHandler"}},
+        "formatters": {},
+        "loggers": {"sqlqueue": {"handlers": ["console"], "level": "INFO"}},
+    }

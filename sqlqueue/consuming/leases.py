@@ -24,6 +24,10 @@ from sqlqueue.storage.sql import Dialect
 logger = logging.getLogger("sqlqueue.leases")
 
 PURGE_AFTER_LEASES = 10  # forget leases/heartbeats not renewed for 10 lease durations
+QUICK_TICK = 0.25  # seconds between ticks while a rebalance is under way
+# While waiting for partitions to be handed over, quick ticks go on for about two renew
+# intervals without progress: the time a holder may take to notice a new member, finish
+# its in-flight work on the partitions it gives up, and let go.
 
 
 @dataclass
@@ -63,6 +67,8 @@ class LeaseKeeper:
         self.others: set[str] = set()  # partitions live subscribers other than me hold
         self._next_tick = 0.0
         self._ticks = 0
+        self._quick_budget = int(2 * renew_interval / QUICK_TICK) + 2
+        self._quick_left = self._quick_budget
 
     # -- local view ---------------------------------------------------------------------
     def holds(self, partition: str) -> bool:
@@ -111,14 +117,18 @@ class LeaseKeeper:
                 dialect.acquire_leases(cursor, self.group, self.topic, candidates, self.name,
                                        self.duration_ms)
                 self._adopt(dialect.list_leases(cursor, self.group, self.topic), started)
-        if self.releasing:
-            # Partitions still finishing in-flight work: look again shortly, not in a
-            # whole renew interval, so that handing over stays quick.
-            self._next_tick = min(self._next_tick, time.monotonic() + 0.2)
+        gained = set(self.owned) - before
+        short = len(self.owned) < self.share
+        # Progress, or nothing missing, renews the budget of quick ticks.
+        self._quick_left = self._quick_left - 1 if short and not gained else self._quick_budget
+        if self.releasing or (short and self._quick_left > 0):
+            # Handing partitions over, or waiting a little for some to be handed over:
+            # look again shortly, not in a whole renew interval, so that rebalancing
+            # stays quick (a few times only, so that a slow peer does not make us spin).
+            self._next_tick = min(self._next_tick, time.monotonic() + QUICK_TICK)
         if self._ticks % PURGE_AFTER_LEASES == 0:
             dialect.purge_abandoned(cursor, self.group, self.topic,
                                     PURGE_AFTER_LEASES * self.duration_ms)
-        gained = set(self.owned) - before
         lost = (before - set(self.owned)) - released
         if gained or lost or released:
             logger.info("%s on %s/%s: holds %s of %s partitions (share %s, %s live); "

@@ -16,7 +16,7 @@ Offsets of the partition fall in three zones::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from sqlqueue.storage.sql.base import FetchedRow
@@ -80,16 +80,18 @@ class PartitionState:
     def in_flight_count(self) -> int:
         return sum(1 for e in self.entries.values() if e.in_flight)
 
-    def wants_fetch(self, batch_size: int, head: int) -> bool:
-        """Read more when the buffer is at most half full and there may be new rows."""
+    def wants_fetch(self, batch_size: int, head: Callable[[], int]) -> bool:
+        """Read more when the buffer is at most half full and there may be new rows
+        (``head``, the log's newest offset, is read only when that is the question)."""
         if self.open_count > batch_size // 2:
             return False
-        return not (self.exhausted and head <= self.covered)
+        return not (self.exhausted and head() <= self.covered)
 
-    def fetched(self, rows_returned: int, limit: int, head: int, now_ms: int) -> None:
+    def fetched(self, rows_returned: int, limit: int, head: Callable[[], int],
+                now_ms: int) -> None:
         self.exhausted = rows_returned < limit
-        if self.exhausted and max(head, self.cursor) > self.covered:
-            self.covered = max(head, self.cursor)
+        if self.exhausted and max(head(), self.cursor) > self.covered:
+            self.covered = max(head(), self.cursor)
             self.covered_at_ms = now_ms
 
     # -- what to deliver ----------------------------------------------------------------

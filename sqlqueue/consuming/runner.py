@@ -34,7 +34,21 @@ from sqlqueue.storage.sql import dialect_for
 logger = logging.getLogger("sqlqueue.consumer")
 
 RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)  # seconds, after a lost connection
+HORIZON_REFRESH = 0.5  # seconds a write horizon is reused
 HORIZON_MARGIN_MS = 1000  # INNODB_TRX: whole-second start times, snapshots up to 0.1 s old
+
+
+class _Once:
+    """A value computed on first use, then remembered (the log's head, once a pass)."""
+
+    def __init__(self, compute: Callable[[], int]) -> None:
+        self._compute = compute
+        self._value: int | None = None
+
+    def __call__(self) -> int:
+        if self._value is None:
+            self._value = self._compute()
+        return self._value
 
 
 def default_name() -> str:
@@ -78,6 +92,8 @@ class Runner:
         self._dispatched = 0
         self._signals = 0
         self._workers: list[threading.Thread] = []
+        self._horizon_value: int | None = None
+        self._horizon_expires = 0.0
         self.stats: Counter[str] = Counter()
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -140,13 +156,20 @@ class Runner:
         with connection.cursor() as cursor:
             now_ms = self.clock.now_ms()
             outcomes = self._collect_outcomes()
-            head = dialect.head_offset(cursor)
+            head = _Once(lambda: dialect.head_offset(cursor))  # read when first needed
             horizon = self._horizon(cursor, now_ms)
             budget = None if self.max_messages is None else self.max_messages - self._dispatched
             for subscriber in self.subscribers:
-                subscriber.discover(cursor, head)
-                subscriber.keep_leases(cursor)
                 mine = outcomes.pop(id(subscriber.consumer), [])
+                if self.stopping.is_set():
+                    # A stop was asked for during this pass: record, take nothing new.
+                    if mine:
+                        with transaction.atomic(using=self.alias):
+                            subscriber.fence(cursor)
+                            subscriber.record(cursor, mine, now_ms)
+                    continue
+                subscriber.discover(cursor, head)
+                self._in_flight -= subscriber.keep_leases(cursor)
                 if not subscriber.has_work(len(mine), head, now_ms):
                     continue
                 # One short transaction per subscription: its leases are share-locked
@@ -188,14 +211,15 @@ class Runner:
                     subscriber.record(cursor, mine, now_ms)
 
     def _horizon(self, cursor: Any, now_ms: int) -> Callable[[], int | None]:
-        """Lazily (at most once per pass): database time before which no publishing
-        transaction is still open, so no row can still appear below a settled one."""
-        cached: list[int | None] = []
+        """Lazily: database time before which no publishing transaction is still open,
+        so no row can still appear below a settled one. Read at most every
+        HORIZON_REFRESH seconds; an older horizon is an earlier one, hence still safe."""
 
         def horizon() -> int | None:
-            if not cached:
-                cached.append(self._read_horizon(cursor, now_ms))
-            return cached[0]
+            if time.monotonic() >= self._horizon_expires:
+                self._horizon_value = self._read_horizon(cursor, now_ms)
+                self._horizon_expires = time.monotonic() + HORIZON_REFRESH
+            return self._horizon_value
 
         return horizon
 
@@ -212,7 +236,7 @@ class Runner:
             return now_ms - HORIZON_MARGIN_MS
         return max(floor, min(oldest, now_ms) - HORIZON_MARGIN_MS)
 
-    def _next_delay(self, now_ms: int, head: int) -> float | None:
+    def _next_delay(self, now_ms: int, head: Callable[[], int]) -> float | None:
         if self.max_messages is not None and self._dispatched >= self.max_messages:
             if self._in_flight == 0:
                 return None
@@ -240,6 +264,11 @@ class Runner:
             _, delivery = self._work.get()
             if delivery is None:
                 return
+            if self.stopping.is_set() and delivery.give_back():
+                # Stopping: nothing new starts; the main thread gives it back.
+                self._done.put(Outcome(delivery, "not_started"))
+                self._wakeup.set()
+                continue
             if not delivery.start():
                 if not delivery.given_back:
                     # The partition's lease is no longer trusted: nothing starts, and
@@ -253,7 +282,10 @@ class Runner:
                 if connections[self.alias].in_atomic_block:  # a handler left one open
                     connections[self.alias].close()
             self._done.put(outcome)
-            self._wakeup.set()
+            # Wake the main thread once half of what is in flight has finished (or at
+            # its next poll): outcomes are then recorded in batches, not one by one.
+            if 2 * self._done.qsize() >= self._in_flight:
+                self._wakeup.set()
 
     # -- shutdown -------------------------------------------------------------------------------
     def _shutdown(self) -> None:

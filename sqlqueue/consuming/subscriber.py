@@ -58,6 +58,7 @@ class Subscriber:
                                   conf.LEASE_RENEW_INTERVAL)
         self.discovered: list[str] = []
         self.partitions: dict[str, PartitionState] = {}  # the partitions this one holds
+        self.outstanding: dict[int, Delivery] = {}  # handed to the pool, no outcome yet
         self.stats: Counter[str] = Counter()
         self._discovered_at_head = -1
         self._next_discovery = 0.0
@@ -85,27 +86,31 @@ class Subscriber:
         self.leases.hurry()
 
     # -- partitions ---------------------------------------------------------------------
-    def discover(self, cursor: CursorWrapper, head: int) -> None:
+    def discover(self, cursor: CursorWrapper, head: Callable[[], int]) -> None:
         """Find the topic's partitions (a loose index scan); new ones are leased at the
         next lease tick, which comes at once when nobody holds them."""
         now = time.monotonic()
+        if now < self._next_discovery:
+            return
         # A new head may mean a new partition: look again, at most once a second; with
         # no new message anywhere, look only now and then.
-        wait = 0.0 if head != self._discovered_at_head else DISCOVERY_IDLE_INTERVAL
-        if now < self._next_discovery + wait:
+        if head() == self._discovered_at_head and now < (
+            self._next_discovery + DISCOVERY_IDLE_INTERVAL
+        ):
             return
         self.discovered = self.dialect.discover_partitions(cursor, self.topic)
         held = set(self.leases.owned) | self.leases.others
         if any(key not in held for key in self.discovered):
             self.leases.hurry()
-        self._discovered_at_head = head
+        self._discovered_at_head = head()
         self._next_discovery = now + DISCOVERY_INTERVAL
 
-    def keep_leases(self, cursor: CursorWrapper) -> None:
+    def keep_leases(self, cursor: CursorWrapper) -> int:
         """The lease tick, when due: heartbeat, renew, rebalance; then start or stop
-        working on the partitions gained or lost."""
+        working on the partitions gained or lost. Returns how many queued deliveries of
+        partitions being handed over were taken back from the pool."""
         if not self.leases.due():
-            return
+            return 0
         idle = {key for key, state in self.partitions.items() if state.in_flight_count == 0}
         idle |= set(self.leases.owned) - set(self.partitions)
         gained, lost = self.leases.tick(cursor, self.dialect, self.discovered, idle)
@@ -114,6 +119,22 @@ class Subscriber:
         for key in sorted(gained):
             watermark = self.dialect.ensure_watermark(cursor, self.group, self.topic, key)
             self.partitions[key] = PartitionState(key, watermark)
+        return self._take_back(cursor, self.leases.releasing)
+
+    def _take_back(self, cursor: CursorWrapper, partitions: set[str]) -> int:
+        """Give back the queued (not started) deliveries of partitions being handed over,
+        so that they fall idle and can be released without waiting for the queue."""
+        taken = [d for d in self.outstanding.values()
+                 if d.partition_key in partitions and d.give_back()]
+        if taken:
+            with transaction.atomic(using=self.alias):
+                self.fence(cursor)
+                for delivery in taken:
+                    del self.outstanding[id(delivery)]
+                    if delivery.partition_key in self.partitions:
+                        self.give_back(cursor, delivery)
+            self.leases.hurry()
+        return len(taken)
 
     def fence(self, cursor: CursorWrapper) -> None:
         """Inside the cycle's transaction: share-lock this (group, topic)'s leases and keep
@@ -132,7 +153,7 @@ class Subscriber:
                 del self.partitions[key]
                 self.leases.owned.pop(key, None)
 
-    def has_work(self, outcomes: int, head: int, now_ms: int) -> bool:
+    def has_work(self, outcomes: int, head: Callable[[], int], now_ms: int) -> bool:
         """Whether a cycle would write or read anything (if not, it costs no query)."""
         if outcomes:
             return True
@@ -146,7 +167,7 @@ class Subscriber:
 
     # -- delivering ---------------------------------------------------------------------
     def poll(
-        self, cursor: CursorWrapper, now_ms: int, head: int, budget: int | None
+        self, cursor: CursorWrapper, now_ms: int, head: Callable[[], int], budget: int | None
     ) -> list[Delivery]:
         """Read what is new and return the deliveries to hand out now (marked delivered).
 
@@ -193,6 +214,7 @@ class Subscriber:
                 ))
                 continue
             deliveries.append(delivery)
+            self.outstanding[id(delivery)] = delivery
         self.stats["delivered"] += len(deliveries)
         return deliveries
 
@@ -211,6 +233,7 @@ class Subscriber:
         retries: list[tuple[Delivery, int]] = []
         for outcome in outcomes:
             delivery = outcome.delivery
+            self.outstanding.pop(id(delivery), None)
             key, offset = delivery.partition_key, delivery.row.offset
             if key not in self.partitions:
                 # The lease went elsewhere: the new owner redelivers this message once
@@ -341,13 +364,13 @@ class Subscriber:
     def busy(self, now_ms: int) -> bool:
         return any(state.busy(now_ms) for state in self.partitions.values())
 
-    def caught_up(self, head: int) -> bool:
+    def caught_up(self, head: Callable[[], int]) -> bool:
         """Every partition is held by a live subscriber, and this one read each of its
         own to the end at the current head."""
         held = set(self.partitions) | self.leases.others
-        return (self._discovered_at_head == head
+        return (self._discovered_at_head == head()
                 and all(key in held for key in self.discovered)
-                and all(state.exhausted and state.covered >= head
+                and all(state.exhausted and state.covered >= head()
                         for state in self.partitions.values()))
 
     def stop(self, cursor: CursorWrapper) -> None:

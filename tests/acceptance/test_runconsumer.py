@@ -2,50 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
-from django.db import connection
 
 from sqlqueue import OutgoingMessage, send_messages
 from sqlqueue.models import DeliveryState
+from tests.acceptance.processes import runconsumer, stop, wait_for
 from tests.testapp.models import HandlerCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ROOT = Path(__file__).resolve().parents[2]
 TOPIC = "accept.work"
-
-
-def database_url() -> str:
-    settings = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{settings['NAME']}"
-    password = f":{settings['PASSWORD']}" if settings["PASSWORD"] else ""
-    return (f"mysql://{settings['USER']}{password}@{settings['HOST'] or '127.0.0.1'}:"
-            f"{settings['PORT'] or 3306}/{settings['NAME']}")
-
-
-def runconsumer(*args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
-           "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "manage.py", "runconsumer", *args], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 30, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or condition}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -53,13 +23,7 @@ def processes() -> Iterator[list[subprocess.Popen[str]]]:
     started: list[subprocess.Popen[str]] = []
     yield started
     for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait(10)
-        if process.stdout:
-            process.stdout.close()
-        if process.stderr:
-            process.stderr.close()
+        stop(process)
 
 
 def finished(group: str) -> list[int]:

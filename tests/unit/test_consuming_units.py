@@ -105,7 +105,7 @@ def test_watermark_needs_done_and_settled_rows() -> None:
 def test_watermark_closes_the_window_once_settled() -> None:
     state = PartitionState("k", watermark=0)
     state.absorb([row(5, created_at=100)], "g")
-    state.fetched(rows_returned=1, limit=10, head=40, now_ms=1000)
+    state.fetched(rows_returned=1, limit=10, head=lambda: 40, now_ms=1000)
     state.finished(5)
     assert state.advance_candidate(horizon_ms=900) == 5  # the fetch may still be passed
     assert state.advance_candidate(horizon_ms=1001) == 40  # nothing can appear below 40

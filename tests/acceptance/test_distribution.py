@@ -1,0 +1,203 @@
+"""Many ``runconsumer`` processes sharing a group: leases, fair share, and faults
+(SIGKILL, SIGSTOP, clock skew), with real subprocesses and real signals."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection
+
+from sqlqueue import OutgoingMessage, send_messages
+from sqlqueue.models import PartitionLease, QueueMessage, SubscriberHeartbeat
+from tests.acceptance.processes import FAST_LEASES, runconsumer, stop, wait_for
+from tests.testapp.models import HandlerCall
+
+pytestmark = pytest.mark.django_db(transaction=True)
+TOPIC = "accept.work"
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)  # in case a test left it stopped
+        stop(process)
+
+
+def shares(group: str = "workers") -> list[int]:
+    """Partitions held per live subscriber, largest first."""
+    counts = Counter(PartitionLease.objects.filter(consumer_group=group, topic=TOPIC)
+                     .values_list("leased_by", flat=True))
+    return sorted(counts.values(), reverse=True)
+
+
+def live(group: str = "workers") -> int:
+    return SubscriberHeartbeat.objects.filter(consumer_group=group, topic=TOPIC).count()
+
+
+def publish(partitions: int, per_partition: int = 1, **payload: object) -> list[int]:
+    sent = send_messages(TOPIC, [
+        OutgoingMessage(dict(payload), partition_key=f"p{n % partitions:04d}")
+        for n in range(partitions * per_partition)
+    ])
+    return [s.offset for s in sent]
+
+
+def test_three_subscribers_share_twelve_partitions_then_two(processes: list) -> None:
+    publish(12)
+    settings = FAST_LEASES
+    for n in range(3):
+        processes.append(runconsumer("--group", "workers", "--name", f"s{n}",
+                                     settings=settings))
+    wait_for(lambda: live() == 3, what="three subscribers to heartbeat")
+    took = wait_for(lambda: shares() == [4, 4, 4], timeout=20, what="4/4/4")
+    assert took <= 2 * settings["LEASE_RENEW_INTERVAL"] + 1.0
+    processes[0].send_signal(signal.SIGTERM)  # a graceful leave
+    assert processes[0].wait(30) == 0
+    took = wait_for(lambda: shares() == [6, 6], timeout=20, what="6/6")
+    assert took <= 2 * settings["LEASE_RENEW_INTERVAL"] + 1.0
+
+
+def test_a_killed_subscriber_loses_nothing(processes: list) -> None:
+    offsets = publish(6, per_partition=10, sleep=0.05)
+    settings = {**FAST_LEASES, "VISIBILITY_TIMEOUT": 3}
+    victim = runconsumer("--group", "workers", "--name", "victim", "--threads", "2",
+                         settings=settings)
+    survivor = runconsumer("--group", "workers", "--name", "survivor", "--threads", "2",
+                           settings=settings)
+    processes += [victim, survivor]
+    wait_for(lambda: HandlerCall.objects.filter(pid=victim.pid, event="finished").count() >= 3,
+             what="the victim to handle a few messages")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    wait_for(lambda: set(finished_offsets("workers")) >= set(offsets), timeout=60,
+             what="every message to be handled")
+    started = Counter(HandlerCall.objects.filter(group="workers", event="started")
+                      .values_list("message_offset", flat=True))
+    duplicated = {offset for offset, n in started.items() if n > 1}
+    # Only what the victim had in hand when it died was handled twice.
+    victim_done = set(HandlerCall.objects.filter(pid=victim.pid, event="finished")
+                      .values_list("message_offset", flat=True))
+    victim_started = set(HandlerCall.objects.filter(pid=victim.pid, event="started")
+                         .values_list("message_offset", flat=True))
+    assert duplicated <= (victim_started - victim_done) | victim_done
+    assert len(duplicated) <= 2 + 6 * 10  # bounded by what it had taken
+    assert len(duplicated - (victim_started - victim_done)) <= 3  # acked but not yet recorded
+
+
+def finished_offsets(group: str) -> list[int]:
+    return list(HandlerCall.objects.filter(group=group, event="finished")
+                .values_list("message_offset", flat=True))
+
+
+def test_a_paused_subscriber_starts_nothing_on_lost_partitions(processes: list) -> None:
+    """SIGSTOP past the lease duration, then SIGCONT: the paused one has lost its
+    partitions and starts no handler there; an ordered partition never runs two at once.
+
+    With one handler thread, the paused subscriber has deliveries queued for three of its
+    four partitions when it stops: after it resumes they must not start. It is then
+    asked to stop, so that it does not win partitions back in a fair-share rebalance.
+    """
+    offsets = publish(4, per_partition=6, sleep=0.2)
+    settings = {**FAST_LEASES, "VISIBILITY_TIMEOUT": 6}
+    paused = runconsumer("--group", "auditors", "--name", "paused", "--threads", "1",
+                         settings=settings)
+    processes.append(paused)
+    wait_for(lambda: HandlerCall.objects.filter(pid=paused.pid, event="started").exists(),
+             what="the first handler")
+    paused.send_signal(signal.SIGSTOP)
+    other = runconsumer("--group", "auditors", "--name", "other", "--threads", "4",
+                        settings=settings)
+    processes.append(other)
+    wait_for(lambda: shares("auditors") == [4], timeout=30,
+             what="the other subscriber to take every partition")
+    resumed_at = time.monotonic()
+    paused.send_signal(signal.SIGCONT)
+    paused.send_signal(signal.SIGTERM)
+    assert paused.wait(30) == 0
+    wait_for(lambda: set(finished_offsets("auditors")) >= set(offsets), timeout=90,
+             what="every message to be handled")
+    late_starts = HandlerCall.objects.filter(pid=paused.pid, event="started",
+                                             at__gte=resumed_at)
+    assert not late_starts.exists(), list(late_starts.values())
+    assert_no_overlap("auditors")
+
+
+def assert_no_overlap(group: str) -> None:
+    """Within each partition, handler runs never overlap (ordered consumers)."""
+    runs: dict[str, list[tuple[float, float, int]]] = defaultdict(list)
+    open_runs: dict[tuple[int, int, int], float] = {}
+    for call in HandlerCall.objects.filter(group=group).order_by("at"):
+        key = (call.pid, call.message_offset, call.attempt)
+        if call.event == "started":
+            open_runs[key] = call.at
+        elif key in open_runs:
+            runs[call.partition_key].append((open_runs.pop(key), call.at, call.message_offset))
+    for partition, spans in runs.items():
+        spans.sort()
+        for (_, end, offset), (start, _, next_offset) in itertools.pairwise(spans):
+            assert start >= end, f"{partition}: {offset} and {next_offset} overlapped"
+
+
+FAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+
+@pytest.mark.skipif(not os.path.exists(FAKETIME), reason="Debian's faketime is not installed")
+def test_a_skewed_clock_neither_steals_nor_redelivers_early(processes: list) -> None:
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite is embedded: its clock is each process's own, so a skewed "
+                    "process skews its database time too (SQLite is single-machine)")
+    offsets = publish(4, per_partition=2)
+    scheduled = send_messages(TOPIC, [OutgoingMessage({}, partition_key="p0000", delay=4)])
+    honest = runconsumer("--group", "workers", "--name", "honest", settings=FAST_LEASES)
+    processes.append(honest)
+    wait_for(lambda: shares() == [4], what="the honest subscriber to hold everything")
+    skewed = runconsumer(
+        "--group", "workers", "--name", "skewed", settings=FAST_LEASES,
+        # The wall clock is an hour ahead; the monotonic clock, which a skewed system
+        # clock does not move either, is left alone.
+        env={"LD_PRELOAD": FAKETIME, "FAKETIME": "+1h", "FAKETIME_DONT_FAKE_MONOTONIC": "1"},
+    )
+    processes.append(skewed)
+    wait_for(lambda: shares() == [2, 2], timeout=20, what="a 2/2 split")
+    wait_for(lambda: set(finished_offsets("workers")) >= set(offsets) | {scheduled[0].offset},
+             timeout=30, what="every message")
+    # Handovers were releases, never takeovers of a live lease (those bump generation).
+    assert set(PartitionLease.objects.values_list("generation", flat=True)) == {1}
+    # The scheduled message started no earlier than it was due, by the database clock.
+    due = QueueMessage.objects.get(offset=scheduled[0].offset).deliver_after
+    started = HandlerCall.objects.get(message_offset=scheduled[0].offset, event="started")
+    assert started.attempt == 1
+    assert database_ms_at(started) >= due
+
+
+def database_ms_at(call: HandlerCall) -> int:
+    """The database time of a journal row (its id order follows the database clock)."""
+    with connection.cursor() as cursor:
+        from sqlqueue.storage.sql import dialect_for
+
+        now = dialect_for(connection).database_now_ms(cursor)
+    return now - round((time.monotonic() - call.at) * 1000)
+
+
+def test_a_thousand_partitions_ten_subscribers(processes: list) -> None:
+    if connection.vendor == "sqlite":
+        pytest.skip("ten processes writing one SQLite file queue on its single write lock; "
+                    "SQLite is for one machine and few processes (docs/guides/operations.md)")
+    publish(1000)
+    settings = {**FAST_LEASES, "LEASE_DURATION": 8, "LEASE_RENEW_INTERVAL": 2}
+    for n in range(10):
+        processes.append(runconsumer("--group", "workers", "--name", f"s{n:02d}",
+                                     "--threads", "1", settings=settings))
+    wait_for(lambda: live() == 10, timeout=60, what="ten subscribers")
+    took = wait_for(lambda: shares() == [100] * 10, timeout=60, what="100 each")
+    assert took <= 2 * settings["LEASE_RENEW_INTERVAL"] + 1.0, took
