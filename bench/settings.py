@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import environ
@@ -17,4 +18,5 @@ DATABASES = {"default": _database}
 INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "sqlqueue", "bench"]
 USE_TZ = True
 SECRET_KEY = "bench-not-secret"
-SQLQUEUE = {"BATCH_SIZE": int(os.environ.get("BENCH_BATCH", "100"))}
+SQLQUEUE = {"BATCH_SIZE": int(os.environ.get("BENCH_BATCH", "100")),
+            **json.loads(os.environ.get("BENCH_SQLQUEUE_JSON", "{}"))}

@@ -113,10 +113,12 @@ class Subscriber:
             return 0
         idle = {key for key, state in self.partitions.items() if state.in_flight_count == 0}
         idle |= set(self.leases.owned) - set(self.partitions)
-        gained, lost = self.leases.tick(cursor, self.dialect, self.discovered, idle)
-        for key in lost:
-            self.partitions.pop(key, None)
-        for key in sorted(gained):
+        self.leases.tick(cursor, self.dialect, self.discovered, idle)
+        # Work exactly on the partitions held: new ones (and, after a reconnect, every
+        # one) start from their durable watermark; lost ones are dropped.
+        for key in set(self.partitions) - set(self.leases.owned):
+            del self.partitions[key]
+        for key in sorted(set(self.leases.owned) - set(self.partitions)):
             watermark = self.dialect.ensure_watermark(cursor, self.group, self.topic, key)
             self.partitions[key] = PartitionState(key, watermark)
         return self._take_back(cursor, self.leases.releasing)
