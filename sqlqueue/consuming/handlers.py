@@ -36,6 +36,7 @@ class Delivery:
     attempt: int
     sequence: int
     lease_valid: Callable[[], bool] = lambda: True
+    on_extend: Callable[[float], None] = lambda seconds: None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _state: str = "queued"  # queued -> started | given_back
 
@@ -156,7 +157,9 @@ def _extend_visibility(delivery: Delivery, seconds: float) -> None:
     finally:
         if side is not None:
             side.close()
-    if not changed:
+    if changed:
+        delivery.on_extend(seconds)
+    else:
         from sqlqueue.exceptions import SqlqueueError
 
         raise SqlqueueError(

@@ -16,6 +16,7 @@ Offsets of the partition fall in three zones::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -30,6 +31,8 @@ class Entry:
     row: FetchedRow | None  # dropped once done, to keep only what the watermark needs
     done: bool = False
     in_flight: bool = False
+    visible_again_ms: int = 0  # while in flight: its visibility timeout, database time
+    held_until: float = 0.0  # ... pushed back by extend_visibility (monotonic time)
     due_ms: int = 0  # not delivered before this database time
     retry_count: int | None = None  # the state row's, None while never delivered
     previous_retry_count: int | None = None  # before the current delivery (give-back)
@@ -99,16 +102,25 @@ class PartitionState:
         """Entries to hand to handlers now, best first."""
         if ordered:
             head = self._first_open()
-            if head is None or head.in_flight or head.due_ms > now_ms:
+            if head is None or head.due_ms > now_ms:
                 return []  # one at a time, in offset order: the head holds the partition
+            if head.in_flight and not self.overdue(head, now_ms):
+                return []
             return [head]
-        room = batch_size - self.in_flight_count
+        due = [e for e in self.entries.values() if not e.done and (
+            self.overdue(e, now_ms) if e.in_flight else e.due_ms <= now_ms)]
+        room = batch_size - self.in_flight_count + sum(1 for e in due if e.in_flight)
         if room <= 0:
             return []
-        due = [e for e in self.entries.values()
-               if not e.done and not e.in_flight and e.due_ms <= now_ms]
         due.sort(key=lambda e: (e.priority, e.offset))
         return due[:room]
+
+    @staticmethod
+    def overdue(entry: Entry, now_ms: int) -> bool:
+        """In flight past its visibility timeout (and not extended): its handler hangs or
+        died, and the message may be delivered again (at least once, SPEC I10)."""
+        return (entry.in_flight and 0 < entry.visible_again_ms <= now_ms
+                and time.monotonic() >= entry.held_until)
 
     def _first_open(self) -> Entry | None:
         open_offsets = [o for o, e in self.entries.items() if not e.done]
@@ -119,8 +131,10 @@ class PartitionState:
         waiting = [e.due_ms for e in self.entries.values() if not e.done and not e.in_flight]
         return min(waiting) if waiting else None
 
-    def dispatched(self, entry: Entry) -> None:
+    def dispatched(self, entry: Entry, visible_again_ms: int = 0) -> None:
         entry.in_flight = True
+        entry.visible_again_ms = visible_again_ms
+        entry.held_until = 0.0
         entry.previous_retry_count = entry.retry_count
         entry.retry_count = 0 if entry.retry_count is None else entry.retry_count + 1
 

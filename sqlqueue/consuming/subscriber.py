@@ -202,11 +202,17 @@ class Subscriber:
         ])
         deliveries = []
         for state, entry in chosen:
-            state.dispatched(entry)
+            if entry.in_flight:
+                logger.warning(
+                    "%s/%s@%s: the handler of attempt %s outlived the visibility timeout "
+                    "(%ss); delivering it again.", self.topic, state.partition_key,
+                    entry.offset, entry.attempt, self.options.visibility_timeout)
+            state.dispatched(entry, invisible_until)
             assert entry.row is not None
             delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
                                 entry.attempt, next(_sequence),
-                                lease_valid=self._lease_check(state.partition_key))
+                                lease_valid=self._lease_check(state.partition_key),
+                                on_extend=self._hold(entry))
             if entry.attempt > self.options.max_attempts:
                 # Attempts were charged but never reported (a worker died mid-handler, or
                 # gave up past the visibility timeout): the retry budget is spent.
@@ -219,6 +225,14 @@ class Subscriber:
             self.outstanding[id(delivery)] = delivery
         self.stats["delivered"] += len(deliveries)
         return deliveries
+
+    @staticmethod
+    def _hold(entry: Entry) -> Callable[[float], None]:
+        """extend_visibility() also tells this process not to deliver it again yet."""
+        def hold(seconds: float) -> None:
+            entry.held_until = time.monotonic() + seconds
+
+        return hold
 
     def _lease_check(self, partition: str) -> Callable[[], bool]:
         def valid() -> bool:
@@ -242,6 +256,9 @@ class Subscriber:
                 # its visibility timeout is over (at least once, never acked by a stranger).
                 self.stats["abandoned"] += 1
                 continue
+            entry = self.partitions[key].entries.get(offset)
+            if entry is not None and entry.attempt > delivery.attempt and outcome.kind != "ack":
+                continue  # a late word from an attempt that was overtaken by a redelivery
             if outcome.kind == "not_started":
                 self.give_back(cursor, delivery)
                 continue

@@ -434,3 +434,32 @@ def test_a_late_committed_message_is_still_delivered(register: Any, mysql_only: 
     drain(["g"])
     assert sorted(c[3] for c in journal.calls if isinstance(c[3], str)) == ["late"]
     drain_until_watermarks("g", {"k": after[-1].offset})
+
+
+def test_a_handler_past_its_visibility_timeout_is_delivered_again(register: Any) -> None:
+    calls: list[tuple[int, float]] = []
+
+    def hangs_first(message: Message) -> None:
+        calls.append((message.attempt, time.monotonic()))
+        if message.attempt == 1:
+            time.sleep(1.0)
+
+    register("t", "g", hangs_first, visibility_timeout=0.3)
+    send_message("t", 1)
+    drain(["g"])
+    assert [attempt for attempt, _ in calls] == [1, 2]
+    assert calls[1][1] - calls[0][1] < 1.0  # while the first was still running
+
+
+def test_extend_visibility_prevents_a_second_delivery(register: Any) -> None:
+    attempts: list[int] = []
+
+    def long_but_alive(message: Message) -> None:
+        attempts.append(message.attempt)
+        message.extend_visibility(5)
+        time.sleep(0.8)
+
+    register("t", "g", long_but_alive, visibility_timeout=0.3)
+    send_message("t", 1)
+    drain(["g"])
+    assert attempts == [1]
