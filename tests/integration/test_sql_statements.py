@@ -155,3 +155,45 @@ def test_offset_is_unsigned_auto_increment(mysql_only: None) -> None:
     assert "UNIQUE KEY `idx_topic_partition_id` (`topic`,`partition_key`,`id`)" in ddl
     assert "KEY `idx_topic_partition_offset` (`topic`,`partition_key`,`offset`)" in ddl
     assert "longblob" in ddl
+
+
+def test_partition_discovery_is_a_loose_index_scan() -> None:
+    """Its cost grows with the number of partitions, not of messages."""
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        for chunk in range(4):
+            dialect.insert_messages(cursor, [row(f"k{n % 10}", f"id-{chunk}-{n}")
+                                             for n in range(500)])
+        if connection.vendor == "mysql":
+            cursor.execute("ANALYZE TABLE queue_messages")
+            cursor.fetchall()
+        assert sorted(dialect.discover_partitions(cursor, "t")) == [f"k{n}" for n in range(10)]
+    plan = explain(dialect.discover_partitions_sql(), dialect.discover_partitions_params("t"))
+    if connection.vendor == "mysql":
+        assert "Using index for group-by" in plan, plan
+    else:
+        assert "idx_topic_partition_offset (topic=? AND partition_key>?)" in plan, plan
+
+
+def test_lease_statements_follow_the_database_clock() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        dialect.acquire_leases(cursor, "g", "t", ["a", "b"], "one", 30_000)
+        dialect.acquire_leases(cursor, "g", "t", ["a", "b"], "two", 30_000)  # both live
+        leases = {p: (owner, generation) for p, owner, generation, _ in
+                  dialect.list_leases(cursor, "g", "t")}
+        assert leases == {"a": ("one", 1), "b": ("one", 1)}
+        # A lease not renewed for longer than the duration may be taken over; the
+        # generation records the change of owner.
+        cursor.execute("UPDATE queue_partition_leases SET lease_renewed_at = "
+                       "lease_renewed_at - 60000 WHERE partition_key = 'a'")
+        assert dialect.renew_leases(cursor, "g", "t", "one", 30_000) == 1  # b only
+        dialect.acquire_leases(cursor, "g", "t", ["a"], "two", 30_000)
+        leases = {p: (owner, generation) for p, owner, generation, _ in
+                  dialect.list_leases(cursor, "g", "t")}
+        assert leases == {"a": ("two", 2), "b": ("one", 1)}
+        assert dialect.release_leases(cursor, "g", "t", ["a", "b"], "one") == 1
+        dialect.heartbeat(cursor, "g", "t", "two")
+        assert dialect.live_subscribers(cursor, "g", "t", 30_000) == ["two"]
+        dialect.deregister(cursor, "g", "t", "two")
+        assert dialect.live_subscribers(cursor, "g", "t", 30_000) == []
