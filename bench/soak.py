@@ -21,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.common import reset, setup
+
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "bench.soak"
 SUBSCRIBER_SETTINGS = {"LEASE_DURATION": 4, "LEASE_RENEW_INTERVAL": 1, "VISIBILITY_TIMEOUT": 5,
@@ -31,26 +33,15 @@ def log(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def setup(url: str) -> None:
-    os.environ["BENCH_DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
-    from bench.publish import ensure_database
-
-    ensure_database(url)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+def setup_soak(url: str) -> None:
+    setup(url)
     from django.db import connection
 
-    call_command("migrate", verbosity=0)
+    reset()
     with connection.cursor() as cursor:
         cursor.execute("DROP TABLE IF EXISTS soak_journal")
         cursor.execute("CREATE TABLE soak_journal (message_offset BIGINT NOT NULL, "
                        "pid INT NOT NULL, INDEX (message_offset))")
-        for table in ("queue_messages", "queue_delivery_state", "queue_offsets",
-                      "queue_partition_leases", "queue_subscriber_heartbeats"):
-            cursor.execute(f"DELETE FROM {connection.ops.quote_name(table)}")
 
 
 class Subscribers:
@@ -161,7 +152,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args()
 
-    setup(args.url)
+    setup_soak(args.url)
     from django.db import DatabaseError, connection
 
     seconds = args.minutes * 60

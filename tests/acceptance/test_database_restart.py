@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-from collections.abc import Iterator
 
 import pytest
 from django.db import connection
 
 from sqlqueue import OutgoingMessage, send_messages
-from tests.acceptance.processes import FAST_LEASES, runconsumer, stop, wait_for
+from tests.acceptance.processes import FAST_LEASES, runconsumer, wait_for
 from tests.testapp.models import HandlerCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,14 +20,6 @@ def can_restart_the_server() -> bool:
             and connection.settings_dict["HOST"] in ("", "127.0.0.1", "localhost")
             and shutil.which("mysqladmin") is not None
             and os.path.exists("/usr/sbin/mariadbd") and os.geteuid() == 0)
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for process in started:
-        stop(process)
 
 
 def test_subscribers_recover_from_a_database_restart(processes: list) -> None:

@@ -6,31 +6,19 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import subprocess
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 
 import pytest
 from django.db import connection
 
 from sqlqueue import OutgoingMessage, send_messages
 from sqlqueue.models import PartitionLease, QueueMessage, SubscriberHeartbeat
-from tests.acceptance.processes import FAST_LEASES, runconsumer, stop, wait_for
+from tests.acceptance.processes import FAST_LEASES, runconsumer, wait_for
 from tests.testapp.models import HandlerCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOPIC = "accept.work"
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGCONT)  # in case a test left it stopped
-        stop(process)
 
 
 def shares(group: str = "workers") -> list[int]:
@@ -107,6 +95,9 @@ def test_a_paused_subscriber_starts_nothing_on_lost_partitions(processes: list) 
     four partitions when it stops: after it resumes they must not start. It is then
     asked to stop, so that it does not win partitions back in a fair-share rebalance.
     """
+    if connection.vendor == "sqlite":
+        pytest.skip("a process stopped while it holds SQLite's file lock stops every writer "
+                    "until it resumes: SQLite is for one machine and few processes")
     offsets = publish(4, per_partition=6, sleep=0.2)
     settings = {**FAST_LEASES, "VISIBILITY_TIMEOUT": 6}
     paused = runconsumer("--group", "auditors", "--name", "paused", "--threads", "1",

@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from sqlqueue import OutgoingMessage, send_messages
 from sqlqueue.models import DeliveryState
-from tests.acceptance.processes import runconsumer, stop, wait_for
+from tests.acceptance.processes import runconsumer, wait_for
 from tests.testapp.models import HandlerCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOPIC = "accept.work"
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for process in started:
-        stop(process)
 
 
 def finished(group: str) -> list[int]:
