@@ -102,9 +102,6 @@ class ConsumingStatements:
     def insert_if_absent(self, table: str, columns: Sequence[str], key: Sequence[str]) -> str:
         raise NotImplementedError
 
-    def discover_partitions_sql(self) -> str:
-        raise NotImplementedError
-
     def delete_messages_upto_sql(self) -> str:
         raise NotImplementedError
 
@@ -197,14 +194,18 @@ class ConsumingStatements:
         return int(row[0]) if row and row[0] is not None else 0
 
     # discover_partitions ---------------------------------------------------------------
-    def discover_partitions(self, cursor: CursorWrapper, topic: str) -> list[str]:
-        """``discover_partitions``: the distinct partition keys of a topic, by loose index
-        scan of ``idx_topic_partition_offset`` (cost grows with partitions, not rows)."""
-        cursor.execute(self.discover_partitions_sql(), self.discover_partitions_params(topic))
-        return [r[0] for r in cursor.fetchall() if r[0] is not None]
+    def discover_partitions_sql(self) -> str:
+        """``discover_partitions``: the distinct partition keys of a topic by a loose
+        index scan of ``idx_topic_partition_offset``: one seek per partition, so the
+        cost grows with the number of partitions, not of messages."""
+        raise NotImplementedError
 
     def discover_partitions_params(self, topic: str) -> list[Any]:
         return [topic]
+
+    def discover_partitions(self, cursor: CursorWrapper, topic: str) -> list[str]:
+        cursor.execute(self.discover_partitions_sql(), self.discover_partitions_params(topic))
+        return [r[0] for r in cursor.fetchall() if r[0] is not None]
 
     # mark_delivered ---------------------------------------------------------------------
     def mark_delivered_sql(self, count: int) -> str:

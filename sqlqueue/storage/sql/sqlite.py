@@ -47,8 +47,8 @@ class SQLiteDialect(Dialect):
         )
 
     def discover_partitions_sql(self) -> str:
-        # SQLite has no loose index scan for DISTINCT; a recursive query makes one: each
-        # step seeks the next key after the previous one in idx_topic_partition_offset.
+        # SQLite has no loose index scan; a recursive query makes one: each step seeks
+        # the next key after the previous one in idx_topic_partition_offset.
         q = self.quote
         table, topic, key = q("queue_messages"), q("topic"), q("partition_key")
         return (
