@@ -3,8 +3,7 @@
     .venv/bin/python -m bench.drain                       # 20,000 messages, 16 partitions
     .venv/bin/python -m bench.drain --processes 1 --group bench-ordered --batch 10
 
-With this release every process owns every partition (leases come next), so --processes
-greater than 1 measures duplicated work; the figure to read is --processes 1.
+Several processes share the partitions through leases (start-up included in the time).
 """
 
 from __future__ import annotations
