@@ -27,5 +27,6 @@ test-mysql: bootstrap
 
 test: lint test-sqlite test-mysql
 
+# Long fault run, not part of `make test` (docs/guides/operations.md); needs MariaDB.
 soak: bootstrap
-	$(PY) -m pytest -m soak $(PYTEST_ARGS)
+	$(PY) -m bench.soak --minutes $(or $(SOAK_MINUTES),2) --messages $(or $(SOAK_MESSAGES),20000) --kills $(or $(SOAK_KILLS),5)
