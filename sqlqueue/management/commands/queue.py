@@ -1,0 +1,171 @@
+"""``manage.py queue``: the operator's verbs, the same as the admin's actions.
+
+    manage.py queue status [--group G] [--topic T] [--partitions]
+    manage.py queue dead-letters list [--group G] [--topic T] [--limit N]
+    manage.py queue dead-letters replay OFFSET... | --all [--group G] [--topic T]
+    manage.py queue dead-letters discard OFFSET... | --all [--group G] [--topic T] --yes
+    manage.py queue gc
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from sqlqueue.conf import get_settings
+from sqlqueue.models import QueueMessage
+from sqlqueue.operations.dead_letters import (
+    NotADeadLetter,
+    discard_dead_letter,
+    replay_dead_letter,
+)
+from sqlqueue.operations.lag import GroupLag, group_lag, known_subscriptions
+
+
+class Command(BaseCommand):
+    help = "Inspect and repair the queue: status and lag, dead letters, garbage collection."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        verbs = parser.add_subparsers(dest="verb", required=True, parser_class=type(parser))
+        status = verbs.add_parser("status", help="Lag and status of every group and topic.")
+        self._filters(status)
+        status.add_argument("--partitions", action="store_true",
+                            help="One line per partition too.")
+        dead = verbs.add_parser("dead-letters", help="List, replay or discard dead letters.")
+        actions = dead.add_subparsers(dest="action", required=True,
+                                      parser_class=type(parser))
+        listing = actions.add_parser("list", help="The newest dead letters.")
+        self._filters(listing)
+        listing.add_argument("--limit", type=int, default=50)
+        for name, text in (("replay", "Redeliver to the group that dead-lettered them."),
+                           ("discard", "Delete for good.")):
+            action = actions.add_parser(name, help=text)
+            action.add_argument("offsets", nargs="*", type=int, metavar="OFFSET")
+            action.add_argument("--all", action="store_true",
+                                help="Every dead letter matching --group/--topic.")
+            action.add_argument("--yes", action="store_true",
+                                help="Confirm a bulk discard.")
+            self._filters(action)
+        verbs.add_parser("gc", help="Delete what every known group has finished, now.")
+
+    @staticmethod
+    def _filters(parser: CommandParser) -> None:
+        parser.add_argument("--group", help="Only this consumer group.")
+        parser.add_argument("--topic", help="Only this topic (the original topic for "
+                                             "dead letters).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        verb = options["verb"]
+        if verb == "status":
+            self._status(options)
+        elif verb == "gc":
+            self._gc()
+        elif options["action"] == "list":
+            self._list(options)
+        else:
+            self._act(options)
+
+    # -- status ------------------------------------------------------------------------
+    def _status(self, options: dict[str, Any]) -> None:
+        subscriptions = [(g, t) for g, t in known_subscriptions()
+                         if options["group"] in (None, g) and options["topic"] in (None, t)]
+        if not subscriptions:
+            self.stdout.write("No consumer group has registered yet.")
+            return
+        self.stdout.write(f"{'status':6}  {'group':20}  {'topic':28}  {'pending':>9}  "
+                          f"{'dead':>6}  partitions")
+        for group, topic in subscriptions:
+            lag = group_lag(group, topic)
+            self.stdout.write(f"{lag.status:6}  {group:20}  {topic:28}  "
+                              f"{_count(lag.pending, lag):>9}  {lag.dead_letters:>6}  "
+                              f"{len(lag.partitions)}")
+            if options["partitions"]:
+                for p in lag.partitions:
+                    age = "-" if p.oldest_pending_age is None else f"{p.oldest_pending_age:.0f}s"
+                    self.stdout.write(
+                        f"    {p.status:6} {p.partition_key:24} head {p.head_offset} "
+                        f"watermark {p.watermark} pending {p.pending} in flight "
+                        f"{p.in_flight} retrying {p.retrying} oldest {age} "
+                        f"held by {p.leased_by or '(nobody)'}"
+                    )
+
+    # -- dead letters --------------------------------------------------------------------
+    def _dead_letters(self, options: dict[str, Any]) -> Any:
+        rows = QueueMessage.objects.exclude(consumer_group="").exclude(original_topic="")
+        if options.get("group"):
+            rows = rows.filter(consumer_group=options["group"])
+        if options.get("topic"):
+            rows = rows.filter(original_topic=options["topic"])
+        return rows.order_by("-offset")
+
+    def _list(self, options: dict[str, Any]) -> None:
+        rows = list(self._dead_letters(options)[: max(1, options["limit"])])
+        if not rows:
+            self.stdout.write("No dead letters.")
+            return
+        for row in rows:
+            first_line = (row.last_error.strip().splitlines() or [""])[-1][:100]
+            detail = row.failure_detail if isinstance(row.failure_detail, dict) else {}
+            self.stdout.write(
+                f"{row.offset:>10}  {row.consumer_group}  {row.original_topic}/"
+                f"{row.partition_key}  id={detail.get('id', row.id)}  "
+                f"attempts={row.failure_count}  {first_line}"
+            )
+
+    def _act(self, options: dict[str, Any]) -> None:
+        action = options["action"]
+        if options["all"] and options["offsets"]:
+            raise CommandError("Give offsets or --all, not both.")
+        if options["all"]:
+            if action == "discard" and not options["yes"]:
+                raise CommandError("Discarding every matching dead letter deletes them for "
+                                   "good: add --yes to confirm.")
+            offsets = list(self._dead_letters(options).values_list("offset", flat=True))
+        else:
+            offsets = options["offsets"]
+        if not offsets:
+            raise CommandError("Nothing to do: give dead-letter offsets, or --all.")
+        done, missing = 0, []
+        for n, offset in enumerate(sorted(offsets), start=1):
+            try:
+                if action == "replay":
+                    replay_dead_letter(offset)
+                else:
+                    discard_dead_letter(offset)
+                done += 1
+            except NotADeadLetter:
+                missing.append(offset)
+            if n % 100 == 0 or n == len(offsets):  # progress on long bulk operations
+                last = n == len(offsets)
+                self.stdout.write(f"  {n}/{len(offsets)}", ending="\n" if last else "\r")
+        verb = "Replayed" if action == "replay" else "Discarded"
+        self.stdout.write(f"{verb} {done} dead letter(s).")
+        if missing:
+            raise CommandError(f"No dead letter at offset(s) {', '.join(map(str, missing))}.")
+
+    # -- garbage collection ---------------------------------------------------------------
+    def _gc(self) -> None:
+        from django.db import connections
+
+        from sqlqueue.consuming.gc import GarbageCollector
+
+        conf = get_settings()
+        topics: dict[str, set[str]] = {}
+        for group, topic in known_subscriptions():
+            topics.setdefault(topic, set()).add(group)
+        collector = GarbageCollector(conf, conf.DATABASE, topics)
+        total = 0
+        with connections[conf.DATABASE].cursor() as cursor:
+            while True:
+                removed = collector.collect(cursor, force=True)
+                total += removed
+                if not removed:
+                    break
+                self.stdout.write(f"  deleted {total} so far", ending="\r")
+        self.stdout.write(f"Deleted {total} message(s) every known group had finished.")
+
+
+def _count(value: int, lag: GroupLag) -> str:
+    capped = any(p.pending_capped for p in lag.partitions)
+    return f">={value}" if capped else str(value)

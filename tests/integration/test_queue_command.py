@@ -1,0 +1,82 @@
+"""``manage.py queue``: status and lag, dead letters, garbage collection."""
+
+from __future__ import annotations
+
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+import sqlqueue
+from sqlqueue import Message, OutgoingMessage, send_message, send_messages
+from sqlqueue.models import QueueMessage
+from sqlqueue.operations.lag import group_lag
+from tests.integration.consuming_helpers import (
+    drain,
+    drain_until_watermarks,
+    fast_settings,
+    register,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["register"]
+
+
+def queue(*args: str) -> str:
+    out = StringIO()
+    call_command("queue", *args, stdout=out)
+    return out.getvalue()
+
+
+def reject(message: Message) -> None:
+    raise sqlqueue.Reject(f"cannot handle {message.payload}")
+
+
+def test_status_reports_lag_per_group(register: Any) -> None:
+    register("orders", "billing", lambda m: None)
+    register("orders", "shipping", reject)
+    sent = send_messages("orders", [OutgoingMessage(n, partition_key="k") for n in range(3)])
+    drain_until_watermarks("billing", {"k": sent[-1].offset})
+    drain(["shipping"])
+    billing = group_lag("billing", "orders")
+    assert (billing.status, billing.pending, billing.dead_letters) == ("OK", 0, 0)
+    shipping = group_lag("shipping", "orders")
+    assert shipping.dead_letters == 3 and shipping.status == "WARN"
+    out = queue("status", "--partitions")
+    assert "billing" in out and "shipping" in out and "WARN" in out
+
+
+def test_status_says_stop_when_nobody_holds_pending_work(register: Any) -> None:
+    register("orders", "billing", lambda m: None)
+    send_message("orders", 1, partition_key="k")
+    drain(["billing"])  # registers the group; its leases are released when it stops
+    send_message("orders", 2, partition_key="k")
+    lag = group_lag("billing", "orders")
+    assert lag.pending >= 1 and lag.status == "STOP"
+
+
+def test_dead_letters_list_replay_and_discard(register: Any) -> None:
+    register("t", "g", reject)
+    send_messages("t", [OutgoingMessage(n, partition_key="k", id=f"m{n}") for n in range(3)])
+    drain(["g"])
+    listing = queue("dead-letters", "list", "--group", "g")
+    assert listing.count("attempts=1") == 3 and "cannot handle" in listing
+    first, second, _third = QueueMessage.objects.filter(topic="t_dlq").order_by("offset")
+    assert "Replayed 1" in queue("dead-letters", "replay", str(first.offset))
+    with pytest.raises(CommandError, match="add --yes"):
+        queue("dead-letters", "discard", "--all", "--group", "g")
+    assert "Discarded 2" in queue("dead-letters", "discard", "--all", "--group", "g", "--yes")
+    with pytest.raises(CommandError, match=f"No dead letter at offset.*{second.offset}"):
+        queue("dead-letters", "replay", str(second.offset))
+    assert not QueueMessage.objects.filter(topic="t_dlq").exists()
+    assert QueueMessage.objects.filter(topic="t", consumer_group="g").count() == 1  # replayed
+
+
+def test_gc_command(register: Any) -> None:
+    register("t", "g", lambda m: None)
+    sent = send_messages("t", [OutgoingMessage(n, partition_key="k") for n in range(5)])
+    drain_until_watermarks("g", {"k": sent[-1].offset}, conf=fast_settings(RETENTION=3600))
+    assert "Deleted 5 message(s)" in queue("gc")
+    assert not QueueMessage.objects.filter(topic="t").exists()
