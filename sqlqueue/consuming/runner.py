@@ -163,10 +163,7 @@ class Runner:
                 mine = outcomes.pop(id(subscriber.consumer), [])
                 if self.stopping.is_set():
                     # A stop was asked for during this pass: record, take nothing new.
-                    if mine:
-                        with transaction.atomic(using=self.alias):
-                            subscriber.fence(cursor)
-                            subscriber.record(cursor, mine, now_ms)
+                    self._record(subscriber, cursor, mine, now_ms)
                     continue
                 subscriber.discover(cursor, head)
                 self._in_flight -= subscriber.keep_leases(cursor)
@@ -204,11 +201,15 @@ class Runner:
     def _record_outcomes(self, cursor: Any, now_ms: int) -> None:
         outcomes = self._collect_outcomes()
         for subscriber in self.subscribers:
-            mine = outcomes.get(id(subscriber.consumer))
-            if mine:
-                with transaction.atomic(using=self.alias):
-                    subscriber.fence(cursor)
-                    subscriber.record(cursor, mine, now_ms)
+            self._record(subscriber, cursor, outcomes.get(id(subscriber.consumer), []), now_ms)
+
+    def _record(self, subscriber: Subscriber, cursor: Any, outcomes: list[Outcome],
+                now_ms: int) -> None:
+        """Write outcomes as the partitions' owner (fenced), in one transaction."""
+        if outcomes:
+            with transaction.atomic(using=self.alias):
+                subscriber.fence(cursor)
+                subscriber.record(cursor, outcomes, now_ms)
 
     def _horizon(self, cursor: Any, now_ms: int) -> Callable[[], int | None]:
         """Lazily: database time before which no publishing transaction is still open,
