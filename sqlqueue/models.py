@@ -12,7 +12,7 @@ on them, and no surrogate column widens the rows or their secondary indexes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -183,3 +183,30 @@ class SubscriberHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer_group}:{self.topic} {self.subscriber_name}"
+
+
+class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
+    def of_group(self, group: str) -> DeadLetterQuerySet:
+        return self.filter(consumer_group=group)
+
+
+class DeadLetterManager(models.Manager["DeadLetter"]):
+    def get_queryset(self) -> DeadLetterQuerySet:
+        # A dead letter names the group that failed it and the topic it came from.
+        return DeadLetterQuerySet(self.model, using=self._db).exclude(
+            consumer_group=""
+        ).exclude(original_topic="")
+
+
+class DeadLetter(QueueMessage):
+    """The dead-letter rows of ``queue_messages`` (a proxy: same table)."""
+
+    objects: ClassVar[DeadLetterManager] = DeadLetterManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"
+        permissions = [
+            ("replay_deadletter", "Can replay dead letters to their consumer group"),
+            ("discard_deadletter", "Can discard dead letters"),
+        ]
