@@ -190,12 +190,13 @@ class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
         return self.filter(consumer_group=group)
 
 
+#: A dead letter names the group that failed it and the topic it came from.
+IS_DEAD_LETTER = ~models.Q(consumer_group="") & ~models.Q(original_topic="")
+
+
 class DeadLetterManager(models.Manager["DeadLetter"]):
     def get_queryset(self) -> DeadLetterQuerySet:
-        # A dead letter names the group that failed it and the topic it came from.
-        return DeadLetterQuerySet(self.model, using=self._db).exclude(
-            consumer_group=""
-        ).exclude(original_topic="")
+        return DeadLetterQuerySet(self.model, using=self._db).filter(IS_DEAD_LETTER)
 
 
 class DeadLetter(QueueMessage):

@@ -13,8 +13,8 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from sqlqueue.admin.display import EpochMsDateRangeFilter, from_epoch_ms, pretty_json
-from sqlqueue.admin.messages import ReadOnlyAdmin
+from sqlqueue.admin.display import EpochMsDateRangeFilter, from_epoch_ms
+from sqlqueue.admin.messages import JsonColumns, ReadOnlyAdmin
 from sqlqueue.models import DeadLetter
 from sqlqueue.operations.dead_letters import (
     NotADeadLetter,
@@ -24,7 +24,7 @@ from sqlqueue.operations.dead_letters import (
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(ReadOnlyAdmin):
+class DeadLetterAdmin(JsonColumns, ReadOnlyAdmin):
     list_display = ("offset", "consumer_group", "original_topic", "partition_key",
                     "message_id", "failure_count", "failed", "error_summary")
     list_filter = ("consumer_group", "original_topic", ("failed_at", EpochMsDateRangeFilter))
@@ -55,13 +55,6 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def traceback(self, obj: DeadLetter) -> SafeString:
         return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.last_error)
 
-    @admin.display(description="payload")
-    def payload_json(self, obj: DeadLetter) -> SafeString:
-        return pretty_json(obj.payload)
-
-    @admin.display(description="metadata")
-    def metadata_json(self, obj: DeadLetter) -> SafeString:
-        return pretty_json(obj.metadata)
 
     # -- permissions for the actions ---------------------------------------------------------
     def has_replay_permission(self, request: HttpRequest) -> bool:

@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from django.utils.safestring import SafeString
 
 from sqlqueue.admin.display import EpochMsDateRangeFilter, from_epoch_ms, pretty_json
-from sqlqueue.models import QueueMessage
+from sqlqueue.models import IS_DEAD_LETTER, QueueMessage
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -26,8 +26,20 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
 
+class JsonColumns:
+    """Payload and metadata as escaped, truncated pretty JSON (messages, dead letters)."""
+
+    @admin.display(description="payload")
+    def payload_json(self, obj: QueueMessage) -> SafeString:
+        return pretty_json(obj.payload)
+
+    @admin.display(description="metadata")
+    def metadata_json(self, obj: QueueMessage) -> SafeString:
+        return pretty_json(obj.metadata)
+
+
 @admin.register(QueueMessage)
-class QueueMessageAdmin(ReadOnlyAdmin):
+class QueueMessageAdmin(JsonColumns, ReadOnlyAdmin):
     list_display = ("offset", "topic", "partition_key", "id", "priority", "created",
                     "deliver_after_time")
     list_filter = ("topic", ("created_at", EpochMsDateRangeFilter))
@@ -41,7 +53,7 @@ class QueueMessageAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request: HttpRequest) -> Any:
         # Dead letters have their own page.
-        return super().get_queryset(request).filter(original_topic="")
+        return super().get_queryset(request).exclude(IS_DEAD_LETTER)
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: QueueMessage) -> dt.datetime | None:
@@ -55,10 +67,3 @@ class QueueMessageAdmin(ReadOnlyAdmin):
     def deliver_after_time(self, obj: QueueMessage) -> dt.datetime | None:
         return from_epoch_ms(obj.deliver_after)
 
-    @admin.display(description="payload")
-    def payload_json(self, obj: QueueMessage) -> SafeString:
-        return pretty_json(obj.payload)
-
-    @admin.display(description="metadata")
-    def metadata_json(self, obj: QueueMessage) -> SafeString:
-        return pretty_json(obj.metadata)

@@ -16,7 +16,7 @@ from django.db import connections, transaction
 
 from sqlqueue.conf import MAX_NAME_BYTES, get_settings
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.models import QueueMessage
+from sqlqueue.models import DeadLetter
 from sqlqueue.storage.sql import dialect_for
 
 
@@ -61,12 +61,10 @@ def discard_dead_letter(offset: int, *, using: str | None = None) -> None:
         _locked_dead_letter(offset, alias).delete()
 
 
-def _locked_dead_letter(offset: int, alias: str) -> QueueMessage:
+def _locked_dead_letter(offset: int, alias: str) -> DeadLetter:
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 1:
         raise NotADeadLetter(f"A dead letter's offset is a positive integer; got {offset!r}.")
-    dead = (QueueMessage.objects.using(alias).select_for_update()
-            .filter(offset=offset).exclude(original_topic="").exclude(consumer_group="")
-            .first())
+    dead = DeadLetter.objects.using(alias).select_for_update().filter(offset=offset).first()
     if dead is None:
         raise NotADeadLetter(
             f"No dead letter at offset {offset}: it was replayed or discarded already, or "

@@ -14,7 +14,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from sqlqueue.conf import get_settings
-from sqlqueue.models import QueueMessage
+from sqlqueue.models import DeadLetter
 from sqlqueue.operations.dead_letters import (
     NotADeadLetter,
     discard_dead_letter,
@@ -92,7 +92,7 @@ class Command(BaseCommand):
 
     # -- dead letters --------------------------------------------------------------------
     def _dead_letters(self, options: dict[str, Any]) -> Any:
-        rows = QueueMessage.objects.exclude(consumer_group="").exclude(original_topic="")
+        rows = DeadLetter.objects.all()
         if options.get("group"):
             rows = rows.filter(consumer_group=options["group"])
         if options.get("topic"):
