@@ -37,6 +37,7 @@ class Delivery:
     sequence: int
     lease_valid: Callable[[], bool] = lambda: True
     on_extend: Callable[[float], None] = lambda seconds: None
+    generation: int | None = None  # of the partition's lease when it was delivered
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _state: str = "queued"  # queued -> started | given_back
 

@@ -51,6 +51,7 @@ class PartitionState:
     covered_at_ms: int = 0  # ... at this database time
     exhausted: bool = False  # the last fetch found the end of the partition
     entries: dict[int, Entry] = field(default_factory=dict)
+    generation: int | None = None  # of the lease this state was built under
 
     def __post_init__(self) -> None:
         self.cursor = max(self.cursor, self.watermark)

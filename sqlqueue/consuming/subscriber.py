@@ -116,11 +116,15 @@ class Subscriber:
         self.leases.tick(cursor, self.dialect, self.discovered, idle)
         # Work exactly on the partitions held: new ones (and, after a reconnect, every
         # one) start from their durable watermark; lost ones are dropped.
-        for key in set(self.partitions) - set(self.leases.owned):
-            del self.partitions[key]
+        # A partition held again under a new generation (its lease was lost or revoked
+        # by an operator's repair, then acquired again) starts afresh too.
+        for key, state in list(self.partitions.items()):
+            if state.generation != self.leases.generation(key):
+                del self.partitions[key]
         for key in sorted(set(self.leases.owned) - set(self.partitions)):
             watermark = self.dialect.ensure_watermark(cursor, self.group, self.topic, key)
-            self.partitions[key] = PartitionState(key, watermark)
+            self.partitions[key] = PartitionState(key, watermark,
+                                                  generation=self.leases.generation(key))
         return self._take_back(cursor, self.leases.releasing)
 
     def _take_back(self, cursor: CursorWrapper, partitions: set[str]) -> int:
@@ -211,8 +215,9 @@ class Subscriber:
             assert entry.row is not None
             delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
                                 entry.attempt, next(_sequence),
-                                lease_valid=self._lease_check(state.partition_key),
-                                on_extend=self._hold(entry))
+                                lease_valid=self._lease_check(state.partition_key,
+                                                              state.generation),
+                                on_extend=self._hold(entry), generation=state.generation)
             if entry.attempt > self.options.max_attempts:
                 # Attempts were charged but never reported (a worker died mid-handler, or
                 # gave up past the visibility timeout): the retry budget is spent.
@@ -234,9 +239,10 @@ class Subscriber:
 
         return hold
 
-    def _lease_check(self, partition: str) -> Callable[[], bool]:
+    def _lease_check(self, partition: str, generation: int | None) -> Callable[[], bool]:
         def valid() -> bool:
-            return self.leases.holds(partition)
+            return (self.leases.holds(partition)
+                    and self.leases.generation(partition) == generation)
 
         return valid
 
@@ -251,9 +257,11 @@ class Subscriber:
             delivery = outcome.delivery
             self.outstanding.pop(id(delivery), None)
             key, offset = delivery.partition_key, delivery.row.offset
-            if key not in self.partitions:
-                # The lease went elsewhere: the new owner redelivers this message once
-                # its visibility timeout is over (at least once, never acked by a stranger).
+            state = self.partitions.get(key)
+            if state is None or state.generation != delivery.generation:
+                # The lease went elsewhere (or came back under a new generation): the
+                # owner redelivers this message once its visibility timeout is over (at
+                # least once, never acked by a stranger).
                 self.stats["abandoned"] += 1
                 continue
             entry = self.partitions[key].entries.get(offset)

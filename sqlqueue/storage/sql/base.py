@@ -586,7 +586,94 @@ class ConsumingStatements:
         return int(cursor.rowcount)
 
 
-class Dialect(ConsumingStatements):
+# =========================================================================================
+# Operating: what the lag dashboard and ``manage.py queue status`` read. Every statement
+# is bounded: one seek per partition, or a scan cut at a cap.
+# =========================================================================================
+
+#: SQLite refuses compound SELECTs of more than 500 terms; stay well below.
+PENDING_BRANCHES_PER_STATEMENT = 200
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSummary:
+    """Messages of one partition above a watermark: how many (counted up to a cap) and
+    since when the first of them is due: stored, and past its ``deliver_after`` (None:
+    there are none)."""
+
+    count: int
+    oldest_due_at: int | None
+
+
+class OperatingStatements:
+    """Mixin for ``Dialect``: the operator's reads."""
+
+    quote: Any
+
+    def partition_heads_sql(self) -> str:
+        """``partition_heads``: each partition of a topic with its newest offset, by a
+        loose index scan of ``idx_topic_partition_offset`` (one seek per partition)."""
+        raise NotImplementedError
+
+    def partition_heads_params(self, topic: str) -> list[Any]:
+        return [topic]
+
+    def partition_heads(self, cursor: CursorWrapper, topic: str) -> dict[str, int]:
+        cursor.execute(self.partition_heads_sql(), self.partition_heads_params(topic))
+        return {r[0]: int(r[1]) for r in cursor.fetchall() if r[0] is not None}
+
+    def pending_summary_sql(self, count: int) -> str:
+        """``pending_summary``: for ``count`` partitions of a topic, the messages above a
+        watermark, counted up to a cap, and when the first one was stored and is due.
+        Each partition is a bounded range of ``idx_topic_partition_offset`` (at most
+        ``cap`` index entries) plus primary-key lookups of one row."""
+        q = self.quote
+        table, topic, key, offset = (q(MESSAGE_TABLE), q("topic"), q("partition_key"),
+                                     q("offset"))
+        above = f"FROM {table} WHERE {topic} = %s AND {key} = %s AND {offset} > %s"
+        one = (
+            f"SELECT %s, (SELECT COUNT(*) FROM (SELECT 1 AS one {above} LIMIT %s) capped), "
+            f"(SELECT {q('created_at')} {above} ORDER BY {offset} LIMIT 1), "
+            f"(SELECT {q('deliver_after')} {above} ORDER BY {offset} LIMIT 1)"
+        )
+        return " UNION ALL ".join([one] * count)
+
+    def pending_summary(
+        self, cursor: CursorWrapper, topic: str, watermarks: dict[str, int], cap: int
+    ) -> dict[str, PendingSummary]:
+        """``watermarks``: partition key -> the offset to count above."""
+        result: dict[str, PendingSummary] = {}
+        keys = sorted(watermarks)
+        for start in range(0, len(keys), PENDING_BRANCHES_PER_STATEMENT):
+            chunk = keys[start:start + PENDING_BRANCHES_PER_STATEMENT]
+            params: list[Any] = []
+            for key in chunk:
+                above = [topic, key, watermarks[key]]
+                params += [key, *above, cap, *above, *above]
+            cursor.execute(self.pending_summary_sql(len(chunk)), params)
+            for key, count, created_at, deliver_after in cursor.fetchall():
+                due = None if created_at is None else max(int(created_at), int(deliver_after))
+                result[key] = PendingSummary(int(count), due)
+        return result
+
+    def dead_letter_counts_sql(self) -> str:
+        """``dead_letter_counts``: dead letters of one group per partition of a dead-letter
+        topic, counted over at most ``cap`` rows (``idx_topic_partition_offset`` range)."""
+        q = self.quote
+        return (
+            f"SELECT {q('partition_key')}, COUNT(*) FROM (SELECT {q('partition_key')} "
+            f"FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = %s AND {q('consumer_group')} = %s "
+            f"LIMIT %s) capped GROUP BY {q('partition_key')}"
+        )
+
+    def dead_letter_counts(
+        self, cursor: CursorWrapper, dead_letter_topic: str, group: str, cap: int
+    ) -> dict[str, int]:
+        cursor.execute(self.dead_letter_counts_sql(), [dead_letter_topic, group, cap])
+        return {r[0]: int(r[1]) for r in cursor.fetchall()}
+
+
+class Dialect(ConsumingStatements, OperatingStatements):
     """Named statements for one database vendor, bound to one connection."""
 
     vendor = ""

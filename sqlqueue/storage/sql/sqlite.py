@@ -46,7 +46,7 @@ class SQLiteDialect(Dialect):
             "ON CONFLICT DO NOTHING"
         )
 
-    def discover_partitions_sql(self) -> str:
+    def _partition_keys_cte(self) -> str:
         # SQLite has no loose index scan; a recursive query makes one: each step seeks
         # the next key after the previous one in idx_topic_partition_offset.
         q = self.quote
@@ -55,12 +55,26 @@ class SQLiteDialect(Dialect):
             f"WITH RECURSIVE keys(k) AS ("
             f"SELECT MIN({key}) FROM {table} WHERE {topic} = %s "
             f"UNION ALL SELECT (SELECT MIN({key}) FROM {table} WHERE {topic} = %s "
-            f"AND {key} > keys.k) FROM keys WHERE keys.k IS NOT NULL) "
-            f"SELECT k FROM keys WHERE k IS NOT NULL"
+            f"AND {key} > keys.k) FROM keys WHERE keys.k IS NOT NULL)"
         )
+
+    def discover_partitions_sql(self) -> str:
+        return f"{self._partition_keys_cte()} SELECT k FROM keys WHERE k IS NOT NULL"
 
     def discover_partitions_params(self, topic: str) -> list[Any]:
         return [topic, topic]
+
+    def partition_heads_sql(self) -> str:
+        # The recursive seek of discovery, then one MAX seek per key.
+        q = self.quote
+        return (
+            f"{self._partition_keys_cte()} SELECT k, (SELECT MAX({q('offset')}) FROM "
+            f"{q('queue_messages')} WHERE {q('topic')} = %s AND {q('partition_key')} = keys.k) "
+            f"FROM keys WHERE k IS NOT NULL"
+        )
+
+    def partition_heads_params(self, topic: str) -> list[Any]:
+        return [topic, topic, topic]
 
     def delete_messages_upto_sql(self) -> str:
         # DELETE ... LIMIT needs a compile-time option SQLite builds usually lack.

@@ -1,0 +1,129 @@
+"""Operator repairs of a group's position: retry backing-off messages now, and move a
+partition's watermark (rewind to replay, or skip to the head).
+
+A running subscriber keeps a partition's progress in memory (what it fetched, when each
+retry is due), so a repair made behind its back would be ignored or undone. Each repair
+therefore *revokes* the partition's lease in its own transaction: the lease row is
+locked (waiting for the holder's current write to commit), its generation bumped and
+its holder cleared. The holder's next write fails its fencing check (SPEC I5), it drops
+the partition, and whoever acquires it next starts from what the database now says,
+within about one renew interval. Handlers in flight on that partition finish, but their
+outcomes are not recorded: those messages are delivered again (at least once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import connections, transaction
+from django.db.models import F
+
+from sqlqueue.conf import get_settings
+from sqlqueue.exceptions import SqlqueueError
+from sqlqueue.models import DeliveryState, PartitionLease, PartitionOffset
+from sqlqueue.storage.sql import dialect_for
+
+
+class InvalidPosition(SqlqueueError, ValueError):
+    """A position reset that names no partition or an impossible offset."""
+
+
+@dataclass(frozen=True)
+class PositionReset:
+    group: str
+    topic: str
+    partition_key: str
+    previous_watermark: int
+    watermark: int  # every offset <= this is now done for the group
+
+    @property
+    def rewound(self) -> bool:
+        return self.watermark < self.previous_watermark
+
+
+def retry_now(group: str, topic: str, partition_key: str | None = None, *,
+              using: str | None = None) -> int:
+    """Make every message of ``group`` that failed and waits for its next attempt
+    deliverable at once (in one partition, or in all of the topic's). Returns how many."""
+    alias = using or get_settings().DATABASE
+    with transaction.atomic(using=alias):
+        now = _now_ms(alias)
+        waiting = DeliveryState.objects.using(alias).filter(
+            consumer_group=group, topic=topic, acked=False, invisible_until__gt=now,
+        ).exclude(last_error="")
+        if partition_key is not None:
+            waiting = waiting.filter(partition_key=partition_key)
+        partitions = sorted(set(waiting.values_list("partition_key", flat=True)))
+        for key in partitions:
+            _revoke_lease(alias, group, topic, key)
+        return waiting.update(invisible_until=0)
+
+
+def reset_position(group: str, topic: str, partition_key: str, *,
+                   deliver_from: int | None = None, to_head: bool = False,
+                   using: str | None = None) -> PositionReset:
+    """Move ``group``'s watermark on one partition: ``deliver_from=N`` delivers every
+    stored message with offset >= N (again), ``to_head=True`` skips every message stored
+    so far. Delivery state the move makes stale (attempt counts, acks) is dropped."""
+    if (deliver_from is None) == (not to_head):
+        raise InvalidPosition("Give exactly one of deliver_from=<offset> or to_head=True.")
+    if deliver_from is not None and (isinstance(deliver_from, bool)
+                                     or not isinstance(deliver_from, int) or deliver_from < 1):
+        raise InvalidPosition(f"deliver_from is an offset >= 1; got {deliver_from!r}.")
+    alias = using or get_settings().DATABASE
+    connection = connections[alias]
+    with transaction.atomic(using=alias):
+        with connection.cursor() as cursor:
+            heads = dialect_for(connection).partition_heads(cursor, topic)
+        if partition_key not in heads:
+            raise InvalidPosition(f"Topic {topic!r} has no partition {partition_key!r} "
+                                  "(no message of it is stored).")
+        head = heads[partition_key]
+        target = head if to_head else int(deliver_from or 1) - 1
+        if target > head:
+            raise InvalidPosition(
+                f"Offset {deliver_from} is beyond partition {partition_key!r}'s newest "
+                f"message ({head}); use to_head to skip everything."
+            )
+        _revoke_lease(alias, group, topic, partition_key)
+        previous = _set_watermark(alias, group, topic, partition_key, target)
+        states = DeliveryState.objects.using(alias).filter(
+            consumer_group=group, topic=topic, partition_key=partition_key)
+        if target < previous:
+            states.filter(message_offset__gt=target).delete()  # all of it is to do again
+        else:
+            states.filter(message_offset__lte=target).delete()
+    return PositionReset(group, topic, partition_key, previous, target)
+
+
+def _revoke_lease(alias: str, group: str, topic: str, partition_key: str) -> None:
+    """Take the partition from its holder (module docstring). Lease rows are updated
+    with a primary-key filter, so this waits for the holder's fenced write, if any."""
+    PartitionLease.objects.using(alias).filter(
+        consumer_group=group, topic=topic, partition_key=partition_key,
+    ).update(generation=F("generation") + 1, leased_by="", lease_renewed_at=0)
+
+
+def _set_watermark(alias: str, group: str, topic: str, partition_key: str,
+                   watermark: int) -> int:
+    """Set the watermark (creating the group's row if needed); returns the previous."""
+    now = _now_ms(alias)
+    rows = PartitionOffset.objects.using(alias).filter(
+        consumer_group=group, topic=topic, partition_key=partition_key)
+    current = rows.select_for_update().values_list("offset_acked", flat=True).first()
+    if current is None:
+        PartitionOffset.objects.using(alias).create(
+            consumer_group=group, topic=topic, partition_key=partition_key,
+            offset_acked=watermark, updated_at=now)
+        return 0
+    rows.update(offset_acked=watermark, updated_at=now)
+    return int(current)
+
+
+def _now_ms(alias: str) -> int:
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        return dialect_for(connection).database_now_ms(cursor)
+
+
+__all__ = ["InvalidPosition", "PositionReset", "reset_position", "retry_now"]
