@@ -211,3 +211,26 @@ class DeadLetter(QueueMessage):
             ("replay_deadletter", "Can replay dead letters to their consumer group"),
             ("discard_deadletter", "Can discard dead letters"),
         ]
+
+
+class ConsumerLag(QueueMessage):
+    """The admin's lag dashboard (no rows of its own: it names the page and carries the
+    permissions of the repairs made there)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "consumer lag"
+        verbose_name_plural = "consumer lag"
+        permissions = [
+            ("retry_now", "Can make backing-off messages deliverable now"),
+            ("reset_position", "Can rewind or skip a group's position on a partition"),
+        ]
+
+
+class SubscriberStatus(QueueMessage):
+    """The admin's page of live subscribers and their leases (no rows of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "subscriber"
+        verbose_name_plural = "subscribers and leases"

@@ -1,6 +1,7 @@
-"""The Django admin for operators: the message log and dead letters (read-only data;
-every action calls the service functions in ``sqlqueue.operations``)."""
+"""The Django admin for operators: the message log, dead letters, the lag dashboard and
+subscribers (read-only data; every action calls the service functions in
+``sqlqueue.operations``)."""
 
-from sqlqueue.admin import dead_letters, messages
+from sqlqueue.admin import dead_letters, lag, messages, subscribers
 
-__all__ = ["dead_letters", "messages"]
+__all__ = ["dead_letters", "lag", "messages", "subscribers"]

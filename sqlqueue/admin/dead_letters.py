@@ -7,9 +7,12 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -17,10 +20,14 @@ from sqlqueue.admin.display import EpochMsDateRangeFilter, from_epoch_ms
 from sqlqueue.admin.messages import JsonColumns, ReadOnlyAdmin
 from sqlqueue.models import DeadLetter
 from sqlqueue.operations.dead_letters import (
-    NotADeadLetter,
-    discard_dead_letter,
-    replay_dead_letter,
+    BulkResult,
+    discard_dead_letters,
+    replay_dead_letters,
 )
+
+#: dead letters one "replay all matching" request replays; the rest on the next click, or
+#: from the command line (manage.py queue dead-letters replay --all), which shows progress
+BULK_REPLAY_LIMIT = 5_000
 
 
 @admin.register(DeadLetter)
@@ -35,6 +42,22 @@ class DeadLetterAdmin(JsonColumns, ReadOnlyAdmin):
     fields = ("offset", "consumer_group", "original_topic", "partition_key", "message_id",
               "failure_count", "failed", "traceback", "payload_json", "metadata_json")
     readonly_fields = fields
+    change_list_template = "admin/sqlqueue/deadletter/change_list.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        name = f"{self.opts.app_label}_{self.opts.model_name}_replay_matching"
+        return [path("replay-matching/", self.admin_site.admin_view(self.replay_matching_view),
+                     name=name), *super().get_urls()]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_replay_matching",
+                      current_app=self.admin_site.name)
+        query = request.GET.urlencode()
+        return super().changelist_view(request, {
+            **(extra_context or {}),
+            "replay_matching_url": f"{url}?{query}" if query else url,
+            "may_replay": self.has_replay_permission(request),
+        })
 
     # -- columns ---------------------------------------------------------------------------
     @admin.display(description="message id")
@@ -66,8 +89,8 @@ class DeadLetterAdmin(JsonColumns, ReadOnlyAdmin):
     # -- actions -------------------------------------------------------------------------
     @admin.action(description="Replay to their consumer group", permissions=["replay"])
     def replay(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
-        done, gone = self._each(queryset, replay_dead_letter)
-        self._report(request, "Replayed", done, gone)
+        result = replay_dead_letters(queryset.values_list("offset", flat=True))
+        self._report(request, "Replayed", result)
 
     @admin.action(description="Discard for good", permissions=["discard"])
     def discard(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> Any:
@@ -81,23 +104,50 @@ class DeadLetterAdmin(JsonColumns, ReadOnlyAdmin):
                 "action_checkbox_name": ACTION_CHECKBOX_NAME,
                 "opts": self.model._meta,
             })
-        done, gone = self._each(queryset, discard_dead_letter)
-        self._report(request, "Discarded", done, gone)
+        result = discard_dead_letters(queryset.values_list("offset", flat=True))
+        self._report(request, "Discarded", result)
         return None
 
-    @staticmethod
-    def _each(queryset: QuerySet[DeadLetter], operation: Any) -> tuple[int, int]:
-        done = gone = 0
-        for offset in queryset.values_list("offset", flat=True):
-            try:
-                operation(offset)  # one transaction each, shared with the CLI
-                done += 1
-            except NotADeadLetter:
-                gone += 1
-        return done, gone
+    def replay_matching_view(self, request: HttpRequest) -> HttpResponse:
+        """Replay every dead letter the changelist's current filters and search match."""
+        if not (self.has_view_permission(request) and self.has_replay_permission(request)):
+            raise PermissionDenied
+        back = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
+                       current_app=self.admin_site.name)
+        query = request.GET.urlencode()
+        back = f"{back}?{query}" if query else back
+        try:
+            matching = self.get_changelist_instance(request).get_queryset(request)
+        except IncorrectLookupParameters:
+            self.message_user(request, "Those filters are not valid.", messages.ERROR)
+            return HttpResponseRedirect(back)
+        offsets = list(matching.order_by("offset")
+                       .values_list("offset", flat=True)[:BULK_REPLAY_LIMIT + 1])
+        more = len(offsets) > BULK_REPLAY_LIMIT
+        offsets = offsets[:BULK_REPLAY_LIMIT]
+        if request.method == "POST" and request.POST.get("confirmed") == "yes":
+            self._report(request, "Replayed", replay_dead_letters(offsets))
+            if more:
+                self.message_user(request, (
+                    f"More than {BULK_REPLAY_LIMIT} matched; the oldest {BULK_REPLAY_LIMIT} "
+                    "were replayed. Replay again for the next ones, or run "
+                    "`manage.py queue dead-letters replay --all`."), messages.WARNING)
+            return HttpResponseRedirect(back)
+        return TemplateResponse(request, "admin/sqlqueue/confirm_replay_matching.html", {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Replay every matching dead letter?",
+            "count": len(offsets),
+            "more": more,
+            "limit": BULK_REPLAY_LIMIT,
+            "groups": sorted(set(matching.values_list("consumer_group", flat=True)
+                                 .order_by("consumer_group").distinct()[:20])),
+            "filters": [(k, v) for k, v in request.GET.items()],
+            "back_url": back,
+        })
 
-    def _report(self, request: HttpRequest, verb: str, done: int, gone: int) -> None:
-        self.message_user(request, f"{verb} {done} dead letter(s).", messages.SUCCESS)
-        if gone:
-            self.message_user(request, f"{gone} had been replayed or discarded already.",
-                              messages.WARNING)
+    def _report(self, request: HttpRequest, verb: str, result: BulkResult) -> None:
+        self.message_user(request, f"{verb} {result.done} dead letter(s).", messages.SUCCESS)
+        if result.missing:
+            self.message_user(request, f"{len(result.missing)} had been replayed or "
+                              "discarded already.", messages.WARNING)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from django.db import connections, transaction
 
@@ -59,6 +60,39 @@ def discard_dead_letter(offset: int, *, using: str | None = None) -> None:
     alias = using or get_settings().DATABASE
     with transaction.atomic(using=alias):
         _locked_dead_letter(offset, alias).delete()
+
+
+@dataclass
+class BulkResult:
+    done: int = 0
+    missing: list[int] = field(default_factory=list)  # replayed or discarded meanwhile
+
+
+def replay_dead_letters(offsets: Iterable[int], *, using: str | None = None,
+                        on_progress: Callable[[int], None] | None = None) -> BulkResult:
+    """``replay_dead_letter`` for each offset (one transaction each, so a long run holds
+    no lock for long and a failure keeps what was done)."""
+    return _each(offsets, lambda offset: replay_dead_letter(offset, using=using), on_progress)
+
+
+def discard_dead_letters(offsets: Iterable[int], *, using: str | None = None,
+                         on_progress: Callable[[int], None] | None = None) -> BulkResult:
+    """``discard_dead_letter`` for each offset, one transaction each."""
+    return _each(offsets, lambda offset: discard_dead_letter(offset, using=using), on_progress)
+
+
+def _each(offsets: Iterable[int], operation: Callable[[int], object],
+          on_progress: Callable[[int], None] | None) -> BulkResult:
+    result = BulkResult()
+    for n, offset in enumerate(offsets, start=1):
+        try:
+            operation(offset)
+            result.done += 1
+        except NotADeadLetter:
+            result.missing.append(offset)
+        if on_progress is not None:
+            on_progress(n)
+    return result
 
 
 def _locked_dead_letter(offset: int, alias: str) -> DeadLetter:

@@ -15,11 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from sqlqueue.conf import get_settings
 from sqlqueue.models import DeadLetter
-from sqlqueue.operations.dead_letters import (
-    NotADeadLetter,
-    discard_dead_letter,
-    replay_dead_letter,
-)
+from sqlqueue.operations.dead_letters import discard_dead_letters, replay_dead_letters
 from sqlqueue.operations.lag import GroupLag, group_lag, known_subscriptions
 
 
@@ -126,23 +122,19 @@ class Command(BaseCommand):
             offsets = options["offsets"]
         if not offsets:
             raise CommandError("Nothing to do: give dead-letter offsets, or --all.")
-        done, missing = 0, []
-        for n, offset in enumerate(sorted(offsets), start=1):
-            try:
-                if action == "replay":
-                    replay_dead_letter(offset)
-                else:
-                    discard_dead_letter(offset)
-                done += 1
-            except NotADeadLetter:
-                missing.append(offset)
-            if n % 100 == 0 or n == len(offsets):  # progress on long bulk operations
-                last = n == len(offsets)
-                self.stdout.write(f"  {n}/{len(offsets)}", ending="\n" if last else "\r")
+        total = len(offsets)
+
+        def progress(n: int) -> None:  # on long bulk operations
+            if n % 100 == 0 or n == total:
+                self.stdout.write(f"  {n}/{total}", ending="\n" if n == total else "\r")
+
+        bulk = replay_dead_letters if action == "replay" else discard_dead_letters
+        result = bulk(sorted(offsets), on_progress=progress)
         verb = "Replayed" if action == "replay" else "Discarded"
-        self.stdout.write(f"{verb} {done} dead letter(s).")
-        if missing:
-            raise CommandError(f"No dead letter at offset(s) {', '.join(map(str, missing))}.")
+        self.stdout.write(f"{verb} {result.done} dead letter(s).")
+        if result.missing:
+            raise CommandError(
+                f"No dead letter at offset(s) {', '.join(map(str, result.missing))}.")
 
     # -- garbage collection ---------------------------------------------------------------
     def _gc(self) -> None:

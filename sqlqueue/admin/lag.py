@@ -1,0 +1,175 @@
+"""The lag dashboard: every (group, topic) at a glance, one page per subscription with its
+partitions, and the repairs made from there (retry now, reset a position)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.http import urlencode
+
+from sqlqueue.admin.charts import pending_columns, status_strip
+from sqlqueue.admin.messages import ReadOnlyAdmin
+from sqlqueue.models import ConsumerLag
+from sqlqueue.operations import lag as lag_rules
+from sqlqueue.operations.lag import SEVERITY, group_lag, known_subscriptions
+from sqlqueue.operations.positions import InvalidPosition, reset_position, retry_now
+
+#: partitions listed on a subscription's page before "show all" (worst first)
+PARTITION_ROWS = 200
+
+
+class ResetPositionForm(forms.Form):
+    mode = forms.ChoiceField(choices=[
+        ("from_offset", "Deliver again from offset"),
+        ("to_head", "Skip to the head (drop everything pending)"),
+    ], widget=forms.RadioSelect, initial="from_offset")
+    offset = forms.IntegerField(min_value=1, required=False,
+                                help_text="Every stored message with this offset or a "
+                                          "higher one is delivered (again).")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("mode") == "from_offset" and data.get("offset") is None:
+            self.add_error("offset", "Give the offset to deliver again from.")
+        return data
+
+
+@admin.register(ConsumerLag)
+class ConsumerLagAdmin(ReadOnlyAdmin):
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        name = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path("", wrap(self.overview_view), name=f"{name}_changelist"),
+            path("subscription/", wrap(self.subscription_view), name=f"{name}_subscription"),
+            path("retry-now/", wrap(self.retry_now_view), name=f"{name}_retry_now"),
+            path("reset-position/", wrap(self.reset_position_view),
+                 name=f"{name}_reset_position"),
+        ]
+
+    # -- pages ------------------------------------------------------------------------------
+    def overview_view(self, request: HttpRequest) -> HttpResponse:
+        self._require_view(request)
+        subscriptions = lag_rules.lag_overview()
+        subscriptions.sort(key=lambda g: (-SEVERITY[g.status], g.group, g.topic))
+        rows = [{"lag": g, "strip": status_strip(g.partitions),
+                 "url": self._subscription_url(g.group, g.topic)} for g in subscriptions]
+        return self._render(request, "admin/sqlqueue/lag_overview.html", {
+            "title": "Consumer lag",
+            "rows": rows,
+            "rules": lag_rules,
+        })
+
+    def subscription_view(self, request: HttpRequest) -> HttpResponse:
+        self._require_view(request)
+        group, topic = self._subscription(request)
+        lag = group_lag(group, topic)
+        worst_first = sorted(lag.partitions,
+                             key=lambda p: (-SEVERITY[p.status], -p.pending, p.partition_key))
+        show_all = request.GET.get("all") == "1"
+        return self._render(request, "admin/sqlqueue/lag_subscription.html", {
+            "title": f"{group} on {topic}",
+            "lag": lag,
+            "chart": pending_columns(lag.partitions),
+            "partitions": worst_first if show_all else worst_first[:PARTITION_ROWS],
+            "hidden": 0 if show_all else max(0, len(worst_first) - PARTITION_ROWS),
+            "all_url": "?" + urlencode({"group": group, "topic": topic, "all": "1"}),
+            "may_retry": request.user.has_perm("sqlqueue.retry_now"),
+            "may_reset": request.user.has_perm("sqlqueue.reset_position"),
+            "retry_url": self._action_url("retry_now", group, topic),
+            "reset_url": self._action_url("reset_position", group, topic),
+            "rules": lag_rules,
+        })
+
+    # -- repairs ----------------------------------------------------------------------------
+    def retry_now_view(self, request: HttpRequest) -> HttpResponse:
+        self._require_perm(request, "sqlqueue.retry_now")
+        group, topic = self._subscription(request)
+        partition = request.GET.get("partition") or None
+        lag = group_lag(group, topic)
+        if partition is not None and lag.partition(partition) is None:
+            raise Http404(f"{group} on {topic} has no partition {partition!r}.")
+        if request.method == "POST" and request.POST.get("confirmed") == "yes":
+            count = retry_now(group, topic, partition)
+            where = f"partition {partition}" if partition else "every partition"
+            self.message_user(request, f"{count} message(s) of {group} on {topic} "
+                              f"({where}) will be delivered again now.", messages.SUCCESS)
+            return HttpResponseRedirect(self._subscription_url(group, topic))
+        retrying = (lag.partition(partition).retrying if partition  # type: ignore[union-attr]
+                    else lag.retrying)
+        return self._render(request, "admin/sqlqueue/confirm_retry_now.html", {
+            "title": "Retry now?", "group": group, "topic": topic, "partition": partition,
+            "retrying": retrying, "back_url": self._subscription_url(group, topic),
+        })
+
+    def reset_position_view(self, request: HttpRequest) -> HttpResponse:
+        self._require_perm(request, "sqlqueue.reset_position")
+        group, topic = self._subscription(request)
+        key = request.GET.get("partition", "")
+        partition = group_lag(group, topic).partition(key)
+        if partition is None:
+            raise Http404(f"{group} on {topic} has no partition {key!r}.")
+        form = ResetPositionForm(request.POST if request.method == "POST" else None)
+        confirming = False
+        if request.method == "POST" and form.is_valid():
+            deliver_from = (form.cleaned_data["offset"]
+                            if form.cleaned_data["mode"] == "from_offset" else None)
+            if request.POST.get("confirmed") == "yes":
+                try:
+                    moved = reset_position(group, topic, key, deliver_from=deliver_from,
+                                           to_head=deliver_from is None)
+                except InvalidPosition as error:
+                    form.add_error(None, str(error))
+                else:
+                    direction = "Rewound" if moved.rewound else "Moved"
+                    self.message_user(request, (
+                        f"{direction} {group} on {topic}/{key} from watermark "
+                        f"{moved.previous_watermark} to {moved.watermark}."), messages.SUCCESS)
+                    return HttpResponseRedirect(self._subscription_url(group, topic))
+            else:
+                confirming = True
+        return self._render(request, "admin/sqlqueue/reset_position.html", {
+            "title": f"Reset the position of {group} on {topic}/{key}",
+            "group": group, "topic": topic, "partition": partition, "form": form,
+            "confirming": confirming, "back_url": self._subscription_url(group, topic),
+        })
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _require_view(self, request: HttpRequest) -> None:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+
+    def _require_perm(self, request: HttpRequest, permission: str) -> None:
+        self._require_view(request)
+        if not request.user.has_perm(permission):
+            raise PermissionDenied
+
+    @staticmethod
+    def _subscription(request: HttpRequest) -> tuple[str, str]:
+        group, topic = request.GET.get("group", ""), request.GET.get("topic", "")
+        if (group, topic) not in known_subscriptions():
+            raise Http404(f"No consumer group {group!r} on topic {topic!r}.")
+        return group, topic
+
+    def _subscription_url(self, group: str, topic: str) -> str:
+        return (reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_subscription",
+                        current_app=self.admin_site.name)
+                + "?" + urlencode({"group": group, "topic": topic}))
+
+    def _action_url(self, action: str, group: str, topic: str) -> str:
+        return (reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{action}",
+                        current_app=self.admin_site.name)
+                + "?" + urlencode({"group": group, "topic": topic}))
+
+    def _render(self, request: HttpRequest, template: str,
+                context: dict[str, Any]) -> TemplateResponse:
+        return TemplateResponse(request, template, {
+            **self.admin_site.each_context(request), "opts": self.opts, **context,
+        })
+

@@ -1,0 +1,107 @@
+"""Who consumes what: live subscribers of each (group, topic), the partitions each holds,
+whether the split is fair, and leases nobody renews any more.
+
+A subscriber is live while its heartbeat is younger than ``LEASE_DURATION`` and it has
+not said goodbye; the fair share of each is floor(P/S) or ceil(P/S) partitions (SPEC
+I12). A stale lease is one whose holder stopped renewing it: it is free for the taking,
+and some live subscriber should take it within one renew interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db import connections
+
+from sqlqueue.conf import get_settings
+from sqlqueue.models import PartitionLease, SubscriberHeartbeat
+from sqlqueue.operations.lag import known_subscriptions
+from sqlqueue.storage.sql import dialect_for
+
+
+@dataclass
+class SubscriberInfo:
+    name: str
+    heartbeat_age: float  # seconds
+    live: bool
+    partitions: list[str] = field(default_factory=list)  # held with a live lease
+
+
+@dataclass
+class StaleLease:
+    partition_key: str
+    holder: str  # "" once an operator's repair revoked it
+    age: float  # seconds since its last renewal
+
+
+@dataclass
+class Membership:
+    group: str
+    topic: str
+    partitions: int  # stored partitions of the topic, and any with a lease row
+    subscribers: list[SubscriberInfo] = field(default_factory=list)
+    stale_leases: list[StaleLease] = field(default_factory=list)
+    unheld: int = 0  # partitions with no live lease
+
+    @property
+    def live(self) -> list[SubscriberInfo]:
+        return [s for s in self.subscribers if s.live]
+
+    @property
+    def fair_range(self) -> tuple[int, int]:
+        """The fewest and most partitions a live subscriber should hold."""
+        count = len(self.live)
+        if not count:
+            return (0, 0)
+        return (self.partitions // count, -(-self.partitions // count))
+
+    def is_fair(self, subscriber: SubscriberInfo) -> bool:
+        low, high = self.fair_range
+        return low <= len(subscriber.partitions) <= high
+
+    @property
+    def fair(self) -> bool:
+        return all(self.is_fair(s) for s in self.live)
+
+
+def memberships(using: str | None = None) -> list[Membership]:
+    """One ``Membership`` per known (group, topic)."""
+    conf = get_settings()
+    alias = using or conf.DATABASE
+    connection = connections[alias]
+    dialect = dialect_for(connection)
+    lease_ms = round(conf.LEASE_DURATION * 1000)
+    with connection.cursor() as cursor:
+        now = dialect.database_now_ms(cursor)
+    heads: dict[str, set[str]] = {}
+    result = []
+    for group, topic in known_subscriptions(alias):
+        if topic not in heads:
+            with connection.cursor() as cursor:
+                heads[topic] = set(dialect.partition_heads(cursor, topic))
+        leases = list(PartitionLease.objects.using(alias)
+                      .filter(consumer_group=group, topic=topic)
+                      .values_list("partition_key", "leased_by", "lease_renewed_at"))
+        beats = (SubscriberHeartbeat.objects.using(alias)
+                 .filter(consumer_group=group, topic=topic)
+                 .values_list("subscriber_name", "heartbeat_at", "deregistered_at"))
+        subscribers = {
+            name: SubscriberInfo(name, (now - beat) / 1000,
+                                 live=now - beat < lease_ms and not goodbye)
+            for name, beat, goodbye in beats
+        }
+        membership = Membership(group, topic, len(heads[topic] | {p for p, _, _ in leases}))
+        held = set()
+        for partition, holder, renewed in sorted(leases):
+            if now - renewed < lease_ms:
+                held.add(partition)
+                subscribers.setdefault(holder, SubscriberInfo(holder, (now - renewed) / 1000,
+                                                              live=True))
+                subscribers[holder].partitions.append(partition)
+            else:
+                membership.stale_leases.append(StaleLease(partition, holder,
+                                                          (now - renewed) / 1000))
+        membership.subscribers = sorted(subscribers.values(), key=lambda s: s.name)
+        membership.unheld = membership.partitions - len(held)
+        result.append(membership)
+    return result
