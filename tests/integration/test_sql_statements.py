@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 import time
 from typing import Any
 
@@ -157,6 +158,9 @@ def test_offset_is_unsigned_auto_increment(mysql_only: None) -> None:
     assert "longblob" in ddl
 
 
+# ANALYZE TABLE commits on MySQL: tests that run it are transactional, so that the
+# tables are emptied after them instead of keeping their rows.
+@pytest.mark.django_db(transaction=True)
 def test_partition_discovery_is_a_loose_index_scan() -> None:
     """Its cost grows with the number of partitions, not of messages."""
     dialect = dialect_for(connection)
@@ -197,3 +201,82 @@ def test_lease_statements_follow_the_database_clock() -> None:
         assert dialect.live_subscribers(cursor, "g", "t", 30_000) == ["two"]
         dialect.deregister(cursor, "g", "t", "two")
         assert dialect.live_subscribers(cursor, "g", "t", 30_000) == []
+
+
+def _many_messages_in_ten_partitions() -> list[int]:
+    """2,000 rows of topic t over k0..k9; returns their offsets."""
+    dialect = dialect_for(connection)
+    offsets: list[int] = []
+    with connection.cursor() as cursor:
+        for chunk in range(4):
+            rows = [row(f"k{n % 10}", f"id-{chunk}-{n}") for n in range(500)]
+            offsets += dialect.insert_messages(cursor, rows)
+        if connection.vendor == "mysql":
+            cursor.execute("ANALYZE TABLE queue_messages")
+            cursor.fetchall()
+    return offsets
+
+
+@pytest.mark.django_db(transaction=True)
+def test_partition_heads_is_a_loose_index_scan() -> None:
+    offsets = _many_messages_in_ten_partitions()
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        heads = dialect.partition_heads(cursor, "t")
+    assert heads == {f"k{n}": max(offsets[n::10]) for n in range(10)}
+    plan = explain(dialect.partition_heads_sql(), dialect.partition_heads_params("t"))
+    if connection.vendor == "mysql":
+        assert "Using index for group-by" in plan, plan
+    else:
+        assert "idx_topic_partition_offset (topic=? AND partition_key>?)" in plan, plan
+        assert "idx_topic_partition_offset (topic=? AND partition_key=?)" in plan, plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pending_summary_counts_up_to_a_cap_with_seeks() -> None:
+    offsets = _many_messages_in_ten_partitions()
+    dialect = dialect_for(connection)
+    k0 = offsets[0::10]  # 200 offsets of k0
+    watermarks = {"k0": k0[149], "k1": 0, "k2": max(offsets)}  # 50 / 200 / 0 above
+    with connection.cursor() as cursor:
+        summary = dialect.pending_summary(cursor, "t", watermarks, cap=100)
+        offset = connection.ops.quote_name("offset")
+        cursor.execute(f"SELECT created_at FROM queue_messages WHERE {offset} = %s",
+                       [k0[150]])
+        first_pending_created = cursor.fetchone()[0]
+    assert summary["k0"].count == 50
+    assert summary["k0"].oldest_due_at == first_pending_created
+    assert summary["k1"].count == 100  # capped
+    assert summary["k2"].count == 0 and summary["k2"].oldest_due_at is None
+    plan = explain(dialect.pending_summary_sql(1), ["k0", "t", "k0", 0, 100, "t", "k0", 0,
+                                                    "t", "k0", 0])
+    if connection.vendor == "mysql":
+        # Never a scan of the table; the capped count is an index-only range.
+        assert "'table': 'queue_messages', 'type': 'ALL'" not in plan, plan
+        assert re.search(r"'select_type': 'DERIVED', 'table': 'queue_messages', "
+                         r"'type': '(?:range|ref)', [^}]*'key': 'idx_topic_partition_offset', "
+                         r"[^}]*'Extra': '[^']*Using index'", plan), plan
+    else:
+        assert "SCAN queue_messages" not in plan, plan
+        assert "idx_topic_partition_offset (topic=? AND partition_key=? AND offset>?)" in plan
+
+
+def test_pending_summary_splits_many_partitions_over_statements() -> None:
+    dialect = dialect_for(connection)
+    keys = {f"p{n:04}": 0 for n in range(450)}  # more than SQLite's compound-select limit
+    with connection.cursor() as cursor:
+        dialect.insert_messages(cursor, [row(key, "i") for key in keys])
+        summary = dialect.pending_summary(cursor, "t", keys, cap=10)
+    assert {k: s.count for k, s in summary.items()} == dict.fromkeys(keys, 1)
+
+
+def test_dead_letter_counts_per_partition() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        dialect.insert_messages(cursor, [row("a", "1", topic="t.dlq"),
+                                         row("a", "2", topic="t.dlq"),
+                                         row("b", "3", topic="t.dlq")])
+        cursor.execute("UPDATE queue_messages SET consumer_group = 'g' WHERE topic = 't.dlq'")
+        cursor.execute("UPDATE queue_messages SET consumer_group = 'other' WHERE id = '3'")
+        assert dialect.dead_letter_counts(cursor, "t.dlq", "g", cap=10) == {"a": 2}
+        assert dialect.dead_letter_counts(cursor, "t.dlq", "g", cap=1) == {"a": 1}
