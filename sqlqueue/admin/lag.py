@@ -127,10 +127,7 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
                 except InvalidPosition as error:
                     form.add_error(None, str(error))
                 else:
-                    direction = "Rewound" if moved.rewound else "Moved"
-                    self.message_user(request, (
-                        f"{direction} {group} on {topic}/{key} from watermark "
-                        f"{moved.previous_watermark} to {moved.watermark}."), messages.SUCCESS)
+                    self.message_user(request, moved.describe(), messages.SUCCESS)
                     return HttpResponseRedirect(self._subscription_url(group, topic))
             else:
                 confirming = True

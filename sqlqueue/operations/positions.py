@@ -35,10 +35,15 @@ class PositionReset:
     partition_key: str
     previous_watermark: int
     watermark: int  # every offset <= this is now done for the group
+    to_head: bool
 
-    @property
-    def rewound(self) -> bool:
-        return self.watermark < self.previous_watermark
+    def describe(self) -> str:
+        where = f"Reset {self.group} on {self.topic}/{self.partition_key}"
+        if self.to_head:
+            return (f"{where}: every message up to offset {self.watermark} is skipped "
+                    f"(the watermark was {self.previous_watermark}).")
+        return (f"{where}: every stored message from offset {self.watermark + 1} on is "
+                f"delivered (again) (the watermark was {self.previous_watermark}).")
 
 
 def retry_now(group: str, topic: str, partition_key: str | None = None, *,
@@ -89,11 +94,14 @@ def reset_position(group: str, topic: str, partition_key: str, *,
         previous = _set_watermark(alias, group, topic, partition_key, target)
         states = DeliveryState.objects.using(alias).filter(
             consumer_group=group, topic=topic, partition_key=partition_key)
-        if target < previous:
-            states.filter(message_offset__gt=target).delete()  # all of it is to do again
-        else:
+        if to_head:
             states.filter(message_offset__lte=target).delete()
-    return PositionReset(group, topic, partition_key, previous, target)
+        else:
+            # Everything from the offset on is to do again, including messages acked
+            # above the old watermark (which may trail them: unordered groups, and the
+            # write horizon on MySQL); nothing below it has state any more.
+            states.delete()
+    return PositionReset(group, topic, partition_key, previous, target, to_head)
 
 
 def _revoke_lease(alias: str, group: str, topic: str, partition_key: str) -> None:

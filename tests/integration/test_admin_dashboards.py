@@ -128,7 +128,8 @@ def test_reset_position_rewinds_and_skips(admin_client: Client, register: Any) -
     assert PartitionOffset.objects.get(consumer_group="g").offset_acked >= offsets[2]
     done = admin_client.post(url, {"mode": "from_offset", "offset": offsets[1],
                                    "confirmed": "yes"}, follow=True)
-    assert b"Rewound g on t/k" in done.content
+    assert f"Reset g on t/k: every stored message from offset {offsets[1]} on".encode() \
+        in done.content
     drain(["g"], conf=keep)
     assert calls == offsets + offsets[1:]  # delivered again from the chosen offset
 
