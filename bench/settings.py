@@ -20,3 +20,23 @@ USE_TZ = True
 SECRET_KEY = "bench-not-secret"
 SQLQUEUE = {"BATCH_SIZE": int(os.environ.get("BENCH_BATCH", "100")),
             **json.loads(os.environ.get("BENCH_SQLQUEUE_JSON", "{}"))}
+
+# The admin, for the dashboard benchmark (bench.lag_page).
+INSTALLED_APPS += ["django.contrib.sessions", "django.contrib.messages",
+                   "django.contrib.admin", "rangefilter"]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "bench.urls"
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -38,15 +38,16 @@ def pending_columns(partitions: Sequence[PartitionLag], width: int = 800,
     to the largest), its colour the status."""
     if not partitions:
         return format_html("<span>{}</span>", "no partitions")
-    top = max(max(p.pending for p in partitions), 1)
+    pending = [p.pending or 0 for p in partitions]
+    top = max(max(pending), 1)
     step = width / len(partitions)
     columns = format_html_join(
         "", '<rect x="{}" y="{}" width="{}" height="{}" fill="{}">'
             "<title>{}: {}{} pending, {}</title></rect>",
-        ((_n(i * step), _n(height - _bar(p.pending, top, height)), _n(max(step - 0.5, 0.5)),
-          _n(_bar(p.pending, top, height)), STATUS_COLORS[p.status], p.partition_key,
-          ">=" if p.pending_capped else "", p.pending, p.status)
-         for i, p in enumerate(partitions)),
+        ((_n(i * step), _n(height - _bar(count, top, height)), _n(max(step - 0.5, 0.5)),
+          _n(_bar(count, top, height)), STATUS_COLORS[p.status], p.partition_key,
+          ">=" if p.pending_capped else "", count, p.status)
+         for i, (p, count) in enumerate(zip(partitions, pending, strict=True))),
     )
     return format_html(
         '<svg class="sqlqueue-columns" role="img" width="{}" height="{}" '

@@ -71,7 +71,8 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
         group, topic = self._subscription(request)
         lag = group_lag(group, topic)
         worst_first = sorted(lag.partitions,
-                             key=lambda p: (-SEVERITY[p.status], -p.pending, p.partition_key))
+                             key=lambda p: (-SEVERITY[p.status], -(p.pending or 0),
+                                            p.partition_key))
         show_all = request.GET.get("all") == "1"
         return self._render(request, "admin/sqlqueue/lag_subscription.html", {
             "title": f"{group} on {topic}",

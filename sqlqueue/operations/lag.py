@@ -47,7 +47,8 @@ class PartitionLag:
     partition_key: str
     head_offset: int
     watermark: int
-    pending: int  # messages above the watermark, counted up to ``pending_cap``
+    pending: int | None  # messages above the watermark, up to ``pending_cap`` (None: not
+    # counted, in the overview)
     in_flight: int  # first attempt running (not yet failed)
     retrying: int  # failed at least once, not yet acked: backing off or on a later attempt
     dead_letters: int  # of this group, from this partition, waiting for triage
@@ -59,8 +60,13 @@ class PartitionLag:
     status: str = "OK"
 
     @property
+    def lagging(self) -> bool:
+        """Messages are stored above the watermark (the head is a stored offset)."""
+        return self.head_offset > self.watermark
+
+    @property
     def pending_capped(self) -> bool:
-        return self.pending >= self.pending_cap
+        return self.pending is not None and self.pending >= self.pending_cap
 
 
 @dataclass
@@ -76,7 +82,11 @@ class GroupLag:
 
     @property
     def pending(self) -> int:
-        return sum(p.pending for p in self.partitions)
+        return sum(p.pending or 0 for p in self.partitions)
+
+    @property
+    def lagging(self) -> int:
+        return sum(1 for p in self.partitions if p.lagging)
 
     @property
     def pending_capped(self) -> bool:
@@ -127,20 +137,23 @@ def known_subscriptions(using: str | None = None) -> list[tuple[str, str]]:
 
 
 def lag_overview(using: str | None = None) -> list[GroupLag]:
-    """``group_lag`` of every known subscription, reading each topic's heads once."""
+    """``group_lag`` of every known subscription, reading each topic's heads once and
+    counting nothing (statuses need only where each lagging partition's first pending
+    message is)."""
     heads: dict[str, dict[str, int]] = {}
     result = []
     for group, topic in known_subscriptions(using):
         if topic not in heads:
             heads[topic] = _heads(topic, using)
-        result.append(group_lag(group, topic, using=using, heads=heads[topic]))
+        result.append(group_lag(group, topic, using=using, heads=heads[topic],
+                                count_pending=False))
     return result
 
 
 def group_lag(group: str, topic: str, using: str | None = None,
-              heads: dict[str, int] | None = None) -> GroupLag:
-    """Where ``group`` stands on every partition of ``topic``: a fixed number of
-    statements whatever the number of partitions and messages."""
+              heads: dict[str, int] | None = None, count_pending: bool = True) -> GroupLag:
+    """Where ``group`` stands on every partition of ``topic``: a few statements, one
+    bounded probe per lagging partition, whatever the number of messages."""
     conf = get_settings()
     alias = using or conf.DATABASE
     connection = connections[alias]
@@ -158,7 +171,8 @@ def group_lag(group: str, topic: str, using: str | None = None,
         lagging = {key: offsets.get(key, (0, 0))[0] for key in keys
                    if heads.get(key, 0) > offsets.get(key, (0, 0))[0]}
         cap = _partition_cap(len(lagging))
-        pending = dialect.pending_summary(cursor, topic, lagging, cap)
+        pending = dialect.pending_summary(cursor, topic, lagging,
+                                          cap if count_pending else None)
     leases = {key: (owner, now - renewed) for key, owner, renewed in
               PartitionLease.objects.using(alias).filter(consumer_group=group, topic=topic)
               .values_list("partition_key", "leased_by", "lease_renewed_at")}
@@ -175,7 +189,7 @@ def group_lag(group: str, topic: str, using: str | None = None,
             partition_key=key,
             head_offset=max(heads.get(key, 0), watermark),
             watermark=watermark,
-            pending=summary.count if summary else 0,
+            pending=(summary.count if summary else 0) if count_pending else None,
             in_flight=in_flight,
             retrying=retrying,
             dead_letters=dead.get(key, 0),
@@ -220,9 +234,9 @@ def _delivery_summary(alias: str, group: str, topic: str, now: int
 def partition_status(p: PartitionLag) -> str:
     """The documented rules (module docstring)."""
     due_for = p.oldest_pending_age or 0.0
-    if p.pending and not p.leased_by:
+    if p.lagging and not p.leased_by:
         return "STOP"
-    if (p.pending and p.watermark_age is not None and p.watermark_age > STALL_AFTER
+    if (p.lagging and p.watermark_age is not None and p.watermark_age > STALL_AFTER
             and due_for > STALL_AFTER):
         return "STALL"
     if due_for > WARN_AFTER or p.retrying or p.dead_letters:

@@ -28,6 +28,10 @@ CAUGHT_UP = PartitionLag(
 
 
 def lag(**changes: object) -> PartitionLag:
+    """A partition; with ``pending``, that many messages are stored above the watermark."""
+    pending = changes.get("pending") or 0
+    assert isinstance(pending, int)
+    changes.setdefault("head_offset", CAUGHT_UP.watermark + pending)
     return dataclasses.replace(CAUGHT_UP, **changes)  # type: ignore[arg-type]
 
 
@@ -62,6 +66,7 @@ def test_the_count_budget_is_shared_among_lagging_partitions() -> None:
     assert _partition_cap(1000) == max(MIN_PARTITION_CAP, COUNT_BUDGET // 1000)
     assert _partition_cap(10**6) == MIN_PARTITION_CAP
     assert lag(pending=100, pending_cap=100).pending_capped
+    assert not lag(pending=None).pending_capped  # not counted (the overview)
 
 
 def test_charts_escape_keys_and_colour_by_status() -> None:

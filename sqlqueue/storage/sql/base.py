@@ -597,11 +597,11 @@ PENDING_BRANCHES_PER_STATEMENT = 200
 
 @dataclass(frozen=True, slots=True)
 class PendingSummary:
-    """Messages of one partition above a watermark: how many (counted up to a cap) and
-    since when the first of them is due: stored, and past its ``deliver_after`` (None:
-    there are none)."""
+    """Messages of one partition above a watermark: how many (counted up to a cap; None
+    when not counted) and since when the first of them is due: stored, and past its
+    ``deliver_after`` (None: there are none)."""
 
-    count: int
+    count: int | None
     oldest_due_at: int | None
 
 
@@ -609,6 +609,12 @@ class OperatingStatements:
     """Mixin for ``Dialect``: the operator's reads."""
 
     quote: Any
+    #: makes the per-partition probes use idx_topic_partition_offset without weighing
+    #: the other indexes first: planning, not reading, is what they cost otherwise
+    offset_index_hint = ""
+
+    def greatest_sql(self, a: str, b: str) -> str:
+        raise NotImplementedError
 
     def partition_heads_sql(self) -> str:
         """``partition_heads``: each partition of a topic with its newest offset, by a
@@ -622,26 +628,27 @@ class OperatingStatements:
         cursor.execute(self.partition_heads_sql(), self.partition_heads_params(topic))
         return {r[0]: int(r[1]) for r in cursor.fetchall() if r[0] is not None}
 
-    def pending_summary_sql(self, count: int) -> str:
+    def pending_summary_sql(self, count: int, counted: bool = True) -> str:
         """``pending_summary``: for ``count`` partitions of a topic, the messages above a
-        watermark, counted up to a cap, and when the first one was stored and is due.
-        Each partition is a bounded range of ``idx_topic_partition_offset`` (at most
-        ``cap`` index entries) plus primary-key lookups of one row."""
+        watermark, counted up to a cap (if ``counted``), and since when the first one is
+        due. Each partition is a bounded range of ``idx_topic_partition_offset`` (at most
+        ``cap`` index entries) plus a primary-key lookup of one row."""
         q = self.quote
-        table, topic, key, offset = (q(MESSAGE_TABLE), q("topic"), q("partition_key"),
-                                     q("offset"))
-        above = f"FROM {table} WHERE {topic} = %s AND {key} = %s AND {offset} > %s"
-        one = (
-            f"SELECT %s, (SELECT COUNT(*) FROM (SELECT 1 AS one {above} LIMIT %s) capped), "
-            f"(SELECT {q('created_at')} {above} ORDER BY {offset} LIMIT 1), "
-            f"(SELECT {q('deliver_after')} {above} ORDER BY {offset} LIMIT 1)"
-        )
+        offset = q("offset")
+        above = (f"FROM {q(MESSAGE_TABLE)} {self.offset_index_hint} WHERE {q('topic')} = %s "
+                 f"AND {q('partition_key')} = %s AND {offset} > %s")
+        tally = (f"(SELECT COUNT(*) FROM (SELECT 1 AS one {above} LIMIT %s) capped)"
+                 if counted else "NULL")
+        due = self.greatest_sql(q("created_at"), q("deliver_after"))
+        one = f"SELECT %s, {tally}, (SELECT {due} {above} ORDER BY {offset} LIMIT 1)"
         return " UNION ALL ".join([one] * count)
 
     def pending_summary(
-        self, cursor: CursorWrapper, topic: str, watermarks: dict[str, int], cap: int
+        self, cursor: CursorWrapper, topic: str, watermarks: dict[str, int],
+        cap: int | None,
     ) -> dict[str, PendingSummary]:
-        """``watermarks``: partition key -> the offset to count above."""
+        """``watermarks``: partition key -> the offset to count above; ``cap`` None: do
+        not count, only find the first pending message (for an overview)."""
         result: dict[str, PendingSummary] = {}
         keys = sorted(watermarks)
         for start in range(0, len(keys), PENDING_BRANCHES_PER_STATEMENT):
@@ -649,11 +656,11 @@ class OperatingStatements:
             params: list[Any] = []
             for key in chunk:
                 above = [topic, key, watermarks[key]]
-                params += [key, *above, cap, *above, *above]
-            cursor.execute(self.pending_summary_sql(len(chunk)), params)
-            for key, count, created_at, deliver_after in cursor.fetchall():
-                due = None if created_at is None else max(int(created_at), int(deliver_after))
-                result[key] = PendingSummary(int(count), due)
+                params += [key, *above, cap, *above] if cap is not None else [key, *above]
+            cursor.execute(self.pending_summary_sql(len(chunk), cap is not None), params)
+            for key, count, due in cursor.fetchall():
+                result[key] = PendingSummary(None if count is None else int(count),
+                                             None if due is None else int(due))
         return result
 
     def dead_letter_counts_sql(self) -> str:

@@ -68,6 +68,11 @@ class MySQLDialect(Dialect):
             f"GROUP BY {q('topic')}, {q('partition_key')}"
         )
 
+    offset_index_hint = "FORCE INDEX (idx_topic_partition_offset)"
+
+    def greatest_sql(self, a: str, b: str) -> str:
+        return f"GREATEST({a}, {b})"
+
     def partition_heads_sql(self) -> str:
         # MAX of the last index column, grouped by the ones before it: a loose index
         # scan ("Using index for group-by"), as for discovery.

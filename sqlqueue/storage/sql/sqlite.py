@@ -64,6 +64,11 @@ class SQLiteDialect(Dialect):
     def discover_partitions_params(self, topic: str) -> list[Any]:
         return [topic, topic]
 
+    offset_index_hint = "INDEXED BY idx_topic_partition_offset"
+
+    def greatest_sql(self, a: str, b: str) -> str:
+        return f"MAX({a}, {b})"  # the scalar max of its arguments
+
     def partition_heads_sql(self) -> str:
         # The recursive seek of discovery, then one MAX seek per key.
         q = self.quote
