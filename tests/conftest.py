@@ -8,9 +8,10 @@ from django.db import connection
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tier markers follow the folder: tests/unit, tests/integration, tests/acceptance."""
+    """Tier markers follow the folder: tests/unit, tests/integration, tests/acceptance,
+    tests/browser."""
     for item in items:
-        for tier in ("unit", "integration", "acceptance"):
+        for tier in ("unit", "integration", "acceptance", "browser"):
             if f"/tests/{tier}/" in str(item.path):
                 item.add_marker(getattr(pytest.mark, tier))
 

@@ -47,6 +47,7 @@ class PartitionLag:
     partition_key: str
     head_offset: int
     watermark: int
+    lagging: bool  # a message for this group is stored above the watermark
     pending: int | None  # messages above the watermark, up to ``pending_cap`` (None: not
     # counted, in the overview)
     in_flight: int  # first attempt running (not yet failed)
@@ -58,11 +59,6 @@ class PartitionLag:
     watermark_age: float | None  # seconds since the watermark last moved
     pending_cap: int = COUNT_CAP
     status: str = "OK"
-
-    @property
-    def lagging(self) -> bool:
-        """Messages are stored above the watermark (the head is a stored offset)."""
-        return self.head_offset > self.watermark
 
     @property
     def pending_capped(self) -> bool:
@@ -171,7 +167,7 @@ def group_lag(group: str, topic: str, using: str | None = None,
         lagging = {key: offsets.get(key, (0, 0))[0] for key in keys
                    if heads.get(key, 0) > offsets.get(key, (0, 0))[0]}
         cap = _partition_cap(len(lagging))
-        pending = dialect.pending_summary(cursor, topic, lagging,
+        pending = dialect.pending_summary(cursor, topic, group, lagging,
                                           cap if count_pending else None)
     leases = {key: (owner, now - renewed) for key, owner, renewed in
               PartitionLease.objects.using(alias).filter(consumer_group=group, topic=topic)
@@ -189,6 +185,7 @@ def group_lag(group: str, topic: str, using: str | None = None,
             partition_key=key,
             head_offset=max(heads.get(key, 0), watermark),
             watermark=watermark,
+            lagging=summary is not None and summary.oldest_due_at is not None,
             pending=(summary.count if summary else 0) if count_pending else None,
             in_flight=in_flight,
             retrying=retrying,

@@ -239,7 +239,7 @@ def test_pending_summary_counts_up_to_a_cap_with_seeks() -> None:
     k0 = offsets[0::10]  # 200 offsets of k0
     watermarks = {"k0": k0[149], "k1": 0, "k2": max(offsets)}  # 50 / 200 / 0 above
     with connection.cursor() as cursor:
-        summary = dialect.pending_summary(cursor, "t", watermarks, cap=100)
+        summary = dialect.pending_summary(cursor, "t", "g", watermarks, cap=100)
         offset = connection.ops.quote_name("offset")
         cursor.execute(f"SELECT created_at FROM queue_messages WHERE {offset} = %s",
                        [k0[150]])
@@ -249,10 +249,10 @@ def test_pending_summary_counts_up_to_a_cap_with_seeks() -> None:
     assert summary["k1"].count == 100  # capped
     assert summary["k2"].count == 0 and summary["k2"].oldest_due_at is None
     with connection.cursor() as cursor:
-        uncounted = dialect.pending_summary(cursor, "t", watermarks, cap=None)
+        uncounted = dialect.pending_summary(cursor, "t", "g", watermarks, cap=None)
     assert uncounted["k0"].count is None
     assert uncounted["k0"].oldest_due_at == first_pending_created
-    plan = explain(dialect.pending_summary_sql(1), ["k0", "t", "k0", 0, 100, "t", "k0", 0])
+    plan = explain(dialect.pending_summary_sql(1), ["k0", "t", "k0", 0, 100, "t", "k0", 0, "g"])
     if connection.vendor == "mysql":
         # Never a scan of the table; the capped count is an index-only range.
         assert "'table': 'queue_messages', 'type': 'ALL'" not in plan, plan
@@ -269,7 +269,7 @@ def test_pending_summary_splits_many_partitions_over_statements() -> None:
     keys = {f"p{n:04}": 0 for n in range(450)}  # more than SQLite's compound-select limit
     with connection.cursor() as cursor:
         dialect.insert_messages(cursor, [row(key, "i") for key in keys])
-        summary = dialect.pending_summary(cursor, "t", keys, cap=10)
+        summary = dialect.pending_summary(cursor, "t", "g", keys, cap=10)
     assert {k: s.count for k, s in summary.items()} == dict.fromkeys(keys, 1)
 
 
@@ -283,3 +283,19 @@ def test_dead_letter_counts_per_partition() -> None:
         cursor.execute("UPDATE queue_messages SET consumer_group = 'other' WHERE id = '3'")
         assert dialect.dead_letter_counts(cursor, "t.dlq", "g", cap=10) == {"a": 2}
         assert dialect.dead_letter_counts(cursor, "t.dlq", "g", cap=1) == {"a": 1}
+
+
+def test_pending_summary_skips_replays_addressed_to_other_groups() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        replay, mine = dialect.insert_messages(cursor, [row("k", "replay"), row("k", "mine")])
+        cursor.execute("UPDATE queue_messages SET consumer_group = 'other', "
+                       "created_at = 5 WHERE id = 'replay'")
+        cursor.execute("UPDATE queue_messages SET created_at = 7 WHERE id = 'mine'")
+        for_g = dialect.pending_summary(cursor, "t", "g", {"k": 0}, cap=10)["k"]
+        for_other = dialect.pending_summary(cursor, "t", "other", {"k": 0}, cap=10)["k"]
+        only_replay = dialect.pending_summary(cursor, "t", "g", {"k": replay - 1}, cap=10)
+    assert (for_g.count, for_g.oldest_due_at) == (2, 7)  # counted, but not due for g
+    assert for_other.oldest_due_at == 5
+    assert only_replay["k"].oldest_due_at == 7
+    assert mine > replay

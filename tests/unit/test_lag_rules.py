@@ -21,8 +21,8 @@ from sqlqueue.operations.lag import (
 from sqlqueue.templatetags.sqlqueue_admin import age, at_least, first_of
 
 CAUGHT_UP = PartitionLag(
-    partition_key="k", head_offset=10, watermark=10, pending=0, in_flight=0, retrying=0,
-    dead_letters=0, oldest_pending_age=None, leased_by="w1", lease_age=1.0,
+    partition_key="k", head_offset=10, watermark=10, lagging=False, pending=0, in_flight=0,
+    retrying=0, dead_letters=0, oldest_pending_age=None, leased_by="w1", lease_age=1.0,
     watermark_age=1000.0,
 )
 
@@ -32,6 +32,7 @@ def lag(**changes: object) -> PartitionLag:
     pending = changes.get("pending") or 0
     assert isinstance(pending, int)
     changes.setdefault("head_offset", CAUGHT_UP.watermark + pending)
+    changes.setdefault("lagging", pending > 0)
     return dataclasses.replace(CAUGHT_UP, **changes)  # type: ignore[arg-type]
 
 

@@ -630,9 +630,10 @@ class OperatingStatements:
 
     def pending_summary_sql(self, count: int, counted: bool = True) -> str:
         """``pending_summary``: for ``count`` partitions of a topic, the messages above a
-        watermark, counted up to a cap (if ``counted``), and since when the first one is
-        due. Each partition is a bounded range of ``idx_topic_partition_offset`` (at most
-        ``cap`` index entries) plus a primary-key lookup of one row."""
+        watermark, counted up to a cap (if ``counted``; replays addressed to other groups
+        are counted too), and since when the group's first one is due. Each partition is
+        a bounded range of ``idx_topic_partition_offset`` (at most ``cap`` index entries)
+        plus a primary-key lookup of one row."""
         q = self.quote
         offset = q("offset")
         above = (f"FROM {q(MESSAGE_TABLE)} {self.offset_index_hint} WHERE {q('topic')} = %s "
@@ -640,11 +641,14 @@ class OperatingStatements:
         tally = (f"(SELECT COUNT(*) FROM (SELECT 1 AS one {above} LIMIT %s) capped)"
                  if counted else "NULL")
         due = self.greatest_sql(q("created_at"), q("deliver_after"))
-        one = f"SELECT %s, {tally}, (SELECT {due} {above} ORDER BY {offset} LIMIT 1)"
-        return " UNION ALL ".join([one] * count)
+        # The first message for this group: replays addressed to other groups are
+        # skipped (rare, so this reads one row, or a few).
+        first = (f"(SELECT {due} {above} AND {q('consumer_group')} IN ('', %s) "
+                 f"ORDER BY {offset} LIMIT 1)")
+        return " UNION ALL ".join([f"SELECT %s, {tally}, {first}"] * count)
 
     def pending_summary(
-        self, cursor: CursorWrapper, topic: str, watermarks: dict[str, int],
+        self, cursor: CursorWrapper, topic: str, group: str, watermarks: dict[str, int],
         cap: int | None,
     ) -> dict[str, PendingSummary]:
         """``watermarks``: partition key -> the offset to count above; ``cap`` None: do
@@ -656,7 +660,8 @@ class OperatingStatements:
             params: list[Any] = []
             for key in chunk:
                 above = [topic, key, watermarks[key]]
-                params += [key, *above, cap, *above] if cap is not None else [key, *above]
+                tally = [*above, cap] if cap is not None else []
+                params += [key, *tally, *above, group]
             cursor.execute(self.pending_summary_sql(len(chunk), cap is not None), params)
             for key, count, due in cursor.fetchall():
                 result[key] = PendingSummary(None if count is None else int(count),

@@ -1,0 +1,162 @@
+"""The operator's admin in a real browser: log in, open every page, replay a dead letter,
+retry a backing-off message, and keep a screenshot of each step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver import Chrome
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+import sqlqueue
+from sqlqueue import OutgoingMessage, send_messages
+from sqlqueue.models import DeadLetter
+from tests.integration.consuming_helpers import drain, register
+
+pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["register"]
+PASSWORD = "correct horse battery staple"
+EVIL = "<script>alert('pwned')</script>"
+
+
+def operator_scene(register: Callable[..., Any]) -> None:
+    """What an operator finds on a bad day: billing keeps up; emails has dead letters,
+    a message backing off, and nobody consuming any more; analytics hit a bug."""
+    def billing(message: sqlqueue.Message) -> None:
+        return None
+
+    def emails(message: sqlqueue.Message) -> None:
+        n = message.payload["n"]
+        if n % 7 == 3:
+            raise sqlqueue.Reject(f"mailbox of customer {n} does not exist")
+        if n == 8:
+            raise sqlqueue.Retry(delay=3600, reason="SMTP server busy")
+
+    def analytics(message: sqlqueue.Message) -> None:
+        if message.payload["n"] == 2:
+            raise ValueError("cannot parse the order total: 'twelve'")
+
+    register("orders", "billing", billing)
+    register("orders", "emails", emails)
+    register("orders", "analytics", analytics, max_attempts=1)
+    send_messages("orders", [
+        OutgoingMessage({"n": n, "note": EVIL if n == 5 else f"order {n}"},
+                        partition_key=f"customer-{n % 6:02}")
+        for n in range(24)])
+    drain(["billing", "analytics"])
+    drain(["emails"], max_messages=24)
+
+
+class Admin:
+    """The browser, on the live server's admin, with a screenshot per step."""
+
+    def __init__(self, driver: Chrome, base_url: str, screenshots: Path) -> None:
+        self.driver, self.base_url, self.screenshots = driver, base_url, screenshots
+        self.wait = WebDriverWait(driver, 15)
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base_url + path)
+        self.wait.until(ec.presence_of_element_located((By.ID, "content")))
+
+    def shot(self, name: str) -> None:
+        self.driver.save_screenshot(str(self.screenshots / f"{name}.png"))
+
+    def text(self) -> str:
+        return str(self.driver.find_element(By.TAG_NAME, "body").text)
+
+    def click_link(self, text: str) -> None:
+        self.wait.until(ec.element_to_be_clickable((By.PARTIAL_LINK_TEXT, text))).click()
+        self.wait.until(ec.presence_of_element_located((By.ID, "content")))
+
+    def submit(self, value: str) -> None:
+        self.driver.find_element(By.CSS_SELECTOR, f'input[type="submit"][value="{value}"]'
+                                 ).click()
+        self.wait.until(ec.presence_of_element_located((By.ID, "content")))
+
+    def success(self) -> str:
+        return str(self.wait.until(ec.presence_of_element_located(
+            (By.CSS_SELECTOR, ".messagelist .success"))).text)
+
+
+def test_operator_walkthrough(live_server: Any, browser: Chrome, screenshots: Path,
+                              register: Callable[..., Any]) -> None:
+    operator_scene(register)
+    User.objects.create_superuser("operator", "ops@example.com", PASSWORD)
+    admin = Admin(browser, live_server.url, screenshots)
+
+    # Log in through the real form.
+    admin.open("/admin/login/")
+    browser.find_element(By.NAME, "username").send_keys("operator")
+    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+    admin.submit("Log in")
+    for entry in ("Consumer lag", "Dead letters", "Messages", "Subscribers and leases"):
+        assert entry in admin.text()
+    admin.shot("01-index")
+
+    # The message log, and one message whose payload carries a script: shown, not run.
+    admin.open("/admin/sqlqueue/queuemessage/")
+    assert "customer-05" in admin.text()
+    admin.shot("02-messages")
+    admin.open("/admin/sqlqueue/queuemessage/?q=customer-05")
+    admin.driver.find_elements(By.CSS_SELECTOR, "th.field-offset a")[-1].click()
+    admin.wait.until(ec.presence_of_element_located((By.ID, "content")))
+    assert EVIL in admin.text()
+    with pytest.raises(NoAlertPresentException):
+        _ = browser.switch_to.alert
+    admin.shot("03-message-detail")
+
+    # Dead letters: the list, one traceback, then a replay through the action menu.
+    admin.open("/admin/sqlqueue/deadletter/")
+    assert "mailbox of customer 3 does not exist" in admin.text()
+    admin.shot("04-dead-letters")
+    before = DeadLetter.objects.count()
+    admin.open("/admin/sqlqueue/deadletter/?consumer_group=analytics")
+    admin.driver.find_elements(By.CSS_SELECTOR, "th.field-offset a")[0].click()
+    admin.wait.until(ec.presence_of_element_located((By.ID, "content")))
+    assert "Traceback (most recent call last)" in admin.text()
+    assert "ValueError: cannot parse the order total" in admin.text()
+    admin.shot("05-dead-letter-detail")
+    admin.open("/admin/sqlqueue/deadletter/")
+    browser.find_elements(By.CSS_SELECTOR, "input.action-select")[0].click()
+    Select(browser.find_element(By.NAME, "action")).select_by_value("replay")
+    browser.find_element(By.CSS_SELECTOR, 'button[name="index"]').click()
+    assert admin.success() == "Replayed 1 dead letter(s)."
+    assert DeadLetter.objects.count() == before - 1
+    admin.shot("06-replayed")
+
+    # Lag: the overview, then the emails group, which nobody consumes any more.
+    admin.open("/admin/sqlqueue/consumerlag/")
+    assert browser.find_elements(By.CSS_SELECTOR, "svg.sqlqueue-strip")
+    assert "STOP" in admin.text() or "WARN" in admin.text()
+    admin.shot("07-lag-overview")
+    admin.click_link("emails")
+    assert browser.find_elements(By.CSS_SELECTOR, "svg.sqlqueue-columns rect")
+    admin.shot("08-lag-emails")
+
+    # Retry now, with its confirmation.
+    admin.click_link("retry now")
+    assert "Yes, retry now" in browser.page_source
+    admin.shot("09-retry-now-confirm")
+    admin.submit("Yes, retry now")
+    assert "will be delivered again now" in admin.success()
+    admin.shot("10-retried")
+
+    # Reset a position: the form, the confirmation.
+    admin.click_link("reset position")
+    browser.find_element(By.CSS_SELECTOR, 'input[value="to_head"]').click()
+    admin.submit("Continue")
+    assert "Are you sure?" in admin.text()
+    admin.shot("11-reset-confirm")
+    admin.click_link("Cancel")
+
+    # Subscribers and leases.
+    admin.open("/admin/sqlqueue/subscriberstatus/")
+    assert "billing on orders" in admin.text()
+    admin.shot("12-subscribers")
