@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.db.models import F
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
@@ -17,8 +19,9 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 import sqlqueue
 from sqlqueue import OutgoingMessage, send_messages
-from sqlqueue.models import DeadLetter
-from tests.integration.consuming_helpers import drain, register
+from sqlqueue.models import DeadLetter, PartitionLease
+from sqlqueue.storage.sql import dialect_for
+from tests.integration.consuming_helpers import drain, drain_until_watermarks, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 __all__ = ["register"]
@@ -46,12 +49,23 @@ def operator_scene(register: Callable[..., Any]) -> None:
     register("orders", "billing", billing)
     register("orders", "emails", emails)
     register("orders", "analytics", analytics, max_attempts=1)
-    send_messages("orders", [
+    sent = send_messages("orders", [
         OutgoingMessage({"n": n, "note": EVIL if n == 5 else f"order {n}"},
                         partition_key=f"customer-{n % 6:02}")
         for n in range(24)])
-    drain(["billing", "analytics"])
+    heads = {m.partition_key: m.offset for m in sent}
+    drain_until_watermarks("billing", heads)
+    drain_until_watermarks("analytics", heads)
     drain(["emails"], max_messages=24)
+    # Two billing workers hold the partitions; an emails worker died holding one.
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        for worker, keys in (("web-1.4242", sorted(heads)[:3]), ("web-2.4711", sorted(heads)[3:])):
+            dialect.heartbeat(cursor, "billing", "orders", worker)
+            dialect.acquire_leases(cursor, "billing", "orders", keys, worker, 30_000)
+        dialect.acquire_leases(cursor, "emails", "orders", ["customer-05"], "web-3.1999", 1)
+    PartitionLease.objects.filter(leased_by="web-3.1999").update(
+        lease_renewed_at=F("lease_renewed_at") - 120_000)  # two minutes without renewal
 
 
 class Admin:
@@ -158,5 +172,6 @@ def test_operator_walkthrough(live_server: Any, browser: Chrome, screenshots: Pa
 
     # Subscribers and leases.
     admin.open("/admin/sqlqueue/subscriberstatus/")
-    assert "billing on orders" in admin.text()
+    assert "billing on orders: 2 live" in admin.text() and "fair split" in admin.text()
+    assert "web-3.1999" in admin.text()  # the stale lease
     admin.shot("12-subscribers")
