@@ -80,3 +80,34 @@ def test_gc_command(register: Any) -> None:
     drain_until_watermarks("g", {"k": sent[-1].offset}, conf=fast_settings(RETENTION=3600))
     assert "Deleted 5 message(s)" in queue("gc")
     assert not QueueMessage.objects.filter(topic="t").exists()
+
+
+def test_retry_now_and_reset_position_from_the_command_line(register: Any) -> None:
+    attempts: list[int] = []
+
+    def flaky(message: Message) -> None:
+        attempts.append(message.attempt)
+        if message.attempt == 1:
+            raise sqlqueue.Retry(delay=3600)
+
+    register("orders", "billing", flaky)
+    sent = send_message("orders", 1, partition_key="k")
+    drain(["billing"], max_messages=1)
+    assert queue("retry-now", "billing", "orders") == \
+        "1 message(s) will be delivered again now.\n"
+    keep = fast_settings(RETENTION=3600)  # keep the finished message: it is rewound to
+    drain(["billing"], conf=keep)
+    assert attempts == [1, 2]
+
+    with pytest.raises(CommandError, match="add --yes"):
+        queue("reset-position", "billing", "orders", "k", "--to-head")
+    with pytest.raises(CommandError, match="is beyond partition 'k'"):
+        queue("reset-position", "billing", "orders", "k", "--from", str(sent.offset + 9),
+              "--yes")
+    with pytest.raises(CommandError, match="No consumer group 'nope'"):
+        queue("retry-now", "nope", "orders")
+    out = queue("reset-position", "billing", "orders", "k", "--from", str(sent.offset),
+                "--yes")
+    assert f"from offset {sent.offset} on is delivered (again)" in out
+    drain(["billing"], conf=keep, max_messages=1)
+    assert attempts == [1, 2, 1]  # a fresh start: its attempts were reset too

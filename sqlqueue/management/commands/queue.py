@@ -4,6 +4,8 @@
     manage.py queue dead-letters list [--group G] [--topic T] [--limit N]
     manage.py queue dead-letters replay OFFSET... | --all [--group G] [--topic T]
     manage.py queue dead-letters discard OFFSET... | --all [--group G] [--topic T] --yes
+    manage.py queue retry-now GROUP TOPIC [--partition KEY]
+    manage.py queue reset-position GROUP TOPIC KEY (--from OFFSET | --to-head) --yes
     manage.py queue gc
 """
 
@@ -17,6 +19,7 @@ from sqlqueue.conf import get_settings
 from sqlqueue.models import DeadLetter
 from sqlqueue.operations.dead_letters import discard_dead_letters, replay_dead_letters
 from sqlqueue.operations.lag import GroupLag, group_lag, known_subscriptions
+from sqlqueue.operations.positions import InvalidPosition, reset_position, retry_now
 
 
 class Command(BaseCommand):
@@ -43,6 +46,21 @@ class Command(BaseCommand):
             action.add_argument("--yes", action="store_true",
                                 help="Confirm a bulk discard.")
             self._filters(action)
+        retry = verbs.add_parser("retry-now", help="Deliver messages waiting on backoff now.")
+        retry.add_argument("group")
+        retry.add_argument("topic")
+        retry.add_argument("--partition", help="Only this partition key.")
+        reset = verbs.add_parser("reset-position",
+                                 help="Rewind a group on a partition, or skip to its head.")
+        reset.add_argument("group")
+        reset.add_argument("topic")
+        reset.add_argument("partition", metavar="KEY")
+        where = reset.add_mutually_exclusive_group(required=True)
+        where.add_argument("--from", dest="deliver_from", type=int, metavar="OFFSET",
+                           help="Deliver every stored message from this offset on (again).")
+        where.add_argument("--to-head", action="store_true",
+                           help="Skip every message stored so far.")
+        reset.add_argument("--yes", action="store_true", help="Confirm.")
         verbs.add_parser("gc", help="Delete what every known group has finished, now.")
 
     @staticmethod
@@ -55,6 +73,10 @@ class Command(BaseCommand):
         verb = options["verb"]
         if verb == "status":
             self._status(options)
+        elif verb == "retry-now":
+            self._retry_now(options)
+        elif verb == "reset-position":
+            self._reset_position(options)
         elif verb == "gc":
             self._gc()
         elif options["action"] == "list":
@@ -135,6 +157,31 @@ class Command(BaseCommand):
         if result.missing:
             raise CommandError(
                 f"No dead letter at offset(s) {', '.join(map(str, result.missing))}.")
+
+    # -- repairs ---------------------------------------------------------------------------
+    def _retry_now(self, options: dict[str, Any]) -> None:
+        self._known(options["group"], options["topic"])
+        count = retry_now(options["group"], options["topic"], options["partition"])
+        self.stdout.write(f"{count} message(s) will be delivered again now.")
+
+    def _reset_position(self, options: dict[str, Any]) -> None:
+        self._known(options["group"], options["topic"])
+        if not options["yes"]:
+            raise CommandError("Resetting a position redelivers or skips messages: add --yes "
+                               "to confirm.")
+        try:
+            moved = reset_position(options["group"], options["topic"], options["partition"],
+                                   deliver_from=options["deliver_from"],
+                                   to_head=options["to_head"])
+        except InvalidPosition as error:
+            raise CommandError(str(error)) from None
+        self.stdout.write(moved.describe())
+
+    @staticmethod
+    def _known(group: str, topic: str) -> None:
+        if (group, topic) not in known_subscriptions():
+            raise CommandError(f"No consumer group {group!r} on topic {topic!r} (see "
+                               "`manage.py queue status`).")
 
     # -- garbage collection ---------------------------------------------------------------
     def _gc(self) -> None:
