@@ -11,5 +11,7 @@ class SqlqueueConfig(AppConfig):
     def ready(self) -> None:
         from sqlqueue import checks  # noqa: F401  (registers the system checks)
         from sqlqueue.consuming.registry import autodiscover
+        from sqlqueue.integrations.tasks.registration import register_task_consumers
 
         autodiscover()
+        register_task_consumers()  # TASKS backends of ours: a consumer per queue

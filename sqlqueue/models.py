@@ -211,3 +211,8 @@ class DeadLetter(QueueMessage):
             ("replay_deadletter", "Can replay dead letters to their consumer group"),
             ("discard_deadletter", "Can discard dead letters"),
         ]
+
+
+# The results table of the Django Tasks backend (sqlqueue.integrations.tasks), defined
+# next to the backend it serves; imported here so that it belongs to this app.
+from sqlqueue.integrations.tasks.models import TaskRecord  # noqa: E402, F401
