@@ -23,16 +23,9 @@ if TYPE_CHECKING or django.VERSION >= (6, 0):
     from django.utils.json import normalize_json
 else:  # pragma: no cover - exercised by tox's Django 5.2 environments
     try:
-        from django_tasks import (
-            Task,
-            TaskContext,
-            TaskResult,
-            TaskResultStatus,
-            task,
-            task_backends,
-        )
+        from django_tasks import task, task_backends
         from django_tasks.backends.base import BaseTaskBackend
-        from django_tasks.base import TaskError
+        from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
         from django_tasks.exceptions import InvalidTaskError as InvalidTask
         from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
         from django_tasks.signals import task_enqueued, task_finished, task_started
