@@ -151,6 +151,14 @@ def test_a_flaky_task_succeeds_on_a_retry() -> None:
     assert [e.exception_class for e in done.errors] == [ConnectionError, ConnectionError]
 
 
+def test_retry_is_a_request_not_an_error() -> None:
+    result = tasks.asks_to_wait.enqueue()
+    run_tasks()
+    done = tasks.asks_to_wait.get_result(result.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == 2
+    assert done.attempts == 2 and done.errors == []
+
+
 def test_reject_fails_at_once_and_a_bad_return_value_is_a_failure() -> None:
     rejected = tasks.rejects.enqueue()
     bad = tasks.returns_a_set.enqueue()
@@ -259,3 +267,24 @@ def test_old_results_are_garbage_collected() -> None:
         collector.collect(cursor, force=True)
     assert collector.results_deleted == 1
     assert set(TaskRecord.objects.values_list("pk", flat=True)) == {waiting.id, recent.id}
+
+
+def test_backend_configuration_errors_name_the_problem() -> None:
+    from unittest import mock
+
+    from sqlqueue.exceptions import ConfigurationError
+    from sqlqueue.integrations.tasks.registration import register_backend
+    from sqlqueue.tasks import SQLQueueBackend
+
+    with pytest.raises(ConfigurationError, match=r"TASKS\['x'\]\['QUEUES'\] is empty"):
+        SQLQueueBackend("x", {"QUEUES": []})
+    with pytest.raises(ConfigurationError, match=r"gives no usable topic.*control character"):
+        SQLQueueBackend("x", {"QUEUES": ["a\nb"]})
+    with pytest.raises(ConfigurationError, match="another OPTIONS\\['TOPIC_PREFIX'\\]"):
+        register_backend(SQLQueueBackend("clash", {"QUEUES": ["default"]}))
+    backend = SQLQueueBackend("x", {})
+    assert backend.check() == []
+    with mock.patch("sqlqueue.integrations.tasks.backend.apps.is_installed", return_value=False):
+        (error,) = backend.check()
+    assert error.id == "sqlqueue.E201"
+

@@ -55,6 +55,14 @@ def needs_order(reference: str) -> str:
     return reference
 
 
+@task(takes_context=True)
+def asks_to_wait(context: TaskContext[Any, Any]) -> int:
+    """Asks for a retry on its first attempt (not an error), then succeeds."""
+    if context.attempt == 1:
+        raise sqlqueue.Retry(delay=0, reason="the upstream is busy")
+    return context.attempt
+
+
 @task
 def rejects() -> None:
     raise sqlqueue.Reject("no point trying again")
