@@ -79,6 +79,17 @@ def test_async_tasks_run_too() -> None:
     assert tasks.add_later.get_result(result.id).return_value == 42
 
 
+def test_async_enqueue_and_get_result() -> None:
+    from asgiref.sync import async_to_sync
+
+    result = async_to_sync(tasks.add.aenqueue)(5, 6)
+    run_tasks()
+    done = async_to_sync(tasks.add.aget_result)(result.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == 11
+    async_to_sync(result.arefresh)()
+    assert result.return_value == 11
+
+
 def test_a_task_enqueued_in_a_rolled_back_transaction_never_exists() -> None:
     with pytest.raises(RuntimeError), transaction.atomic():
         lost = tasks.create_order.enqueue("rolled-back")
