@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 
 
 class SqlqueueConfig(AppConfig):
@@ -15,3 +15,5 @@ class SqlqueueConfig(AppConfig):
 
         autodiscover()
         register_task_consumers()  # TASKS backends of ours: a consumer per queue
+        if apps.is_installed("django.contrib.admin"):
+            from sqlqueue.integrations.tasks import admin  # noqa: F401  (the results page)

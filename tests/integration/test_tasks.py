@@ -299,3 +299,24 @@ def test_backend_configuration_errors_name_the_problem() -> None:
         (error,) = backend.check()
     assert error.id == "sqlqueue.E201"
 
+
+
+def test_the_admin_shows_results_read_only_and_escaped() -> None:
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.urls import reverse
+
+    failed = tasks.always_fails.enqueue("<script>alert(1)</script>")
+    done = tasks.add.enqueue(1, 2)
+    run_tasks()
+    client = Client()
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    listing = client.get(reverse("admin:sqlqueue_taskrecord_changelist"))
+    assert listing.status_code == 200
+    assert "tests.testapp.tasks.always_fails" in listing.text and done.id in listing.text
+    page = client.get(reverse("admin:sqlqueue_taskrecord_change", args=[failed.id]))
+    assert page.status_code == 200
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
+    assert "<script>alert(1)" not in page.text
+    assert "builtins.ValueError" in page.text
+    assert client.get(reverse("admin:sqlqueue_taskrecord_add")).status_code == 403
