@@ -120,3 +120,14 @@ SQLQUEUE: dict[str, object] = {
     # and in `manage.py demo`, which is what you want when something needs explaining.
     "RETENTION": timedelta(days=7),
 }
+
+# -- Django's Tasks framework ----------------------------------------------------------
+# sqlqueue is the task backend: @task functions (shop/tasks.py) are enqueued in the
+# caller's transaction and run by `manage.py runconsumer` (consumer group "tasks",
+# topic "tasks.default"). docs/guides/tasks.md has every option.
+TASKS = {
+    "default": {
+        "BACKEND": "sqlqueue.tasks.SQLQueueBackend",
+        "OPTIONS": {"MAX_ATTEMPTS": 5, "RESULT_RETENTION": timedelta(days=7)},
+    },
+}

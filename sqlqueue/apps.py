@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 
 
 class SqlqueueConfig(AppConfig):
@@ -11,5 +11,9 @@ class SqlqueueConfig(AppConfig):
     def ready(self) -> None:
         from sqlqueue import checks  # noqa: F401  (registers the system checks)
         from sqlqueue.consuming.registry import autodiscover
+        from sqlqueue.integrations.tasks.registration import register_task_consumers
 
         autodiscover()
+        register_task_consumers()  # TASKS backends of ours: a consumer per queue
+        if apps.is_installed("django.contrib.admin"):
+            from sqlqueue.integrations.tasks import admin  # noqa: F401  (the results page)

@@ -234,3 +234,8 @@ class SubscriberStatus(QueueMessage):
         proxy = True
         verbose_name = "subscriber"
         verbose_name_plural = "subscribers and leases"
+
+
+# The results table of the Django Tasks backend (sqlqueue.integrations.tasks), defined
+# next to the backend it serves; imported here so that it belongs to this app.
+from sqlqueue.integrations.tasks.models import TaskRecord  # noqa: E402, F401

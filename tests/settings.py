@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from importlib.util import find_spec
 from pathlib import Path
 
 import environ
@@ -73,6 +74,24 @@ TEMPLATES = [
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Subprocesses started by the acceptance tests get their timing through the environment.
 SQLQUEUE: dict[str, object] = json.loads(os.environ.get("SQLQUEUE_JSON", "{}"))
+
+# Django's Tasks framework (Django 6.0+, or the django-tasks backport on 5.2): two
+# sqlqueue backends, the second atomic and strictly ordered (tests/testapp/tasks.py).
+HAS_TASKS = any(find_spec(name) is not None for name in ("django.tasks", "django_tasks"))
+if HAS_TASKS:
+    _fast_retries = {"MAX_ATTEMPTS": 3, "MIN_BACKOFF": 0.02, "MAX_BACKOFF": 0.1}
+    TASKS = {
+        "default": {
+            "BACKEND": "sqlqueue.tasks.SQLQueueBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": _fast_retries,
+        },
+        "strict": {
+            "BACKEND": "sqlqueue.tasks.SQLQueueBackend",
+            "OPTIONS": {**_fast_retries, "TOPIC_PREFIX": "strict.", "GROUP": "strict-tasks",
+                        "ORDERED": True, "ATOMIC": True},
+        },
+    }
 
 if os.environ.get("SQLQUEUE_TEST_LOG"):
     LOGGING = {

@@ -25,8 +25,9 @@ from django.db.models.functions import Length
 
 from example_project.shop.models import ConfirmationEmail, Customer, Order
 from example_project.shop.services import ORDERS_CREATED, LineItem, place_order
+from example_project.shop.tasks import render_receipt
 from sqlqueue.conf import get_settings
-from sqlqueue.models import QueueMessage
+from sqlqueue.models import QueueMessage, TaskRecord
 
 REFERENCE_PREFIX = "DEMO-"
 SAMPLE_CUSTOMERS = [
@@ -54,6 +55,7 @@ class RollbackResult:
     message_id: str
     order_exists: bool
     message_exists: bool
+    receipt_task_exists: bool
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ class ConsumerResults:
     emails_retried: int
     dead_letter_topic: str
     dead_letters: int
+    receipts: int  # render_receipt tasks that succeeded
+    latest_receipt: str | None  # the newest one's return value
 
 
 def ensure_customers() -> tuple[list[Customer], int]:
@@ -147,6 +151,8 @@ def demonstrate_rollback(customer: Customer, number: int) -> RollbackResult:
     payment step raises, the order, its lines and its message are all undone.
     """
     reference = demo_reference(number)
+    receipt_tasks = TaskRecord.objects.filter(task_path=render_receipt.module_path)
+    receipt_tasks_before = receipt_tasks.count()
     try:
         with transaction.atomic():
             place_order(customer, sample_lines(number), reference=reference)
@@ -159,6 +165,7 @@ def demonstrate_rollback(customer: Customer, number: int) -> RollbackResult:
         message_id=message_id,
         order_exists=Order.objects.filter(reference=reference).exists(),
         message_exists=QueueMessage.objects.filter(topic=ORDERS_CREATED, id=message_id).exists(),
+        receipt_task_exists=receipt_tasks.count() != receipt_tasks_before,
     )
 
 
@@ -171,7 +178,8 @@ def run_consumers() -> ConsumerRun:
     """
     output = io.StringIO()
     started = time.monotonic()
-    with _captured_log("sqlqueue") as log, _signal_handlers_restored():
+    with _captured_log("sqlqueue") as log, _unlogged("django.tasks"), \
+            _signal_handlers_restored():
         call_command("runconsumer", until_empty=True, stdout=output)
     return ConsumerRun(
         report=output.getvalue().splitlines(),
@@ -184,6 +192,9 @@ def consumer_results(topic: str = ORDERS_CREATED) -> ConsumerResults:
     """Counts that show what the consumers did, independent of runconsumer's report."""
     dead_letter_topic = topic + get_settings().DLQ_SUFFIX
     emails = ConfirmationEmail.objects.all()
+    receipts = TaskRecord.objects.filter(task_path=render_receipt.module_path,
+                                         status="SUCCESSFUL")
+    latest = receipts.order_by("-finished_at").values_list("id", flat=True).first()
     return ConsumerResults(
         orders=Order.objects.count(),
         paid=Order.objects.filter(status=Order.Status.PAID).count(),
@@ -191,6 +202,9 @@ def consumer_results(topic: str = ORDERS_CREATED) -> ConsumerResults:
         emails_retried=emails.filter(attempt__gt=1).count(),
         dead_letter_topic=dead_letter_topic,
         dead_letters=QueueMessage.objects.filter(topic=dead_letter_topic).count(),
+        receipts=receipts.count(),
+        # Read back through Django's API, as application code would.
+        latest_receipt=None if latest is None else render_receipt.get_result(latest).return_value,
     )
 
 
@@ -217,6 +231,19 @@ def _captured_log(name: str) -> Iterator[list[str]]:
         yield lines
     finally:
         logger.removeHandler(handler)
+
+
+@contextmanager
+def _unlogged(name: str) -> Iterator[None]:
+    """Keep ``name``'s records out of the console for a while: Django logs every task
+    start and finish at INFO, which would interleave with the demo's own layout."""
+    logger = logging.getLogger(name)
+    saved = logger.propagate
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.propagate = saved
 
 
 @contextmanager

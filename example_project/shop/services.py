@@ -4,6 +4,7 @@ This is the point of a queue stored in the application's own database: the messa
 written in the same transaction as the order, so consumers see an order event if and
 only if the order exists. There is no window where the order is saved but the event is
 lost (a crash after commit), or announced but rolled back (an error after publishing).
+The receipt, a Django task (``shop/tasks.py``), is enqueued the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from django.db import transaction
 
 import sqlqueue
 from example_project.shop.models import Customer, Order, OrderLine
+from example_project.shop.tasks import render_receipt
 
 ORDERS_CREATED = "orders.created"
 CENTS = Decimal("0.01")
@@ -80,6 +82,9 @@ def place_order(
             id=f"order-{order.reference}",  # a retried publish is deduplicated
             metadata={"source": "shop"},
         )
+        # A Django task, enqueued through sqlqueue in the same transaction: it runs only
+        # if the order commits (settings.TASKS, shop/tasks.py).
+        render_receipt.enqueue(order.reference)
     return order
 
 

@@ -6,6 +6,9 @@ with a ``queue_offsets`` row on any partition of the topic, plus the groups this
 runs; a known group without a row on a partition has a watermark of 0 there, which holds
 that partition's rows back (a stopped group keeps counting until an operator removes it).
 Topics nobody consumes, dead-letter topics among them, are never collected.
+
+The same passes delete task results older than their backend's ``RESULT_RETENTION``
+(``sqlqueue.integrations.tasks.retention``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 from django.db import connections
 
 from sqlqueue.conf import QueueSettings
+from sqlqueue.integrations.tasks.retention import prune_results
 from sqlqueue.storage.sql import dialect_for
 
 logger = logging.getLogger("sqlqueue.gc")
@@ -34,10 +38,13 @@ class GarbageCollector:
         self._next_pass: dict[str, float] = {}
         # (monotonic time, collectable offset) per (topic, partition), for RETENTION
         self._history: dict[tuple[str, str], deque[tuple[float, int]]] = {}
-        self.deleted = 0
+        self._next_results_pass = 0.0
+        self.deleted = 0  # messages
+        self.results_deleted = 0  # task results
 
     def collect(self, cursor: Any, force: bool = False) -> int:
-        """One bounded pass over the topics whose turn it is; returns rows deleted."""
+        """One bounded pass over the topics whose turn it is, and over expired task
+        results when theirs is; returns rows deleted (messages and results)."""
         now = time.monotonic()
         deleted = 0
         for topic in self.known_groups:
@@ -47,7 +54,15 @@ class GarbageCollector:
             deleted += removed
             self._next_pass[topic] = now + (0.0 if more else GC_INTERVAL)
         self.deleted += deleted
-        return deleted
+        return deleted + self._prune_results(now, force)
+
+    def _prune_results(self, now: float, force: bool) -> int:
+        if not force and now < self._next_results_pass:
+            return 0
+        removed, more = prune_results(self.alias, GC_BATCH)
+        self._next_results_pass = now + (0.0 if more else GC_INTERVAL)
+        self.results_deleted += removed
+        return removed
 
     def _collect_topic(self, cursor: Any, topic: str, now: float) -> tuple[int, bool]:
         dialect = dialect_for(connections[self.alias])

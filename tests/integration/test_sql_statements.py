@@ -143,7 +143,8 @@ def test_tables_use_a_binary_no_pad_collation(mysql_only: None) -> None:
             "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'queue\\_%%'"
         )
         collations = dict(cursor.fetchall())
-    assert collations == dict.fromkeys(initial.QUEUE_TABLES, expected)
+    # The five RFC tables, and the Tasks backend's results (migration 0005).
+    assert collations == dict.fromkeys((*initial.QUEUE_TABLES, "queue_task_results"), expected)
 
 
 def test_offset_is_unsigned_auto_increment(mysql_only: None) -> None:

@@ -202,7 +202,11 @@ class Command(BaseCommand):
                 if not removed:
                     break
                 self.stdout.write(f"  deleted {total} so far", ending="\r")
-        self.stdout.write(f"Deleted {total} message(s) every known group had finished.")
+        self.stdout.write(f"Deleted {collector.deleted} message(s) every known group had "
+                          "finished.")
+        if collector.results_deleted:
+            self.stdout.write(f"Deleted {collector.results_deleted} task result(s) older than "
+                              "their RESULT_RETENTION.")
 
 
 def _count(value: int, lag: GroupLag) -> str:

@@ -55,11 +55,13 @@ class Command(BaseCommand):
               f"{'yes' if rollback.order_exists else 'no'}")
         write(f"  Message {rollback.message_id!r} in the queue: "
               f"{'yes' if rollback.message_exists else 'no'}")
-        if rollback.order_exists or rollback.message_exists:
+        write(f"  Its receipt task (Django Tasks): "
+              f"{'yes' if rollback.receipt_task_exists else 'no'}")
+        if rollback.order_exists or rollback.message_exists or rollback.receipt_task_exists:
             write(self.style.ERROR("  Something survived the rollback: that is a bug."))
         else:
-            write(self.style.SUCCESS("  Neither exists: the order and its message were "
-                                     "rolled back together."))
+            write(self.style.SUCCESS("  None exists: the order, its message and its task "
+                                     "were rolled back together."))
 
         messages = demo.recent_messages(ORDERS_CREATED, SHOWN_MESSAGES)
         write("")
@@ -101,6 +103,11 @@ class Command(BaseCommand):
         write(f"  Orders paid:          {results.paid} of {results.orders}")
         write(f"  Confirmation e-mails: {results.emails} "
               f"({results.emails_retried} needed a second attempt)")
+        write("  tasks: ran render_receipt, a Django @task enqueued by place_order "
+              "(sqlqueue.tasks.SQLQueueBackend).")
+        write(f"  Receipts rendered:    {results.receipts}")
+        if results.latest_receipt:
+            write(f"    newest result: {results.latest_receipt}")
         dead_letters = (f"  Dead letters:         {results.dead_letters} on "
                         f"'{results.dead_letter_topic}'")
         if results.dead_letters:

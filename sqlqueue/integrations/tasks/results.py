@@ -1,0 +1,104 @@
+"""Turning a ``queue_task_results`` row into Django's ``TaskResult``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from sqlqueue.conf import get_settings
+from sqlqueue.consuming.subscriber import dead_letter_id
+from sqlqueue.exceptions import SqlqueueError
+from sqlqueue.integrations.tasks.compat import (
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+)
+from sqlqueue.integrations.tasks.models import TaskRecord
+from sqlqueue.models import QueueMessage
+
+
+class TaskAbandoned(SqlqueueError):
+    """The error of a task whose last attempt never reported back: its worker was killed,
+    or the attempt outlived its visibility timeout. Its message was dead-lettered."""
+
+
+class TaskNotFound(SqlqueueError, LookupError):
+    """A task path that does not name a ``@task`` (renamed, removed, or not a Task)."""
+
+
+def load_task(task_path: str) -> Task[Any, Any]:
+    try:
+        found = import_string(task_path)
+    except ImportError as exc:
+        raise TaskNotFound(f"{task_path!r} cannot be imported: {exc}") from exc
+    if not isinstance(found, Task):
+        raise TaskNotFound(f"{task_path!r} is not a task (decorate it with @task).")
+    return found
+
+
+def task_of(record: TaskRecord) -> Task[Any, Any]:
+    """The task as it was enqueued: its queue, priority, schedule and backend."""
+    return load_task(record.task_path).using(
+        queue_name=record.queue_name, priority=record.priority, run_after=record.run_after,
+        backend=record.backend,
+    )
+
+
+def to_task_result(record: TaskRecord, task: Task[Any, Any] | None = None,
+                   status: str | None = None, extra_errors: tuple[TaskError, ...] = ()
+                   ) -> TaskResult[Any, Any]:
+    result: TaskResult[Any, Any] = TaskResult(
+        task=task or task_of(record),
+        id=record.id,
+        status=TaskResultStatus(status or record.status),
+        enqueued_at=record.enqueued_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        last_attempted_at=record.last_attempted_at,
+        args=record.args,
+        kwargs=record.kwargs,
+        backend=record.backend,
+        errors=[TaskError(**error) for error in record.errors] + list(extra_errors),
+        worker_ids=list(record.worker_ids),
+    )
+    # Django keeps the return value out of __init__; its own backends set it like this.
+    object.__setattr__(result, "_return_value", record.return_value)
+    return result
+
+
+def read_result(backend_alias: str, group: str, result_id: str) -> TaskResult[Any, Any]:
+    """``get_result()``: one primary-key read, plus one unique-key read for a task that
+    has not finished (was it dead-lettered without its worker reporting back?)."""
+    alias = get_settings().DATABASE
+    record = TaskRecord.objects.using(alias).of_backend(backend_alias).filter(
+        pk=result_id).first() if isinstance(result_id, str) else None
+    if record is None:
+        raise TaskResultDoesNotExist(result_id)
+    try:
+        task = task_of(record)
+    except TaskNotFound as exc:
+        raise TaskResultDoesNotExist(f"{result_id}: {exc}") from exc
+    if record.is_finished:
+        return to_task_result(record, task)
+    dead_letter = _dead_letter_error(record, group, alias)
+    if dead_letter is None:
+        return to_task_result(record, task)
+    abandoned = TaskError(exception_class_path=_path(TaskAbandoned), traceback=dead_letter)
+    return to_task_result(record, task, status=TaskResultStatus.FAILED,
+                          extra_errors=(abandoned,))
+
+
+def _dead_letter_error(record: TaskRecord, group: str, alias: str) -> str | None:
+    """The last error of the task's dead letter, if its message was dead-lettered."""
+    topic = record.topic + get_settings().DLQ_SUFFIX
+    row = QueueMessage.objects.using(alias).filter(
+        topic=topic, partition_key=record.partition_key, id=dead_letter_id(record.id, group),
+    ).values_list("last_error", flat=True).first()
+    return row
+
+
+def _path(cls: type[BaseException]) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
