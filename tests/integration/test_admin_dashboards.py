@@ -61,8 +61,9 @@ def test_overview_and_subscription_pages(admin_client: Client, register: Any) ->
     assert overview.status_code == 200
     content = overview.content.decode()
     # Nobody consumes yet: pending, no lease holder -> STOP, with a chart per subscription.
-    # Worst first; the test app's registered consumers (idle, OK) follow.
-    assert badges(content) == ["STOP", "OK", "OK"]
+    # Worst first; the other registered consumers (idle, OK) follow.
+    first, *others = badges(content)
+    assert first == "STOP" and set(others) == {"OK"}
     assert "<svg" in content and ">g</a>" in content
     assert "<script>alert(1)" not in content
 
