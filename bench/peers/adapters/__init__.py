@@ -1,0 +1,15 @@
+"""Peer registry: name -> "module:Class" (imported lazily, so one broken peer can't break others)."""
+import importlib
+
+PEERS = {
+    "tasks_db": "adapters.tasks_db:TasksDbAdapter",
+    "django_q2": "adapters.django_q2:DjangoQ2Adapter",
+    "celery": "adapters.celery_redis:CeleryAdapter",
+    "dramatiq": "adapters.dramatiq_redis:DramatiqAdapter",
+    "sqlqueue": "adapters.sqlqueue:SqlQueueAdapter",
+}
+
+
+def load(name):
+    mod, cls = PEERS[name].split(":")
+    return getattr(importlib.import_module(mod), cls)()

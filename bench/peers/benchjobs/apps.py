@@ -1,0 +1,13 @@
+import os
+
+from django.apps import AppConfig
+
+
+class BenchJobsConfig(AppConfig):
+    name = "benchjobs"
+
+    def ready(self):
+        # Only sqlqueue needs handlers registered at start-up; the other peers'
+        # environments need not have it installed.
+        if os.environ.get("BENCH_PEER") == "sqlqueue":
+            from . import sqlqueue_consumers  # noqa: F401

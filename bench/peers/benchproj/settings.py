@@ -1,0 +1,89 @@
+"""One settings module for every peer; BENCH_PEER picks the peer-specific bits.
+
+Everything machine-specific comes from environment variables with defaults
+that work on the benchmark VM (MariaDB on 127.0.0.1:3306, Redis on 6379).
+"""
+import os
+
+PEER = os.environ.get("BENCH_PEER", "none")
+
+SECRET_KEY = "bench-peers-not-secret"
+DEBUG = False  # DEBUG=True would log every query and enable db_worker autoreload
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": os.environ.get("DB_NAME", "bench_peers"),
+        "USER": os.environ.get("DB_USER", "bench"),
+        "PASSWORD": os.environ.get("DB_PASSWORD", "bench"),
+        "HOST": os.environ.get("DB_HOST", "127.0.0.1"),
+        "PORT": os.environ.get("DB_PORT", "3306"),
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {"charset": "utf8mb4"},
+    }
+}
+
+# Redis: host/port from env; each use gets its own logical DB index so the
+# benchmark never touches keys of anything else on the server.
+REDIS_HOST = os.environ.get("REDIS_HOST", "127.0.0.1")
+REDIS_PORT = int(os.environ.get("REDIS_PORT", "6379"))
+REDIS_DB_RECORDER = int(os.environ.get("REDIS_DB_RECORDER", "11"))
+REDIS_DB_CELERY = int(os.environ.get("REDIS_DB_CELERY", "12"))
+REDIS_DB_DRAMATIQ = int(os.environ.get("REDIS_DB_DRAMATIQ", "13"))
+
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "benchjobs.apps.BenchJobsConfig",
+]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}
+
+# Worker knobs passed by the driver through the environment.
+BENCH_WORKERS = int(os.environ.get("BENCH_WORKERS", "1"))
+BENCH_POLL = os.environ.get("BENCH_POLL", "")  # "" = the peer's default
+
+if PEER == "tasks_db":
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS = {
+        "default": {
+            "BACKEND": "django_tasks_db.DatabaseBackend",
+            "QUEUES": ["default"],
+        }
+    }
+
+elif PEER == "django_q2":
+    INSTALLED_APPS.append("django_q")
+    Q_CLUSTER = {
+        "name": "benchpeers",
+        "orm": "default",  # ORM broker on MariaDB
+        "workers": BENCH_WORKERS,
+        "log_level": "WARNING",
+        # timeout/retry set only to silence django-q2's misconfiguration warning
+        "timeout": 60,
+        "retry": 120,
+    }
+    if BENCH_POLL:
+        Q_CLUSTER["poll"] = float(BENCH_POLL)  # default 0.2 s
+    if os.environ.get("BENCH_Q2_RECYCLE"):  # experiment knob; default 500
+        Q_CLUSTER["recycle"] = int(os.environ["BENCH_Q2_RECYCLE"])
+
+elif PEER == "celery":
+    CELERY_BROKER_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/{REDIS_DB_CELERY}"
+    CELERY_TASK_DEFAULT_QUEUE = "benchpeers"
+    # no result backend configured (Celery's default): results are not stored
+
+elif PEER == "sqlqueue":
+    # Only this branch imports sqlqueue; benchjobs.apps imports
+    # benchjobs.sqlqueue_consumers in ready(), which registers the no-op consumer.
+    INSTALLED_APPS.append("sqlqueue")
+    SQLQUEUE = {"POLL_INTERVAL": float(BENCH_POLL)} if BENCH_POLL else {}
