@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from django.db import DatabaseError, connections, transaction
+from django.db import Error as AnyDatabaseError
+from django.db import connections, transaction
 
 from sqlqueue.consuming.message import Message, Reject, Retry
 from sqlqueue.storage.sql import dialect_for
@@ -118,7 +119,7 @@ def run(delivery: Delivery) -> Outcome:
     except Reject as reject:
         return Outcome(delivery, "reject", error=reject.reason)
     except Exception as exc:
-        if isinstance(exc, DatabaseError):
+        if isinstance(exc, AnyDatabaseError):  # InterfaceError too (a dropped connection)
             connections[delivery.alias].close()  # a fresh connection for the next handler
         logger.warning(
             "Handler %s failed on %s/%s@%s (attempt %s): %r", consumer.name, consumer.topic,

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
+from django.db import Error as AnyDatabaseError
 
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.consuming import handlers
@@ -109,7 +110,9 @@ class Runner:
                 try:
                     delay = self._cycle()
                     failures = 0
-                except DatabaseError as exc:
+                except AnyDatabaseError as exc:
+                    # Not only DatabaseError: a connection the server dropped raises
+                    # InterfaceError, which Django does not derive from it.
                     delay = RECONNECT_BACKOFF[min(failures, len(RECONNECT_BACKOFF) - 1)]
                     failures += 1
                     logger.warning("Database error in the consumer loop (%s); reconnecting "
@@ -324,7 +327,7 @@ class Runner:
                         subscriber.advance(cursor, self._horizon(cursor, self.clock.now_ms()),
                                            force=True)
                     subscriber.stop(cursor)  # hand the partitions over, deregister
-        except DatabaseError as exc:
+        except AnyDatabaseError as exc:
             logger.warning("Could not record the last outcomes (%s); those messages will be "
                            "redelivered after their visibility timeout.", exc)
         if self._in_flight > 0:
@@ -348,7 +351,7 @@ class Runner:
             return dialect_for(connection).database_now_ms(cursor)
 
     def _reset_connection(self) -> None:
-        with contextlib.suppress(DatabaseError):
+        with contextlib.suppress(AnyDatabaseError):
             connections[self.alias].close()
         self.clock.invalidate()
         for subscriber in self.subscribers:

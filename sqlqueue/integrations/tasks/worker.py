@@ -21,7 +21,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import Error as AnyDatabaseError
+from django.db import connections, transaction
 from django.utils import timezone
 
 from sqlqueue.conf import get_settings
@@ -142,7 +143,7 @@ class TaskWorker:
         database is what failed, the retry still happens and the next attempt writes."""
         try:
             change()
-        except DatabaseError as exc:
+        except AnyDatabaseError as exc:  # InterfaceError too (a dropped connection)
             logger.warning("Could not record the outcome of task %s (%s).", record.id, exc)
             connections[self.database].close()
 
