@@ -29,8 +29,13 @@ from sqlqueue.storage.sql.base import Settlement
 
 logger = logging.getLogger("sqlqueue.consumer")
 
-DISCOVERY_INTERVAL = 1.0  # seconds between partition discoveries while the log grows
-DISCOVERY_IDLE_INTERVAL = 30.0  # ... and while it does not
+# While the log grows, partitions are looked for again after MIN_DISCOVERY_INTERVAL, or
+# DISCOVERY_COST_FACTOR times what the last look took, whichever is longer: a new
+# partition's first message waits about a poll, and a topic with many partitions spends
+# at most 1/DISCOVERY_COST_FACTOR of its time looking.
+MIN_DISCOVERY_INTERVAL = 0.1
+DISCOVERY_COST_FACTOR = 20
+DISCOVERY_IDLE_INTERVAL = 30.0  # ... and while it does not grow, now and then
 SWEEP_INTERVAL = 2.0  # seconds between sweeps of a window for late-committed rows
 SWEEP_LIMIT = 5000  # offsets read per sweep
 WATERMARK_STEP = 0.5  # seconds between watermark writes of a partition, at most
@@ -92,18 +97,19 @@ class Subscriber:
         now = time.monotonic()
         if now < self._next_discovery:
             return
-        # A new head may mean a new partition: look again, at most once a second; with
-        # no new message anywhere, look only now and then.
+        # A new head may mean a new partition: look again soon (see
+        # MIN_DISCOVERY_INTERVAL); with no new message anywhere, only now and then.
         if head() == self._discovered_at_head and now < (
             self._next_discovery + DISCOVERY_IDLE_INTERVAL
         ):
             return
         self.discovered = self.dialect.discover_partitions(cursor, self.topic)
+        took = time.monotonic() - now
         held = set(self.leases.owned) | self.leases.others
         if any(key not in held for key in self.discovered):
             self.leases.hurry()
         self._discovered_at_head = head()
-        self._next_discovery = now + DISCOVERY_INTERVAL
+        self._next_discovery = now + max(MIN_DISCOVERY_INTERVAL, took * DISCOVERY_COST_FACTOR)
 
     def keep_leases(self, cursor: CursorWrapper) -> int:
         """The lease tick, when due: heartbeat, renew, rebalance; then start or stop
