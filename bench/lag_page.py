@@ -26,33 +26,10 @@ import statistics
 import time
 from typing import Any
 
-from bench.common import reset, setup
+from bench.common import bulk_load, reset, setup
 
 TOPIC = "bench.lag"
 SUBSCRIBERS = 10
-
-
-def load_messages(messages: int, partitions: int) -> None:
-    from django.db import connection
-
-    if connection.vendor == "mysql":
-        now = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000)"
-        with connection.cursor() as cursor:
-            # Creation times spread over the last hour, oldest first.
-            cursor.execute(
-                "INSERT INTO queue_messages (topic, partition_key, id, payload, created_at, "
-                "published_at, priority, deliver_after) "
-                f"SELECT %s, CONCAT('p', LPAD(seq MOD %s, 4, '0')), CONCAT('m', seq), "
-                f"'{{}}', {now} - 3600000 + seq * 3600000 DIV %s, {now}, 50, 0 "
-                f"FROM seq_1_to_{int(messages)} ORDER BY seq",
-                [TOPIC, partitions, messages],
-            )
-        return
-    from sqlqueue import OutgoingMessage, send_messages
-
-    for start in range(0, messages, 1000):
-        send_messages(TOPIC, [OutgoingMessage({}, partition_key=f"p{n % partitions:04}")
-                              for n in range(start, min(start + 1000, messages))])
 
 
 def shape_groups(partitions: int) -> None:
@@ -158,7 +135,7 @@ def main() -> None:
 
     reset()
     started = time.perf_counter()
-    load_messages(args.messages, args.partitions)
+    bulk_load(TOPIC, args.messages, args.partitions)
     shape_groups(args.partitions)
     loaded = time.perf_counter() - started
     print(json.dumps({
