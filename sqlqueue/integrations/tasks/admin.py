@@ -10,10 +10,10 @@ import json
 from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from sqlqueue.admin.messages import ReadOnlyAdmin
 from sqlqueue.integrations.tasks.models import TaskRecord
 
 MAX_SHOWN_CHARS = 20_000
@@ -30,7 +30,7 @@ def _json(value: Any) -> SafeString:
     return _pre(json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True))
 
 
-class TaskRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class TaskRecordAdmin(ReadOnlyAdmin):
     list_display = ("task_path", "status", "attempts", "queue_name", "enqueued_at",
                     "finished_at", "id")
     list_filter = ("status", "backend", "queue_name")
@@ -64,15 +64,6 @@ class TaskRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             ((e.get("exception_class_path", "?"), _pre(str(e.get("traceback", ""))))
              for e in obj.errors),
         )
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 admin.site.register(TaskRecord, TaskRecordAdmin)
