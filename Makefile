@@ -6,7 +6,7 @@ PY := .venv/bin/python
 MYSQL_TEST_URL ?= mysql://root@127.0.0.1:3306/test
 DEMO_DB ?= sqlite:///$(CURDIR)/example_project/db.sqlite3
 
-.PHONY: demo test bootstrap lint test-sqlite test-mysql soak
+.PHONY: demo test bootstrap lint test-sqlite test-mysql soak bench bench-quick
 
 bootstrap:
 	@./.ci/bootstrap
@@ -30,3 +30,13 @@ test: lint test-sqlite test-mysql
 # Long fault run, not part of `make test` (docs/guides/operations.md); needs MariaDB.
 soak: bootstrap
 	$(PY) -m bench.soak --minutes $(or $(SOAK_MINUTES),2) --messages $(or $(SOAK_MESSAGES),20000) --kills $(or $(SOAK_KILLS),5)
+
+# The benchmark suite with the peers side by side (bench/README.md); needs MariaDB and
+# Redis. Results in bench/results/ (results.md, results.json, plots).
+bench: bootstrap
+	$(PY) -m pip install -q -e ".[mysql,bench]"
+	$(PY) -m bench.suite $(BENCH_ARGS)
+
+bench-quick: bootstrap
+	$(PY) -m pip install -q -e ".[mysql,bench]"
+	$(PY) -m bench.suite --quick $(BENCH_ARGS)

@@ -1,0 +1,302 @@
+"""The benchmark suite: every scenario in one command, side by side with the peers, written
+as a results table (Markdown and JSON) and plots (PNG).
+
+    python -m bench.suite                  # about 12 minutes on 2 cores
+    python -m bench.suite --quick          # small sizes, sqlqueue and django-tasks-db only
+    python -m bench.suite --no-peers       # sqlqueue's own scenarios only
+
+Results go to ``bench/results/`` (``--out``): ``results.json``, ``results.md`` and
+``*.png``, with the machine, versions and database settings. The peers (django-tasks-db,
+django-q2, Celery + Redis, Dramatiq + Redis) run through the harness in ``bench/peers``,
+in their own virtualenv ``.venv-peers`` (created on first use), on the same MariaDB and
+Redis; sqlqueue runs there too through its adapter, so the peer table compares like with
+like. See bench/README.md for what each scenario measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS_DIR = ROOT / "bench" / "peers"
+PEERS_VENV = ROOT / ".venv-peers"
+ALL_PEERS = ("tasks_db", "django_q2", "celery", "dramatiq", "sqlqueue")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    single: int
+    bulk: int
+    drain: int
+    statements: int
+    peer_single: int
+    peer_bulk: int
+    peer_drain: int
+    peer_drain_timeout: int
+    latency_seconds: int
+
+
+FULL = Sizes(single=2000, bulk=50_000, drain=20_000, statements=2000, peer_single=2000,
+             peer_bulk=20_000, peer_drain=5000, peer_drain_timeout=60, latency_seconds=15)
+QUICK = Sizes(single=300, bulk=5000, drain=3000, statements=1000, peer_single=300,
+              peer_bulk=2000, peer_drain=1000, peer_drain_timeout=20, latency_seconds=5)
+
+
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S', time.gmtime())}] {text}", file=sys.stderr, flush=True)
+
+
+# -- sqlqueue's own scenarios (this virtualenv) -----------------------------------------------
+def run_module(module: str, *args: str) -> dict[str, Any]:
+    """``python -m bench.<module>``: each scenario in a fresh process, its JSON back."""
+    out = subprocess.run([sys.executable, "-m", f"bench.{module}", *args], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout[out.stdout.index("{"):])
+
+
+def own_scenarios(sizes: Sizes, url: str, quick: bool) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    log("publish: one per transaction, and send_messages in batches of 1,000")
+    results["publish"] = run_module("publish", "--url", url, "--single", str(sizes.single),
+                                    "--bulk", str(sizes.bulk), "--batch", "1000")
+    drains = [("bench-unordered", 1, 100), ("bench-unordered", 2, 100),
+              ("bench-unordered", 1, 10), ("bench-unordered", 2, 10),
+              ("bench-ordered", 1, 100), ("bench-ordered", 2, 100)]
+    results["drain"] = []
+    for group, processes, batch in drains[:3] if quick else drains:
+        log(f"drain: {sizes.drain} messages, {group}, {processes} process(es), batch {batch}")
+        results["drain"].append(run_module(
+            "drain", "--url", url, "--messages", str(sizes.drain), "--group", group,
+            "--processes", str(processes), "--batch", str(batch)))
+    log("statements per message (drain at batch 100) and per idle poll")
+    results["statements"] = run_module("statements", "--url", url,
+                                       "--messages", str(sizes.statements))
+    log("polling cost as the table grows; discovery cost with many partitions")
+    results["costs"] = run_module("costs", "--url", url, *(["--quick"] if quick else []))
+    return results
+
+
+# -- the peers (their own virtualenv, the harness in bench/peers) ------------------------------
+def peers_python() -> Path:
+    python = PEERS_VENV / "bin" / "python"
+    if not python.exists():
+        log(f"creating {PEERS_VENV} for the peers (once)")
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-r",
+                        str(PEERS_DIR / "requirements.txt"), "-e", f"{ROOT}[mysql]"],
+                       check=True)
+    return python
+
+
+def peer_environment(url: str) -> dict[str, str]:
+    import environ
+
+    db = environ.Env.db_url_config(url)
+    return {**os.environ, "DB_HOST": db["HOST"] or "127.0.0.1",
+            "DB_PORT": str(db["PORT"] or 3306), "DB_USER": db["USER"] or "root",
+            "DB_PASSWORD": db["PASSWORD"] or "", "DB_NAME": "bench_peers"}
+
+
+def peer_step(python: Path, env: dict[str, str], limit: int, *args: str) -> dict[str, Any]:
+    """One harness scenario (``run.py``), bounded; its JSON line, or an error record."""
+    try:
+        out = subprocess.run([str(python), "run.py", *args], cwd=PEERS_DIR, env=env,
+                             capture_output=True, text=True, timeout=limit)
+        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+        if lines:
+            return dict(json.loads(lines[-1]))
+        return {"ok": False, "error": out.stderr.strip().splitlines()[-1:] or "no output"}
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "error": f"killed after {limit}s"}
+    finally:
+        subprocess.run([str(python), "run.py", "cleanup"], cwd=PEERS_DIR, env=env,
+                       capture_output=True)
+
+
+def peer_scenarios(sizes: Sizes, url: str, peers: list[str]) -> dict[str, Any]:
+    python = peers_python()
+    env = peer_environment(url)
+    subprocess.run(["mysql", "-h", env["DB_HOST"], "-P", env["DB_PORT"], "-u", env["DB_USER"],
+                    *([f"-p{env['DB_PASSWORD']}"] if env["DB_PASSWORD"] else []), "-e",
+                    "CREATE DATABASE IF NOT EXISTS bench_peers CHARACTER SET utf8mb4"],
+                   check=True)
+    results: dict[str, Any] = {}
+    for peer in peers:
+        log(f"peer {peer}: setup")
+        peer_step(python, env, 300, "setup", "--peer", peer)
+        row: dict[str, Any] = {"info": peer_step(python, env, 120, "info", "--peer", peer)}
+        log(f"peer {peer}: enqueue one per transaction, in bulk")
+        row["enqueue_single"] = peer_step(python, env, 300, "enqueue_single", "--peer", peer,
+                                          "--n", str(sizes.peer_single))
+        row["enqueue_bulk"] = peer_step(python, env, 300, "enqueue_bulk", "--peer", peer,
+                                        "--n", str(sizes.peer_bulk), "--batch", "1000")
+        for workers in (1, 2):
+            log(f"peer {peer}: drain with {workers} process(es)")
+            row[f"drain_{workers}"] = peer_step(
+                python, env, sizes.peer_drain_timeout + 120, "drain", "--peer", peer,
+                "--n", str(sizes.peer_drain), "--workers", str(workers), "--poll", "default",
+                "--timeout", str(sizes.peer_drain_timeout))
+        log(f"peer {peer}: latency at 100/s")
+        row["latency"] = peer_step(python, env, sizes.latency_seconds + 120, "latency",
+                                   "--peer", peer, "--workers", "1", "--poll", "default",
+                                   "--rate", "100", "--duration", str(sizes.latency_seconds))
+        results[peer] = row
+    return results
+
+
+# -- the report ------------------------------------------------------------------------------
+def machine(url: str) -> dict[str, Any]:
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    os.environ["BENCH_DATABASE_URL"] = url
+    django.setup()
+    from django.db import connection
+
+    variables: dict[str, Any] = {}
+    if connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW VARIABLES WHERE Variable_name IN ('version', "
+                           "'innodb_flush_log_at_trx_commit', 'innodb_buffer_pool_size', "
+                           "'sync_binlog', 'transaction_isolation', 'tx_isolation')")
+            variables = dict(cursor.fetchall())
+    return {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "django": django.get_version(),
+            "database": connection.vendor, "database_settings": variables}
+
+
+def rate(record: dict[str, Any], key: str) -> str:
+    value = record.get(key)
+    if record.get("na"):
+        return "n/a"
+    if value is None:
+        return "error" if record.get("error") or record.get("ok") is False else "-"
+    suffix = " (timed out)" if record.get("timed_out") else ""
+    return f"{value:,.0f}{suffix}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    own = results["sqlqueue"]
+    lines = ["# Benchmark results", "",
+             f"Run {results['started']} ({'quick' if results['quick'] else 'full'} mode), "
+             f"{results['seconds']:.0f} s. Machine: {results['machine']['cpus']} CPUs, "
+             f"{results['machine']['platform']}; Python {results['machine']['python']}, "
+             f"Django {results['machine']['django']}; "
+             f"{results['machine']['database']} {results['machine']['database_settings']}.",
+             "", "## sqlqueue", "",
+             "| scenario | result |", "|---|---:|",
+             f"| publish, one message per transaction | "
+             f"{own['publish']['single_per_s']:,} msg/s |",
+             f"| publish in bulk (`send_messages`, batches of 1,000) | "
+             f"{own['publish']['bulk_per_s']:,} msg/s |"]
+    for d in own["drain"]:
+        lines.append(f"| drain {d['messages']:,}, {d['group']}, {d['processes']} process(es), "
+                     f"batch {d['batch']} (start-up included) | {d['messages_per_s']:,} msg/s |")
+    st = own["statements"]
+    lines += [f"| SQL statements per message, steady drain at batch 100 | "
+              f"{st['per_message']:.3f} |",
+              f"| SQL statements per idle poll | {st['per_idle_poll']:.2f} |"]
+    costs = own["costs"]
+    for key, ratio in costs["poll_ratio"].items():
+        lines.append(f"| {key} ratio, {' vs '.join(costs['poll'])} | {ratio} |")
+    for label, ms in costs["discovery_ms"].items():
+        lines.append(f"| partition discovery, {label} | {ms} ms |")
+    if results.get("peers"):
+        lines += ["", "## Side by side (the peer harness, same run, same MariaDB and Redis)", "",
+                  "| peer | enqueue 1/txn msg/s | bulk msg/s | drain 1 proc jobs/s | "
+                  "drain 2 procs jobs/s | latency p50 / p95 / p99 ms |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for peer, row in results["peers"].items():
+            latency = row["latency"]
+            lat = ("error" if latency.get("lat_ms_p50") is None else
+                   f"{latency['lat_ms_p50']:.0f} / {latency['lat_ms_p95']:.0f} / "
+                   f"{latency['lat_ms_p99']:.0f}")
+            lines.append(f"| {peer} | {rate(row['enqueue_single'], 'msgs_per_s')} | "
+                         f"{rate(row['enqueue_bulk'], 'msgs_per_s')} | "
+                         f"{rate(row['drain_1'], 'jobs_per_s')} | "
+                         f"{rate(row['drain_2'], 'jobs_per_s')} | {lat} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict[str, Any], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    peers = results.get("peers") or {}
+    if peers:
+        for key, field, title, name in (
+            ("enqueue_single", "msgs_per_s", "Publish, one message per transaction (msg/s)",
+             "publish.png"),
+            ("drain_2", "jobs_per_s", "Drain with 2 worker processes (jobs/s)", "drain.png"),
+        ):
+            names = list(peers)
+            values = [peers[p][key].get(field) or 0 for p in names]
+            figure, axes = plt.subplots(figsize=(7, 3.5))
+            axes.bar(names, values, color=["#417690" if p == "sqlqueue" else "#999"
+                                           for p in names])
+            axes.set_title(title)
+            axes.set_yscale("log" if max(values, default=1) > 20 * max(min(values), 1)
+                            else "linear")
+            figure.tight_layout()
+            figure.savefig(out / name, dpi=100)
+            plt.close(figure)
+            written.append(name)
+        figure, axes = plt.subplots(figsize=(7, 3.5))
+        for offset, q in enumerate(("p50", "p95", "p99")):
+            values = [peers[p]["latency"].get(f"lat_ms_{q}") or 0 for p in peers]
+            axes.bar([i + offset * 0.27 for i in range(len(peers))], values, width=0.27,
+                     label=q)
+        axes.set_xticks([i + 0.27 for i in range(len(peers))], list(peers))
+        axes.set_title("Latency at 100 msg/s, default settings (ms)")
+        axes.set_yscale("log")
+        axes.legend()
+        figure.tight_layout()
+        figure.savefig(out / "latency.png", dpi=100)
+        plt.close(figure)
+        written.append("latency.png")
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", default="mysql://root@127.0.0.1:3306/sqlqueue_bench")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--peers", default=None,
+                        help=f"comma-separated, from {', '.join(ALL_PEERS)}")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               "quick": args.quick, "sizes": sizes.__dict__}
+    results["sqlqueue"] = own_scenarios(sizes, args.url, args.quick)
+    if not args.no_peers:
+        chosen = (args.peers.split(",") if args.peers
+                  else ["tasks_db", "sqlqueue"] if args.quick else list(ALL_PEERS))
+        results["peers"] = peer_scenarios(sizes, args.url, chosen)
+    results["machine"] = machine(args.url)
+    results["seconds"] = time.monotonic() - started
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    (out / "results.md").write_text(markdown(results))
+    written = plots(results, out)
+    log(f"wrote {out / 'results.md'}, results.json and {', '.join(written) or 'no plots'} "
+        f"in {results['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
