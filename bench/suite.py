@@ -228,13 +228,16 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def plots(results: dict[str, Any], out: Path) -> list[str]:
+    """Bar charts of the peer table (matplotlib: the ``bench`` extra)."""
+    peers = results.get("peers") or {}
+    if not peers:
+        return []
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    peers = results.get("peers") or {}
     if peers:
         for key, field, title, name in (
             ("enqueue_single", "msgs_per_s", "Publish, one message per transaction (msg/s)",
