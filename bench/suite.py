@@ -238,37 +238,36 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     written = []
-    if peers:
-        for key, field, title, name in (
-            ("enqueue_single", "msgs_per_s", "Publish, one message per transaction (msg/s)",
-             "publish.png"),
-            ("drain_2", "jobs_per_s", "Drain with 2 worker processes (jobs/s)", "drain.png"),
-        ):
-            names = list(peers)
-            values = [peers[p][key].get(field) or 0 for p in names]
-            figure, axes = plt.subplots(figsize=(7, 3.5))
-            axes.bar(names, values, color=["#417690" if p == "sqlqueue" else "#999"
-                                           for p in names])
-            axes.set_title(title)
-            axes.set_yscale("log" if max(values, default=1) > 20 * max(min(values), 1)
-                            else "linear")
-            figure.tight_layout()
-            figure.savefig(out / name, dpi=100)
-            plt.close(figure)
-            written.append(name)
+    for key, field, title, name in (
+        ("enqueue_single", "msgs_per_s", "Publish, one message per transaction (msg/s)",
+         "publish.png"),
+        ("drain_2", "jobs_per_s", "Drain with 2 worker processes (jobs/s)", "drain.png"),
+    ):
+        names = list(peers)
+        values = [peers[p][key].get(field) or 0 for p in names]
         figure, axes = plt.subplots(figsize=(7, 3.5))
-        for offset, q in enumerate(("p50", "p95", "p99")):
-            values = [peers[p]["latency"].get(f"lat_ms_{q}") or 0 for p in peers]
-            axes.bar([i + offset * 0.27 for i in range(len(peers))], values, width=0.27,
-                     label=q)
-        axes.set_xticks([i + 0.27 for i in range(len(peers))], list(peers))
-        axes.set_title("Latency at 100 msg/s, default settings (ms)")
-        axes.set_yscale("log")
-        axes.legend()
+        axes.bar(names, values, color=["#417690" if p == "sqlqueue" else "#999"
+                                       for p in names])
+        axes.set_title(title)
+        axes.set_yscale("log" if max(values, default=1) > 20 * max(min(values), 1)
+                        else "linear")
         figure.tight_layout()
-        figure.savefig(out / "latency.png", dpi=100)
+        figure.savefig(out / name, dpi=100)
         plt.close(figure)
-        written.append("latency.png")
+        written.append(name)
+    figure, axes = plt.subplots(figsize=(7, 3.5))
+    for offset, q in enumerate(("p50", "p95", "p99")):
+        values = [peers[p]["latency"].get(f"lat_ms_{q}") or 0 for p in peers]
+        axes.bar([i + offset * 0.27 for i in range(len(peers))], values, width=0.27,
+                 label=q)
+    axes.set_xticks([i + 0.27 for i in range(len(peers))], list(peers))
+    axes.set_title("Latency at 100 msg/s, default settings (ms)")
+    axes.set_yscale("log")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(out / "latency.png", dpi=100)
+    plt.close(figure)
+    written.append("latency.png")
     return written
 
 
