@@ -131,7 +131,8 @@ def test_rows_without_an_id_get_one_from_their_content() -> None:
 
 def test_rows_of_every_column_kind() -> None:
     schema = pa.schema([
-        ("payload", pa.struct([("amount", pa.decimal128(5, 2)), ("at", pa.timestamp("us", "UTC"))])),
+        ("payload", pa.struct([("amount", pa.decimal128(5, 2)),
+                               ("at", pa.timestamp("us", "UTC"))])),
         ("metadata", pa.map_(pa.string(), pa.string())), ("priority", pa.int64()),
         ("deliver_at", pa.timestamp("us", "America/New_York")),
         ("published_at", pa.timestamp("us", "UTC")), ("partition_key", pa.string()),

@@ -145,12 +145,13 @@ class Statements:
     def insert_messages(self, topic: str, rows: Sequence[Sequence[Any]]) -> Statement:
         """``insert_messages``: a multi-row INSERT that skips rows whose (topic,
         partition_key, id) is stored (idempotent publish: a retried Spark task inserts
-        nothing twice). ``rows``: (partition_key, id, payload, metadata, published_at,
-        priority, deliver_after)."""
+        nothing twice). ``rows``: (partition_key, id, payload (str), metadata,
+        published_at, priority, deliver_after)."""
         one = f"(%s, %s, %s, %s, %s, %s, %s, %s, {self.now_ms_sql})"
         params: list[Any] = []
-        for row in rows:
-            params += [topic, *row]
+        for partition_key, message_id, payload, *rest in rows:
+            # Bytes: SQLite would store a str in the BLOB column as TEXT.
+            params += [topic, partition_key, message_id, payload.encode("utf-8"), *rest]
         return (
             f"INSERT INTO {self.quote(MESSAGES)} ({self._names(INSERT_COLUMNS)}, "
             f"{self.quote('created_at')}) VALUES {', '.join([one] * len(rows))} "
