@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -57,6 +58,8 @@ def spark() -> Iterator[Any]:
             "spark.sql.session.timeZone": SPARK_TIME_ZONE,
             "spark.ui.showConsoleProgress": "false",
             "spark.driver.extraJavaOptions": f"-Duser.timezone={SPARK_TIME_ZONE}",
+            # Progress events of idle triggers, which the stream tests wait on.
+            "spark.sql.streaming.noDataProgressEventInterval": "100ms",
         })
     finally:
         if previous is None:
@@ -112,3 +115,19 @@ class Collector:
 
     def ids(self) -> list[str]:
         return [row["id"] for row in self.rows]
+
+
+def wait_until(condition: Callable[[], Any], what: str, query: Any = None,
+               timeout: float = WAIT) -> Any:
+    """Poll ``condition`` until it is truthy; fail naming ``what`` (and the query's
+    error, if the query died) when it does not come true in time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if query is not None and query.exception() is not None:
+            pytest.fail(f"the stream failed while waiting for {what}: {query.exception()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
