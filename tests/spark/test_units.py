@@ -161,3 +161,31 @@ def test_rows_of_every_column_kind() -> None:
 def test_bad_rows_are_named(row: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidRow, match=message):
         prepare([row], maxPayloadBytes="1000")
+
+
+class CountingDatabase:
+    """Just enough of a Connection for Horizon: a MySQL-like clock and INNODB_TRX."""
+
+    def __init__(self) -> None:
+        from sqlqueue.integrations.spark.sql import statements_for
+
+        self.sql = statements_for("mysql")
+        self.horizon_reads = 0
+
+    def one(self, statement: tuple[str, list[Any]]) -> tuple[Any, ...]:
+        if "INNODB_TRX" in statement[0]:
+            self.horizon_reads += 1
+            return (None,)
+        return (1_000_000,)
+
+
+def test_the_horizon_reads_innodb_trx_at_most_twice_a_second() -> None:
+    """Reading INNODB_TRX more often than every 0.1 s keeps InnoDB's snapshot of it
+    stale for every reader on the server."""
+    from sqlqueue.integrations.spark.horizon import MARGIN_MS, Horizon
+
+    db = CountingDatabase()
+    horizon = Horizon(300_000)
+    values = {horizon(db) for _ in range(50)}  # type: ignore[arg-type]
+    assert db.horizon_reads == 1
+    assert values == {1_000_000 - MARGIN_MS}

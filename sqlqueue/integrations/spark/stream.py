@@ -31,7 +31,7 @@ from pyspark.sql.streaming.datasource import (
 
 from sqlqueue.integrations.spark.connect import Connection
 from sqlqueue.integrations.spark.group import ConsumerGroup
-from sqlqueue.integrations.spark.horizon import settled_end
+from sqlqueue.integrations.spark.horizon import Horizon, settled_end
 from sqlqueue.integrations.spark.options import SourceOptions
 from sqlqueue.integrations.spark.reader import range_partitions, read_batches
 from sqlqueue.integrations.spark.tables import Column
@@ -46,6 +46,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.columns = tuple(columns)
         self.group = ConsumerGroup(options) if options.consumer_group else None
+        self.horizon = Horizon(options.max_transaction_age_ms)
         self._db: Connection | None = None
         self._registered = False
         self._available_now_end: int | None = None
@@ -100,7 +101,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if not isinstance(limit, ReadMaxRows | ReadAllAvailable):
             max_rows = self.options.max_rows_per_trigger
-        end = settled_end(db, first, max_rows, self.options.max_transaction_age_ms, SCAN_LIMIT)
+        end = settled_end(db, first, max_rows, self.horizon, SCAN_LIMIT)
         if self._available_now_end is not None:
             end = min(end, max(first, self._available_now_end))
         return {"offset": max(first, end)}
@@ -123,8 +124,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         db = self._reconnecting()
         bounds = db.one(db.sql.log_bounds(self.options.table, None))
         first = int(bounds[0]) if bounds and bounds[0] is not None else 0
-        self._available_now_end = settled_end(db, first, None,
-                                              self.options.max_transaction_age_ms, SCAN_LIMIT)
+        self._available_now_end = settled_end(db, first, None, self.horizon, SCAN_LIMIT)
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         db = self._reconnecting()
