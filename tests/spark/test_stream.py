@@ -24,7 +24,10 @@ TRIGGER = "200 milliseconds"
 
 def start(streams: Callable[..., Any], spark: Any, db_url: str, sink: Collector,
           checkpoint: Path, **options: str) -> Any:
-    reader = spark.readStream.format("sqlqueue").option("url", db_url)
+    # The MariaDB of a shared machine may have other long transactions open: do not wait
+    # on them for the default five minutes.
+    reader = (spark.readStream.format("sqlqueue").option("url", db_url)
+              .option("maxTransactionAge", "20"))
     for key, value in options.items():
         reader = reader.option(key, value)
     return streams(reader.load().writeStream.foreachBatch(sink)

@@ -123,6 +123,31 @@ class Statements:
             params,
         )
 
+    def partition_rows(self, columns: Sequence[Column], topic: str, partition: str,
+                       after: int, upto: int, limit: int) -> Statement:
+        """``partition_rows``: rows of one partition with after < offset <= upto, in
+        offset order, at most ``limit`` (a range of ``idx_topic_partition_offset``)."""
+        q = self.quote
+        return (
+            f"SELECT {self._names([c.name for c in columns])} FROM {q(MESSAGES)} "
+            f"WHERE {q('topic')} = %s AND {q('partition_key')} = %s AND {q('offset')} > %s "
+            f"AND {q('offset')} <= %s ORDER BY {q('offset')} LIMIT %s",
+            [topic, partition, after, upto, limit],
+        )
+
+    def partition_states(self, columns: Sequence[Column], group: str, topic: str,
+                         partition: str, after: int, upto: int) -> Statement:
+        """``partition_states``: a group's delivery state of one partition's offsets in
+        (after, upto] (a primary-key range)."""
+        q = self.quote
+        return (
+            f"SELECT {self._names([c.name for c in columns])} FROM {q(STATES)} "
+            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s AND "
+            f"{q('partition_key')} = %s AND {q('message_offset')} > %s AND "
+            f"{q('message_offset')} <= %s ORDER BY {q('message_offset')}",
+            [group, topic, partition, after, upto],
+        )
+
     # -- the stream's planning -------------------------------------------------------------
     def head_offset(self) -> Statement:
         """``head_offset``: the newest offset of the whole log (primary key)."""
