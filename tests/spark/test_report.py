@@ -151,6 +151,10 @@ def test_a_window_and_a_topic(spark: Any, db_url: str, tmp_path: Path) -> None:
     per_hour = report.frames["messages_per_hour"]
     assert set(per_hour["hour"]) == {hour(11)} and set(per_hour["topic"]) == {"orders"}
     assert int(per_hour["messages"].sum()) == 4
+    by_minute = run(spark, tmp_path, url=db_url, bucket="minute").frames
+    assert len(by_minute["messages_per_minute"]) == 12  # ten minutes apart: one each
+    assert (tmp_path / "aggregates" / "messages_per_minute.csv").exists()
+    assert list(by_minute["lag"].columns[:3]) == ["consumer_group", "topic", "minute"]
 
 
 def test_without_delivery_history_the_report_says_so(spark: Any, db_url: str,

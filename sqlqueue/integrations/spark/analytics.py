@@ -7,7 +7,8 @@ Parquet archive, as aggregates (Parquet and CSV) and an HTML report with plots.
 
 Aggregates (docs/guides/spark.md has the columns):
 
-* ``messages_per_hour``: messages stored per topic, partition and hour;
+* ``messages_per_hour``: messages stored per topic, partition and hour (``--bucket``
+  makes it ``messages_per_minute``, ``..._second`` or ``..._day``: a demo lasts a minute);
 * ``latency``: publish-to-ack latency percentiles (ms) and attempts per consumer group and
   topic. "Publish" is when the message was stored (``created_at``), "ack" when the group
   finished it (``acked_at``), both by the database clock; dead-lettered messages are left
@@ -15,7 +16,7 @@ Aggregates (docs/guides/spark.md has the columns):
 * ``attempts``: how many messages needed 1, 2, ... attempts, per group and topic;
 * ``dead_letters``: dead letters per group and topic, and their rate among the topic's
   messages; ``top_errors``: the most frequent last lines of their tracebacks;
-* ``lag``: per group and topic, at the end of every hour, how many of the window's
+* ``lag``: per group and topic, at the end of every hour (bucket), how many of the window's
   messages the group had not finished yet.
 
 Latency, attempts and lag need each group's delivery state of finished messages, which
@@ -54,7 +55,15 @@ STATE_SCHEMA = (
 TOP_ERRORS = 10
 ERROR_TEXT = 200  # characters of an error line kept
 PERCENTILE_ACCURACY = 10_000
-AGGREGATES = ("messages_per_hour", "latency", "attempts", "dead_letters", "top_errors", "lag")
+BUCKETS = {"second": "s", "minute": "min", "hour": "h", "day": "D"}  # -> pandas frequency
+
+
+def aggregate_names(bucket: str = "hour") -> tuple[str, ...]:
+    return (f"messages_per_{bucket}", "latency", "attempts", "dead_letters", "top_errors",
+            "lag")
+
+
+AGGREGATES = aggregate_names()
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,7 @@ class Report:
 
     window: Window
     source: str
+    bucket: str
     frames: dict[str, pd.DataFrame] = field(default_factory=dict)
     html: Path | None = None
     notes: list[str] = field(default_factory=list)
@@ -145,8 +155,8 @@ def _cut(messages: DataFrame, states: DataFrame, window: Window, topics: Sequenc
 
 # -- aggregates ---------------------------------------------------------------------------------
 
-def aggregate(inputs: Inputs) -> dict[str, pd.DataFrame]:
-    """Every aggregate, small enough to collect (pandas)."""
+def aggregate(inputs: Inputs, bucket: str = "hour") -> dict[str, pd.DataFrame]:
+    """Every aggregate, small enough to collect (pandas); times in ``bucket`` s."""
     from pyspark.sql import Window as SparkWindow
     from pyspark.sql import functions as F
 
@@ -154,10 +164,10 @@ def aggregate(inputs: Inputs) -> dict[str, pd.DataFrame]:
     dead_letters = inputs.dead_letters.withColumn(
         "message_offset", F.get_json_object("failure_detail", "$.offset").cast("long")).cache()
     frames: dict[str, Any] = {}
-    hour = F.date_trunc("hour", "created_at").alias("hour")
-    frames["messages_per_hour"] = (messages.groupBy("topic", "partition_key", hour)
-                                   .agg(F.count("*").alias("messages"))
-                                   .orderBy("topic", "partition_key", "hour"))
+    when = F.date_trunc(bucket, "created_at").alias(bucket)
+    frames[f"messages_per_{bucket}"] = (messages.groupBy("topic", "partition_key", when)
+                                        .agg(F.count("*").alias("messages"))
+                                        .orderBy("topic", "partition_key", bucket))
 
     # Finished messages of the window, without those that were dead-lettered.
     finished = (inputs.states.alias("s")
@@ -211,18 +221,16 @@ def aggregate(inputs: Inputs) -> dict[str, pd.DataFrame]:
                             .where(F.col("rank") <= TOP_ERRORS)
                             .orderBy("consumer_group", "topic", "rank"))
 
-    published_per_hour = messages.groupBy("topic", hour).agg(F.count("*").alias("published"))
-    acked_per_hour = (finished.unionByName(_dead_lettered_finishes(inputs, messages))
-                      .groupBy("consumer_group", "topic",
-                               F.date_trunc("hour", "acked_at").alias("hour"))
-                      .agg(F.count("*").alias("acked")))
-    frames["published_per_hour"] = published_per_hour
-    frames["acked_per_hour"] = acked_per_hour
+    frames["published"] = messages.groupBy("topic", when).agg(F.count("*").alias("published"))
+    frames["acked"] = (finished.unionByName(_dead_lettered_finishes(inputs, messages))
+                       .groupBy("consumer_group", "topic",
+                                F.date_trunc(bucket, "acked_at").alias(bucket))
+                       .agg(F.count("*").alias("acked")))
     collected = {name: _pandas(frame) for name, frame in frames.items()}
     for cached in (messages, dead_letters, finished):
         cached.unpersist()
-    collected["lag"] = lag_over_time(collected.pop("published_per_hour"),
-                                     collected.pop("acked_per_hour"))
+    collected["lag"] = lag_over_time(collected.pop("published"), collected.pop("acked"),
+                                     bucket)
     return collected
 
 
@@ -262,27 +270,28 @@ def _pandas(frame: DataFrame) -> pd.DataFrame:
     return result
 
 
-def lag_over_time(published: pd.DataFrame, acked: pd.DataFrame) -> pd.DataFrame:
-    """Per (group, topic) and hour: messages of the window published by the end of the
-    hour that the group had not finished by then."""
+def lag_over_time(published: pd.DataFrame, acked: pd.DataFrame,
+                  bucket: str = "hour") -> pd.DataFrame:
+    """Per (group, topic) and bucket: messages of the window published by the end of the
+    bucket that the group had not finished by then."""
     import pandas as pd
 
-    columns = ["consumer_group", "topic", "hour", "published", "acked", "lag"]
+    columns = ["consumer_group", "topic", bucket, "published", "acked", "lag"]
     if acked.empty or published.empty:
         return pd.DataFrame(columns=columns)
-    start = min(published["hour"].min(), acked["hour"].min())
-    end = max(published["hour"].max(), acked["hour"].max())
-    hours = pd.date_range(start, end, freq="h", tz="UTC")
+    start = min(published[bucket].min(), acked[bucket].min())
+    end = max(published[bucket].max(), acked[bucket].max())
+    moments = pd.date_range(start, end, freq=BUCKETS[bucket], tz="UTC")
     rows = []
     for (group, topic), done in acked.groupby(["consumer_group", "topic"]):
-        made = published[published["topic"] == topic].set_index("hour")["published"]
-        finished = done.set_index("hour")["acked"]
-        made_total = made.reindex(hours, fill_value=0).cumsum()
-        done_total = finished.reindex(hours, fill_value=0).cumsum()
-        for moment in hours:
+        made = published[published["topic"] == topic].set_index(bucket)["published"]
+        finished = done.set_index(bucket)["acked"]
+        made_total = made.reindex(moments, fill_value=0).cumsum()
+        done_total = finished.reindex(moments, fill_value=0).cumsum()
+        for moment in moments:
             rows.append((group, topic, moment, int(made_total[moment]), int(done_total[moment]),
                          int(made_total[moment] - done_total[moment])))
-    return pd.DataFrame(rows, columns=columns).sort_values(["consumer_group", "topic", "hour"],
+    return pd.DataFrame(rows, columns=columns).sort_values(["consumer_group", "topic", bucket],
                                                            ignore_index=True)
 
 
@@ -290,22 +299,24 @@ def lag_over_time(published: pd.DataFrame, acked: pd.DataFrame) -> pd.DataFrame:
 
 def run(spark: SparkSession, out: str | Path, *, url: str | None = None,
         archive: str | Path | None = None, window: Window | None = None,
-        topics: Sequence[str] = ()) -> Report:
+        topics: Sequence[str] = (), bucket: str = "hour") -> Report:
     """Read, aggregate, write ``out``/aggregates/*.parquet|csv, plots and report.html."""
     from sqlqueue.integrations.spark.report import write_report
 
     if (url is None) == (archive is None):
         raise ValueError("give exactly one of url (the live database) or archive (a folder)")
+    if bucket not in BUCKETS:
+        raise ValueError(f"bucket is one of {', '.join(BUCKETS)}, not {bucket!r}")
     window = window or Window()
     previous_zone = spark.conf.get("spark.sql.session.timeZone")
-    spark.conf.set("spark.sql.session.timeZone", "UTC")  # hours are UTC hours
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # buckets of UTC time
     try:
         inputs = (live_inputs(spark, url, window, topics) if url is not None
                   else archive_inputs(spark, archive or "", window, topics))
-        report = Report(window, inputs.source, aggregate(inputs))
+        report = Report(window, inputs.source, bucket, aggregate(inputs, bucket))
     finally:
         spark.conf.set("spark.sql.session.timeZone", previous_zone or "UTC")
-    if report.frames["latency"].empty and not report.frames["messages_per_hour"].empty:
+    if report.frames["latency"].empty and not report.frames[f"messages_per_{bucket}"].empty:
         report.notes.append(
             "No delivery history: latency, attempts and lag need the groups' delivery state "
             "of finished messages. Set SQLQUEUE['KEEP_DELIVERY_STATE'] = True (and archive "
@@ -318,7 +329,7 @@ def run(spark: SparkSession, out: str | Path, *, url: str | None = None,
 def write_aggregates(report: Report, out: Path) -> None:
     folder = out / "aggregates"
     folder.mkdir(parents=True, exist_ok=True)
-    for name in AGGREGATES:
+    for name in aggregate_names(report.bucket):
         frame = report.frames[name]
         frame.to_parquet(folder / f"{name}.parquet", index=False)
         frame.to_csv(folder / f"{name}.csv", index=False)
@@ -358,6 +369,8 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--since", type=moment, help="window start: a date, a time, or 7d")
     parser.add_argument("--until", type=moment, help="window end (exclusive)")
     parser.add_argument("--topic", action="append", default=[], help="only this topic")
+    parser.add_argument("--bucket", choices=list(BUCKETS), default="hour",
+                        help="time resolution of messages_per_* and lag (default hour)")
     parser.add_argument("--master", help="Spark master when not run by spark-submit "
                                          "(default local[*])")
     arguments = parser.parse_args(argv)
@@ -388,8 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parse_arguments(argv)
     spark = session(arguments.master)
     report = run(spark, arguments.out, url=arguments.url, archive=arguments.archive,
-                 window=Window(arguments.since, arguments.until), topics=arguments.topic)
-    summary = report.frames["messages_per_hour"]["messages"].sum()
+                 window=Window(arguments.since, arguments.until), topics=arguments.topic,
+                 bucket=arguments.bucket)
+    summary = report.frames[f"messages_per_{report.bucket}"]["messages"].sum()
     print(f"Report on {int(summary)} message(s) from {report.source}, "
           f"{report.window.describe()}:")
     print(f"  {report.html}")

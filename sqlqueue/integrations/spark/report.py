@@ -20,18 +20,24 @@ if TYPE_CHECKING:
 COLORS = ["#2b6cb0", "#dd6b20", "#38a169", "#c53030", "#805ad5", "#d69e2e", "#319795",
           "#b83280"]
 MAX_SERIES = 8  # lines or bars per plot; the rest are summed into "other"
-TABLE_ROWS = 50
+TABLE_ROWS = 15  # rows of each aggregate shown; the files have them all
+
+
+MAX_BARS = 60  # time buckets drawn as bars; more are drawn as an area
+LABELS = {"second": "%H:%M:%S", "minute": "%H:%M", "hour": "%m-%d %H:00", "day": "%Y-%m-%d"}
 
 
 def write_report(report: Report, out: Path) -> Path:
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
+    bucket = report.bucket
+    per_bucket = f"messages_per_{bucket}"
     figures = {
-        "messages_per_hour": _messages_plot(report.frames["messages_per_hour"]),
+        per_bucket: _messages_plot(report.frames[per_bucket], bucket),
         "latency": _latency_plot(report.frames["latency"]),
         "attempts": _attempts_plot(report.frames["attempts"]),
         "dead_letters": _dead_letter_plot(report.frames["dead_letters"]),
-        "lag": _lag_plot(report.frames["lag"]),
+        "lag": _lag_plot(report.frames["lag"], bucket),
     }
     images = {}
     for name, figure in figures.items():
@@ -73,31 +79,42 @@ def _top(frame: pd.DataFrame, key: str, value: str) -> list[str]:
     return [str(name) for name in totals.index[:MAX_SERIES]]
 
 
-def _hour_axis(axes: Any) -> None:
-    import matplotlib.dates as mdates
+def _time_axis(axes: Any, moments: list[Any], bucket: str) -> None:
+    """Label at most a dozen of the buckets (categorical positions 0..n-1)."""
+    step = max(1, -(-len(moments) // 12))
+    positions = list(range(0, len(moments), step))
+    axes.set_xticks(positions, [moments[p].strftime(LABELS[bucket]) for p in positions],
+                    fontsize=8, rotation=30 if bucket != "second" else 0)
+    axes.set_xlabel(f"{bucket} (UTC)", fontsize=8)
 
-    locator = mdates.AutoDateLocator(tz=UTC)  # type: ignore[no-untyped-call]
-    axes.xaxis.set_major_locator(locator)
-    axes.xaxis.set_major_formatter(
-        mdates.ConciseDateFormatter(locator, tz=UTC))  # type: ignore[no-untyped-call]
 
-
-def _messages_plot(frame: pd.DataFrame) -> Any:
+def _messages_plot(frame: pd.DataFrame, bucket: str) -> Any:
     if frame.empty:
         return None
-    per_topic = frame.groupby(["topic", "hour"], as_index=False)["messages"].sum()
-    figure, axes = _figure("Messages per hour, by topic (UTC)")
-    hours = sorted(per_topic["hour"].unique())
-    bottom = [0] * len(hours)
-    width = 0.8 / 24 if len(hours) > 1 else 0.02  # days: one hour wide
-    for n, topic in enumerate(_top(per_topic, "topic", "messages")):
-        series = per_topic[per_topic["topic"] == topic].set_index("hour")["messages"]
-        values = [int(series.get(h, 0)) for h in hours]
-        axes.bar(hours, values, width=width, bottom=bottom, label=topic,
-                 color=COLORS[n % len(COLORS)], align="edge")
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    import pandas as pd
+
+    from sqlqueue.integrations.spark.analytics import BUCKETS
+
+    table = frame.pivot_table(index=bucket, columns="topic", values="messages",
+                              aggfunc="sum", fill_value=0).sort_index()
+    moments = list(pd.date_range(table.index.min(), table.index.max(), freq=BUCKETS[bucket]))
+    table = table.reindex(moments, fill_value=0)
+    figure, axes = _figure(f"Messages per {bucket}, by topic")
+    topics = [str(t) for t in table.sum().sort_values(ascending=False).index]
+    positions = list(range(len(moments)))
+    bottom = [0] * len(moments)
+    for n, topic in enumerate(topics[:MAX_SERIES]):
+        values = [int(v) for v in table[topic]]
+        if len(moments) <= MAX_BARS:
+            axes.bar(positions, values, bottom=bottom, label=topic, width=0.8,
+                     color=COLORS[n % len(COLORS)])
+        else:
+            axes.fill_between(positions, bottom, [a + b for a, b in zip(bottom, values,
+                                                                         strict=True)],
+                              label=topic, color=COLORS[n % len(COLORS)], step="mid")
+        bottom = [a + b for a, b in zip(bottom, values, strict=True)]
     axes.set_ylabel("messages")
-    _hour_axis(axes)
+    _time_axis(axes, moments, bucket)
     axes.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1, 1))
     return figure
 
@@ -110,7 +127,9 @@ def _latency_plot(frame: pd.DataFrame) -> Any:
     if frame.empty:
         return None
     shown = frame.head(MAX_SERIES * 2)
-    figure, axes = _figure("Publish-to-ack latency by group and topic (ms, log scale)",
+    spread = shown["p99_ms"].max() / max(1, shown["p50_ms"].clip(lower=1).min())
+    scale = " (log scale)" if spread > 100 else ""
+    figure, axes = _figure(f"Publish-to-ack latency by group and topic, ms{scale}",
                            height=1.2 + 0.45 * len(shown))
     positions = range(len(shown))
     for n, column in enumerate(("p50_ms", "p90_ms", "p99_ms")):
@@ -118,7 +137,8 @@ def _latency_plot(frame: pd.DataFrame) -> Any:
                   height=0.25, label=column.replace("_ms", ""), color=COLORS[n])
     axes.set_yticks(list(positions), _labels(shown), fontsize=8)
     axes.invert_yaxis()
-    axes.set_xscale("log")
+    if scale:
+        axes.set_xscale("log")
     axes.grid(axis="x", alpha=0.3)
     axes.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1, 1))
     return figure
@@ -161,18 +181,21 @@ def _dead_letter_plot(frame: pd.DataFrame) -> Any:
     return figure
 
 
-def _lag_plot(frame: pd.DataFrame) -> Any:
+def _lag_plot(frame: pd.DataFrame, bucket: str) -> Any:
     if frame.empty:
         return None
-    figure, axes = _figure("Lag at the end of each hour: messages not yet finished (UTC)")
+    figure, axes = _figure(f"Lag at the end of each {bucket}: messages not yet finished")
     keyed = frame.assign(series=_labels(frame))
+    moments = sorted(keyed[bucket].unique())
+    index = {moment: n for n, moment in enumerate(moments)}
     for n, series in enumerate(_top(keyed, "series", "lag")):
         points = keyed[keyed["series"] == series]
-        axes.step(points["hour"], points["lag"], where="post", label=series,
-                  color=COLORS[n % len(COLORS)])
+        axes.step([index[m] for m in points[bucket]], points["lag"], where="post",
+                  label=series, color=COLORS[n % len(COLORS)],
+                  marker="o" if len(moments) < 30 else None, markersize=3)
     axes.set_ylabel("messages")
     axes.set_ylim(bottom=0)
-    _hour_axis(axes)
+    _time_axis(axes, [m.to_pydatetime() for m in moments], bucket)
     axes.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1, 1))
     return figure
 
@@ -204,7 +227,7 @@ def _table(frame: pd.DataFrame) -> str:
         if isinstance(value, float):
             value = f"{value:,.3f}".rstrip("0").rstrip(".") if value == value else ""
         elif hasattr(value, "strftime"):
-            value = value.strftime("%Y-%m-%d %H:%M")
+            value = value.strftime("%Y-%m-%d %H:%M:%S")
         kind = "" if numeric else " class='text'"
         return f"<td{kind}>{html.escape(str(value))}</td>"
 
@@ -228,9 +251,10 @@ def _cards(report: Report) -> str:
     frames = report.frames
     dead = int(frames["dead_letters"]["dead_letters"].sum()) if not frames[
         "dead_letters"].empty else 0
+    per_bucket = frames[f"messages_per_{report.bucket}"]
     values = [
-        ("messages", int(frames["messages_per_hour"]["messages"].sum())),
-        ("topics", frames["messages_per_hour"]["topic"].nunique()),
+        ("messages", int(per_bucket["messages"].sum())),
+        ("topics", per_bucket["topic"].nunique()),
         ("groups with history", len(frames["latency"])),
         ("dead letters", dead),
     ]
@@ -243,7 +267,7 @@ def _html(report: Report, images: dict[str, Path]) -> str:
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     notes = "".join(f"<p class='note'>{html.escape(n)}</p>" for n in report.notes)
     sections = [
-        ("Messages per topic, partition and hour", "messages_per_hour"),
+        (f"Messages per topic, partition and {report.bucket}", f"messages_per_{report.bucket}"),
         ("Publish-to-ack latency and attempts per consumer group", "latency"),
         ("Attempts", "attempts"),
         ("Dead letters", "dead_letters"),
