@@ -189,3 +189,41 @@ def test_the_horizon_reads_innodb_trx_at_most_twice_a_second() -> None:
     values = {horizon(db) for _ in range(50)}  # type: ignore[arg-type]
     assert db.horizon_reads == 1
     assert values == {1_000_000 - MARGIN_MS}
+
+
+class DeadlockingDatabase:
+    """A Connection whose first INSERT the server "rolls back" for a deadlock."""
+
+    def __init__(self) -> None:
+        from sqlqueue.integrations.spark.sql import statements_for
+
+        self.sql = statements_for("sqlite")
+        self.inserts: list[list[Any]] = []
+
+    def transaction(self) -> Any:
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+    def run(self, statement: tuple[str, list[Any]]) -> int:
+        self.inserts.append(statement[1])
+        if len(self.inserts) == 1:
+            raise RuntimeError(1213, "Deadlock found when trying to get lock")
+        return len(statement[1]) // 8
+
+
+def test_a_chunk_rolled_back_by_a_deadlock_is_sent_again_in_key_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlqueue.integrations.spark import writer
+
+    monkeypatch.setattr(writer.time, "sleep", lambda seconds: None)
+    options = SourceOptions.parse({"url": "sqlite:////tmp/x", "topic": "t"})
+    db = DeadlockingDatabase()
+    publisher = writer.ChunkPublisher(options, db)  # type: ignore[arg-type]
+    rows = [("b", "2", "{}", None, 1, 50, 0), ("a", "9", "{}", None, 1, 50, 0),
+            ("b", "1", "{}", None, 1, 50, 0)]
+    publisher.publish(rows)
+    assert len(db.inserts) == 2  # the first attempt, then the retry
+    assert [(p[1], p[2]) for p in [db.inserts[1][i:i + 8] for i in range(0, 24, 8)]] == [
+        ("a", "9"), ("b", "1"), ("b", "2")]
+    assert (publisher.report.sent, publisher.report.inserted) == (3, 3)

@@ -213,7 +213,7 @@ h1 { font-size: 1.5rem; margin-bottom: .2rem; } h2 { font-size: 1.15rem; margin-
 table { border-collapse: collapse; font-size: 12.5px; margin: .5rem 0; }
 th, td { border-bottom: 1px solid #e2e8f0; padding: .25rem .6rem; text-align: right; }
 th { background: #f7fafc; } td.text, th.text { text-align: left; }
-img { max-width: 100%; }
+img { max-width: 100%; } summary { color: #4a5568; cursor: pointer; margin: .3rem 0; }
 """
 
 
@@ -237,6 +237,13 @@ def _table(frame: pd.DataFrame) -> str:
     more = (f"<p class='meta'>{len(frame) - TABLE_ROWS} more row(s) in the CSV.</p>"
             if len(frame) > TABLE_ROWS else "")
     return f"<table><tr>{head}</tr>{body}</table>{more}"
+
+
+def _details(frame: pd.DataFrame, opened: bool) -> str:
+    """The table under a plot, folded (the plot says it already); open without one."""
+    summary = f"the numbers ({len(frame)} row{'s' if len(frame) != 1 else ''})"
+    return (f"<details{' open' if opened else ''}><summary>{summary}</summary>"
+            f"{_table(frame)}</details>")
 
 
 def _image(images: dict[str, Path], name: str) -> str:
@@ -275,7 +282,8 @@ def _html(report: Report, images: dict[str, Path]) -> str:
         ("Lag over the window", "lag"),
     ]
     body = "".join(
-        f"<h2>{html.escape(title)}</h2>{_image(images, name)}{_table(report.frames[name])}"
+        f"<h2>{html.escape(title)}</h2>{_image(images, name)}"
+        + _details(report.frames[name], opened=name not in images)
         for title, name in sections)
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"

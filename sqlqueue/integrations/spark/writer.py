@@ -9,13 +9,20 @@ the rows), and idempotent publish stores each once.
 ``LOAD DATA`` drops a row that breaks a constraint with only a warning, so after each load
 the stored count is compared with the sent one; a shortfall that duplicates do not explain
 rolls the chunk back and sends it again through INSERT, which reports the real error.
+
+Tasks write at the same time, and InnoDB's duplicate-key checks lock gaps of the unique
+index, so two chunks can deadlock: rows go in key order (the same lock order everywhere),
+and a chunk whose transaction the server rolled back (deadlock, lock wait timeout) is
+sent again, a few times, after a random pause.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +43,10 @@ KEYS_PER_LOOKUP = 500
 #: server or client refuses LOAD DATA LOCAL: 1148 ER_NOT_ALLOWED_COMMAND, 2068
 #: CR_LOAD_DATA_LOCAL_INFILE_REJECTED, 3948 ER_CLIENT_LOCAL_FILES_DISABLED, 4166 (MariaDB)
 LOCAL_INFILE_REFUSED = {1148, 2068, 3948, 4166}
+#: the server rolled the transaction back for a lock conflict: 1205 lock wait timeout,
+#: 1213 deadlock; the chunk is sent again
+TRANSIENT = {1205, 1213}
+ATTEMPTS = 6
 CSV_OPTIONS = pa_csv.WriteOptions(include_header=False, quoting_style="all_valid")
 CSV_SCHEMA = pa.schema([
     ("partition_key", pa.string()), ("id", pa.string()), ("payload", pa.string()),
@@ -63,7 +74,21 @@ class ChunkPublisher:
         self.report = WriteReport()
 
     def publish(self, rows: Sequence[Prepared]) -> None:
+        """One chunk, in its own transaction; sent again after a deadlock."""
+        ordered = sorted(rows, key=lambda row: (row[0], row[1]))
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                self._publish(ordered)
+                break
+            except Exception as exc:
+                if _error_code(exc) not in TRANSIENT or attempt == ATTEMPTS:
+                    raise
+                logger.info("Chunk rolled back by the server (%s); attempt %s of %s.", exc,
+                            attempt + 1, ATTEMPTS)
+                time.sleep(random.uniform(0.05, 0.1) * 2 ** attempt)
         self.report.sent += len(rows)
+
+    def _publish(self, rows: Sequence[Prepared]) -> None:
         if self.bulk:
             try:
                 self.report.inserted += self._load(rows)
@@ -73,7 +98,7 @@ class ChunkPublisher:
                 logger.warning("%s; sending the chunk again through INSERT.", exc)
             except Exception as exc:
                 if _error_code(exc) not in LOCAL_INFILE_REFUSED:
-                    raise
+                    raise  # a deadlock too: publish() sends the chunk again
                 logger.warning("LOAD DATA LOCAL is refused (%s); publishing through INSERT.",
                                exc)
                 self.bulk = False
