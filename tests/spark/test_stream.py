@@ -176,3 +176,20 @@ def test_a_consumer_group_stream_must_be_the_only_member(spark: Any, db_url: str
         query.awaitTermination(120)
     assert sink.rows == []
     assert not PartitionOffset.objects.filter(consumer_group="billing-group").exists()
+
+
+def test_available_now_reads_what_is_settled_and_stops(spark: Any, db_url: str, streams: Any,
+                                                       tmp_path: Path) -> None:
+    publish("live", "a", "b", "c")
+    newest = QueueMessage.objects.order_by("-offset").values_list("created_at", flat=True)[0]
+    # Rows of the last second are not settled yet on MySQL/MariaDB: wait them out.
+    wait_until(lambda: _db_now() > newest + 1500, "the rows to settle")
+    sink = Collector()
+    query = streams(spark.readStream.format("sqlqueue").option("url", db_url)
+                    .option("topic", "live").option("maxRowsPerTrigger", "2").load()
+                    .writeStream.foreachBatch(sink)
+                    .option("checkpointLocation", str(tmp_path / "cp"))
+                    .trigger(availableNow=True))
+    assert query.awaitTermination(120)
+    assert sink.ids() == ["a", "b", "c"]
+    assert [len(batch) for batch in sink.batches] == [2, 1]  # maxRowsPerTrigger holds

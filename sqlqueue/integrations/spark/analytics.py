@@ -393,6 +393,7 @@ def session(master: str | None) -> SparkSession:
     if master:
         builder = builder.master(master)
     spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")  # the report's lines, not Spark's warnings
     register(spark)
     return spark
 

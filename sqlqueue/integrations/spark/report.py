@@ -175,6 +175,7 @@ def _dead_letter_plot(frame: pd.DataFrame) -> Any:
     axes.barh(_labels(shown), rates, color=COLORS[3])
     for n, (rate, count) in enumerate(zip(rates, shown["dead_letters"], strict=True)):
         axes.text(rate, n, f"  {rate:.2f}% ({count})", va="center", fontsize=8)
+    axes.set_xlim(0, max(rates) * 1.3 or 1)  # room for the labels
     axes.invert_yaxis()
     axes.tick_params(axis="y", labelsize=8)
     axes.grid(axis="x", alpha=0.3)
