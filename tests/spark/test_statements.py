@@ -29,7 +29,7 @@ MESSAGES = TABLES["messages"]
 
 @pytest.fixture
 def db(db_url: str) -> Iterator[Connection]:
-    with Database.from_url(db_url).connect() as connection_:
+    with Database.from_url(db_url).connect(local_infile=True) as connection_:
         yield connection_
 
 
@@ -224,7 +224,14 @@ def test_leases_agree_with_runconsumer(db: Connection) -> None:
     with db.transaction():
         leases = {r[0]: (r[1], r[2]) for r in db.rows(db.sql.list_leases("g", "t", lock=True))}
     assert leases == {"a": ("worker", 1), "b": ("spark:g", 1)}  # a live lease stays put
+    # Renewing moves lease_renewed_at (five seconds old here) to now; a lease that is
+    # not ours stays as it was.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE queue_partition_leases SET lease_renewed_at = "
+                       "lease_renewed_at - 5000")
     assert db.run(db.sql.renew_leases("g", "t", "spark:g", 30_000)) == 1
+    ages = {r[0]: r[3] for r in db.rows(db.sql.list_leases("g", "t"))}
+    assert ages["b"] < 5000 <= ages["a"]
     # An expired lease is taken over, with a new generation.
     with connection.cursor() as cursor:
         cursor.execute("UPDATE queue_partition_leases SET lease_renewed_at = 0 "

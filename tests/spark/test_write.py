@@ -142,7 +142,7 @@ def test_rows_load_data_drops_are_detected_and_sent_again(db_url: str, mysql_onl
         cursor.execute("ALTER TABLE queue_messages ADD CONSTRAINT test_no_poison "
                        "CHECK (id <> 'poison')")
     try:
-        with options.database.connect() as db:
+        with options.database.connect(local_infile=True) as db:
             publisher = ChunkPublisher(options, db)
             with pytest.raises(Exception, match="test_no_poison"):
                 publisher.publish(rows)

@@ -174,7 +174,7 @@ class MessageWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
         preparer = RowPreparer(self.options, where=_task_name())
         pending: list[Prepared] = []
-        with self.options.database.connect() as db:
+        with self.options.database.connect(local_infile=self.options.bulk_load) as db:
             publisher = ChunkPublisher(self.options, db)
             for batch in iterator:
                 pending.extend(preparer.prepare(batch))
