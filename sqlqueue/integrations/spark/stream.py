@@ -49,7 +49,8 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.horizon = Horizon(options.max_transaction_age_ms)
         self._db: Connection | None = None
         self._registered = False
-        self._available_now_end: int | None = None
+        self._available_now = False  # trigger(availableNow=True) ...
+        self._available_now_end: int | None = None  # ... and where it stops
 
     # The reader is pickled for the executors: the driver's connection stays behind.
     def __getstate__(self) -> dict[str, Any]:
@@ -101,6 +102,8 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if not isinstance(limit, ReadMaxRows | ReadAllAvailable):
             max_rows = self.options.max_rows_per_trigger
+        if self._available_now and self._available_now_end is None:
+            self._available_now_end = settled_end(db, first, None, self.horizon, SCAN_LIMIT)
         end = settled_end(db, first, max_rows, self.horizon, SCAN_LIMIT)
         if self._available_now_end is not None:
             end = min(end, max(first, self._available_now_end))
@@ -120,11 +123,9 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.group.ack_below(db, start)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """``trigger(availableNow=True)``: stop at what is settled now."""
-        db = self._reconnecting()
-        bounds = db.one(db.sql.log_bounds(self.options.table, None))
-        first = int(bounds[0]) if bounds and bounds[0] is not None else 0
-        self._available_now_end = settled_end(db, first, None, self.horizon, SCAN_LIMIT)
+        """``trigger(availableNow=True)``: stop at what is settled now (measured from the
+        query's start offset, at its first planning, which follows at once)."""
+        self._available_now = True
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         db = self._reconnecting()
