@@ -6,7 +6,7 @@ PY := .venv/bin/python
 MYSQL_TEST_URL ?= mysql://root@127.0.0.1:3306/test
 DEMO_DB ?= sqlite:///$(CURDIR)/example_project/db.sqlite3
 
-.PHONY: demo test bootstrap lint test-sqlite test-mysql soak bench bench-quick
+.PHONY: demo spark-demo test bootstrap lint test-sqlite test-mysql test-spark soak bench bench-quick
 
 bootstrap:
 	@./.ci/bootstrap
@@ -15,15 +15,27 @@ demo: bootstrap
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py migrate -v 0
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py demo
 
+# The shop's traffic, then the Spark analytics job in local mode (needs Java 17+).
+spark-demo: bootstrap
+	DATABASE_URL=$(DEMO_DB) $(PY) manage.py migrate -v 0
+	DATABASE_URL=$(DEMO_DB) $(PY) manage.py spark_demo
+
 lint: bootstrap
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# SQLQUEUE_REQUIRE_SPARK=1: the Spark tests fail rather than skip when PySpark or Java
+# is missing, so that CI cannot skip them silently.
 test-sqlite: bootstrap
-	DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
+	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
 
 test-mysql: bootstrap
-	DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
+	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
+
+# Only the Spark pipeline's tests (local-mode PySpark), on MariaDB/MySQL and on SQLite.
+test-spark: bootstrap
+	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m spark $(PYTEST_ARGS)
+	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m spark $(PYTEST_ARGS)
 
 test: lint test-sqlite test-mysql
 

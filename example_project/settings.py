@@ -119,6 +119,9 @@ SQLQUEUE: dict[str, object] = {
     # deleting them at once (the default): handled order events stay visible in the admin
     # and in `manage.py demo`, which is what you want when something needs explaining.
     "RETENTION": timedelta(days=7),
+    # Keep each group's delivery state (ack time, attempts) until its message is deleted,
+    # for the Spark analytics report's latency, attempts and lag (make spark-demo).
+    "KEEP_DELIVERY_STATE": True,
 }
 
 # -- Django's Tasks framework ----------------------------------------------------------

@@ -46,6 +46,7 @@ class QueueSettings:
     DLQ_SUFFIX: str = "_dlq"
     RETENTION: float = 0.0
     MAX_TRANSACTION_AGE: float = 300.0
+    KEEP_DELIVERY_STATE: bool = False
 
     @property
     def max_topic_bytes(self) -> int:
@@ -91,6 +92,12 @@ def _seconds(value: Any) -> float:
 def _integer(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _BadValue("sqlqueue.E003", "must be an integer")
+    return value
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _BadValue("sqlqueue.E003", "must be True or False")
     return value
 
 
@@ -165,6 +172,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "DLQ_SUFFIX": _dlq_suffix,
     "RETENTION": _non_negative_seconds,
     "MAX_TRANSACTION_AGE": _positive_seconds,
+    "KEEP_DELIVERY_STATE": _boolean,
 }
 assert set(CONVERTERS) == set(DEFAULTS), "every setting needs exactly one converter"
 

@@ -9,9 +9,9 @@ from django.db import connection
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tier markers follow the folder: tests/unit, tests/integration, tests/acceptance,
-    tests/browser."""
+    tests/browser, tests/spark."""
     for item in items:
-        for tier in ("unit", "integration", "acceptance", "browser"):
+        for tier in ("unit", "integration", "acceptance", "browser", "spark"):
             if f"/tests/{tier}/" in str(item.path):
                 item.add_marker(getattr(pytest.mark, tier))
 

@@ -5,7 +5,8 @@ partition covers the row) and RETENTION has passed since then. Known groups are 
 with a ``queue_offsets`` row on any partition of the topic, plus the groups this process
 runs; a known group without a row on a partition has a watermark of 0 there, which holds
 that partition's rows back (a stopped group keeps counting until an operator removes it).
-Topics nobody consumes, dead-letter topics among them, are never collected.
+Topics nobody consumes, dead-letter topics among them, are never collected. With
+``KEEP_DELIVERY_STATE`` the groups' delivery state of collected rows goes with them.
 
 The same passes delete task results older than their backend's ``RESULT_RETENTION``
 (``sqlqueue.integrations.tasks.retention``).
@@ -78,6 +79,11 @@ class GarbageCollector:
                 continue
             removed = dialect.delete_messages_upto(cursor, topic, partition, upto, GC_BATCH)
             deleted += removed
+            if removed and self.conf.KEEP_DELIVERY_STATE:
+                # The groups' delivery state was kept for the analytics report: it goes
+                # with its messages (a primary-key range per group).
+                for group in by_group:
+                    dialect.delete_states_upto(cursor, group, topic, partition, upto)
             more = more or removed == GC_BATCH
         if deleted:
             logger.info("Garbage-collected %s message(s) of topic %r.", deleted, topic)

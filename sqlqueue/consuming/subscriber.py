@@ -366,8 +366,11 @@ class Subscriber:
             self._last_sweep[key] = now
             if candidate > state.watermark:
                 self.dialect.advance_watermark(cursor, self.group, self.topic, key, candidate)
-                # Only now that the watermark is durable may the state behind it go.
-                self.dialect.delete_states_upto(cursor, self.group, self.topic, key, candidate)
+                # Only now that the watermark is durable may the state behind it go
+                # (or, with KEEP_DELIVERY_STATE, with its message, at garbage collection).
+                if not self.conf.KEEP_DELIVERY_STATE:
+                    self.dialect.delete_states_upto(cursor, self.group, self.topic, key,
+                                                    candidate)
                 state.moved_watermark(candidate)
                 self._last_advance[key] = now
 

@@ -7,6 +7,7 @@
     manage.py queue retry-now GROUP TOPIC [--partition KEY]
     manage.py queue reset-position GROUP TOPIC KEY (--from OFFSET | --to-head) --yes
     manage.py queue gc
+    manage.py queue archive DIR [--topic T]... [--batch-rows N] | --forget
 """
 
 from __future__ import annotations
@@ -62,6 +63,18 @@ class Command(BaseCommand):
                            help="Skip every message stored so far.")
         reset.add_argument("--yes", action="store_true", help="Confirm.")
         verbs.add_parser("gc", help="Delete what every known group has finished, now.")
+        archive = verbs.add_parser(
+            "archive", help="Export finished messages to Parquet before garbage collection "
+                            "(needs sqlqueue[spark]).")
+        archive.add_argument("directory", nargs="?", metavar="DIR",
+                             help="The archive (created if missing; resumed if it exists).")
+        archive.add_argument("--topic", action="append", default=[],
+                             help="Only this topic (repeat for more).")
+        archive.add_argument("--batch-rows", type=int, default=100_000, metavar="N",
+                             help="Rows per Parquet batch (default 100,000).")
+        archive.add_argument("--forget", action="store_true",
+                             help="Stop archiving: delete the archive's positions, so that "
+                                  "garbage collection no longer waits for it.")
 
     @staticmethod
     def _filters(parser: CommandParser) -> None:
@@ -79,6 +92,8 @@ class Command(BaseCommand):
             self._reset_position(options)
         elif verb == "gc":
             self._gc()
+        elif verb == "archive":
+            self._archive(options)
         elif options["action"] == "list":
             self._list(options)
         else:
@@ -207,6 +222,30 @@ class Command(BaseCommand):
         if collector.results_deleted:
             self.stdout.write(f"Deleted {collector.results_deleted} task result(s) older than "
                               "their RESULT_RETENTION.")
+
+    # -- archive -------------------------------------------------------------------------
+    def _archive(self, options: dict[str, Any]) -> None:
+        try:
+            from sqlqueue.integrations.spark import archive
+        except ImportError as exc:
+            raise CommandError(f"The archive needs pyarrow: pip install 'sqlqueue[spark]' "
+                               f"({exc}).") from None
+        if options["forget"]:
+            deleted = archive.forget()
+            self.stdout.write(f"Forgot the archive's position on {deleted} partition(s); "
+                              "garbage collection no longer waits for it.")
+            return
+        if not options["directory"]:
+            raise CommandError("Give the archive directory (or --forget).")
+        if options["batch_rows"] < 1:
+            raise CommandError("--batch-rows must be at least 1.")
+        try:
+            result = archive.archive(options["directory"], topics=options["topic"],
+                                     batch_rows=options["batch_rows"],
+                                     on_progress=lambda text: self.stdout.write(f"  {text}"))
+        except archive.ArchiveError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(result.describe())
 
 
 def _count(value: int, lag: GroupLag) -> str:

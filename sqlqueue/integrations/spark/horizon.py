@@ -1,0 +1,89 @@
+"""Which offsets are settled: no row can still appear below them (late commits, SPEC I4).
+
+Offsets come from AUTO_INCREMENT when a row is inserted, but the row becomes visible when
+its transaction commits, so a message can appear *below* offsets already visible. The
+consumer engine and the stream use the same rule: a row inserted (``created_at``, the
+database clock) before the oldest open writing transaction started is settled, minus a
+second of margin (INNODB_TRX has whole-second start times). Without the PROCESS privilege
+the oldest open transaction is unknown and assumed to be MAX_TRANSACTION_AGE old. SQLite
+has one writer at a time: every visible row is settled.
+
+INNODB_TRX is a server-wide snapshot that InnoDB refreshes only when nobody has read it
+for 0.1 s: a reader polling it faster than that keeps it stale for every reader, and an
+open transaction would never show. So it is read at most every ``REFRESH`` seconds, and
+the horizon computed then is reused (an older horizon is an earlier one: still safe).
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlqueue.integrations.spark.connect import Connection
+
+MARGIN_MS = 1000  # whole-second trx_started, plus the age of INNODB_TRX's snapshot
+REFRESH = 0.5  # seconds between reads of INNODB_TRX (as the consumer engine's)
+
+
+def settled_before_ms(db: Connection, now_ms: int, max_transaction_age_ms: int) -> int | None:
+    """Database time before which every inserted row is settled; None: all are."""
+    statement = db.sql.write_horizon()
+    if statement is None:
+        return None
+    floor = now_ms - max_transaction_age_ms
+    try:
+        row = db.one(statement)
+    except Exception:  # no PROCESS privilege: assume the longest transaction
+        return floor
+    oldest = None if row is None or row[0] is None else int(row[0])
+    if oldest is None:
+        return now_ms - MARGIN_MS
+    return max(floor, min(oldest, now_ms) - MARGIN_MS)
+
+
+def database_now_ms(db: Connection) -> int:
+    row = db.one(db.sql.database_now_ms())
+    assert row is not None
+    return int(row[0])
+
+
+class Horizon:
+    """``settled_before_ms``, read at most every ``REFRESH`` seconds."""
+
+    def __init__(self, max_transaction_age_ms: int) -> None:
+        self.max_transaction_age_ms = max_transaction_age_ms
+        self._value: int | None = None
+        self._expires = 0.0
+
+    def __call__(self, db: Connection) -> int | None:
+        if time.monotonic() >= self._expires:
+            self._value = settled_before_ms(db, database_now_ms(db),
+                                            self.max_transaction_age_ms)
+            self._expires = time.monotonic() + REFRESH
+        return self._value
+
+    # Pickled along with a stream reader: start afresh where it lands.
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_expires": 0.0}
+
+
+def settled_end(db: Connection, start: int, max_rows: int | None, horizon: Horizon,
+                scan_limit: int) -> int:
+    """The exclusive end of the run of settled offsets from ``start``: every offset below
+    it that will ever exist is visible now. Stops after ``max_rows`` rows of the log."""
+    head_row = db.one(db.sql.head_offset())
+    head = int(head_row[0]) if head_row and head_row[0] is not None else 0
+    if head < start:
+        return start
+    before = horizon(db)
+    if max_rows is None:
+        if before is None:
+            return head + 1
+        created = db.one(db.sql.created_at_of(head))
+        if created is not None and int(created[0]) < before:
+            return head + 1  # the newest row is settled, hence every row below it
+    end = start
+    for offset, created_at in db.rows(db.sql.offsets_from(start, max_rows or scan_limit)):
+        if before is not None and int(created_at) >= before:
+            break  # a transaction that may still commit below this row is open
+        end = int(offset) + 1
+    return end

@@ -1,0 +1,57 @@
+"""From a Django project to the source's options (driver side only: imports Django).
+
+Spark's processes do not read Django settings, so a job that runs inside a Django project
+turns them into options once, on the driver::
+
+    spark.read.format("sqlqueue").options(**options_from_settings()).load()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+
+def database_url(alias: str | None = None) -> str:
+    """The ``url`` option for a database alias (default: SQLQUEUE['DATABASE'])."""
+    from django.db import connections
+
+    from sqlqueue.conf import get_settings
+
+    settings: dict[str, Any] = connections[alias or get_settings().DATABASE].settings_dict
+    engine = settings["ENGINE"]
+    if engine.endswith("sqlite3"):
+        name = str(settings["NAME"])
+        if not name.startswith("/"):
+            import os
+
+            name = os.path.abspath(name)
+        return f"sqlite:///{name}"
+    if not engine.endswith("mysql"):
+        raise ValueError(f"sqlqueue's Spark source supports MySQL/MariaDB and SQLite, not "
+                         f"{engine}")
+    user = quote(str(settings.get("USER") or ""), safe="")
+    password = quote(str(settings.get("PASSWORD") or ""), safe="")
+    credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = str(settings.get("HOST") or "127.0.0.1")
+    port = str(settings.get("PORT") or "3306")
+    name = quote(str(settings["NAME"]), safe="")
+    if host.startswith("/"):  # a socket path
+        return f"mysql://{credentials}localhost/{name}?unix_socket={quote(host)}"
+    return f"mysql://{credentials}{host}:{port}/{name}"
+
+
+def options_from_settings(alias: str | None = None) -> dict[str, str]:
+    """``url`` plus the options that mirror SQLQUEUE settings, as the project sets them."""
+    from sqlqueue.conf import get_settings
+
+    conf = get_settings()
+    return {
+        "url": database_url(alias),
+        "defaultPartitions": str(conf.DEFAULT_PARTITIONS),
+        "maxPayloadBytes": str(conf.MAX_PAYLOAD_BYTES),
+        "dlqSuffix": conf.DLQ_SUFFIX,
+        "maxTransactionAge": f"{conf.MAX_TRANSACTION_AGE:g}",
+        "leaseDuration": f"{conf.LEASE_DURATION:g}",
+        "leaseRenewInterval": f"{conf.LEASE_RENEW_INTERVAL:g}",
+    }

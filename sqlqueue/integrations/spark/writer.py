@@ -1,0 +1,202 @@
+"""Batch writes: ``df.write.format("sqlqueue").option("topic", T).mode("append").save()``.
+
+Each row is published as a message. Every Spark task commits its rows in transactions of
+``batchSize`` rows: on MySQL/MariaDB by ``LOAD DATA LOCAL INFILE`` from a CSV file (the
+fast path), otherwise, or when the server refuses local files, by multi-row INSERTs that
+skip stored keys. A task that Spark retries publishes the same ids again (they come from
+the rows), and idempotent publish stores each once.
+
+``LOAD DATA`` drops a row that breaks a constraint with only a warning, so after each load
+the stored count is compared with the sent one; a shortfall that duplicates do not explain
+rolls the chunk back and sends it again through INSERT, which reports the real error.
+
+Tasks write at the same time, and InnoDB's duplicate-key checks lock gaps of the unique
+index, so two chunks can deadlock: rows go in key order (the same lock order everywhere),
+and a chunk whose transaction the server rolled back (deadlock, lock wait timeout) is
+sent again, a few times, after a random pause.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from sqlqueue.integrations.spark.connect import Connection
+from sqlqueue.integrations.spark.errors import BulkLoadMismatch
+from sqlqueue.integrations.spark.options import SourceOptions
+from sqlqueue.integrations.spark.rows import Prepared, RowPreparer
+
+logger = logging.getLogger("sqlqueue.spark")
+
+ROWS_PER_INSERT = 500  # as sqlqueue.publishing.api.MAX_ROWS_PER_STATEMENT
+BYTES_PER_INSERT = 4 << 20  # under max_allowed_packet (16 MiB on MariaDB by default)
+KEYS_PER_LOOKUP = 500
+#: server or client refuses LOAD DATA LOCAL: 1148 ER_NOT_ALLOWED_COMMAND, 2068
+#: CR_LOAD_DATA_LOCAL_INFILE_REJECTED, 3948 ER_CLIENT_LOCAL_FILES_DISABLED, 4166 (MariaDB)
+LOCAL_INFILE_REFUSED = {1148, 2068, 3948, 4166}
+#: the server rolled the transaction back for a lock conflict: 1205 lock wait timeout,
+#: 1213 deadlock; the chunk is sent again
+TRANSIENT = {1205, 1213}
+ATTEMPTS = 6
+CSV_OPTIONS = pa_csv.WriteOptions(include_header=False, quoting_style="all_valid")
+CSV_SCHEMA = pa.schema([
+    ("partition_key", pa.string()), ("id", pa.string()), ("payload", pa.string()),
+    ("metadata", pa.string()), ("published_at", pa.int64()), ("priority", pa.int32()),
+    ("deliver_after", pa.int64()),
+])
+
+
+@dataclass
+class WriteReport(WriterCommitMessage):
+    """What one task did."""
+
+    sent: int = 0
+    inserted: int = 0
+    bulk_loaded: int = 0  # rows that went through LOAD DATA
+
+
+class ChunkPublisher:
+    """Publishes prepared rows of one topic, a transaction per chunk."""
+
+    def __init__(self, options: SourceOptions, db: Connection) -> None:
+        self.topic = options.require_topic("publish")
+        self.db = db
+        self.bulk = options.bulk_load and db.sql.vendor == "mysql"
+        self.report = WriteReport()
+
+    def publish(self, rows: Sequence[Prepared]) -> None:
+        """One chunk, in its own transaction; sent again after a deadlock."""
+        ordered = sorted(rows, key=lambda row: (row[0], row[1]))
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                self._publish(ordered)
+                break
+            except Exception as exc:
+                if _error_code(exc) not in TRANSIENT or attempt == ATTEMPTS:
+                    raise
+                logger.info("Chunk rolled back by the server (%s); attempt %s of %s.", exc,
+                            attempt + 1, ATTEMPTS)
+                time.sleep(random.uniform(0.05, 0.1) * 2 ** attempt)
+        self.report.sent += len(rows)
+
+    def _publish(self, rows: Sequence[Prepared]) -> None:
+        if self.bulk:
+            try:
+                self.report.inserted += self._load(rows)
+                self.report.bulk_loaded += len(rows)
+                return
+            except BulkLoadMismatch as exc:
+                logger.warning("%s; sending the chunk again through INSERT.", exc)
+            except Exception as exc:
+                if _error_code(exc) not in LOCAL_INFILE_REFUSED:
+                    raise  # a deadlock too: publish() sends the chunk again
+                logger.warning("LOAD DATA LOCAL is refused (%s); publishing through INSERT.",
+                               exc)
+                self.bulk = False
+        self.report.inserted += self._insert(rows)
+
+    def _insert(self, rows: Sequence[Prepared]) -> int:
+        inserted = 0
+        with self.db.transaction():
+            for chunk in _statement_chunks(rows):
+                inserted += self.db.run(self.db.sql.insert_messages(self.topic, chunk))
+        return inserted
+
+    def _load(self, rows: Sequence[Prepared]) -> int:
+        path = _write_csv(rows)
+        try:
+            with self.db.transaction():
+                inserted = self.db.run(self.db.sql.load_messages(path, self.topic))
+                if inserted != len(rows):
+                    self._check_all_stored(rows, inserted)
+            return inserted
+        finally:
+            os.unlink(path)
+
+    def _check_all_stored(self, rows: Sequence[Prepared], inserted: int) -> None:
+        """Rows LOAD DATA skipped must be duplicates of stored ones, or it dropped them."""
+        keys = sorted({(row[0], row[1]) for row in rows})
+        stored = 0
+        for first in range(0, len(keys), KEYS_PER_LOOKUP):
+            stored += len(self.db.rows(self.db.sql.stored_keys(
+                self.topic, keys[first:first + KEYS_PER_LOOKUP])))
+        if stored != len(keys):
+            raise BulkLoadMismatch(
+                f"LOAD DATA stored {inserted} of {len(rows)} rows and {len(keys) - stored} "
+                "are missing (the server dropped them with a warning)")
+
+
+def _error_code(exc: BaseException) -> int | None:
+    code = exc.args[0] if exc.args else None
+    return code if isinstance(code, int) else None
+
+
+def _statement_chunks(rows: Sequence[Prepared]) -> Iterator[Sequence[Prepared]]:
+    chunk: list[Prepared] = []
+    size = 0
+    for row in rows:
+        row_bytes = len(row[2]) + len(row[3] or "") + 1024
+        if chunk and (len(chunk) >= ROWS_PER_INSERT or size + row_bytes > BYTES_PER_INSERT):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(row)
+        size += row_bytes
+    if chunk:
+        yield chunk
+
+
+def _write_csv(rows: Sequence[Prepared]) -> str:
+    """The rows as CSV for LOAD DATA: every value quoted (so that no string is read as
+    the word NULL), quotes doubled, NULL as an empty unquoted field."""
+    columns = list(zip(*rows, strict=True))
+    table = pa.Table.from_arrays([pa.array(list(values), field.type)
+                                  for values, field in zip(columns, CSV_SCHEMA, strict=True)],
+                                 schema=CSV_SCHEMA)
+    handle, path = tempfile.mkstemp(prefix="sqlqueue-load-", suffix=".csv")
+    os.close(handle)
+    pa_csv.write_csv(table, path, CSV_OPTIONS)
+    return path
+
+
+class MessageWriter(DataSourceArrowWriter):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
+        preparer = RowPreparer(self.options, where=_task_name())
+        pending: list[Prepared] = []
+        with self.options.database.connect(local_infile=self.options.bulk_load) as db:
+            publisher = ChunkPublisher(self.options, db)
+            for batch in iterator:
+                pending.extend(preparer.prepare(batch))
+                while len(pending) >= self.options.batch_size:
+                    publisher.publish(pending[:self.options.batch_size])
+                    del pending[:self.options.batch_size]
+            if pending:
+                publisher.publish(pending)
+        return publisher.report
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        reports = [m for m in messages if isinstance(m, WriteReport)]
+        sent = sum(r.sent for r in reports)
+        inserted = sum(r.inserted for r in reports)
+        logger.info("Published %s row(s) to %r: %s new message(s), %s already stored.",
+                    sent, self.options.topic, inserted, sent - inserted)
+
+
+def _task_name() -> str:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return "this task"
+    return f"Spark partition {context.partitionId()} (attempt {context.attemptNumber()})"

@@ -1,0 +1,23 @@
+"""sqlqueue's Spark pipeline, at a short path (docs/guides/spark.md)::
+
+    from sqlqueue.spark import local_session, options_from_settings
+    spark = local_session()
+    df = spark.read.format("sqlqueue").option("url", "mysql://...").load()
+
+    python -m sqlqueue.spark.analytics --url mysql://... --out report/
+
+Needs ``pip install sqlqueue[spark]`` (PySpark 4.2+, pyarrow) and Java 17+.
+"""
+
+from __future__ import annotations
+
+from sqlqueue.integrations.spark import (
+    SQLQueueDataSource,
+    database_url,
+    local_session,
+    options_from_settings,
+    register,
+)
+
+__all__ = ["SQLQueueDataSource", "database_url", "local_session", "options_from_settings",
+           "register"]

@@ -1,0 +1,168 @@
+"""The Parquet archive: what every group finished, before garbage collection, once."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from sqlqueue import OutgoingMessage, send_messages
+from sqlqueue.conf import get_settings
+from sqlqueue.consuming.gc import GarbageCollector
+from sqlqueue.integrations.spark import archive as archive_module
+from sqlqueue.integrations.spark.archive import ARCHIVE_GROUP, ArchiveError, archive, hive_escape
+from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
+
+
+def publish(topic: str, count: int, partitions: int = 2) -> list[int]:
+    sent = send_messages(topic, [OutgoingMessage({"n": n}, partition_key=f"k{n % partitions}",
+                                                 id=f"{topic}-{n}") for n in range(count)])
+    return [s.offset for s in sent]
+
+
+def set_watermark(group: str, topic: str, partition: str, offset: int) -> None:
+    PartitionOffset.objects.update_or_create(
+        consumer_group=group, topic=topic, partition_key=partition,
+        defaults={"offset_acked": offset, "updated_at": 1})
+
+
+def archived_ids(directory: Path, dataset: str = "messages") -> list[str]:
+    path = directory / dataset
+    if not path.exists():
+        return []
+    table = ds.dataset(path, format="parquet", partitioning="hive").to_table()
+    column = "id" if dataset == "messages" else "message_offset"
+    return sorted(str(v) for v in table.column(column).to_pylist())
+
+
+def collect() -> int:
+    from sqlqueue.operations.lag import known_subscriptions
+
+    groups: dict[str, set[str]] = {}
+    for group, topic in known_subscriptions():
+        groups.setdefault(topic, set()).add(group)
+    with connection.cursor() as cursor:
+        return GarbageCollector(get_settings(), "default", groups).collect(cursor, force=True)
+
+
+def test_only_what_every_group_finished_is_archived_and_gc_waits(db_url: str,
+                                                                 tmp_path: Path) -> None:
+    offsets = publish("orders", 10)  # k0: even n, k1: odd n
+    for partition in ("k0", "k1"):
+        set_watermark("billing", "orders", partition, offsets[-1])
+    set_watermark("emails", "orders", "k0", offsets[3])  # emails finished n <= 3 on k0 ...
+    set_watermark("emails", "orders", "k1", offsets[5])  # ... and n <= 5 on k1
+
+    result = archive(tmp_path)  # the first run registers the archive as a group
+    assert archived_ids(tmp_path) == sorted(f"orders-{n}" for n in (0, 1, 2, 3, 5))
+    assert result.messages == 5
+    marks = dict(PartitionOffset.objects.filter(consumer_group=ARCHIVE_GROUP)
+                 .values_list("partition_key", "offset_acked"))
+    assert marks == {"k0": offsets[3], "k1": offsets[5]}
+    # Garbage collection deletes what is archived, nothing more.
+    assert collect() == 5
+
+    set_watermark("emails", "orders", "k0", offsets[-1])
+    set_watermark("emails", "orders", "k1", offsets[-1])
+    assert collect() == 0  # the archive holds the rest back now
+    assert archive(tmp_path).messages == 5
+    assert archive(tmp_path).messages == 0
+    assert archived_ids(tmp_path) == sorted(f"orders-{n}" for n in range(10))
+    assert collect() == 5
+    assert not QueueMessage.objects.filter(topic="orders").exists()
+
+
+def test_an_interrupted_run_is_finished_by_the_next(db_url: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    offsets = publish("orders", 30, partitions=3)
+    for partition in ("k0", "k1", "k2"):
+        set_watermark("billing", "orders", partition, offsets[-1])
+    calls = {"apply": 0}
+    real_apply = archive_module.Archiver._apply
+
+    def crash_on_second_batch(self: Any, journal: dict[str, Any]) -> None:
+        calls["apply"] += 1
+        if calls["apply"] == 2:
+            raise KeyboardInterrupt("killed after writing the journal")
+        real_apply(self, journal)
+
+    monkeypatch.setattr(archive_module.Archiver, "_apply", crash_on_second_batch)
+    with pytest.raises(KeyboardInterrupt):
+        archive(tmp_path, batch_rows=10)
+    assert (tmp_path / "_journal.json").exists()
+    monkeypatch.undo()
+
+    progress: list[str] = []
+    archive(tmp_path, batch_rows=10, on_progress=progress.append)
+    assert any("interrupted run" in line for line in progress)
+    assert archived_ids(tmp_path) == sorted(f"orders-{n}" for n in range(30))  # each once
+    state = json.loads((tmp_path / "_sqlqueue_archive.json").read_text())
+    assert state["totals"]["messages"] == 30
+    assert not (tmp_path / "_journal.json").exists()
+    assert not (tmp_path / "_staging").exists() or not any((tmp_path / "_staging").iterdir())
+
+
+def test_dead_letters_and_delivery_state_are_archived(db_url: str, tmp_path: Path) -> None:
+    offsets = publish("orders", 4, partitions=1)
+    set_watermark("billing", "orders", "k0", offsets[-1])
+    for offset in offsets:
+        DeliveryState.objects.create(consumer_group="billing", topic="orders",
+                                     partition_key="k0", message_offset=offset, acked=True,
+                                     acked_at=1_767_225_600_000, retry_count=1)
+    QueueMessage.objects.create(topic="orders_dlq", partition_key="k0", id="orders-2@billing",
+                                payload=b'{"n": 2}', created_at=1_767_225_600_000,
+                                published_at=1, consumer_group="billing",
+                                original_topic="orders", last_error="ValueError: boom",
+                                failure_count=5)
+    result = archive(tmp_path)
+    assert (result.messages, result.dead_letters, result.deliveries) == (4, 1, 4)
+    assert "orders-2@billing" in archived_ids(tmp_path)
+    assert (tmp_path / "messages" / "topic=orders_dlq" / "date=2026-01-01").is_dir()
+    assert (tmp_path / "deliveries" / "topic=orders" / "date=2026-01-01").is_dir()
+    assert archived_ids(tmp_path, "deliveries") == sorted(str(o) for o in offsets)
+    assert archive(tmp_path).dead_letters == 0  # its position is kept
+
+
+def test_one_run_at_a_time(db_url: str, tmp_path: Path) -> None:
+    with open(tmp_path / "_lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with pytest.raises(ArchiveError, match="another archive run"):
+            archive(tmp_path)
+
+
+def test_the_command(db_url: str, tmp_path: Path) -> None:
+    offsets = publish("orders", 3, partitions=1)
+    set_watermark("billing", "orders", "k0", offsets[-1])
+    out = io.StringIO()
+    call_command("queue", "archive", str(tmp_path), "--batch-rows", "2", stdout=out)
+    text = out.getvalue()
+    assert "batch 1: 2 message(s)" in text and "batch 2: 1 message(s)" in text
+    assert "Archived 3 message(s)" in text
+    out = io.StringIO()
+    call_command("queue", "archive", "--forget", stdout=out)
+    assert "on 1 partition(s)" in out.getvalue()
+    assert not PartitionOffset.objects.filter(consumer_group=ARCHIVE_GROUP).exists()
+    with pytest.raises(CommandError, match="Give the archive directory"):
+        call_command("queue", "archive")
+
+
+def test_spark_reads_the_archive_as_it_reads_the_log(spark: Any, db_url: str,
+                                                     tmp_path: Path) -> None:
+    topic = 'odd/topic=name:with "chars"'
+    offsets = publish(topic, 6)
+    for partition in ("k0", "k1"):
+        set_watermark("billing", topic, partition, offsets[-1])
+    live = (spark.read.format("sqlqueue").option("url", db_url).option("topic", topic).load()
+            .orderBy("offset").collect())
+    archive(tmp_path)
+    assert (tmp_path / "messages" / f"topic={hive_escape(topic)}").is_dir()
+    stored = spark.read.parquet(str(tmp_path / "messages"))
+    archived = stored.drop("date").select(*live[0].asDict()).orderBy("offset").collect()
+    assert archived == live

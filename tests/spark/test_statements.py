@@ -1,0 +1,256 @@
+"""Every named statement of sqlqueue.integrations.spark.sql, on the real database.
+
+These run through the data source's own Django-free connections; the tables were made by
+Django's migrations, and the core's statements (leases, heartbeats) must agree with them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from sqlqueue import send_message
+from sqlqueue.integrations.spark.connect import Connection, Database
+from sqlqueue.integrations.spark.sql.base import Statements
+from sqlqueue.integrations.spark.tables import TABLES
+from sqlqueue.integrations.spark.writer import _write_csv
+from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
+from sqlqueue.storage.sql import dialect_for
+
+MESSAGES = TABLES["messages"]
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[Connection]:
+    with Database.from_url(db_url).connect(local_infile=True) as connection_:
+        yield connection_
+
+
+def row(pk: str, mid: str, payload: str = '{"n": 1}') -> tuple[Any, ...]:
+    return (pk, mid, payload, None, 1000, 50, 0)
+
+
+def offsets(db: Connection, topic: str) -> list[int]:
+    return [r[0] for r in db.rows(db.sql.rows_in_range(MESSAGES, MESSAGES.columns[:1], 0,
+                                                       1 << 62, topic))]
+
+
+def test_every_statement_is_covered_here() -> None:
+    """A new statement needs a test in this file (its name appears below)."""
+    source = Path(__file__).read_text()
+    names = [name for name, _ in inspect.getmembers(Statements, inspect.isfunction)
+             if not name.startswith("_") and name not in (
+                 "quote", "insert_if_absent_suffix", "upsert_clause")]
+    assert [n for n in names if f"sql.{n}(" not in source] == []
+
+
+def test_database_now_ms(db: Connection) -> None:
+    (now,) = db.one(db.sql.database_now_ms()) or (0,)
+    assert abs(int(now) - time.time() * 1000) < 60_000
+
+
+def test_insert_messages_skips_stored_keys(db: Connection) -> None:
+    with db.transaction():
+        assert db.run(db.sql.insert_messages("t", [row("k", "a"), row("k", "b")])) == 2
+    with db.transaction():
+        assert db.run(db.sql.insert_messages("t", [row("k", "a"), row("k", "c")])) == 1
+    stored = {m.id: m for m in QueueMessage.objects.filter(topic="t")}
+    assert sorted(stored) == ["a", "b", "c"]
+    assert bytes(stored["a"].payload) == b'{"n": 1}'
+    assert abs(stored["a"].created_at - time.time() * 1000) < 60_000  # the database clock
+    assert (stored["a"].published_at, stored["a"].priority) == (1000, 50)
+
+
+def test_load_messages_and_stored_keys(db: Connection, mysql_only: None) -> None:
+    rows = [row("k", "a", '{"x": "a, \\"quoted\\"\\nvalue"}'), row("k", "b")]
+    db.run(db.sql.insert_messages("t", [row("k", "b")]))  # stored already
+    path = _write_csv(rows)
+    with db.transaction():
+        assert db.run(db.sql.load_messages(path, "t")) == 1  # the duplicate is skipped
+    Path(path).unlink()
+    assert bytes(QueueMessage.objects.get(id="a").payload).decode() == rows[0][2]
+    found = db.rows(db.sql.stored_keys("t", [("k", "a"), ("k", "b"), ("k", "z")]))
+    assert sorted(found) == [("k", "a"), ("k", "b")]
+
+
+def test_stored_keys_on_sqlite(db: Connection) -> None:
+    db.run(db.sql.insert_messages("t", [row("k", "a")]))
+    assert db.rows(db.sql.stored_keys("t", [("k", "a"), ("x", "a")])) == [("k", "a")]
+
+
+def test_log_bounds_rows_in_range_and_table_rows(db: Connection) -> None:
+    first = send_message("t", {"n": 1}, partition_key="k").offset
+    send_message("other", {"n": 2})
+    last = send_message("t", {"n": 3}, partition_key="k").offset
+    QueueMessage.objects.create(topic="t", partition_key="k", id="replay", payload=b"{}",
+                                created_at=1, published_at=1, consumer_group="g2")
+    QueueMessage.objects.create(topic="t_dlq", partition_key="k", id="dead", payload=b"{}",
+                                created_at=1, published_at=1, consumer_group="g1",
+                                original_topic="t", last_error="boom")
+    assert db.one(db.sql.log_bounds(MESSAGES, "t")) == (first, last + 1)
+    assert db.one(db.sql.log_bounds(MESSAGES, None))[0] == first  # type: ignore[index]
+    columns = MESSAGES.columns[:2]
+    assert [r[0] for r in db.rows(db.sql.rows_in_range(MESSAGES, columns, first, last))] == [
+        first, first + 1]
+    in_group = db.rows(db.sql.rows_in_range(MESSAGES, columns, 0, 1 << 40, "t", "g1"))
+    assert [r[0] for r in in_group] == [first, last]  # not g2's replay
+    dead = db.rows(db.sql.rows_in_range(TABLES["dead_letters"], columns, 0, 1 << 40, "t"))
+    assert [r[1] for r in dead] == ["t_dlq"]
+    PartitionOffset.objects.create(consumer_group="g", topic="t", partition_key="b",
+                                   offset_acked=5, updated_at=1)
+    PartitionOffset.objects.create(consumer_group="g", topic="t", partition_key="a",
+                                   offset_acked=6, updated_at=1)
+    PartitionOffset.objects.create(consumer_group="g", topic="u", partition_key="a",
+                                   offset_acked=7, updated_at=1)
+    table = TABLES["offsets"]
+    assert [r[2] for r in db.rows(db.sql.table_rows(table, table.columns, "t"))] == ["a", "b"]
+
+
+def test_head_offset_created_at_of_and_offsets_from(db: Connection) -> None:
+    assert db.one(db.sql.head_offset()) == (None,)
+    sent = [send_message("t", {"n": n}).offset for n in range(4)]
+    assert db.one(db.sql.head_offset()) == (sent[-1],)
+    created = QueueMessage.objects.get(offset=sent[1]).created_at
+    assert db.one(db.sql.created_at_of(sent[1])) == (created,)
+    assert [r[0] for r in db.rows(db.sql.offsets_from(sent[1], 2))] == sent[1:3]
+
+
+def test_write_horizon_sees_an_open_writing_transaction(db_url: str, db: Connection) -> None:
+    statement = db.sql.write_horizon()
+    if connection.vendor == "sqlite":
+        assert statement is None  # one writer at a time: nothing commits out of order
+        return
+    assert statement is not None
+    # The server is shared: other transactions may be open; ours must show.
+    with Database.from_url(db_url).connect() as writer:
+        writer.run((writer.sql.begin_sql, []))
+        writer.run(writer.sql.insert_messages("t", [row("k", "open")]))
+        (trx_id,) = writer.one(("SELECT trx_id FROM information_schema.INNODB_TRX "
+                                "WHERE trx_mysql_thread_id = CONNECTION_ID()", [])) or (None,)
+        opened = time.time() * 1000
+        # INNODB_TRX is a snapshot, refreshed when nobody read it for 0.1 s.
+        deadline = time.monotonic() + 10
+        while (started := (db.one(statement) or (None,))[0]) is None:
+            assert time.monotonic() < deadline, "the open transaction never showed"
+            time.sleep(0.15)
+        writer.raw.rollback()
+    assert trx_id is not None
+    assert int(started) <= opened  # the oldest open writer started no later than ours
+
+
+def test_partition_rows_and_partition_states(db: Connection) -> None:
+    sent = [send_message("t", {"n": n}, partition_key=f"k{n % 2}").offset for n in range(6)]
+    columns = MESSAGES.columns[:3]
+    rows = db.rows(db.sql.partition_rows(columns, "t", "k0", sent[0], sent[4], 10))
+    assert [r[0] for r in rows] == [sent[2], sent[4]]  # (after, upto] of k0 only
+    assert len(db.rows(db.sql.partition_rows(columns, "t", "k0", 0, sent[4], 1))) == 1
+    for offset in sent:
+        DeliveryState.objects.create(consumer_group="g", topic="t", partition_key=f"k{offset % 2}",
+                                     message_offset=offset, acked=True, acked_at=5)
+    states_table = TABLES["delivery_state"]
+    states = db.rows(db.sql.partition_states(states_table.columns, "g", "t", "k1", sent[1],
+                                             sent[5]))
+    assert [s[3] for s in states] == [o for o in sent if o % 2 and sent[1] < o <= sent[5]]
+
+
+def test_discover_partitions_is_a_loose_index_scan(db: Connection) -> None:
+    with db.transaction():
+        for chunk in range(4):  # enough rows for the planner to prefer the loose scan
+            db.run(db.sql.insert_messages("t", [row(f"k{n % 10}", f"{chunk}-{n}")
+                                                for n in range(500)]))
+        db.run(db.sql.insert_messages("u", [row("elsewhere", "x")]))
+    if connection.vendor == "mysql":
+        db.rows(("ANALYZE TABLE queue_messages", []))
+    assert sorted(r[0] for r in db.rows(db.sql.discover_partitions("t"))) == [
+        f"k{n}" for n in range(10)]
+    sql, params = db.sql.discover_partitions("t")
+    if connection.vendor == "mysql":
+        plan = str(db.rows(("EXPLAIN " + sql, params)))
+        assert "Using index for group-by" in plan, plan
+    else:
+        plan = str(db.rows(("EXPLAIN QUERY PLAN " + sql, params)))
+        assert "idx_topic_partition_offset" in plan, plan
+
+
+def test_rows_in_range_reads_the_primary_key(db: Connection) -> None:
+    sql, params = db.sql.rows_in_range(MESSAGES, MESSAGES.columns, 10, 20, "t")
+    if connection.vendor == "mysql":
+        plan = str(db.rows(("EXPLAIN " + sql, params)))
+        assert "PRIMARY" in plan, plan
+    else:
+        plan = str(db.rows(("EXPLAIN QUERY PLAN " + sql, params)))
+        assert "INTEGER PRIMARY KEY" in plan or "rowid" in plan.lower(), plan
+
+
+def test_group_watermarks_ensure_and_advance(db: Connection) -> None:
+    PartitionOffset.objects.create(consumer_group="g", topic="t", partition_key="a",
+                                   offset_acked=9, updated_at=1)
+    db.run(db.sql.ensure_watermarks("g", "t", ["a", "b"], 4))
+    assert sorted(db.rows(db.sql.group_watermarks("g", "t"))) == [("a", 9), ("b", 4)]
+    assert db.run(db.sql.advance_watermarks("g", "t", 7)) == 1  # only b: a never goes back
+    assert sorted(db.rows(db.sql.group_watermarks("g", "t"))) == [("a", 9), ("b", 7)]
+    assert PartitionOffset.objects.get(partition_key="b").updated_at > 1
+
+
+def test_drop_open_states_keeps_acked_history(db: Connection) -> None:
+    for offset, acked in ((1, True), (2, False), (3, False)):
+        DeliveryState.objects.create(consumer_group="g", topic="t", partition_key="k",
+                                     message_offset=offset, acked=acked)
+    assert db.run(db.sql.drop_open_states("g", "t", 2)) == 1
+    assert sorted(DeliveryState.objects.values_list("message_offset", flat=True)) == [1, 3]
+
+
+def test_heartbeats(db: Connection) -> None:
+    db.run(db.sql.heartbeat("g", "t", "spark:g"))
+    with connection.cursor() as cursor:
+        dialect_for(connection).heartbeat(cursor, "g", "t", "worker")
+    assert db.rows(db.sql.live_subscribers("g", "t", 30_000)) == [("spark:g",), ("worker",)]
+    db.run(db.sql.deregister("g", "t", "worker"))
+    assert db.rows(db.sql.live_subscribers("g", "t", 30_000)) == [("spark:g",)]
+
+
+def test_leases_agree_with_runconsumer(db: Connection) -> None:
+    core = dialect_for(connection)
+    with connection.cursor() as cursor:
+        core.acquire_leases(cursor, "g", "t", ["a"], "worker", 30_000)
+    db.run(db.sql.acquire_leases("g", "t", ["a", "b"], "spark:g", 30_000))
+    with db.transaction():
+        leases = {r[0]: (r[1], r[2]) for r in db.rows(db.sql.list_leases("g", "t", lock=True))}
+    assert leases == {"a": ("worker", 1), "b": ("spark:g", 1)}  # a live lease stays put
+    # Renewing moves lease_renewed_at (five seconds old here) to now; a lease that is
+    # not ours stays as it was.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE queue_partition_leases SET lease_renewed_at = "
+                       "lease_renewed_at - 5000")
+    assert db.run(db.sql.renew_leases("g", "t", "spark:g", 30_000)) == 1
+    ages = {r[0]: r[3] for r in db.rows(db.sql.list_leases("g", "t"))}
+    assert ages["b"] < 5000 <= ages["a"]
+    # An expired lease is taken over, with a new generation.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE queue_partition_leases SET lease_renewed_at = 0 "
+                       "WHERE partition_key = 'a'")
+    db.run(db.sql.acquire_leases("g", "t", ["a"], "spark:g", 30_000))
+    leases = {r[0]: (r[1], r[2]) for r in db.rows(db.sql.list_leases("g", "t"))}
+    assert leases["a"] == ("spark:g", 2)
+    with connection.cursor() as cursor:
+        assert {p for p, *_ in core.list_leases(cursor, "g", "t")} == {"a", "b"}
+    assert db.run(db.sql.release_leases("g", "t", "spark:g")) == 2
+
+
+def test_identifiers_are_quoted(db: Connection) -> None:
+    """`offset` is reserved in MariaDB >= 10.6: no statement may leave it bare."""
+    sql = db.sql
+    texts = [s[0] for s in (
+        sql.log_bounds(MESSAGES, "t"), sql.rows_in_range(MESSAGES, MESSAGES.columns, 0, 1),
+        sql.head_offset(), sql.created_at_of(1), sql.offsets_from(0, 1),
+        sql.insert_messages("t", [row("k", "a")]), sql.ensure_watermarks("g", "t", ["a"], 0),
+    )]
+    for text in texts:
+        assert not re.search(r"(?<![`\"'])\boffset\b(?![`\"])", text), text

@@ -1,0 +1,229 @@
+"""The data source's pure parts: no Spark session, no database."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sqlqueue.exceptions import InvalidMessage
+from sqlqueue.integrations.spark.connect import Database
+from sqlqueue.integrations.spark.errors import InvalidOption, InvalidRow
+from sqlqueue.integrations.spark.options import SourceOptions, check_name
+from sqlqueue.integrations.spark.reader import split_offsets
+from sqlqueue.integrations.spark.rows import (
+    RowPreparer,
+    check_write_schema,
+    content_id,
+    unkeyed_partition,
+)
+from sqlqueue.publishing import messages as publishing
+
+EXECUTOR_MODULES = ("source", "reader", "writer", "stream", "group", "horizon", "rows",
+                    "sql.mysql", "sql.sqlite")
+
+
+def test_executor_modules_import_without_django() -> None:
+    """What Spark's workers import (the source's module by name) loads no Django."""
+    imports = "; ".join(f"import sqlqueue.integrations.spark.{m}" for m in EXECUTOR_MODULES)
+    code = (f"import sys; {imports}; "
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'django'); "
+            "print(loaded); sys.exit(1 if loaded else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("value", [
+    "ok", "", "a\tb", "a\x7fb", "\x85x", "é" * 127, "é" * 128, "x" * 255, "x" * 256,
+    "with space", "\ud800",
+])
+def test_names_follow_the_publishing_rules(value: str) -> None:
+    try:
+        publishing.check_name("id", value)
+        expected = None
+    except InvalidMessage as exc:
+        expected = str(exc)
+    try:
+        check_name("id", value)
+        got = None
+    except ValueError as exc:
+        got = str(exc)
+    assert got == expected
+
+
+@pytest.mark.parametrize("message_id", ["a", "order-42", "sha256:" + "0" * 64, "ü"])
+def test_unkeyed_partitions_follow_publishing(message_id: str) -> None:
+    for partitions in (1, 16, 1000):
+        assert unkeyed_partition(message_id, partitions) == publishing.unkeyed_partition(
+            message_id, partitions)
+
+
+def test_split_offsets() -> None:
+    assert split_offsets(10, 20, 3) == [(10, 13), (13, 16), (16, 20)]
+    assert split_offsets(10, 12, 5) == [(10, 11), (11, 12)]
+    assert split_offsets(5, 5, 2) == []
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("mysql://u:p%40ss@db.example:3307/shop", ("mysql", "shop", "db.example", 3307, "u", "p@ss")),
+    ("mysql://root@127.0.0.1/test", ("mysql", "test", "127.0.0.1", 3306, "root", "")),
+    ("sqlite:////tmp/a.sqlite3", ("sqlite", "/tmp/a.sqlite3", "", 3306, "", "")),
+    ("sqlite:///relative.db", ("sqlite", "relative.db", "", 3306, "", "")),
+])
+def test_urls(url: str, expected: tuple[Any, ...]) -> None:
+    db = Database.from_url(url)
+    assert (db.vendor, db.name, db.host, db.port, db.user, db.password) == expected
+    assert not db.password or db.password not in db.describe()
+
+
+def test_user_and_password_options_override_the_url() -> None:
+    options = SourceOptions.parse({"url": "mysql://a:b@h/d", "user": "x",
+                                   "password": "s3cret"})
+    assert (options.database.user, options.database.password) == ("x", "s3cret")
+    assert "s3cret" not in options.database.describe()
+
+
+def test_options_are_case_insensitive_and_checked() -> None:
+    options = SourceOptions.parse({"url": "sqlite:////tmp/x", "NUMPARTITIONS": "4",
+                                   "maxrowspertrigger": "7", "startingOffsets": "Latest"})
+    assert (options.num_partitions, options.max_rows_per_trigger) == (4, 7)
+    assert options.starting_offsets == "latest"
+    with pytest.raises(InvalidOption, match="'leaseRenewInterval' must be shorter"):
+        SourceOptions.parse({"url": "sqlite:////tmp/x", "leaseDuration": "5",
+                             "leaseRenewInterval": "5"})
+    with pytest.raises(InvalidOption, match="'untilOffset' is below 'fromOffset'"):
+        SourceOptions.parse({"url": "sqlite:////tmp/x", "fromOffset": "9", "untilOffset": "3"})
+    with pytest.raises(InvalidOption, match="startingOffsets"):
+        SourceOptions.parse({"url": "sqlite:////tmp/x", "startingOffsets": "-1"})
+
+
+def test_write_schema_problems_are_all_named() -> None:
+    check_write_schema({"payload": "struct<a:int>", "id": "string", "priority": "int"})
+    with pytest.raises(InvalidOption) as raised:
+        check_write_schema({"body": "string", "priority": "string"})
+    text = str(raised.value)
+    assert "needs a 'payload' column" in text
+    assert "unknown column 'body'" in text
+    assert "column 'priority' is string" in text
+
+
+def prepare(rows: list[dict[str, Any]], schema: pa.Schema | None = None,
+            **options: str) -> list[tuple[Any, ...]]:
+    settings = SourceOptions.parse({"url": "sqlite:////tmp/x", "topic": "t", **options})
+    batch = pa.RecordBatch.from_pylist(rows, schema=schema)
+    return list(RowPreparer(settings).prepare(batch))
+
+
+def test_rows_without_an_id_get_one_from_their_content() -> None:
+    first = prepare([{"payload": '{"a": 1}'}, {"payload": '{"a": 2}'}])
+    again = prepare([{"payload": '{"a": 2}'}, {"payload": '{"a": 1}'}])
+    assert {row[1] for row in first} == {row[1] for row in again}
+    assert first[0][1] == content_id(None, '{"a": 1}', None, None, None, None)
+    assert first[0][0] == unkeyed_partition(first[0][1], 16)
+    assert first[0][2] == '{"a": 1}'  # JSON text is stored as given
+
+
+def test_rows_of_every_column_kind() -> None:
+    schema = pa.schema([
+        ("payload", pa.struct([("amount", pa.decimal128(5, 2)),
+                               ("at", pa.timestamp("us", "UTC"))])),
+        ("metadata", pa.map_(pa.string(), pa.string())), ("priority", pa.int64()),
+        ("deliver_at", pa.timestamp("us", "America/New_York")),
+        ("published_at", pa.timestamp("us", "UTC")), ("partition_key", pa.string()),
+        ("id", pa.string()),
+    ])
+    at = datetime(2026, 1, 2, 3, 4, 5, 678_901, tzinfo=UTC)
+    (row,) = prepare([{
+        "payload": {"amount": Decimal("12.50"), "at": at}, "metadata": [("k", "v")],
+        "priority": 7, "deliver_at": at, "published_at": at, "partition_key": "p", "id": "i",
+    }], schema)
+    millis = int(at.timestamp() * 1000)
+    assert row == ("p", "i", '{"amount":"12.50","at":"2026-01-02T03:04:05.678901Z"}',
+                   '{"k":"v"}', millis, 7, millis + 1)  # delivery rounds up, publish down
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ({"payload": "{not json"}, "row 1 of this task"),
+    ({"payload": "NaN"}, "NaN is not JSON"),
+    ({"payload": None}, "payload is NULL"),
+    ({"payload": '"x"', "priority": 300}, "priority must be between 0 and 255"),
+    ({"payload": '"x"', "id": ""}, "id must not be empty"),
+    ({"payload": '"x"', "partition_key": "a\nb"}, "control character"),
+    ({"payload": '"x"', "metadata": '{"a": 1}'}, "metadata must map strings to strings"),
+    ({"payload": '"' + "x" * 2000 + '"'}, "payload is 2002 bytes as JSON; the limit is 1000"),
+])
+def test_bad_rows_are_named(row: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidRow, match=message):
+        prepare([row], maxPayloadBytes="1000")
+
+
+class CountingDatabase:
+    """Just enough of a Connection for Horizon: a MySQL-like clock and INNODB_TRX."""
+
+    def __init__(self) -> None:
+        from sqlqueue.integrations.spark.sql import statements_for
+
+        self.sql = statements_for("mysql")
+        self.horizon_reads = 0
+
+    def one(self, statement: tuple[str, list[Any]]) -> tuple[Any, ...]:
+        if "INNODB_TRX" in statement[0]:
+            self.horizon_reads += 1
+            return (None,)
+        return (1_000_000,)
+
+
+def test_the_horizon_reads_innodb_trx_at_most_twice_a_second() -> None:
+    """Reading INNODB_TRX more often than every 0.1 s keeps InnoDB's snapshot of it
+    stale for every reader on the server."""
+    from sqlqueue.integrations.spark.horizon import MARGIN_MS, Horizon
+
+    db = CountingDatabase()
+    horizon = Horizon(300_000)
+    values = {horizon(db) for _ in range(50)}  # type: ignore[arg-type]
+    assert db.horizon_reads == 1
+    assert values == {1_000_000 - MARGIN_MS}
+
+
+class DeadlockingDatabase:
+    """A Connection whose first INSERT the server "rolls back" for a deadlock."""
+
+    def __init__(self) -> None:
+        from sqlqueue.integrations.spark.sql import statements_for
+
+        self.sql = statements_for("sqlite")
+        self.inserts: list[list[Any]] = []
+
+    def transaction(self) -> Any:
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+    def run(self, statement: tuple[str, list[Any]]) -> int:
+        self.inserts.append(statement[1])
+        if len(self.inserts) == 1:
+            raise RuntimeError(1213, "Deadlock found when trying to get lock")
+        return len(statement[1]) // 8
+
+
+def test_a_chunk_rolled_back_by_a_deadlock_is_sent_again_in_key_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlqueue.integrations.spark import writer
+
+    monkeypatch.setattr(writer.time, "sleep", lambda seconds: None)
+    options = SourceOptions.parse({"url": "sqlite:////tmp/x", "topic": "t"})
+    db = DeadlockingDatabase()
+    publisher = writer.ChunkPublisher(options, db)  # type: ignore[arg-type]
+    rows = [("b", "2", "{}", None, 1, 50, 0), ("a", "9", "{}", None, 1, 50, 0),
+            ("b", "1", "{}", None, 1, 50, 0)]
+    publisher.publish(rows)
+    assert len(db.inserts) == 2  # the first attempt, then the retry
+    assert [(p[1], p[2]) for p in [db.inserts[1][i:i + 8] for i in range(0, 24, 8)]] == [
+        ("a", "9"), ("b", "1"), ("b", "2")]
+    assert (publisher.report.sent, publisher.report.inserted) == (3, 3)
