@@ -21,8 +21,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from sqlqueue.exceptions import ConfigurationError
+from sqlqueue.naming import MAX_NAME_BYTES as MAX_NAME_BYTES  # re-exported
 
-MAX_NAME_BYTES = 255  # VARCHAR(255) columns of the RFC schema
 MAX_DLQ_SUFFIX_BYTES = 64
 
 

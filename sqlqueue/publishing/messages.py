@@ -18,8 +18,10 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from sqlqueue.conf import MAX_NAME_BYTES, QueueSettings
+from sqlqueue import naming
+from sqlqueue.conf import QueueSettings
 from sqlqueue.exceptions import InvalidMessage
+from sqlqueue.naming import MAX_NAME_BYTES
 from sqlqueue.storage.sql.base import MessageRow
 
 DEFAULT_PRIORITY = 50
@@ -54,20 +56,10 @@ class SentMessage:
 
 def check_name(kind: str, value: Any, *, max_bytes: int = MAX_NAME_BYTES) -> str:
     """A topic, partition key or id: a non-empty str of printable characters."""
-    if not isinstance(value, str):
-        raise InvalidMessage(f"{kind} must be a string, not {type(value).__name__}.")
-    if not value:
-        raise InvalidMessage(f"{kind} must not be empty.")
-    bad = next((ch for ch in value if ord(ch) < 32 or 127 <= ord(ch) < 160), None)
-    if bad is not None:
-        raise InvalidMessage(f"{kind} {value[:50]!r} contains the control character {bad!r}.")
     try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise InvalidMessage(f"{kind} {value[:50]!r} is not valid Unicode text.") from exc
-    if size > max_bytes:
-        raise InvalidMessage(f"{kind} is {size} bytes long; the limit is {max_bytes} bytes.")
-    return value
+        return naming.check_name(kind, value, max_bytes)
+    except ValueError as problem:
+        raise InvalidMessage(str(problem)) from None
 
 
 def check_topic(topic: Any, conf: QueueSettings) -> str:

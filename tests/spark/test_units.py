@@ -14,7 +14,7 @@ import pytest
 from sqlqueue.exceptions import InvalidMessage
 from sqlqueue.integrations.spark.connect import Database
 from sqlqueue.integrations.spark.errors import InvalidOption, InvalidRow
-from sqlqueue.integrations.spark.options import SourceOptions, check_name
+from sqlqueue.integrations.spark.options import SourceOptions
 from sqlqueue.integrations.spark.reader import split_offsets
 from sqlqueue.integrations.spark.rows import (
     RowPreparer,
@@ -22,6 +22,7 @@ from sqlqueue.integrations.spark.rows import (
     content_id,
     unkeyed_partition,
 )
+from sqlqueue.naming import check_name
 from sqlqueue.publishing import messages as publishing
 
 EXECUTOR_MODULES = ("source", "reader", "writer", "stream", "group", "horizon", "rows",

@@ -15,8 +15,7 @@ from typing import Any
 from sqlqueue.integrations.spark.connect import Database
 from sqlqueue.integrations.spark.errors import InvalidOption
 from sqlqueue.integrations.spark.tables import Table, table_named
-
-MAX_NAME_BYTES = 255  # VARCHAR(255), as sqlqueue.conf.MAX_NAME_BYTES
+from sqlqueue.naming import MAX_NAME_BYTES, check_name
 
 #: option name -> (default, what it is); the defaults of sqlqueue's settings are those
 #: of the SQLQUEUE setting (sqlqueue.spark.options_from_settings() copies yours).
@@ -88,23 +87,6 @@ def _seconds(name: str, value: str) -> float:
     if not 0 < number < float("inf"):
         raise InvalidOption(f"option {name!r} must be > 0 seconds; got {value!r}")
     return number
-
-
-def check_name(kind: str, value: str, max_bytes: int = MAX_NAME_BYTES) -> str:
-    """A topic, partition key, id or group: the rules of sqlqueue.publishing.check_name
-    (tests/spark/test_units.py keeps the two in step)."""
-    if not value:
-        raise ValueError(f"{kind} must not be empty.")
-    bad = next((ch for ch in value if ord(ch) < 32 or 127 <= ord(ch) < 160), None)
-    if bad is not None:
-        raise ValueError(f"{kind} {value[:50]!r} contains the control character {bad!r}.")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise ValueError(f"{kind} {value[:50]!r} is not valid Unicode text.") from None
-    if size > max_bytes:
-        raise ValueError(f"{kind} is {size} bytes long; the limit is {max_bytes} bytes.")
-    return value
 
 
 def _name_option(name: str, value: str | None, max_bytes: int = MAX_NAME_BYTES) -> str | None:

@@ -23,7 +23,8 @@ import pyarrow as pa
 
 from sqlqueue.integrations.spark.arrow import timestamps_to_epoch_micros
 from sqlqueue.integrations.spark.errors import InvalidOption, InvalidRow
-from sqlqueue.integrations.spark.options import SourceOptions, check_name
+from sqlqueue.integrations.spark.options import SourceOptions
+from sqlqueue.naming import check_name
 
 DEFAULT_PRIORITY = 50
 UNKEYED_PREFIX = "default-"  # as sqlqueue.publishing.messages.UNKEYED_PREFIX
