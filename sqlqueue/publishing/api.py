@@ -8,6 +8,7 @@ outside one, it commits at once. Input is validated completely before any SQL ru
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,7 +31,6 @@ from sqlqueue.storage.sql import Dialect, MessageRow, dialect_for
 # A duplicate-key error means another transaction stored the same id between our read
 # and our insert; after this many rounds something else is wrong and the error surfaces.
 MAX_DEDUP_ROUNDS = 3
-MAX_ROWS_PER_STATEMENT = 500
 
 
 def send_message(
@@ -105,8 +105,11 @@ def send_messages(
     unique_rows = list(first_of_key.values())
     offsets: dict[tuple[str, str], int] = {}
     created: set[tuple[str, str]] = set()
-    with transaction.atomic(using=connection.alias):
-        for chunk in _chunks(unique_rows, dialect):
+    chunks = list(_chunks(unique_rows, dialect))
+    # One statement stores a chunk whole or not at all (a failed statement is undone on
+    # its own), so a single chunk needs no transaction or savepoint of its own.
+    with transaction.atomic(using=connection.alias) if len(chunks) > 1 else nullcontext():
+        for chunk in chunks:
             chunk_offsets, chunk_created = _store_chunk(connection, dialect, topic, chunk)
             offsets.update(chunk_offsets)
             created.update(chunk_created)
@@ -163,7 +166,7 @@ def _store_chunk(
 def _chunks(rows: Sequence[MessageRow], dialect: Dialect) -> Iterable[Sequence[MessageRow]]:
     """Split ``rows`` so each statement stays under the row, parameter and byte limits."""
     max_params = dialect.connection.features.max_query_params or 65_535
-    max_rows = max(1, min(MAX_ROWS_PER_STATEMENT, max_params // 10))
+    max_rows = max(1, min(dialect.max_rows_per_insert, max_params // 10))
     max_bytes = dialect.max_statement_bytes()
     chunk: list[MessageRow] = []
     size = 0

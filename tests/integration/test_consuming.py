@@ -385,6 +385,7 @@ def test_an_idle_subscriber_polls_with_one_query(register: Any) -> None:
     runner._shutdown()
 
 
+@pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits on MySQL
 def test_fetch_uses_the_partition_offset_index(register: Any) -> None:
     send_messages("t", [OutgoingMessage(n, partition_key=f"k{n % 5}") for n in range(200)])
     sql = dialect_for(connection).fetch_messages_sql()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import time
 from typing import Any
@@ -107,6 +108,7 @@ def explain(sql: str, params: list[Any]) -> str:
         return " ".join(str(r) for r in cursor.fetchall())
 
 
+@pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits on MySQL
 def test_select_message_offsets_uses_the_unique_key() -> None:
     dialect = dialect_for(connection)
     with connection.cursor() as cursor:
@@ -300,3 +302,46 @@ def test_pending_summary_skips_replays_addressed_to_other_groups() -> None:
     assert for_other.oldest_due_at == 5
     assert only_replay["k"].oldest_due_at == 7
     assert mine > replay
+
+
+AWKWARD_TEXT = "it's a \"quote\", a back\\slash, 100% _wild_ %s, é, 🦆, \u2028 and \x7e"
+
+
+def test_insert_messages_stores_every_value_byte_for_byte() -> None:
+    """MySQL inlines the values as escaped literals (mysql.py, insert_messages): quotes,
+    backslashes, percent signs, non-ASCII text and every byte value must come back as
+    they went in."""
+    json_bytes = json.dumps({"text": AWKWARD_TEXT}, ensure_ascii=False).encode()
+    binary = bytes(range(256))  # not JSON, but the column must keep any byte
+    rows = [
+        row(pk="key 'one' \\", mid=AWKWARD_TEXT, payload=json_bytes,
+            metadata='{"k":"v \' \\\\ é"}', priority=255, published_at=2**53),
+        row(pk="ключ", mid="fresh-0000", payload=binary, fresh_id=True),
+        row(pk="k", mid="delayed", delay_ms=10**12),
+    ]
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        offsets = dialect.insert_messages(cursor, rows)
+        cursor.execute("SELECT partition_key, id, payload, metadata, priority, published_at, "
+                       "deliver_after, created_at FROM queue_messages ORDER BY "
+                       + connection.ops.quote_name("offset"))
+        stored = cursor.fetchall()
+    assert offsets is None or len(offsets) == 3
+    assert [(r[0], r[1], bytes(r[2]), r[3], r[4], r[5]) for r in stored] == [
+        (r.partition_key, r.id, r.payload, r.metadata, r.priority, r.published_at)
+        for r in rows
+    ]
+    assert stored[2][6] - stored[2][7] == 10**12
+
+
+def test_created_at_defaults_to_the_database_clock(mysql_only: None) -> None:
+    """Migration 0006: MySQL's publishing INSERT leaves created_at to the column default."""
+    dialect = dialect_for(connection)
+    assert b"created_at" not in dialect.insert_messages_statement([row()])  # type: ignore[attr-defined]
+    with connection.cursor() as cursor:
+        before = dialect.database_now_ms(cursor)
+        dialect.insert_messages(cursor, [row()])
+        cursor.execute("SELECT created_at FROM queue_messages")
+        (created_at,) = cursor.fetchone()
+        after = dialect.database_now_ms(cursor)
+    assert before <= created_at <= after

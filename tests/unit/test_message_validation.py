@@ -15,6 +15,7 @@ from sqlqueue.publishing.messages import (
     check_topic,
     encode_metadata,
     encode_payload,
+    new_message_id,
     prepare,
     schedule,
     unkeyed_partition,
@@ -29,7 +30,8 @@ def test_invalid_message_is_a_value_error_and_a_sqlqueue_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["", "a\x00b", "tab\tinside", "new\nline", "del\x7f", "c1\x85", "x" * 256, "é" * 128]
+    "value", ["", "a\x00b", "tab\tinside", "new\nline", "del\x7f", "c1\x85", "x" * 256, "é" * 128,
+              "\u00a0" * 128, "ascii then \x85"]
 )
 def test_bad_names(value: str) -> None:
     with pytest.raises(InvalidMessage):
@@ -43,7 +45,9 @@ def test_names_must_be_strings(value: Any) -> None:
 
 
 def test_good_names_include_unicode_and_spaces() -> None:
-    for value in ["orders.created", "customer 7", "ключ", "🦆", "x" * 255, "é" * 127]:
+    # U+00A0 and U+2028 are not "printable" to Python, but they are no control characters.
+    for value in ["orders.created", "customer 7", "ключ", "🦆", "x" * 255, "é" * 127,
+                  "no\u00a0break", "line\u2028separator", " "]:
         assert check_name("id", value) == value
 
 
@@ -128,6 +132,15 @@ def test_unkeyed_messages_spread_deterministically() -> None:
     keys = {unkeyed_partition(str(uuid.uuid4()), 16) for _ in range(2000)}
     assert keys == {f"default-{i}" for i in range(16)}
     assert unkeyed_partition("order-1", 16) == unkeyed_partition("order-1", 16)
+
+
+def test_new_message_ids_are_random_uuid4_text() -> None:
+    ids = [new_message_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text  # lower-case hex with dashes, as str(uuid4()) makes it
+        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
 
 
 def test_prepare_fills_id_and_partition() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -14,9 +14,11 @@ MESSAGE_TABLE = "queue_messages"
 MessageKey = tuple[str, str]  # (partition_key, id) within one topic
 
 
-@dataclass(frozen=True, slots=True)
-class MessageRow:
-    """One validated message, ready for ``INSERT`` (see sqlqueue.publishing)."""
+class MessageRow(NamedTuple):
+    """One validated message, ready for ``INSERT`` (see sqlqueue.publishing).
+
+    A named tuple rather than a dataclass: publishing makes one per message, and a
+    tuple is built several times faster."""
 
     topic: str
     partition_key: str
@@ -699,6 +701,8 @@ class Dialect(ConsumingStatements, OperatingStatements):
         self.quote = connection.ops.quote_name
 
     # -- insert_messages ---------------------------------------------------------------
+    #: rows per publishing INSERT; also bounded by the driver's parameter limit
+    max_rows_per_insert = 500
     insert_verb = "INSERT INTO"
     _INSERT_COLUMNS = (
         "topic", "partition_key", "id", "payload", "metadata", "created_at",

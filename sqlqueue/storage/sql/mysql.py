@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from django.db import DatabaseError, IntegrityError
 from django.db.backends.utils import CursorWrapper
 
-from sqlqueue.storage.sql.base import Dialect
+from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
 
 ER_DUP_ENTRY = 1062
 
@@ -24,6 +24,63 @@ class MySQLDialect(Dialect):
     now_ms_sql = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
     # LOCK IN SHARE MODE (not FOR SHARE) is understood by both MySQL 8 and MariaDB.
     locking_read_suffix = " LOCK IN SHARE MODE"
+
+    # -- insert_messages ---------------------------------------------------------------
+    # The hot path of publishing. Two things make it cheap on these servers:
+    # - created_at is left to the column's DEFAULT (the database clock, migration 0006):
+    #   an expression repeated in every row costs the server more to parse than the
+    #   row costs to store;
+    # - the VALUES are written as literals, escaped by the client library's own
+    #   mysql_real_escape_string for the connection's character set, the same escaping
+    #   mysqlclient applies to parameters, minus its per-parameter type dispatch.
+    max_rows_per_insert = 1000  # no parameters to bound it; max_statement_bytes does
+    _LITERAL_COLUMNS = (
+        "topic", "partition_key", "id", "payload", "metadata", "published_at", "priority",
+        "deliver_after",
+    )
+
+    def created_at_default_sql(self, *, drop: bool = False) -> str:
+        """``created_at_default`` (migration 0006): stamp ``created_at`` with the
+        database clock when an INSERT leaves it out (``drop``: undo that)."""
+        change = "DROP DEFAULT" if drop else f"SET DEFAULT ({self.now_ms_sql})"
+        return (f"ALTER TABLE {self.quote(MESSAGE_TABLE)} ALTER COLUMN "
+                f"{self.quote('created_at')} {change}")
+
+    def insert_messages_statement(self, rows: Sequence[MessageRow]) -> bytes:
+        """``insert_messages`` for MySQL: a multi-row INSERT with the values inlined."""
+        escape = self.connection.connection.string_literal
+        names: dict[str, bytes] = {}  # topics and partition keys repeat: escape each once
+
+        def name(value: str) -> bytes:
+            found = names.get(value)
+            if found is None:
+                found = names[value] = escape(value.encode("utf-8"))
+            return found
+
+        values = []
+        for r in rows:
+            # A UUID made by sqlqueue is hex digits and dashes: nothing to escape.
+            message_id = b"'%s'" % r.id.encode("ascii") if r.fresh_id else escape(
+                r.id.encode("utf-8"))
+            metadata = b"NULL" if r.metadata is None else escape(r.metadata.encode("utf-8"))
+            deliver_after = (b"%d" % r.deliver_at_ms if r.delay_ms is None
+                             else b"%s + %d" % (self._now_ms_bytes, r.delay_ms))
+            values.append(b"(%s,%s,%s,_binary%s,%s,%d,%d,%s)" % (
+                name(r.topic), name(r.partition_key), message_id, escape(r.payload), metadata,
+                r.published_at, r.priority, deliver_after))
+        columns = ", ".join(self.quote(c) for c in self._LITERAL_COLUMNS)
+        head = f"INSERT INTO {self.quote(MESSAGE_TABLE)} ({columns}) VALUES ".encode()
+        return head + b",".join(values)
+
+    @property
+    def _now_ms_bytes(self) -> bytes:
+        return self.now_ms_sql.encode()
+
+    def insert_messages(
+        self, cursor: CursorWrapper, rows: Sequence[MessageRow]
+    ) -> list[int] | None:
+        cursor.execute(self.insert_messages_statement(rows))  # type: ignore[arg-type]
+        return self.inserted_offsets(cursor, len(rows))
 
     def inserted_offsets(self, cursor: CursorWrapper, count: int) -> list[int] | None:
         # LAST_INSERT_ID() is the first row's offset. A multi-row INSERT ... VALUES is a
