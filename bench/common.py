@@ -11,7 +11,7 @@ QUEUE_TABLES = ("queue_messages", "queue_delivery_state", "queue_offsets",
 
 def setup(url: str) -> None:
     os.environ["BENCH_DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"  # not an inherited one
     from bench.publish import ensure_database
 
     ensure_database(url)

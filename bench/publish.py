@@ -23,7 +23,7 @@ import django
 
 def configure(url: str) -> None:
     os.environ["BENCH_DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"  # not an inherited one
     django.setup()
 
 

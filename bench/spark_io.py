@@ -36,7 +36,7 @@ TOPIC = "bench.spark"
 
 def setup_django(url: str) -> None:
     os.environ["BENCH_DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"  # not an inherited one
     if url.startswith("mysql"):
         from sqlqueue.integrations.spark.connect import Database
 

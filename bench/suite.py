@@ -43,12 +43,18 @@ class Sizes:
     peer_drain: int
     peer_drain_timeout: int
     latency_seconds: int
+    split_partitions: int
+    split_subscribers: int
 
 
 FULL = Sizes(single=2000, bulk=50_000, drain=20_000, statements=2000, peer_single=2000,
-             peer_bulk=20_000, peer_drain=5000, peer_drain_timeout=60, latency_seconds=15)
+             peer_bulk=20_000, peer_drain=5000, peer_drain_timeout=60, latency_seconds=15,
+             split_partitions=1000, split_subscribers=10)
 QUICK = Sizes(single=300, bulk=5000, drain=3000, statements=1000, peer_single=300,
-              peer_bulk=2000, peer_drain=1000, peer_drain_timeout=20, latency_seconds=5)
+              peer_bulk=2000, peer_drain=1000, peer_drain_timeout=20, latency_seconds=5,
+              split_partitions=200, split_subscribers=4)
+#: shorter leases than the defaults (30 s, renewed every 10 s), as a busy deployment may set
+FAST_LEASES = {"LEASE_DURATION": 8, "LEASE_RENEW_INTERVAL": 2}
 
 
 def log(text: str) -> None:
@@ -82,6 +88,13 @@ def own_scenarios(sizes: Sizes, url: str, quick: bool) -> dict[str, Any]:
                                        "--messages", str(sizes.statements))
     log("polling cost as the table grows; discovery cost with many partitions")
     results["costs"] = run_module("costs", "--url", url, *(["--quick"] if quick else []))
+    results["lease_split"] = []
+    for settings in ([FAST_LEASES] if quick else [{}, FAST_LEASES]):
+        log(f"lease split: {sizes.split_partitions} partitions, {sizes.split_subscribers} "
+            f"processes, settings {settings or 'default'}")
+        results["lease_split"].append(run_module(
+            "lease_split", "--url", url, "--partitions", str(sizes.split_partitions),
+            "--subscribers", str(sizes.split_subscribers), "--settings", json.dumps(settings)))
     return results
 
 
@@ -157,7 +170,7 @@ def peer_scenarios(sizes: Sizes, url: str, peers: list[str]) -> dict[str, Any]:
 def machine(url: str) -> dict[str, Any]:
     import django
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"  # not an inherited one
     os.environ["BENCH_DATABASE_URL"] = url
     django.setup()
     from django.db import connection
@@ -182,6 +195,10 @@ def rate(record: dict[str, Any], key: str) -> str:
         return "error" if record.get("error") or record.get("ok") is False else "-"
     suffix = " (timed out)" if record.get("timed_out") else ""
     return f"{value:,.0f}{suffix}"
+
+
+def seconds(value: float | None) -> str:
+    return "not within the limit" if value is None else f"{value:.1f} s"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -210,6 +227,14 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {key} ratio, {' vs '.join(costs['poll'])} | {ratio} |")
     for label, ms in costs["discovery_ms"].items():
         lines.append(f"| partition discovery, {label} | {ms} ms |")
+    for split in own.get("lease_split", []):
+        leases = (f"leases {split['lease_duration_s']:g} s renewed every "
+                  f"{split['lease_renew_interval_s']:g} s")
+        lines += [
+            f"| {split['partitions']:,} partitions, {split['subscribers']} processes "
+            f"({leases}): fair split, from start | {seconds(split['fair_split_s'])} |",
+            f"| same: fair again after one process stops (SIGTERM) | "
+            f"{seconds(split['one_left_fair_again_s'])} |"]
     if results.get("peers"):
         lines += ["", "## Side by side (the peer harness, same run, same MariaDB and Redis)", "",
                   "| peer | enqueue 1/txn msg/s | bulk msg/s | drain 1 proc jobs/s | "

@@ -28,5 +28,10 @@ def test_quick_suite_reports_every_scenario(mysql_only: None, tmp_path: Path) ->
     assert own["statements"]["per_message"] <= 0.1
     assert own["statements"]["per_idle_poll"] == 1.0
     assert set(own["costs"]["discovery_ms"]) == {"10 partitions", "1000 partitions"}
+    (split,) = own["lease_split"]
+    assert (split["partitions"], split["subscribers"]) == (200, 4)
+    # Reached at all (the limit is minutes): how fast is the benchmark's business.
+    assert split["fair_split_s"] is not None and split["one_left_fair_again_s"] is not None
     report = (tmp_path / "results.md").read_text()
     assert "SQL statements per message" in report and "drain 3,000" in report
+    assert "fair split, from start" in report
