@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.publish --url sqlite:////tmp/bench.sqlite3
     .venv/bin/python -m bench.publish --single 5000 --bulk 100000 --json out.json
 
-Measures, on an emptied queue table:
+Measures, on an emptied queue table, the median of --rounds runs (3 by default):
   single: one send_message per transaction.atomic() (what a web request does)
   bulk:   send_messages in batches of --batch messages, one transaction per batch
 """
@@ -15,16 +15,12 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import django
-
-
-def configure(url: str) -> None:
-    os.environ["BENCH_DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"  # not an inherited one
-    django.setup()
 
 
 def ensure_database(url: str) -> None:
@@ -39,13 +35,6 @@ def ensure_database(url: str) -> None:
         f"CREATE DATABASE IF NOT EXISTS `{parsed['NAME']}` CHARACTER SET utf8mb4"
     )
     server.close()
-
-
-def empty_queue() -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {connection.ops.quote_name('queue_messages')}")
 
 
 def bench_single(count: int) -> float:
@@ -82,28 +71,39 @@ def main() -> None:
     parser.add_argument("--single", type=int, default=2000)
     parser.add_argument("--bulk", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="run each scenario this many times; report the median")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
 
-    ensure_database(args.url)
-    configure(args.url)
-    from django.core.management import call_command
+    from bench.common import reset, setup
+
+    setup(args.url)
     from django.db import connection
 
-    call_command("migrate", verbosity=0)
-    empty_queue()
+    def rounds(scenario: Callable[[], float]) -> list[int]:
+        measured = []
+        for _ in range(args.rounds):
+            reset()  # TRUNCATE: no purge of the last round's rows to compete with
+            measured.append(round(scenario()))
+        return measured
+
+    single = rounds(lambda: bench_single(args.single))
+    bulk = rounds(lambda: bench_bulk(args.bulk, args.batch))
     results: dict[str, Any] = {
         "database": connection.vendor,
         "server_version": _server_version(),
         "python": platform.python_version(),
         "django": django.get_version(),
-        "single_per_s": round(bench_single(args.single)),
-        "bulk_per_s": round(bench_bulk(args.bulk, args.batch)),
+        "single_per_s": statistics.median_low(single),
+        "bulk_per_s": statistics.median_low(bulk),
+        "single_rounds_per_s": single,
+        "bulk_rounds_per_s": bulk,
         "single_count": args.single,
         "bulk_count": args.bulk,
         "batch": args.batch,
     }
-    empty_queue()
+    reset()
     print(json.dumps(results, indent=2))
     if args.json:
         with open(args.json, "w") as out:

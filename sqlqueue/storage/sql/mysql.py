@@ -8,6 +8,7 @@ time zone nor from the worker's clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 
 from django.db import DatabaseError, IntegrityError
 from django.db.backends.utils import CursorWrapper
@@ -68,11 +69,14 @@ class MySQLDialect(Dialect):
             values.append(b"(%s,%s,%s,_binary%s,%s,%d,%d,%s)" % (
                 name(r.topic), name(r.partition_key), message_id, escape(r.payload), metadata,
                 r.published_at, r.priority, deliver_after))
-        columns = ", ".join(self.quote(c) for c in self._LITERAL_COLUMNS)
-        head = f"INSERT INTO {self.quote(MESSAGE_TABLE)} ({columns}) VALUES ".encode()
-        return head + b",".join(values)
+        return self._insert_head + b",".join(values)
 
-    @property
+    @cached_property
+    def _insert_head(self) -> bytes:
+        columns = ", ".join(self.quote(c) for c in self._LITERAL_COLUMNS)
+        return f"INSERT INTO {self.quote(MESSAGE_TABLE)} ({columns}) VALUES ".encode()
+
+    @cached_property
     def _now_ms_bytes(self) -> bytes:
         return self.now_ms_sql.encode()
 
