@@ -30,13 +30,12 @@ from sqlqueue.consuming.gc import GarbageCollector
 from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.registry import Consumer, registered_consumers
 from sqlqueue.consuming.subscriber import Subscriber
+from sqlqueue.horizon import UNKNOWN, refresh_delay, settled_before
 from sqlqueue.storage.sql import dialect_for
 
 logger = logging.getLogger("sqlqueue.consumer")
 
 RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)  # seconds, after a lost connection
-HORIZON_REFRESH = 0.5  # seconds a write horizon is reused
-HORIZON_MARGIN_MS = 1000  # INNODB_TRX: whole-second start times, snapshots up to 0.1 s old
 
 
 class _Once:
@@ -216,29 +215,28 @@ class Runner:
 
     def _horizon(self, cursor: Any, now_ms: int) -> Callable[[], int | None]:
         """Lazily: database time before which no publishing transaction is still open,
-        so no row can still appear below a settled one. Read at most every
-        HORIZON_REFRESH seconds; an older horizon is an earlier one, hence still safe."""
+        so no row can still appear below a settled one (sqlqueue.horizon). Read at most
+        every ``refresh_delay()`` seconds; an older horizon is an earlier one, hence still
+        safe. Called only inside a transaction a locking read (``fence``) has started, so
+        that a fresh INNODB_TRX snapshot lists this connection's own transaction."""
 
         def horizon() -> int | None:
             if time.monotonic() >= self._horizon_expires:
                 self._horizon_value = self._read_horizon(cursor, now_ms)
-                self._horizon_expires = time.monotonic() + HORIZON_REFRESH
+                self._horizon_expires = time.monotonic() + refresh_delay()
             return self._horizon_value
 
         return horizon
 
     def _read_horizon(self, cursor: Any, now_ms: int) -> int | None:
-        floor = now_ms - round(self.conf.MAX_TRANSACTION_AGE * 1000)
-        dialect = dialect_for(connections[self.alias])
         try:
-            oldest = dialect.write_horizon_ms(cursor)
+            seen = dialect_for(connections[self.alias]).write_horizon(cursor)
         except DatabaseError:
-            return floor  # no view of open transactions: assume the longest allowed
-        if oldest is None:
-            if connections[self.alias].vendor == "sqlite":
-                return None  # one writer at a time: nothing can commit out of order
-            return now_ms - HORIZON_MARGIN_MS
-        return max(floor, min(oldest, now_ms) - HORIZON_MARGIN_MS)
+            seen = UNKNOWN  # no view of open transactions: assume the longest allowed
+        if seen is None:
+            return None  # one writer at a time: nothing can commit out of order
+        return settled_before(seen, now_ms, round(self.conf.MAX_TRANSACTION_AGE * 1000),
+                              self._horizon_value)
 
     def _next_delay(self, now_ms: int, head: Callable[[], int]) -> float | None:
         if self.max_messages is not None and self._dispatched >= self.max_messages:

@@ -84,7 +84,7 @@ def drain_until_watermarks(
     group: str, expected: dict[str, int], timeout: float = 20, **kwargs: Any
 ) -> None:
     """Drain until the group's watermarks reach at least ``expected``. On MySQL a watermark
-    trails the newest rows by the write horizon (about a second): this waits on that."""
+    trails the newest rows by the write horizon (one to two seconds): this waits on that."""
     import time
 
     deadline = time.monotonic() + timeout

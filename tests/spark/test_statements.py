@@ -128,21 +128,30 @@ def test_write_horizon_sees_an_open_writing_transaction(db_url: str, db: Connect
         assert statement is None  # one writer at a time: nothing commits out of order
         return
     assert statement is not None
+    own = ("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+           "WHERE trx_mysql_thread_id = CONNECTION_ID()", [])
     # The server is shared: other transactions may be open; ours must show.
     with Database.from_url(db_url).connect() as writer:
+        opened = time.time() * 1000
         writer.run((writer.sql.begin_sql, []))
         writer.run(writer.sql.insert_messages("t", [row("k", "open")]))
-        (trx_id,) = writer.one(("SELECT trx_id FROM information_schema.INNODB_TRX "
-                                "WHERE trx_mysql_thread_id = CONNECTION_ID()", [])) or (None,)
-        opened = time.time() * 1000
-        # INNODB_TRX is a snapshot, refreshed when nobody read it for 0.1 s.
+        # INNODB_TRX is a snapshot, refreshed when nobody read it for 0.1 s. Read inside
+        # a transaction of our own (begin_snapshot_sql), a fresh one lists that too.
         deadline = time.monotonic() + 10
-        while (started := (db.one(statement) or (None,))[0]) is None:
+        while True:
+            with db.transaction(begin=db.sql.begin_snapshot_sql):
+                oldest_writer, newest_start = db.one(statement) or (None, None)
+                (listed,) = db.one(own) or (0,)  # at once: the same snapshot
+            if oldest_writer is not None and listed:
+                break
             assert time.monotonic() < deadline, "the open transaction never showed"
             time.sleep(0.15)
         writer.raw.rollback()
-    assert trx_id is not None
-    assert int(started) <= opened  # the oldest open writer started no later than ours
+    # The oldest open writer started no later than ours (whole seconds); the snapshot
+    # lists our own transaction, begun after it.
+    assert int(oldest_writer) <= opened
+    assert int(newest_start) >= int(oldest_writer)
+    assert int(newest_start) >= opened - 1000
 
 
 def test_partition_rows_and_partition_states(db: Connection) -> None:

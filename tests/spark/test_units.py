@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -165,31 +167,66 @@ def test_bad_rows_are_named(row: dict[str, Any], message: str) -> None:
 
 
 class CountingDatabase:
-    """Just enough of a Connection for Horizon: a MySQL-like clock and INNODB_TRX."""
+    """Just enough of a Connection for Horizon: a MySQL-like clock, and INNODB_TRX as a
+    snapshot listing (oldest writer, newest transaction)."""
 
     def __init__(self) -> None:
         from sqlqueue.integrations.spark.sql import statements_for
 
         self.sql = statements_for("mysql")
+        self.now_ms = 1_000_000
+        self.snapshot: tuple[int | None, int | None] = (None, 1_000_000)
         self.horizon_reads = 0
+        self.began: str | None = None  # the open transaction, by how it began
+        self.read_in: list[str | None] = []
+
+    @contextmanager
+    def transaction(self, begin: str | None = None) -> Iterator[None]:
+        self.began = begin or self.sql.begin_sql
+        try:
+            yield
+        finally:
+            self.began = None
 
     def one(self, statement: tuple[str, list[Any]]) -> tuple[Any, ...]:
         if "INNODB_TRX" in statement[0]:
             self.horizon_reads += 1
-            return (None,)
-        return (1_000_000,)
+            self.read_in.append(self.began)
+            return self.snapshot
+        return (self.now_ms,)
 
 
 def test_the_horizon_reads_innodb_trx_at_most_twice_a_second() -> None:
     """Reading INNODB_TRX more often than every 0.1 s keeps InnoDB's snapshot of it
     stale for every reader on the server."""
-    from sqlqueue.integrations.spark.horizon import MARGIN_MS, Horizon
+    from sqlqueue.horizon import MARGIN_MS
+    from sqlqueue.integrations.spark.horizon import Horizon
 
     db = CountingDatabase()
     horizon = Horizon(300_000)
     values = {horizon(db) for _ in range(50)}  # type: ignore[arg-type]
     assert db.horizon_reads == 1
     assert values == {1_000_000 - MARGIN_MS}
+    # In a transaction of its own that InnoDB lists at once, so a fresh snapshot has it.
+    assert db.read_in == ["START TRANSACTION WITH CONSISTENT SNAPSHOT"]
+
+
+def test_the_horizon_keeps_its_last_value_through_a_stale_snapshot() -> None:
+    import pickle
+
+    from sqlqueue.horizon import MARGIN_MS
+    from sqlqueue.integrations.spark.horizon import Horizon
+
+    db = CountingDatabase()
+    horizon = Horizon(300_000)
+    assert horizon(db) == 1_000_000 - MARGIN_MS  # type: ignore[arg-type]
+    horizon = pickle.loads(pickle.dumps(horizon))  # as it lands on the stream's driver
+    db.now_ms, db.snapshot = 1_030_000, (None, 990_000)  # stale: taken 40 s ago
+    assert horizon(db) == 1_000_000 - MARGIN_MS  # type: ignore[arg-type]
+    db.now_ms, db.snapshot = 1_031_000, (1_010_000, 1_031_000)  # fresh, with a writer
+    horizon._expires = 0.0
+    assert horizon(db) == 1_010_000 - MARGIN_MS  # type: ignore[arg-type]
+    assert db.horizon_reads == 3
 
 
 class DeadlockingDatabase:

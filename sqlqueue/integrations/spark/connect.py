@@ -163,10 +163,11 @@ class Connection:
             cursor.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
+    def transaction(self, begin: str | None = None) -> Iterator[None]:
         """One transaction; rolled back if the block raises. SQLite takes its write lock
-        at once (BEGIN IMMEDIATE), so two writers queue up instead of failing."""
-        self.run((self.sql.begin_sql, []))
+        at once (BEGIN IMMEDIATE), so two writers queue up instead of failing. ``begin``:
+        another statement to begin it with (``sql.begin_snapshot_sql``)."""
+        self.run((begin or self.sql.begin_sql, []))
         try:
             yield
         except BaseException:

@@ -2,42 +2,53 @@
 
 Offsets come from AUTO_INCREMENT when a row is inserted, but the row becomes visible when
 its transaction commits, so a message can appear *below* offsets already visible. The
-consumer engine and the stream use the same rule: a row inserted (``created_at``, the
-database clock) before the oldest open writing transaction started is settled, minus a
-second of margin (INNODB_TRX has whole-second start times). Without the PROCESS privilege
-the oldest open transaction is unknown and assumed to be MAX_TRANSACTION_AGE old. SQLite
-has one writer at a time: every visible row is settled.
+consumer engine and the stream use the same rule (``sqlqueue.horizon``): a row inserted
+(``created_at``, the database clock) before the oldest open writing transaction started is
+settled, minus a second of margin. Without the PROCESS privilege the oldest open
+transaction is unknown and assumed to be MAX_TRANSACTION_AGE old. SQLite has one writer at
+a time: every visible row is settled.
 
 INNODB_TRX is a server-wide snapshot that InnoDB refreshes only when nobody has read it
-for 0.1 s: a reader polling it faster than that keeps it stale for every reader, and an
-open transaction would never show. So it is read at most every ``REFRESH`` seconds, and
-the horizon computed then is reused (an older horizon is an earlier one: still safe).
+for 0.1 s: with many readers it can stay stale, and miss transactions that began after it
+was taken. It is read inside a transaction of our own (``begin_snapshot_sql``, which
+InnoDB lists at once), so a fresh snapshot lists it; a stale one lists only older
+transactions, which bounds its age. It is read at most every ``refresh_delay()`` seconds,
+and the last horizon is kept: what was settled then still is.
 """
 
 from __future__ import annotations
 
 import time
 
+from sqlqueue.horizon import UNKNOWN, WriteHorizon, refresh_delay, settled_before
 from sqlqueue.integrations.spark.connect import Connection
 
-MARGIN_MS = 1000  # whole-second trx_started, plus the age of INNODB_TRX's snapshot
-REFRESH = 0.5  # seconds between reads of INNODB_TRX (as the consumer engine's)
 
-
-def settled_before_ms(db: Connection, now_ms: int, max_transaction_age_ms: int) -> int | None:
-    """Database time before which every inserted row is settled; None: all are."""
+def read_write_horizon(db: Connection) -> WriteHorizon | None:
+    """The open transactions as INNODB_TRX shows them from inside our own transaction
+    (None: nothing commits out of offset order here; ``UNKNOWN``: not readable). ``db``
+    is in autocommit mode, outside any transaction (beginning one would commit it)."""
     statement = db.sql.write_horizon()
     if statement is None:
         return None
-    floor = now_ms - max_transaction_age_ms
     try:
-        row = db.one(statement)
-    except Exception:  # no PROCESS privilege: assume the longest transaction
-        return floor
-    oldest = None if row is None or row[0] is None else int(row[0])
-    if oldest is None:
-        return now_ms - MARGIN_MS
-    return max(floor, min(oldest, now_ms) - MARGIN_MS)
+        with db.transaction(begin=db.sql.begin_snapshot_sql):
+            row = db.one(statement)
+    except Exception:  # no PROCESS privilege: nothing known
+        return UNKNOWN
+    oldest_writer, newest_start = row if row is not None else (None, None)
+    return WriteHorizon(None if oldest_writer is None else int(oldest_writer),
+                        None if newest_start is None else int(newest_start))
+
+
+def settled_before_ms(db: Connection, now_ms: int, max_transaction_age_ms: int,
+                      previous_ms: int | None = None) -> int | None:
+    """Database time before which every inserted row is settled; None: all are.
+    ``previous_ms``: an earlier result, still true."""
+    seen = read_write_horizon(db)
+    if seen is None:
+        return None
+    return settled_before(seen, now_ms, max_transaction_age_ms, previous_ms)
 
 
 def database_now_ms(db: Connection) -> int:
@@ -47,7 +58,8 @@ def database_now_ms(db: Connection) -> int:
 
 
 class Horizon:
-    """``settled_before_ms``, read at most every ``REFRESH`` seconds."""
+    """``settled_before_ms``, read at most every ``refresh_delay()`` seconds; the last
+    value is kept, for reuse and as the earliest next one."""
 
     def __init__(self, max_transaction_age_ms: int) -> None:
         self.max_transaction_age_ms = max_transaction_age_ms
@@ -57,8 +69,8 @@ class Horizon:
     def __call__(self, db: Connection) -> int | None:
         if time.monotonic() >= self._expires:
             self._value = settled_before_ms(db, database_now_ms(db),
-                                            self.max_transaction_age_ms)
-            self._expires = time.monotonic() + REFRESH
+                                            self.max_transaction_age_ms, self._value)
+            self._expires = time.monotonic() + refresh_delay()
         return self._value
 
     # Pickled along with a stream reader: start afresh where it lands.

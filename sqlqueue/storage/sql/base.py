@@ -10,6 +10,8 @@ from django.db import IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
+from sqlqueue.horizon import WriteHorizon
+
 MESSAGE_TABLE = "queue_messages"
 MessageKey = tuple[str, str]  # (partition_key, id) within one topic
 
@@ -107,9 +109,10 @@ class ConsumingStatements:
     def delete_messages_upto_sql(self) -> str:
         raise NotImplementedError
 
-    def write_horizon_ms(self, cursor: CursorWrapper) -> int | None:
-        """Database time before which every publishing transaction has ended (None: no
-        transaction can commit out of offset order on this database)."""
+    def write_horizon(self, cursor: CursorWrapper) -> WriteHorizon | None:
+        """``write_horizon``: what the database shows of open transactions, for
+        ``sqlqueue.horizon.settled_before`` (None: no transaction can commit out of offset
+        order on this database). Read inside a started transaction."""
         raise NotImplementedError
 
     # fetch_messages ---------------------------------------------------------------------

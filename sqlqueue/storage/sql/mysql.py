@@ -13,6 +13,7 @@ from functools import cached_property
 from django.db import DatabaseError, IntegrityError
 from django.db.backends.utils import CursorWrapper
 
+from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
 
 ER_DUP_ENTRY = 1062
@@ -152,25 +153,36 @@ class MySQLDialect(Dialect):
 
     _horizon_unavailable = False
 
-    def write_horizon_ms(self, cursor: CursorWrapper) -> int | None:
-        """Start of the oldest open transaction that has written rows (None if none).
+    def write_horizon_sql(self) -> str:
+        """``write_horizon``: from INNODB_TRX's snapshot, the start of the oldest open
+        transaction that has written rows and of the newest transaction listed (whole
+        seconds). Rows a transaction inserts get offsets after it started, so every offset
+        allocated before the oldest writer started belongs to a finished transaction; and
+        the snapshot was taken after the newest listed transaction started, so writers it
+        misses started later (sqlqueue.horizon)."""
+        return (
+            "SELECT MIN(CASE WHEN trx_rows_modified > 0 THEN UNIX_TIMESTAMP(trx_started) END), "
+            "MAX(UNIX_TIMESTAMP(trx_started)) FROM information_schema.INNODB_TRX"
+        )
 
-        Rows a transaction inserts get offsets allocated after it started, so every offset
-        allocated before that moment belongs to a finished transaction. Needs the PROCESS
-        privilege; without it the caller falls back to MAX_TRANSACTION_AGE.
-        """
+    def write_horizon(self, cursor: CursorWrapper) -> WriteHorizon | None:
+        """Needs the PROCESS privilege; without it this raises DatabaseError (once; then
+        without asking again) and the caller assumes MAX_TRANSACTION_AGE. Inside a started
+        transaction (a locking read has started it), a fresh snapshot lists the reader's
+        own transaction: reading INNODB_TRX alone starts none."""
         if self._horizon_unavailable:
             raise DatabaseError("information_schema.INNODB_TRX is not readable")
         try:
-            cursor.execute(
-                "SELECT MIN(UNIX_TIMESTAMP(trx_started)) FROM information_schema.INNODB_TRX "
-                "WHERE trx_rows_modified > 0"
-            )
+            cursor.execute(self.write_horizon_sql())
         except DatabaseError:
             self._horizon_unavailable = True
             raise
         row = cursor.fetchone()
-        return None if not row or row[0] is None else int(row[0]) * 1000
+        oldest_writer, newest_start = row if row else (None, None)
+        return WriteHorizon(
+            None if oldest_writer is None else int(oldest_writer) * 1000,
+            None if newest_start is None else int(newest_start) * 1000,
+        )
 
     def is_duplicate_message(self, error: IntegrityError) -> bool:
         code = error.args[0] if error.args else None

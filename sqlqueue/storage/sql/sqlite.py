@@ -13,6 +13,7 @@ from typing import Any
 from django.db import IntegrityError
 from django.db.backends.utils import CursorWrapper
 
+from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.base import Dialect
 
 _NEW = re.compile(r"\{new\}\(([^)]*)\)")  # {new}(col): the would-be-inserted value
@@ -91,7 +92,7 @@ class SQLiteDialect(Dialect):
             f"ORDER BY {offset} LIMIT %s)"
         )
 
-    def write_horizon_ms(self, cursor: CursorWrapper) -> int | None:
+    def write_horizon(self, cursor: CursorWrapper) -> WriteHorizon | None:
         # One writer at a time: a row is committed before the next offset is allocated,
         # so no row can ever appear below one already visible.
         return None

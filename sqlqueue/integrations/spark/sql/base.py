@@ -36,6 +36,9 @@ class Statements:
     #: appended to a read that must see the newest commits and hold them until commit
     locking_read_suffix = ""
     begin_sql = "BEGIN"
+    #: begins a transaction that the database lists among the open ones at once (where
+    #: ``write_horizon`` is not None)
+    begin_snapshot_sql = ""
     #: written before a filter column to keep the planner off its index (where a range
     #: of the primary key is what bounds the work)
     no_index = ""
@@ -59,8 +62,10 @@ class Statements:
         raise NotImplementedError
 
     def write_horizon(self) -> Statement | None:
-        """``write_horizon``: start (epoch ms) of the oldest open transaction that wrote
-        rows; None where transactions cannot commit out of offset order."""
+        """``write_horizon``: the start (epoch ms) of the oldest open transaction that
+        wrote rows and of the newest open transaction, as ``sqlqueue.horizon.WriteHorizon``;
+        None where transactions cannot commit out of offset order. Read inside a
+        transaction begun with ``begin_snapshot_sql``."""
         return None
 
     def discover_partitions(self, topic: str) -> Statement:

@@ -19,6 +19,8 @@ class MySQLStatements(Statements):
     # LOCK IN SHARE MODE (not FOR SHARE) is understood by both MySQL 8 and MariaDB.
     locking_read_suffix = " LOCK IN SHARE MODE"
     begin_sql = "START TRANSACTION"
+    # A plain START TRANSACTION starts InnoDB's transaction only at the first table read.
+    begin_snapshot_sql = "START TRANSACTION WITH CONSISTENT SNAPSHOT"
 
     def insert_if_absent_suffix(self, key: Sequence[str]) -> str:
         # Not INSERT IGNORE: that would turn every other error into a warning too.
@@ -36,10 +38,12 @@ class MySQLStatements(Statements):
     def write_horizon(self) -> Statement:
         # Rows get offsets when inserted, after their transaction started: every offset
         # allocated before the oldest open writer started belongs to a finished
-        # transaction. Needs the PROCESS privilege.
+        # transaction. INNODB_TRX is a snapshot, taken after the newest transaction it
+        # lists started: writers it misses started later (sqlqueue.horizon). Needs the
+        # PROCESS privilege. The same statement as the consumer engine's.
         return (
-            "SELECT MIN(UNIX_TIMESTAMP(trx_started)) * 1000 FROM information_schema.INNODB_TRX "
-            "WHERE trx_rows_modified > 0",
+            "SELECT MIN(CASE WHEN trx_rows_modified > 0 THEN UNIX_TIMESTAMP(trx_started) END) "
+            "* 1000, MAX(UNIX_TIMESTAMP(trx_started)) * 1000 FROM information_schema.INNODB_TRX",
             [],
         )
 

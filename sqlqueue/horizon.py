@@ -1,0 +1,72 @@
+"""The write horizon rule, without Django: the consumer engine and the Spark executors,
+which must not import Django, share it.
+
+Offsets come from AUTO_INCREMENT when a row is inserted, but the row becomes visible when
+its transaction commits, so a row can appear *below* offsets already visible (SPEC I4). A
+row is *settled* once no transaction that could still commit a row below it is open:
+rows inserted (``created_at``, the database clock) before the horizon are settled.
+
+MySQL and MariaDB show open transactions in ``information_schema.INNODB_TRX``. That table
+is a server-wide snapshot that InnoDB refreshes only when nobody has read it for 0.1 s, so
+with enough readers it can stay stale for any length of time, and a transaction that
+began after it was taken is missing from it. A snapshot cannot say when it was taken, but
+every transaction it lists had started by then: so the horizon is the start of the oldest
+listed writer or of the newest listed transaction, whichever is earlier, minus a margin.
+Readers read it inside a started transaction of their own, so that a fresh snapshot lists
+at least that one, and a stale snapshot yields an older, still safe, horizon.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import NamedTuple
+
+#: ``trx_started`` has whole seconds, truncated (which only makes the horizon earlier).
+#: The margin covers the time between the start of an INSERT, which gives ``created_at``,
+#: and the moment InnoDB lists its transaction as a writer (parsing, opening tables), and
+#: the time InnoDB takes to fill a snapshot.
+MARGIN_MS = 1000
+#: Seconds between reads of INNODB_TRX by one process (plus jitter, ``refresh_delay``):
+#: every read postpones InnoDB's next refresh of the snapshot by 0.1 s for every reader.
+REFRESH = 0.5
+
+
+class WriteHorizon(NamedTuple):
+    """What a snapshot of the open transactions says (epoch ms, whole seconds)."""
+
+    #: start of the oldest open transaction that has written rows (None: none listed)
+    oldest_writer_ms: int | None
+    #: start of the newest transaction listed: the snapshot was taken after it (None:
+    #: nothing listed, not even the reader's own transaction, so the snapshot's age is
+    #: unknown)
+    newest_start_ms: int | None
+
+
+#: Nothing known about open transactions (INNODB_TRX unreadable: no PROCESS privilege).
+UNKNOWN = WriteHorizon(None, None)
+
+
+def settled_before(seen: WriteHorizon, now_ms: int, max_transaction_age_ms: int,
+                   previous_ms: int | None = None) -> int:
+    """Database time before which every inserted row is settled.
+
+    The snapshot was taken after its newest listed transaction began: a writer it misses
+    began later, or had written nothing yet, so the rows it inserts are newer than that.
+    ``previous_ms`` is an earlier result: what was settled then still is. No transaction
+    is assumed to stay open longer than ``max_transaction_age_ms``.
+    """
+    horizon = now_ms - max_transaction_age_ms
+    if previous_ms is not None:
+        horizon = max(horizon, previous_ms)
+    if seen.newest_start_ms is not None:
+        started = min(seen.newest_start_ms, now_ms)
+        if seen.oldest_writer_ms is not None:
+            started = min(started, seen.oldest_writer_ms)
+        horizon = max(horizon, started - MARGIN_MS)
+    return horizon
+
+
+def refresh_delay() -> float:
+    """Seconds until a process reads INNODB_TRX again: ``REFRESH`` and up to half as much
+    again, at random, so that many processes do not read in step."""
+    return REFRESH * random.uniform(1.0, 1.5)
