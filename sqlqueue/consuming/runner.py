@@ -175,9 +175,10 @@ class Runner:
                 # first, so every write below is made by the partitions' current owner.
                 with transaction.atomic(using=self.alias):
                     subscriber.fence(cursor)
+                    settled = _before_any_plain_read(horizon)
                     subscriber.record(cursor, mine, now_ms)
                     deliveries = subscriber.poll(cursor, now_ms, head, budget)
-                    subscriber.advance(cursor, horizon)
+                    subscriber.advance(cursor, settled)
                 # Handed to the handlers only once the marks are committed.
                 for delivery in deliveries:
                     self._in_flight += 1
@@ -322,8 +323,9 @@ class Runner:
                 for subscriber in self.subscribers:
                     with transaction.atomic(using=self.alias):
                         subscriber.fence(cursor)
-                        subscriber.advance(cursor, self._horizon(cursor, self.clock.now_ms()),
-                                           force=True)
+                        settled = _before_any_plain_read(
+                            self._horizon(cursor, self.clock.now_ms()))
+                        subscriber.advance(cursor, settled, force=True)
                     subscriber.stop(cursor)  # hand the partitions over, deregister
         except AnyDatabaseError as exc:
             logger.warning("Could not record the last outcomes (%s); those messages will be "
@@ -354,3 +356,14 @@ class Runner:
         self.clock.invalidate()
         for subscriber in self.subscribers:
             subscriber.reset()
+
+
+def _before_any_plain_read(horizon: Callable[[], int | None]) -> Callable[[], int | None]:
+    """Read the horizon now, right after the fence's locking read started the transaction.
+
+    Under REPEATABLE READ the transaction's first plain read fixes its snapshot. Read
+    after that, the horizon could pass a writer that committed in between: no longer
+    listed as open, yet invisible to this transaction's check of the window (SPEC I4).
+    A horizon cached from an earlier transaction was read before this snapshot: safe."""
+    value = horizon()
+    return lambda: value

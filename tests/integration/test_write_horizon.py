@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
+from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import send_message
 from sqlqueue.consuming import runner as runner_module
@@ -206,6 +207,7 @@ def test_the_runner_reads_inside_a_started_transaction(
     """Every read, in a cycle and at shutdown, comes after the fence's locking read
     started the transaction: a fresh snapshot then lists the reader's own transaction."""
     reads: list[tuple[str, bool, int | None]] = []
+    before: list[str] = []
     dialect_class = type(dialect_for(connection))
     original = dialect_class.write_horizon
 
@@ -217,14 +219,27 @@ def test_the_runner_reads_inside_a_started_transaction(
         callers = {frame.name for frame in traceback.extract_stack()}
         site = "_shutdown" if "_shutdown" in callers else "_cycle"
         reads.append((site, connections["default"].in_atomic_block, started))
+        # Under REPEATABLE READ the first plain read fixes the snapshot: the horizon must
+        # be read before any, right after the fence's locking read.
+        before.append(last_statement[threading.get_ident()])
         return original(self, cursor)
 
+    last_statement: dict[int, str] = {}
+    execute = CursorWrapper.execute
+
+    def remember(self: Any, sql: Any, params: Any = None) -> Any:
+        if "@@in_transaction" not in str(sql):
+            last_statement[threading.get_ident()] = str(sql)
+        return execute(self, sql, params)
+
     monkeypatch.setattr(dialect_class, "write_horizon", spy)
+    monkeypatch.setattr(CursorWrapper, "execute", remember)
     monkeypatch.setattr(runner_module, "refresh_delay", lambda: 0.0)  # read at every use
     register("t", "g", lambda message: None)
     send_message("t", "a", partition_key="k")
     drain(["g"])  # --until-empty: the new row is not settled yet, so shutdown advances
     assert {site for site, _, _ in reads} == {"_cycle", "_shutdown"}
+    assert before and all(sql.endswith("LOCK IN SHARE MODE") for sql in before), before
     assert all(in_atomic for _, in_atomic, _ in reads)
     if connection.mysql_is_mariadb:
         assert all(started == 1 for _, _, started in reads), reads
