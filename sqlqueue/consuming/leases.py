@@ -25,6 +25,8 @@ logger = logging.getLogger("sqlqueue.leases")
 
 PURGE_AFTER_LEASES = 10  # forget leases/heartbeats not renewed for 10 lease durations
 QUICK_TICK = 0.25  # seconds between ticks while a rebalance is under way
+#: at most one early tick this often for partitions a fence saw nobody holding
+FREE_LEASE_RECHECK = 1.0
 # While waiting for partitions to be handed over, quick ticks go on for about two renew
 # intervals without progress: the time a holder may take to notice a new member, finish
 # its in-flight work on the partitions it gives up, and let go.
@@ -69,6 +71,7 @@ class LeaseKeeper:
         self._ticks = 0
         self._quick_budget = int(2 * renew_interval / QUICK_TICK) + 2
         self._quick_left = self._quick_budget
+        self._free_noticed_at = -FREE_LEASE_RECHECK
 
     # -- local view ---------------------------------------------------------------------
     def holds(self, partition: str) -> bool:
@@ -87,6 +90,16 @@ class LeaseKeeper:
     def hurry(self) -> None:
         """Tick at the next opportunity (new partitions, a member left)."""
         self._next_tick = 0.0
+
+    def notice_free(self) -> None:
+        """A fence saw partitions nobody holds (a member left, or its leases expired):
+        tick soon instead of at the end of the renew interval, so that a rolling deploy
+        does not leave them unserved for up to LEASE_RENEW_INTERVAL. At most once per
+        FREE_LEASE_RECHECK, so that a partition left free a while costs little."""
+        now = time.monotonic()
+        if now - self._free_noticed_at >= FREE_LEASE_RECHECK:
+            self._free_noticed_at = now
+            self.hurry()
 
     # -- the periodic tick ----------------------------------------------------------------
     def tick(self, cursor: CursorWrapper, dialect: Dialect, discovered: Iterable[str],

@@ -156,6 +156,11 @@ class Subscriber:
         current = {p: (owner, generation, age)
                    for p, owner, generation, age in self.dialect.list_leases(
                        cursor, self.group, self.topic, lock=True)}
+        # The same rows show partitions nobody holds (a lease released, as by a member
+        # that stopped, has no row; one not renewed has expired): share them out now.
+        if any(key not in current for key in self.discovered) or any(
+                age >= self.leases.duration_ms for _, _, age in current.values()):
+            self.leases.notice_free()
         for key in list(self.partitions):
             owner, generation, age = current.get(key, ("", -1, 0))
             if (owner != self.name or generation != self.leases.generation(key)

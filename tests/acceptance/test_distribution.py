@@ -55,6 +55,27 @@ def test_three_subscribers_share_twelve_partitions_then_two(processes: list) -> 
     assert took <= 2 * settings["LEASE_RENEW_INTERVAL"] + 1.0
 
 
+def test_a_busy_subscriber_takes_over_a_graceful_leave_before_its_renewal(
+        processes: list) -> None:
+    """Leases renewed only every 10 s (the default): the partitions a subscriber hands
+    over when it stops are picked up by a busy peer within seconds, not at the peer's
+    next renewal (its fence sees them free)."""
+    publish(8, per_partition=60, sleep=0.05)  # enough work to keep both busy throughout
+    settings = {"LEASE_DURATION": 30, "LEASE_RENEW_INTERVAL": 10, "POLL_INTERVAL": 0.05}
+    leaver = runconsumer("--group", "workers", "--name", "a-leaver", "--threads", "2",
+                         settings=settings)
+    stayer = runconsumer("--group", "workers", "--name", "b-stayer", "--threads", "2",
+                         settings=settings)
+    processes += [leaver, stayer]
+    wait_for(lambda: shares() == [4, 4], timeout=40, what="4/4")
+    leaver.send_signal(signal.SIGTERM)
+    assert leaver.wait(30) == 0
+    left = time.monotonic()
+    took = wait_for(lambda: shares() == [8], timeout=20, what="the stayer to hold all 8")
+    # The time from the leaver's exit; its renewal would have come up to 10 s later.
+    assert time.monotonic() - left <= 5, took
+
+
 def test_a_killed_subscriber_loses_nothing(processes: list) -> None:
     offsets = publish(6, per_partition=10, sleep=0.05)
     settings = {**FAST_LEASES, "VISIBILITY_TIMEOUT": 3}

@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from sqlqueue import ConfigurationError, Message, Retry
+from sqlqueue.consuming import leases as leases_module
 from sqlqueue.consuming.backoff import JITTER, retry_delay
+from sqlqueue.consuming.leases import FREE_LEASE_RECHECK, LeaseKeeper, fair_share
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
 from sqlqueue.consuming.subscriber import dead_letter_id
@@ -160,3 +162,26 @@ def test_message_payload_and_extend_checks() -> None:
         message.extend_visibility(0)
     with pytest.raises(ValueError):
         Retry(delay=-1)
+
+
+def test_fair_shares_add_up_to_every_partition() -> None:
+    members = ["a", "b", "c"]
+    assert [fair_share(1000, members, m) for m in members] == [334, 333, 333]
+    assert fair_share(10, ["a"], "newcomer") == 5  # not seen alive yet: a cautious share
+
+
+def test_free_partitions_hurry_the_lease_tick_at_most_once_a_second(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(leases_module.time, "monotonic", lambda: now[0])
+    keeper = LeaseKeeper("g", "t", "me", duration=30, renew_interval=10)
+    keeper._next_tick = now[0] + 10  # just ticked
+    keeper.notice_free()
+    assert keeper.due()
+    keeper._next_tick = now[0] + 10  # ticked again at once
+    now[0] += FREE_LEASE_RECHECK / 2
+    keeper.notice_free()
+    assert not keeper.due()  # still free a moment later: no second early tick yet
+    now[0] += FREE_LEASE_RECHECK / 2
+    keeper.notice_free()
+    assert keeper.due()
