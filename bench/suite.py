@@ -45,15 +45,15 @@ class Sizes:
     latency_seconds: int
     split_partitions: int
     split_subscribers: int
-    single_rounds: int
+    rounds: int
 
 
 FULL = Sizes(single=2000, bulk=50_000, drain=20_000, statements=2000, peer_single=2000,
              peer_bulk=20_000, peer_drain=5000, peer_drain_timeout=60, latency_seconds=15,
-             split_partitions=1000, split_subscribers=10, single_rounds=3)
+             split_partitions=1000, split_subscribers=10, rounds=3)
 QUICK = Sizes(single=300, bulk=5000, drain=3000, statements=1000, peer_single=300,
               peer_bulk=2000, peer_drain=1000, peer_drain_timeout=20, latency_seconds=5,
-              split_partitions=200, split_subscribers=4, single_rounds=1)
+              split_partitions=200, split_subscribers=4, rounds=1)
 #: shorter leases than the defaults (30 s, renewed every 10 s), as a busy deployment may set
 FAST_LEASES = {"LEASE_DURATION": 8, "LEASE_RENEW_INTERVAL": 2}
 
@@ -74,16 +74,19 @@ def own_scenarios(sizes: Sizes, url: str, quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {}
     log("publish: one per transaction, and send_messages in batches of 1,000")
     results["publish"] = run_module("publish", "--url", url, "--single", str(sizes.single),
-                                    "--bulk", str(sizes.bulk), "--batch", "1000")
+                                    "--bulk", str(sizes.bulk), "--batch", "1000",
+                                    "--rounds", str(sizes.rounds))
     drains = [("bench-unordered", 1, 100), ("bench-unordered", 2, 100),
               ("bench-unordered", 1, 10), ("bench-unordered", 2, 10),
               ("bench-ordered", 1, 100), ("bench-ordered", 2, 100)]
     results["drain"] = []
     for group, processes, batch in drains[:3] if quick else drains:
-        log(f"drain: {sizes.drain} messages, {group}, {processes} process(es), batch {batch}")
-        results["drain"].append(run_module(
+        log(f"drain: {sizes.drain} messages, {group}, {processes} process(es), batch {batch}"
+            f" ({sizes.rounds} round(s))")
+        results["drain"].append(median_round([run_module(
             "drain", "--url", url, "--messages", str(sizes.drain), "--group", group,
-            "--processes", str(processes), "--batch", str(batch)))
+            "--processes", str(processes), "--batch", str(batch))
+            for _ in range(sizes.rounds)], "messages_per_s"))
     log("statements per message (drain at batch 100) and per idle poll")
     results["statements"] = run_module("statements", "--url", url,
                                        "--messages", str(sizes.statements))
@@ -152,7 +155,7 @@ def peer_scenarios(sizes: Sizes, url: str, peers: list[str]) -> dict[str, Any]:
     # latency drifts over minutes: the peers take turns, and each one's median round
     # is reported.
     singles: dict[str, list[dict[str, Any]]] = {peer: [] for peer in peers}
-    for round_ in range(sizes.single_rounds):
+    for round_ in range(sizes.rounds):
         for peer in peers:
             log(f"peer {peer}: enqueue one per transaction (round {round_ + 1})")
             singles[peer].append(peer_step(python, env, 300, "enqueue_single", "--peer", peer,
@@ -229,6 +232,8 @@ def markdown(results: dict[str, Any]) -> str:
              f"Django {results['machine']['django']}; "
              f"{results['machine']['database']} {results['machine']['database_settings']}.",
              "", "## sqlqueue", "",
+             f"Publish and drain figures: the median of {results['sizes']['rounds']} "
+             "round(s).", "",
              "| scenario | result |", "|---|---:|",
              f"| publish, one message per transaction | "
              f"{own['publish']['single_per_s']:,} msg/s |",
@@ -269,7 +274,8 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{rate(row['drain_1'], 'jobs_per_s')} | "
                          f"{rate(row['drain_2'], 'jobs_per_s')} | {lat} |")
         lines += ["", "Enqueue one per transaction: the median of "
-                  f"{results['sizes']['single_rounds']} interleaved round(s) per peer."]
+                  f"{results['sizes']['rounds']} interleaved round(s) per peer; the other "
+                  "peer figures are single runs."]
     lines += ["", "## Targets (issue 6), from this run", "",
               "| target | wanted | measured | met |", "|---|---|---|:-:|"]
     lines += [f"| {name} | {wanted} | {got} | {'yes' if ok else 'no'} |"
