@@ -7,6 +7,7 @@
 Measures, on an emptied queue table, the median of --rounds runs (3 by default):
   single: one send_message per transaction.atomic() (what a web request does)
   bulk:   send_messages in batches of --batch messages, one transaction per batch
+  bulk from --processes publishers at once (2 by default): the aggregate rate
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -64,6 +67,28 @@ def bench_bulk(count: int, batch: int) -> float:
     return count / (time.perf_counter() - started)
 
 
+def bench_bulk_parallel(count: int, batch: int, processes: int, url: str) -> float:
+    """``count`` messages in bulk from ``processes`` publishers at once (each its own
+    share, its own connection): the aggregate rate, from a common start to the last end."""
+    start_at = time.time() + 2.0  # after every interpreter has started and set Django up
+    workers = [subprocess.Popen(
+        [sys.executable, "-m", "bench.publish", "--url", url, "--bulk-worker",
+         str(count // processes), "--batch", str(batch), "--start-at", str(start_at)],
+        stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    ends = [float(worker.communicate()[0].split()[-1]) for worker in workers]
+    if any(worker.returncode for worker in workers):
+        raise SystemExit("a publishing process failed")
+    return (count // processes) * processes / (max(ends) - start_at)
+
+
+def bulk_worker(count: int, batch: int, start_at: float) -> None:
+    """One of ``bench_bulk_parallel``'s publishers: prints when it finished."""
+    while time.time() < start_at:
+        time.sleep(0.001)
+    bench_bulk(count, batch)
+    print(time.time())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=os.environ.get(
@@ -73,8 +98,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3,
                         help="run each scenario this many times; report the median")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="publishers for the parallel bulk scenario")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--bulk-worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.bulk_worker is not None:
+        from bench.common import setup
+
+        setup(args.url)
+        bulk_worker(args.bulk_worker, args.batch, args.start_at)
+        return
 
     from bench.common import reset, setup
 
@@ -90,6 +125,8 @@ def main() -> None:
 
     single = rounds(lambda: bench_single(args.single))
     bulk = rounds(lambda: bench_bulk(args.bulk, args.batch))
+    parallel = rounds(lambda: bench_bulk_parallel(args.bulk, args.batch, args.processes,
+                                                  args.url))
     results: dict[str, Any] = {
         "database": connection.vendor,
         "server_version": _server_version(),
@@ -99,6 +136,9 @@ def main() -> None:
         "bulk_per_s": statistics.median_low(bulk),
         "single_rounds_per_s": single,
         "bulk_rounds_per_s": bulk,
+        "bulk_parallel_per_s": statistics.median_low(parallel),
+        "bulk_parallel_rounds_per_s": parallel,
+        "bulk_parallel_processes": args.processes,
         "single_count": args.single,
         "bulk_count": args.bulk,
         "batch": args.batch,

@@ -238,7 +238,9 @@ def markdown(results: dict[str, Any]) -> str:
              f"| publish, one message per transaction | "
              f"{own['publish']['single_per_s']:,} msg/s |",
              f"| publish in bulk (`send_messages`, batches of 1,000) | "
-             f"{own['publish']['bulk_per_s']:,} msg/s |"]
+             f"{own['publish']['bulk_per_s']:,} msg/s |",
+             f"| publish in bulk from {own['publish']['bulk_parallel_processes']} processes "
+             f"at once (aggregate) | {own['publish']['bulk_parallel_per_s']:,} msg/s |"]
     for d in own["drain"]:
         lines.append(f"| drain {d['messages']:,}, {d['group']}, {d['processes']} process(es), "
                      f"batch {d['batch']} (start-up included) | {d['messages_per_s']:,} msg/s |")
@@ -298,8 +300,12 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
         found.append(("one-message publish vs django-tasks-db", ">= 1.5x",
                       f"{ours / theirs:.2f}x", ours >= 1.5 * theirs))
     bulk = own["publish"]["bulk_per_s"]
-    found.append(("bulk publish (send_messages, 1,000 per batch)", ">= 50,000 msg/s",
-                  f"{bulk:,} msg/s", bulk >= 50_000))
+    found.append(("bulk publish (send_messages, 1,000 per batch), one process",
+                  ">= 50,000 msg/s", f"{bulk:,} msg/s", bulk >= 50_000))
+    parallel = own["publish"]["bulk_parallel_per_s"]
+    found.append((f"the same from {own['publish']['bulk_parallel_processes']} processes "
+                  "(not the target; for reference)", ">= 50,000 msg/s", f"{parallel:,} msg/s",
+                  parallel >= 50_000))
     ours = peer_rate("sqlqueue", "drain_2", "jobs_per_s")
     for peer, factor in (("tasks_db", 10.0), ("celery", 1.0), ("dramatiq", 1.0)):
         theirs = peer_rate(peer, "drain_2", "jobs_per_s")

@@ -24,6 +24,8 @@ def test_quick_suite_reports_every_scenario(mysql_only: None, tmp_path: Path) ->
     results = json.loads((tmp_path / "results.json").read_text())
     own = results["sqlqueue"]
     assert own["publish"]["single_count"] == 300 and own["publish"]["bulk_count"] == 5000
+    assert own["publish"]["bulk_parallel_processes"] == 2
+    assert own["publish"]["bulk_parallel_per_s"] > 0
     assert [d["processes"] for d in own["drain"]] == [1, 2, 1]
     assert own["statements"]["per_message"] <= 0.1
     assert own["statements"]["per_idle_poll"] == 1.0
