@@ -49,7 +49,9 @@ class MySQLDialect(Dialect):
                 f"{self.quote('created_at')} {change}")
 
     def insert_messages_statement(self, rows: Sequence[MessageRow]) -> bytes:
-        """``insert_messages`` for MySQL: a multi-row INSERT with the values inlined."""
+        """``insert_messages`` for MySQL: a multi-row INSERT with the values inlined, as
+        bytes (what mysqlclient sends; no parameters left to interpolate)."""
+        self.connection.ensure_connection()  # the escaping is the live connection's
         escape = self.connection.connection.string_literal
         names: dict[str, bytes] = {}  # topics and partition keys repeat: escape each once
 
