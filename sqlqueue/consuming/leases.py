@@ -27,6 +27,8 @@ PURGE_AFTER_LEASES = 10  # forget leases/heartbeats not renewed for 10 lease dur
 QUICK_TICK = 0.25  # seconds between ticks while a rebalance is under way
 #: at most one early tick this often for partitions a fence saw nobody holding
 FREE_LEASE_RECHECK = 1.0
+#: while busy, look this often between ticks whether a subscriber joined or left
+MEMBERSHIP_RECHECK = 1.0
 # While waiting for partitions to be handed over, quick ticks go on for about two renew
 # intervals without progress: the time a holder may take to notice a new member, finish
 # its in-flight work on the partitions it gives up, and let go.
@@ -72,6 +74,7 @@ class LeaseKeeper:
         self._quick_budget = int(2 * renew_interval / QUICK_TICK) + 2
         self._quick_left = self._quick_budget
         self._free_noticed_at = -FREE_LEASE_RECHECK
+        self._members_checked_at = 0.0
 
     # -- local view ---------------------------------------------------------------------
     def holds(self, partition: str) -> bool:
@@ -101,6 +104,18 @@ class LeaseKeeper:
             self._free_noticed_at = now
             self.hurry()
 
+    def membership_check_due(self) -> bool:
+        return time.monotonic() - self._members_checked_at >= MEMBERSHIP_RECHECK
+
+    def check_membership(self, cursor: CursorWrapper, dialect: Dialect) -> None:
+        """Between ticks: has a subscriber joined or left? Then tick now, so that a
+        newcomer gets its share from a busy holder within about a second instead of at
+        the holder's next renewal (up to LEASE_RENEW_INTERVAL)."""
+        self._members_checked_at = time.monotonic()
+        if dialect.live_subscribers(cursor, self.group, self.topic,
+                                    self.duration_ms) != self.members:
+            self.hurry()
+
     # -- the periodic tick ----------------------------------------------------------------
     def tick(self, cursor: CursorWrapper, dialect: Dialect, discovered: Iterable[str],
              idle: set[str]) -> tuple[set[str], set[str]]:
@@ -113,6 +128,7 @@ class LeaseKeeper:
         dialect.renew_leases(cursor, self.group, self.topic, self.name, self.duration_ms)
         leases = dialect.list_leases(cursor, self.group, self.topic)
         self.members = dialect.live_subscribers(cursor, self.group, self.topic, self.duration_ms)
+        self._members_checked_at = time.monotonic()
         before = set(self.owned)
         self._adopt(leases, started)
         partitions = set(discovered) | {partition for partition, *_ in leases}

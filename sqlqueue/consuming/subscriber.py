@@ -115,6 +115,9 @@ class Subscriber:
         """The lease tick, when due: heartbeat, renew, rebalance; then start or stop
         working on the partitions gained or lost. Returns how many queued deliveries of
         partitions being handed over were taken back from the pool."""
+        if not self.leases.due() and self.outstanding and self.leases.membership_check_due():
+            # Busy: at most one cheap read a second (idle polls stay at one statement).
+            self.leases.check_membership(cursor, self.dialect)
         if not self.leases.due():
             return 0
         idle = {key for key, state in self.partitions.items() if state.in_flight_count == 0}

@@ -76,6 +76,29 @@ def test_a_busy_subscriber_takes_over_a_graceful_leave_before_its_renewal(
     assert time.monotonic() - left <= 5, took
 
 
+def test_a_busy_holder_hands_a_newcomer_its_share_before_its_renewal(
+        processes: list) -> None:
+    """Leases renewed only every 10 s (the default): a subscriber that joins gets its
+    share from a busy holder within seconds, not at the holder's next renewal (a busy
+    subscriber looks at the membership once a second)."""
+    publish(8, per_partition=80, sleep=0.05)
+    settings = {"LEASE_DURATION": 30, "LEASE_RENEW_INTERVAL": 10, "POLL_INTERVAL": 0.05}
+    holder = runconsumer("--group", "workers", "--name", "a-holder", "--threads", "2",
+                         settings=settings)
+    processes.append(holder)
+    wait_for(lambda: shares() == [8], timeout=30, what="the holder to hold all 8")
+    wait_for(lambda: HandlerCall.objects.filter(pid=holder.pid, event="finished").count() >= 3,
+             what="the holder to be busy")
+    newcomer = runconsumer("--group", "workers", "--name", "b-newcomer", "--threads", "2",
+                           settings=settings)
+    processes.append(newcomer)
+    wait_for(lambda: live() == 2, timeout=30, what="the newcomer's first heartbeat")
+    joined = time.monotonic()
+    wait_for(lambda: shares() == [4, 4], timeout=30, what="4/4")
+    # From the newcomer's first heartbeat; the holder's renewal could be 10 s away.
+    assert time.monotonic() - joined <= 5
+
+
 def test_a_killed_subscriber_loses_nothing(processes: list) -> None:
     offsets = publish(6, per_partition=10, sleep=0.05)
     settings = {**FAST_LEASES, "VISIBILITY_TIMEOUT": 3}

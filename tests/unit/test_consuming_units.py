@@ -10,7 +10,12 @@ import pytest
 from sqlqueue import ConfigurationError, Message, Retry
 from sqlqueue.consuming import leases as leases_module
 from sqlqueue.consuming.backoff import JITTER, retry_delay
-from sqlqueue.consuming.leases import FREE_LEASE_RECHECK, LeaseKeeper, fair_share
+from sqlqueue.consuming.leases import (
+    FREE_LEASE_RECHECK,
+    MEMBERSHIP_RECHECK,
+    LeaseKeeper,
+    fair_share,
+)
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
 from sqlqueue.consuming.subscriber import dead_letter_id
@@ -185,3 +190,35 @@ def test_free_partitions_hurry_the_lease_tick_at_most_once_a_second(
     now[0] += FREE_LEASE_RECHECK / 2
     keeper.notice_free()
     assert keeper.due()
+
+
+class _Members:
+    """A dialect that answers live_subscribers with a list the test sets."""
+
+    def __init__(self, members: list[str]) -> None:
+        self.members = members
+        self.reads = 0
+
+    def live_subscribers(self, cursor: Any, group: str, topic: str, within_ms: int) -> list[str]:
+        self.reads += 1
+        return list(self.members)
+
+
+def test_a_membership_change_between_ticks_hurries_the_tick(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(leases_module.time, "monotonic", lambda: now[0])
+    keeper = LeaseKeeper("g", "t", "a", duration=30, renew_interval=10)
+    keeper.members = ["a"]
+    keeper._next_tick = now[0] + 10
+    keeper._members_checked_at = now[0]
+    assert not keeper.membership_check_due()
+    now[0] += MEMBERSHIP_RECHECK
+    assert keeper.membership_check_due()
+    dialect = _Members(["a"])
+    keeper.check_membership(None, dialect)  # type: ignore[arg-type]
+    assert not keeper.due() and not keeper.membership_check_due()
+    now[0] += MEMBERSHIP_RECHECK
+    dialect.members = ["a", "b"]  # a newcomer
+    keeper.check_membership(None, dialect)  # type: ignore[arg-type]
+    assert keeper.due() and dialect.reads == 2
