@@ -159,7 +159,6 @@ class Runner:
             now_ms = self.clock.now_ms()
             outcomes = self._collect_outcomes()
             head = _Once(lambda: dialect.head_offset(cursor))  # read when first needed
-            horizon = self._horizon(cursor, now_ms)
             budget = None if self.max_messages is None else self.max_messages - self._dispatched
             for subscriber in self.subscribers:
                 mine = outcomes.pop(id(subscriber.consumer), [])
@@ -175,7 +174,7 @@ class Runner:
                 # first, so every write below is made by the partitions' current owner.
                 with transaction.atomic(using=self.alias):
                     subscriber.fence(cursor)
-                    settled = _before_any_plain_read(horizon)
+                    settled = self._settled_before(cursor, now_ms)
                     subscriber.record(cursor, mine, now_ms)
                     deliveries = subscriber.poll(cursor, now_ms, head, budget)
                     subscriber.advance(cursor, settled)
@@ -214,20 +213,22 @@ class Runner:
                 subscriber.fence(cursor)
                 subscriber.record(cursor, outcomes, now_ms)
 
-    def _horizon(self, cursor: Any, now_ms: int) -> Callable[[], int | None]:
-        """Lazily: database time before which no publishing transaction is still open,
-        so no row can still appear below a settled one (sqlqueue.horizon). Read at most
-        every ``refresh_delay()`` seconds; an older horizon is an earlier one, hence still
-        safe. Called only inside a transaction a locking read (``fence``) has started, so
-        that a fresh INNODB_TRX snapshot lists this connection's own transaction."""
+    def _settled_before(self, cursor: Any, now_ms: int) -> int | None:
+        """Database time before which no publishing transaction is still open, so no row
+        can still appear below a settled one (sqlqueue.horizon; None: every visible row
+        is settled). Read at most every ``refresh_delay()`` seconds; an older horizon is
+        an earlier one, hence still safe.
 
-        def horizon() -> int | None:
-            if time.monotonic() >= self._horizon_expires:
-                self._horizon_value = self._read_horizon(cursor, now_ms)
-                self._horizon_expires = time.monotonic() + refresh_delay()
-            return self._horizon_value
-
-        return horizon
+        Call it right after the fence: its locking read has started the transaction, so a
+        fresh INNODB_TRX snapshot lists this connection's own transaction; and no plain
+        read has fixed the snapshot yet. Under REPEATABLE READ a horizon read after one
+        could pass a writer that committed in between: no longer listed as open, yet
+        invisible to this transaction's check of the window (SPEC I4). A horizon cached
+        from an earlier transaction was read before this snapshot: safe too."""
+        if time.monotonic() >= self._horizon_expires:
+            self._horizon_value = self._read_horizon(cursor, now_ms)
+            self._horizon_expires = time.monotonic() + refresh_delay()
+        return self._horizon_value
 
     def _read_horizon(self, cursor: Any, now_ms: int) -> int | None:
         try:
@@ -323,8 +324,7 @@ class Runner:
                 for subscriber in self.subscribers:
                     with transaction.atomic(using=self.alias):
                         subscriber.fence(cursor)
-                        settled = _before_any_plain_read(
-                            self._horizon(cursor, self.clock.now_ms()))
+                        settled = self._settled_before(cursor, self.clock.now_ms())
                         subscriber.advance(cursor, settled, force=True)
                     subscriber.stop(cursor)  # hand the partitions over, deregister
         except AnyDatabaseError as exc:
@@ -357,13 +357,3 @@ class Runner:
         for subscriber in self.subscribers:
             subscriber.reset()
 
-
-def _before_any_plain_read(horizon: Callable[[], int | None]) -> Callable[[], int | None]:
-    """Read the horizon now, right after the fence's locking read started the transaction.
-
-    Under REPEATABLE READ the transaction's first plain read fixes its snapshot. Read
-    after that, the horizon could pass a writer that committed in between: no longer
-    listed as open, yet invisible to this transaction's check of the window (SPEC I4).
-    A horizon cached from an earlier transaction was read before this snapshot: safe."""
-    value = horizon()
-    return lambda: value

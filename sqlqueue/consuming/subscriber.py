@@ -355,22 +355,23 @@ class Subscriber:
 
     # -- watermarks ---------------------------------------------------------------------
     def advance(
-        self, cursor: CursorWrapper, horizon: Callable[[], int | None], force: bool = False
+        self, cursor: CursorWrapper, settled_before: int | None, force: bool = False
     ) -> None:
-        """Move each partition's watermark over settled, done rows, after checking the
-        window for late-committed rows; then drop the delivery state it covers."""
+        """Move each partition's watermark over settled, done rows (created before
+        ``settled_before``; None: all are), after checking the window for late-committed
+        rows; then drop the delivery state it covers."""
         now = time.monotonic()
         for key, state in self.partitions.items():
             if not state.window_open:
                 continue  # idle and settled: nothing to check, no query
-            candidate = state.advance_candidate(horizon())
+            candidate = state.advance_candidate(settled_before)
             sweep_due = force or now - self._last_sweep.get(key, 0.0) >= SWEEP_INTERVAL
             if candidate <= state.watermark and not sweep_due:
                 continue
             recently = now - self._last_advance.get(key, 0.0) < WATERMARK_STEP
             if candidate > state.watermark and recently and not sweep_due:
                 continue  # batch watermark writes: at most one per partition per step
-            candidate = self._sweep(cursor, state, candidate, horizon)
+            candidate = self._sweep(cursor, state, candidate, settled_before)
             self._last_sweep[key] = now
             if candidate > state.watermark:
                 self.dialect.advance_watermark(cursor, self.group, self.topic, key, candidate)
@@ -384,7 +385,7 @@ class Subscriber:
 
     def _sweep(
         self, cursor: CursorWrapper, state: PartitionState, candidate: int,
-        horizon: Callable[[], int | None],
+        settled_before: int | None,
     ) -> int:
         """Look for rows in the window that were committed after the fetch passed them."""
         upto = max(candidate, state.covered)
@@ -399,7 +400,7 @@ class Subscriber:
             for entry in state.absorb(rows, self.group):
                 logger.info("Found late-committed message %s/%s@%s for group %r.",
                             self.topic, state.partition_key, entry.offset, self.group)
-            candidate = state.advance_candidate(horizon())
+            candidate = state.advance_candidate(settled_before)
         if len(stored) == SWEEP_LIMIT:
             candidate = min(candidate, stored[-1])  # only checked up to there
         return candidate

@@ -107,7 +107,7 @@ def runner(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def horizon_now(runner: Runner) -> int | None:
     runner._horizon_expires = 0.0  # due for a read
-    return runner._horizon(None, NOW)()
+    return runner._settled_before(None, NOW)
 
 
 def test_the_runner_keeps_its_last_horizon_through_stale_snapshots(runner: Any) -> None:
@@ -122,8 +122,7 @@ def test_the_runner_keeps_its_last_horizon_through_stale_snapshots(runner: Any) 
 
 def test_the_runner_reuses_a_horizon_until_its_refresh_is_due(runner: Any) -> None:
     r = runner(WriteHorizon(None, NOW))
-    horizon = r._horizon(None, NOW)
-    assert {horizon() for _ in range(20)} == {NOW - MARGIN_MS}  # one read only
+    assert {r._settled_before(None, NOW) for _ in range(20)} == {NOW - MARGIN_MS}  # one read
     assert REFRESH * 0.99 <= r._horizon_expires - runner_module.time.monotonic() <= 1.5 * REFRESH
 
 

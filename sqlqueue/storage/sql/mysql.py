@@ -36,10 +36,7 @@ class MySQLDialect(Dialect):
     #   mysql_real_escape_string for the connection's character set, the same escaping
     #   mysqlclient applies to parameters, minus its per-parameter type dispatch.
     max_rows_per_insert = 1000  # no parameters to bound it; max_statement_bytes does
-    _LITERAL_COLUMNS = (
-        "topic", "partition_key", "id", "payload", "metadata", "published_at", "priority",
-        "deliver_after",
-    )
+    _LITERAL_COLUMNS = tuple(c for c in Dialect._INSERT_COLUMNS if c != "created_at")
 
     def created_at_default_sql(self, *, drop: bool = False) -> str:
         """``created_at_default`` (migration 0006): stamp ``created_at`` with the
