@@ -1,12 +1,18 @@
 # The two commands a newcomer needs (README.md):
 #   make demo   install everything, then run the example shop on SQLite
-#   make test   install everything, then lint, type-check and run the whole suite
-#               on SQLite and on MariaDB/MySQL
+#   make test   install everything, then lint, type-check, build the docs site in strict
+#               mode, run the whole suite on SQLite, MariaDB/MySQL and PostgreSQL, then the
+#               acceptance and browser tiers against the built wheel
+#   make docs   serve the docs site (MkDocs over docs/) at http://127.0.0.1:8000/en/latest/
 PY := .venv/bin/python
 MYSQL_TEST_URL ?= mysql://root@127.0.0.1:3306/test
+POSTGRES_TEST_URL ?= postgres://postgres@127.0.0.1:5432/test
 DEMO_DB ?= sqlite:///$(CURDIR)/example_project/db.sqlite3
+DOCS_SITE ?= site
+# Material for MkDocs prints a notice about MkDocs 2.0 on every run: not a problem of ours.
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo spark-demo test bootstrap lint test-sqlite test-mysql test-spark soak bench bench-quick
+.PHONY: demo spark-demo test bootstrap lint docs docs-build test-sqlite test-mysql test-postgres test-spark test-wheel soak topologies bench bench-quick
 
 bootstrap:
 	@./.ci/bootstrap
@@ -24,31 +30,56 @@ lint: bootstrap
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-# SQLQUEUE_REQUIRE_SPARK=1: the Spark tests fail rather than skip when PySpark or Java
-# is missing, so that CI cannot skip them silently.
+# The docs site with live reload (the docs extra, installed by bootstrap).
+docs: bootstrap
+	$(PY) -m mkdocs serve
+
+# The strict build: a dead link, a missing anchor or a page left out of the nav fails it.
+# Into $(DOCS_SITE) (site/, ignored by git).
+docs-build: bootstrap
+	$(PY) -m mkdocs build --strict --site-dir $(DOCS_SITE)
+
+# SQLQUEUE_REQUIRE_SPARK=1, SQLQUEUE_REQUIRE_DOCS=1: the Spark and docs-site tests fail
+# rather than skip when PySpark, Java or MkDocs is missing, so that CI cannot skip them
+# silently.
 test-sqlite: bootstrap
-	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
+	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
 
 test-mysql: bootstrap
-	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
+	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
+
+# The Spark tests skip themselves on PostgreSQL (their SQL layer does not speak it yet).
+test-postgres: bootstrap
+	SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
 
 # Only the Spark pipeline's tests (local-mode PySpark), on MariaDB/MySQL and on SQLite.
 test-spark: bootstrap
 	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m spark $(PYTEST_ARGS)
 	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m spark $(PYTEST_ARGS)
 
-test: lint test-sqlite test-mysql
+# The built wheel installed in a fresh virtualenv: acceptance and browser tiers against it.
+test-wheel: bootstrap
+	./.ci/test-wheel
+
+test: lint docs-build test-sqlite test-mysql test-postgres test-wheel
+
+# The topology report's runs (docs/guides/topologies.md), the soak ones included, with
+# their figures printed: servers of the tests' own (MariaDB replicas, a Galera cluster).
+topologies: bootstrap
+	DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -s -m "" tests/acceptance/test_failover.py \
+		tests/acceptance/test_async_failover.py tests/acceptance/test_semisync.py \
+		tests/acceptance/test_galera.py $(PYTEST_ARGS)
 
 # Long fault run, not part of `make test` (docs/guides/operations.md); needs MariaDB.
 soak: bootstrap
 	$(PY) -m bench.soak --minutes $(or $(SOAK_MINUTES),2) --messages $(or $(SOAK_MESSAGES),20000) --kills $(or $(SOAK_KILLS),5)
 
-# The benchmark suite with the peers side by side (bench/README.md); needs MariaDB and
-# Redis. Results in bench/results/ (results.md, results.json, plots).
+# The benchmark suite with the peers side by side (bench/README.md); needs MariaDB,
+# PostgreSQL and Redis. Results in bench/results/ (results.md, results.json, plots).
 bench: bootstrap
-	$(PY) -m pip install -q -e ".[mysql,bench]"
+	$(PY) -m pip install -q -e ".[mysql,postgresql,bench]"
 	$(PY) -m bench.suite $(BENCH_ARGS)
 
 bench-quick: bootstrap
-	$(PY) -m pip install -q -e ".[mysql,bench]"
+	$(PY) -m pip install -q -e ".[mysql,postgresql,bench]"
 	$(PY) -m bench.suite --quick $(BENCH_ARGS)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 
 QUEUE_TABLES = ("queue_messages", "queue_delivery_state", "queue_offsets",
-                "queue_partition_leases", "queue_subscriber_heartbeats")
+                "queue_partition_leases", "queue_subscriber_heartbeats",
+                "queue_idempotency_keys")
 
 
 def setup(url: str) -> None:
@@ -19,17 +20,28 @@ def setup(url: str) -> None:
 
     django.setup()
     from django.core.management import call_command
+    from django.db import DatabaseError, connection
 
-    call_command("migrate", verbosity=0)
+    try:
+        call_command("migrate", verbosity=0)
+    except DatabaseError:
+        # Migrated by another version of sqlqueue (a branch's migrations, numbered
+        # otherwise): the benchmark database is scratch space, so start it afresh.
+        if connection.vendor not in ("mysql", "postgresql"):
+            raise
+        connection.close()
+        ensure_database(url, afresh=True)
+        call_command("migrate", verbosity=0)
 
 
 def reset() -> None:
-    """Empty the queue tables. TRUNCATE on MySQL/MariaDB: after a DELETE of a million
-    rows, InnoDB's purge lags and every index scan steps over delete-marked entries for
-    a while, which would be measured as our cost."""
+    """Empty the queue tables. TRUNCATE on MySQL/MariaDB and PostgreSQL: after a DELETE
+    of a million rows, InnoDB's purge lags (PostgreSQL's dead tuples wait for vacuum) and
+    every index scan steps over deleted entries for a while, which would be measured as
+    our cost."""
     from django.db import connection
 
-    empty = "TRUNCATE TABLE" if connection.vendor == "mysql" else "DELETE FROM"
+    empty = "DELETE FROM" if connection.vendor == "sqlite" else "TRUNCATE TABLE"
     with connection.cursor() as cursor:
         for table in QUEUE_TABLES:
             cursor.execute(f"{empty} {connection.ops.quote_name(table)}")

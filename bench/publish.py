@@ -26,7 +26,12 @@ from typing import Any
 import django
 
 
-def ensure_database(url: str) -> None:
+def ensure_database(url: str, *, afresh: bool = False) -> None:
+    """Create the benchmark database if missing (``afresh``: drop it first; it is
+    scratch space)."""
+    if url.startswith(("postgres", "pgsql")):
+        _ensure_postgresql_database(url, afresh=afresh)
+        return
     if not url.startswith("mysql"):
         return
     import MySQLdb
@@ -34,10 +39,30 @@ def ensure_database(url: str) -> None:
     parsed = __import__("environ").Env.db_url_config(url)
     server = MySQLdb.connect(host=parsed["HOST"] or "127.0.0.1", port=int(parsed["PORT"] or 3306),
                              user=parsed["USER"] or "root", passwd=parsed["PASSWORD"] or "")
+    if afresh:
+        server.cursor().execute(f"DROP DATABASE IF EXISTS `{parsed['NAME']}`")
     server.cursor().execute(
         f"CREATE DATABASE IF NOT EXISTS `{parsed['NAME']}` CHARACTER SET utf8mb4"
     )
     server.close()
+
+
+def _ensure_postgresql_database(url: str, *, afresh: bool) -> None:
+    """``ensure_database`` on PostgreSQL: CREATE DATABASE runs outside a transaction,
+    from the server's maintenance database ``postgres``."""
+    import psycopg
+    from psycopg import sql
+
+    parsed = __import__("environ").Env.db_url_config(url)
+    with psycopg.connect(host=parsed["HOST"] or "127.0.0.1", port=int(parsed["PORT"] or 5432),
+                         user=parsed["USER"] or "postgres", password=parsed["PASSWORD"] or None,
+                         dbname="postgres", autocommit=True) as server:
+        name = sql.Identifier(parsed["NAME"])
+        if afresh:
+            server.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(name))
+        if not server.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                              [parsed["NAME"]]).fetchone():
+            server.execute(sql.SQL("CREATE DATABASE {}").format(name))
 
 
 def bench_single(count: int) -> float:
@@ -154,8 +179,8 @@ def _server_version() -> str:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        is_mysql = connection.vendor == "mysql"
-        cursor.execute("SELECT VERSION()" if is_mysql else "SELECT sqlite_version()")
+        cursor.execute({"mysql": "SELECT VERSION()", "postgresql": "SHOW server_version"}
+                       .get(connection.vendor, "SELECT sqlite_version()"))
         return str(cursor.fetchone()[0])
 
 

@@ -11,6 +11,8 @@ _url = os.environ.get("BENCH_DATABASE_URL", "mysql://root@127.0.0.1:3306/sqlqueu
 _database = environ.Env.db_url_config(_url)
 if _database["ENGINE"].endswith("mysql"):
     _database["OPTIONS"] = {"charset": "utf8mb4"}
+elif _database["ENGINE"].endswith("postgresql"):
+    _database["OPTIONS"] = {}  # READ COMMITTED, psycopg 3: the defaults sqlqueue expects
 else:
     _database["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 20,
                             "init_command": "PRAGMA journal_mode=WAL;"}

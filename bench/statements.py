@@ -49,12 +49,12 @@ def main() -> None:
             < sent[-1].offset:  # settled: the watermark passed the last message
         if time.monotonic() > deadline:
             raise SystemExit("the watermark did not reach the head within 30 s")
-        runner._cycle()
+        runner.run_once()
         time.sleep(0.05)
     polls = 20
     with CaptureQueriesContext(connection) as idle:
         for _ in range(polls):
-            runner._cycle()
+            runner.run_once()
     runner.stop()
     runner._shutdown()
     reset()

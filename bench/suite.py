@@ -4,13 +4,16 @@ as a results table (Markdown and JSON) and plots (PNG).
     python -m bench.suite                  # about 12 minutes on 2 cores
     python -m bench.suite --quick          # small sizes, sqlqueue and django-tasks-db only
     python -m bench.suite --no-peers       # sqlqueue's own scenarios only
+    python -m bench.suite --databases postgresql   # the PostgreSQL section only
 
 Results go to ``bench/results/`` (``--out``): ``results.json``, ``results.md`` and
 ``*.png``, with the machine, versions and database settings. The peers (django-tasks-db,
 django-q2, Celery + Redis, Dramatiq + Redis) run through the harness in ``bench/peers``,
 in their own virtualenv ``.venv-peers`` (created on first use), on the same MariaDB and
 Redis; sqlqueue runs there too through its adapter, so the peer table compares like with
-like. See bench/README.md for what each scenario measures.
+like. A second section runs on PostgreSQL (``--pg-url``): sqlqueue's publishing, and the
+peers that live there (django-tasks-db, Procrastinate) beside sqlqueue. See
+bench/README.md for what each scenario measures.
 """
 
 from __future__ import annotations
@@ -25,11 +28,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_DIR = ROOT / "bench" / "peers"
 PEERS_VENV = ROOT / ".venv-peers"
 ALL_PEERS = ("tasks_db", "django_q2", "celery", "dramatiq", "sqlqueue")
+#: the peers that run on PostgreSQL (Procrastinate runs nowhere else)
+PG_PEERS = ("tasks_db", "procrastinate", "sqlqueue")
+QUICK_PEERS = ("tasks_db", "sqlqueue")
 
 
 @dataclass(frozen=True)
@@ -104,23 +111,38 @@ def own_scenarios(sizes: Sizes, url: str, quick: bool) -> dict[str, Any]:
 
 # -- the peers (their own virtualenv, the harness in bench/peers) ------------------------------
 def peers_python() -> Path:
+    """The peers' virtualenv: made on first use, brought up to date when
+    bench/peers/requirements.txt changed since (a new peer, a new version)."""
     python = PEERS_VENV / "bin" / "python"
+    requirements = (PEERS_DIR / "requirements.txt").read_text()
+    installed = PEERS_VENV / "requirements.installed"
     if not python.exists():
         log(f"creating {PEERS_VENV} for the peers (once)")
         subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+    if not installed.exists() or installed.read_text() != requirements:
+        log(f"installing the peers' requirements into {PEERS_VENV}")
         subprocess.run([str(python), "-m", "pip", "install", "-q", "-r",
-                        str(PEERS_DIR / "requirements.txt"), "-e", f"{ROOT}[mysql]"],
-                       check=True)
+                        str(PEERS_DIR / "requirements.txt"), "-e",
+                        f"{ROOT}[mysql,postgresql,redis]"], check=True)
+        installed.write_text(requirements)
     return python
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` pointing at database ``name`` on the same server."""
+    return urlsplit(url)._replace(path=f"/{name}").geturl()
 
 
 def peer_environment(url: str) -> dict[str, str]:
     import environ
 
     db = environ.Env.db_url_config(url)
-    return {**os.environ, "DB_HOST": db["HOST"] or "127.0.0.1",
-            "DB_PORT": str(db["PORT"] or 3306), "DB_USER": db["USER"] or "root",
-            "DB_PASSWORD": db["PASSWORD"] or "", "DB_NAME": "bench_peers"}
+    postgresql = db["ENGINE"].endswith("postgresql")
+    return {**os.environ, "DB_ENGINE": "postgresql" if postgresql else "mysql",
+            "DB_HOST": db["HOST"] or "127.0.0.1",
+            "DB_PORT": str(db["PORT"] or (5432 if postgresql else 3306)),
+            "DB_USER": db["USER"] or ("postgres" if postgresql else "root"),
+            "DB_PASSWORD": db["PASSWORD"] or "", "DB_NAME": db["NAME"]}
 
 
 def peer_step(python: Path, env: dict[str, str], limit: int, *args: str) -> dict[str, Any]:
@@ -139,13 +161,16 @@ def peer_step(python: Path, env: dict[str, str], limit: int, *args: str) -> dict
                        capture_output=True)
 
 
-def peer_scenarios(sizes: Sizes, url: str, peers: list[str]) -> dict[str, Any]:
+def peer_scenarios(sizes: Sizes, url: str, peers: list[str],
+                   only_enqueue: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Every harness scenario for ``peers`` on the database of ``url`` (created if
+    missing: MariaDB/MySQL or PostgreSQL); the peers in ``only_enqueue`` run only the
+    one-message enqueue."""
+    from bench.publish import ensure_database
+
     python = peers_python()
     env = peer_environment(url)
-    subprocess.run(["mysql", "-h", env["DB_HOST"], "-P", env["DB_PORT"], "-u", env["DB_USER"],
-                    *([f"-p{env['DB_PASSWORD']}"] if env["DB_PASSWORD"] else []), "-e",
-                    "CREATE DATABASE IF NOT EXISTS bench_peers CHARACTER SET utf8mb4"],
-                   check=True)
+    ensure_database(url)
     results: dict[str, Any] = {}
     for peer in peers:
         log(f"peer {peer}: setup")
@@ -163,6 +188,8 @@ def peer_scenarios(sizes: Sizes, url: str, peers: list[str]) -> dict[str, Any]:
     for peer in peers:
         row = results[peer]
         row["enqueue_single"] = median_round(singles[peer], "msgs_per_s")
+        if peer in only_enqueue:
+            continue
         log(f"peer {peer}: enqueue in bulk")
         row["enqueue_bulk"] = peer_step(python, env, 300, "enqueue_bulk", "--peer", peer,
                                         "--n", str(sizes.peer_bulk), "--batch", "1000")
@@ -190,23 +217,47 @@ def median_round(rounds: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 # -- the report ------------------------------------------------------------------------------
 def machine(url: str) -> dict[str, Any]:
+    """The machine, the versions, and the settings of ``url``'s server that bound the
+    figures (read with the driver: one process reports on two servers)."""
     import django
 
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"  # not an inherited one
-    os.environ["BENCH_DATABASE_URL"] = url
-    django.setup()
-    from django.db import connection
-
-    variables: dict[str, Any] = {}
-    if connection.vendor == "mysql":
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW VARIABLES WHERE Variable_name IN ('version', "
-                           "'innodb_flush_log_at_trx_commit', 'innodb_buffer_pool_size', "
-                           "'sync_binlog', 'transaction_isolation', 'tx_isolation')")
-            variables = dict(cursor.fetchall())
+    vendor, variables = "sqlite", {}
+    if url.startswith("mysql"):
+        vendor, variables = "mysql", _mysql_settings(url)
+    elif url.startswith(("postgres", "pgsql")):
+        vendor, variables = "postgresql", _postgresql_settings(url)
     return {"cpus": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "django": django.get_version(),
-            "database": connection.vendor, "database_settings": variables}
+            "database": vendor, "database_settings": variables}
+
+
+def _mysql_settings(url: str) -> dict[str, Any]:
+    import MySQLdb
+
+    parts = urlsplit(url)
+    server = MySQLdb.connect(host=parts.hostname or "127.0.0.1", port=parts.port or 3306,
+                             user=parts.username or "root", passwd=parts.password or "")
+    try:
+        cursor = server.cursor()
+        cursor.execute("SHOW VARIABLES WHERE Variable_name IN ('version', "
+                       "'innodb_flush_log_at_trx_commit', 'innodb_buffer_pool_size', "
+                       "'sync_binlog', 'transaction_isolation', 'tx_isolation')")
+        return dict(cursor.fetchall())
+    finally:
+        server.close()
+
+
+def _postgresql_settings(url: str) -> dict[str, Any]:
+    import psycopg
+
+    parts = urlsplit(url)
+    with psycopg.connect(host=parts.hostname or "127.0.0.1", port=parts.port or 5432,
+                         user=parts.username or "postgres", password=parts.password or None,
+                         dbname="postgres") as server:
+        return dict(server.execute(
+            "SELECT name, setting FROM pg_settings WHERE name IN ('server_version', "
+            "'synchronous_commit', 'fsync', 'shared_buffers', 'wal_level', "
+            "'default_transaction_isolation')").fetchall())
 
 
 def rate(record: dict[str, Any], key: str) -> str:
@@ -221,6 +272,17 @@ def rate(record: dict[str, Any], key: str) -> str:
 
 def seconds(value: float | None) -> str:
     return "not within the limit" if value is None else f"{value:.1f} s"
+
+
+def report(results: dict[str, Any]) -> str:
+    """results.md: the MariaDB/MySQL sections and the PostgreSQL one, those that ran."""
+    text = markdown(results) if "sqlqueue" in results else (
+        f"# Benchmark results\n\nRun {results['started']} "
+        f"({'quick' if results['quick'] else 'full'} mode), {results['seconds']:.0f} s.\n")
+    if "postgresql" in results:
+        text += "\n".join(postgresql_markdown(results["postgresql"],
+                                              results["sizes"]["rounds"])) + "\n"
+    return text
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -262,27 +324,128 @@ def markdown(results: dict[str, Any]) -> str:
             f"| same: fair again after one process stops (SIGTERM) | "
             f"{seconds(split['one_left_fair_again_s'])} |"]
     if results.get("peers"):
-        lines += ["", "## Side by side (the peer harness, same run, same MariaDB and Redis)", "",
-                  "| peer | enqueue 1/txn msg/s | bulk msg/s | drain 1 proc jobs/s | "
-                  "drain 2 procs jobs/s | latency p50 / p95 / p99 ms |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for peer, row in results["peers"].items():
-            latency = row["latency"]
-            lat = ("error" if latency.get("lat_ms_p50") is None else
-                   f"{latency['lat_ms_p50']:.0f} / {latency['lat_ms_p95']:.0f} / "
-                   f"{latency['lat_ms_p99']:.0f}")
-            lines.append(f"| {peer} | {rate(row['enqueue_single'], 'msgs_per_s')} | "
-                         f"{rate(row['enqueue_bulk'], 'msgs_per_s')} | "
-                         f"{rate(row['drain_1'], 'jobs_per_s')} | "
-                         f"{rate(row['drain_2'], 'jobs_per_s')} | {lat} |")
-        lines += ["", "Enqueue one per transaction: the median of "
-                  f"{results['sizes']['rounds']} interleaved round(s) per peer; the other "
-                  "peer figures are single runs."]
-    lines += ["", "## Targets (issue 6), from this run", "",
-              "| target | wanted | measured | met |", "|---|---|---|:-:|"]
-    lines += [f"| {name} | {wanted} | {got} | {'yes' if ok else 'no'} |"
-              for name, wanted, got, ok in targets(results)]
+        lines += ["", "## Side by side (the peer harness, same run, same MariaDB and Redis)", ""]
+        lines += peer_table(results["peers"], results["sizes"]["rounds"])
+    lines += ["", "## Targets (issue 6), from this run", ""]
+    lines += target_table(targets(results))
     return "\n".join(lines) + "\n"
+
+
+def peer_table(peers: dict[str, Any], rounds: int) -> list[str]:
+    lines = ["| peer | enqueue 1/txn msg/s | bulk msg/s | drain 1 proc jobs/s | "
+             "drain 2 procs jobs/s | latency p50 / p95 / p99 ms |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for peer, row in peers.items():
+        if "latency" not in row:  # the one-message enqueue only (a quick run)
+            lines.append(f"| {peer} | {rate(row['enqueue_single'], 'msgs_per_s')} | "
+                         "| | | |")
+            continue
+        latency = row["latency"]
+        lat = ("error" if latency.get("lat_ms_p50") is None else
+               f"{latency['lat_ms_p50']:.0f} / {latency['lat_ms_p95']:.0f} / "
+               f"{latency['lat_ms_p99']:.0f}")
+        lines.append(f"| {peer} | {rate(row['enqueue_single'], 'msgs_per_s')} | "
+                     f"{rate(row['enqueue_bulk'], 'msgs_per_s')} | "
+                     f"{rate(row['drain_1'], 'jobs_per_s')} | "
+                     f"{rate(row['drain_2'], 'jobs_per_s')} | {lat} |")
+    lines += ["", f"Enqueue one per transaction: the median of {rounds} interleaved "
+              "round(s) per peer; the other peer figures are single runs."]
+    return lines
+
+
+def target_table(found: list[tuple[str, str, str, bool]]) -> list[str]:
+    return ["| target | wanted | measured | met |", "|---|---|---|:-:|"] + [
+        f"| {name} | {wanted} | {got} | {'yes' if ok else 'no'} |"
+        for name, wanted, got, ok in found]
+
+
+def postgresql_markdown(section: dict[str, Any], rounds: int) -> list[str]:
+    """The PostgreSQL section of results.md."""
+    if section.get("skipped"):
+        return ["", "## PostgreSQL", "", f"Not run: {section['skipped']}."]
+    server = section["machine"]
+    publish = section["publish"]
+    lines = ["", "## PostgreSQL", "",
+             f"{server['database']} {server['database_settings']}.", "",
+             f"sqlqueue's publishing (`bench.publish`, the median of {rounds} round(s)):", "",
+             "| scenario | result |", "|---|---:|",
+             f"| publish, one message per transaction | {publish['single_per_s']:,} msg/s |",
+             f"| publish in bulk (`send_messages`, batches of 1,000: COPY) | "
+             f"{publish['bulk_per_s']:,} msg/s |",
+             f"| publish in bulk from {publish['bulk_parallel_processes']} processes at once "
+             f"(aggregate) | {publish['bulk_parallel_per_s']:,} msg/s |"]
+    if section.get("peers"):
+        lines += ["", "Side by side (the peer harness, same PostgreSQL and Redis):", ""]
+        lines += peer_table(section["peers"], rounds)
+    lines += ["", "## Targets on PostgreSQL (issue 20), from this run", ""]
+    return lines + target_table(postgresql_targets(section))
+
+
+def postgresql_targets(section: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
+    """(target, wanted, measured, met) for issue 20's targets this run can judge."""
+    peers = section.get("peers") or {}
+
+    def figure(peer: str, key: str, field: str) -> float | None:
+        value = (peers.get(peer) or {}).get(key, {}).get(field)
+        return float(value) if value else None
+
+    found: list[tuple[str, str, str, bool]] = []
+    ours, theirs = (figure("sqlqueue", "enqueue_single", "msgs_per_s"),
+                    figure("tasks_db", "enqueue_single", "msgs_per_s"))
+    if ours and theirs:
+        found.append(("one-message publish vs django-tasks-db", ">= 1.5x",
+                      f"{ours / theirs:.2f}x ({ours:,.0f} vs {theirs:,.0f} msg/s)",
+                      ours >= 1.5 * theirs))
+    ours, theirs = (figure("sqlqueue", "drain_2", "jobs_per_s"),
+                    figure("procrastinate", "drain_2", "jobs_per_s"))
+    if ours and theirs:
+        found.append(("drain, 2 processes, vs Procrastinate", ">= 5x",
+                      f"{ours / theirs:.2f}x ({ours:,.0f} vs {theirs:,.0f} jobs/s)",
+                      ours >= 5 * theirs))
+    p99 = figure("sqlqueue", "latency", "lat_ms_p99")
+    if p99 is not None:
+        found.append(("publish-to-start latency p99 at 100 msg/s, default settings",
+                      "<= 25 ms", f"{p99:.0f} ms", p99 <= 25))
+    return found
+
+
+def postgresql_section(sizes: Sizes, url: str, peers: list[str] | None,
+                       quick: bool = False) -> dict[str, Any]:
+    """sqlqueue's publishing on PostgreSQL and, unless ``peers`` is None, the harness's
+    scenarios for ``peers`` there (database ``<name>_peers`` beside ``url``'s)."""
+    reason = postgresql_unreachable(url)
+    if reason:
+        log(f"PostgreSQL section skipped: {reason}")
+        return {"skipped": reason}
+    section: dict[str, Any] = {"machine": machine(url)}
+    log("PostgreSQL: publish, one per transaction, and send_messages in batches of 1,000")
+    section["publish"] = run_module("publish", "--url", url, "--single", str(sizes.single),
+                                    "--bulk", str(sizes.bulk), "--batch", "1000",
+                                    "--rounds", str(sizes.rounds))
+    if peers is not None:
+        name = urlsplit(url).path.lstrip("/")
+        # Quick: the peers other than sqlqueue only enqueue (the ratio target); their
+        # drains, which time out at this size, would double the run.
+        others = frozenset(p for p in peers if p != "sqlqueue") if quick else frozenset()
+        section["peers"] = peer_scenarios(sizes, with_database(url, f"{name}_peers"), peers,
+                                          only_enqueue=others)
+    return section
+
+
+def postgresql_unreachable(url: str) -> str | None:
+    """Why the PostgreSQL server of ``url`` cannot be used, or None."""
+    try:
+        import psycopg
+    except ImportError:
+        return "psycopg is not installed (the postgresql extra)"
+    parts = urlsplit(url)
+    try:
+        psycopg.connect(host=parts.hostname or "127.0.0.1", port=parts.port or 5432,
+                        user=parts.username or "postgres", password=parts.password or None,
+                        dbname="postgres", connect_timeout=5).close()
+    except psycopg.Error as error:
+        return f"no PostgreSQL server at {parts.hostname}:{parts.port or 5432} ({error})"
+    return None
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
@@ -372,28 +535,45 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--url", default="mysql://root@127.0.0.1:3306/sqlqueue_bench")
+    # The databases (the peers' are <name>_peers beside them) may come from the
+    # environment, so that a test or a shared machine can point the suite elsewhere.
+    parser.add_argument("--url", default=os.environ.get(
+        "BENCH_DATABASE_URL", "mysql://root@127.0.0.1:3306/sqlqueue_bench"))
+    parser.add_argument("--pg-url", default=os.environ.get(
+        "BENCH_PG_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/sqlqueue_bench"))
+    parser.add_argument("--databases", default="mysql,postgresql",
+                        help="the sections to run: mysql, postgresql or both")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--peers", default=None,
-                        help=f"comma-separated, from {', '.join(ALL_PEERS)}")
+                        help=f"comma-separated, from {', '.join(ALL_PEERS + PG_PEERS[1:2])}")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
+    sections = set(args.databases.split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                "quick": args.quick, "sizes": sizes.__dict__}
-    results["sqlqueue"] = own_scenarios(sizes, args.url, args.quick)
-    if not args.no_peers:
-        chosen = (args.peers.split(",") if args.peers
-                  else ["tasks_db", "sqlqueue"] if args.quick else list(ALL_PEERS))
-        results["peers"] = peer_scenarios(sizes, args.url, chosen)
-    results["machine"] = machine(args.url)
+    chosen = args.peers.split(",") if args.peers else None
+    if "mysql" in sections:
+        results["sqlqueue"] = own_scenarios(sizes, args.url, args.quick)
+        if not args.no_peers:
+            default = QUICK_PEERS if args.quick else ALL_PEERS
+            results["peers"] = peer_scenarios(
+                sizes, with_database(args.url, f"{urlsplit(args.url).path.lstrip('/')}_peers"),
+                [p for p in chosen or default if p in ALL_PEERS])
+        results["machine"] = machine(args.url)
+    if "postgresql" in sections:
+        default = QUICK_PEERS if args.quick else PG_PEERS
+        results["postgresql"] = postgresql_section(
+            sizes, args.pg_url,
+            None if args.no_peers else [p for p in chosen or default if p in PG_PEERS],
+            quick=args.quick)
     results["seconds"] = time.monotonic() - started
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    (out / "results.md").write_text(markdown(results))
+    (out / "results.md").write_text(report(results))
     written = plots(results, out)
     log(f"wrote {out / 'results.md'}, results.json and {', '.join(written) or 'no plots'} "
         f"in {results['seconds']:.0f} s")

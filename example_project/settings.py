@@ -122,6 +122,15 @@ SQLQUEUE: dict[str, object] = {
     # Keep each group's delivery state (ack time, attempts) until its message is deleted,
     # for the Spark analytics report's latency, attempts and lag (make spark-demo).
     "KEEP_DELIVERY_STATE": True,
+    # Periodic work without a beat process: every runconsumer publishes the due ticks,
+    # each exactly once (docs/guides/schedules.md). `manage.py queue schedules` lists them.
+    "SCHEDULES": {
+        "daily-sales-report": {
+            "task": "example_project.shop.tasks.sales_report",
+            "cron": "0 7 * * *",
+            "timezone": "Europe/Paris",
+        },
+    },
 }
 
 # -- Django's Tasks framework ----------------------------------------------------------

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from sqlqueue.publishing.api import send_message, send_messages
     from sqlqueue.publishing.messages import DEFAULT_PRIORITY, OutgoingMessage, SentMessage
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.2.0"
 
 _EXPORTS = {
     "DEFAULT_PRIORITY": "sqlqueue.publishing.messages",

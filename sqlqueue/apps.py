@@ -14,6 +14,10 @@ class SqlqueueConfig(AppConfig):
         from sqlqueue.integrations.tasks.registration import register_task_consumers
 
         autodiscover()
+        from sqlqueue.consuming.gc import register_pruner
+        from sqlqueue.integrations.tasks.retention import prune_results
+
+        register_pruner(prune_results)  # expired task results go with the log's garbage
         register_task_consumers()  # TASKS backends of ours: a consumer per queue
         if apps.is_installed("django.contrib.admin"):
             from sqlqueue.integrations.tasks import admin  # noqa: F401  (the results page)

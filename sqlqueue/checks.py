@@ -1,23 +1,25 @@
 """System checks. Ids are stable and documented in docs/reference/checks.md.
 
-Settings checks (``sqlqueue.E001``-``E007``, ``W001``-``W002``) run with every
-``manage.py check``. Database checks (``E101``-``E105``, ``W101``-``W104``) need a
-connection, so Django runs them only with ``check --database`` and before ``migrate``.
+Settings checks (``sqlqueue.E001``-``E009``, ``W001``-``W004``, ``E202`` for ``TASKS``
+entries) run with every ``manage.py check``. Database checks (``E101``-``E106``,
+``W101``-``W105``) need a connection, so Django runs them only with ``check --database``
+and before ``migrate``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from sqlqueue.conf import QueueSettings, validate
-from sqlqueue.storage.sql import SUPPORTED_VENDORS
+from sqlqueue.storage.sql import SUPPORTED_VENDORS, dialect_for
 
 QUEUE_TABLES = (
     "queue_messages",
@@ -29,6 +31,7 @@ QUEUE_TABLES = (
 MIN_MYSQL = (8, 0)
 MIN_MARIADB = (10, 11)
 MIN_SQLITE = (3, 35)
+MIN_POSTGRESQL = (14,)
 #: room for the rest of a row in one packet, on top of the largest payload
 PACKET_MARGIN = 64 * 1024
 
@@ -46,6 +49,68 @@ def check_settings(
     return [_message(p.id, p.msg, p.hint) for p in problems]
 
 
+@register("sqlqueue", Tags.admin)
+def check_admin_apps(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """sqlqueue's admin pages filter by date with django-admin-rangefilter, whose templates
+    Django finds only when ``"rangefilter"`` is an installed app."""
+    if not apps.is_installed("django.contrib.admin") or apps.is_installed("rangefilter"):
+        return []
+    return [Warning(
+        "'rangefilter' is not in INSTALLED_APPS: the sqlqueue admin's Messages and Dead "
+        "letters pages are shown without their date-range filters.",
+        hint="Add 'rangefilter' (django-admin-rangefilter, installed with sqlqueue) to "
+             "INSTALLED_APPS.",
+        id="sqlqueue.W003",
+    )]
+
+
+@register("sqlqueue")
+def check_wakeup_channels(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """A Redis wake-up channel needs the ``redis`` package (the ``redis`` extra)."""
+    conf, _ = validate(getattr(settings, "SQLQUEUE", None), settings.DATABASES)
+    if conf is None or not conf.WAKEUP_REDIS_URL or importlib.util.find_spec("redis"):
+        return []
+    return [Warning(
+        "SQLQUEUE['WAKEUP_REDIS_URL'] is set but the 'redis' package is not installed: "
+        "runners wake up by polling only.",
+        hint='pip install "django-sqlqueue[redis]", or remove WAKEUP_REDIS_URL.',
+        id="sqlqueue.W004",
+    )]
+
+
+@register("sqlqueue")
+def check_task_backends(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Bad ``TASKS`` entries of ours: reported here rather than raised at start-up."""
+    from sqlqueue.integrations.tasks.registration import task_backend_problems
+
+    return [Error(
+        problem,
+        hint="Fix this TASKS entry (docs/guides/tasks.md); its tasks cannot be enqueued "
+             "or run until then.",
+        id="sqlqueue.E202",
+    ) for _, problem in task_backend_problems()]
+
+
+@register("sqlqueue")
+def check_schedules(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Every unusable entry of ``SQLQUEUE["SCHEDULES"]`` (sqlqueue.E301-E309)."""
+    from sqlqueue.scheduling.validation import schedule_errors
+
+    conf, _ = validate(getattr(settings, "SQLQUEUE", None), settings.DATABASES)
+    if conf is None:
+        return []  # check_settings reports why
+    return [Error(str(error), hint="docs/guides/schedules.md lists what a schedule takes.",
+                  id=error.check_id) for error in schedule_errors(conf)]
+
+
 @register(Tags.database)
 def check_database(
     app_configs: Sequence[AppConfig] | None = None,
@@ -59,12 +124,14 @@ def check_database(
     if connection.vendor not in SUPPORTED_VENDORS:
         return [Error(
             f"SQLQUEUE['DATABASE'] ({conf.DATABASE!r}) is a {connection.vendor} database; "
-            "sqlqueue supports MySQL 8.0+, MariaDB 10.11+ and SQLite.",
+            "sqlqueue supports MySQL 8.0+, MariaDB 10.11+, PostgreSQL 14+ and SQLite.",
             id="sqlqueue.E101",
         )]
     try:
         if connection.vendor == "mysql":
             return _check_mysql(connection, conf)
+        if connection.vendor == "postgresql":
+            return _check_postgresql(connection, conf)
         return _check_sqlite(connection)
     except DatabaseError as exc:
         return [Warning(
@@ -100,6 +167,19 @@ def _check_mysql(connection: BaseDatabaseWrapper, conf: QueueSettings) -> list[C
             list(QUEUE_TABLES),
         )
         collations = dict(cursor.fetchall())
+        galera = dialect_for(connection).is_galera(cursor)
+    if galera:
+        messages.append(Warning(
+            f"Database {conf.DATABASE!r} is a Galera cluster node: a node's "
+            "information_schema.INNODB_TRX shows only its own transactions, so subscribers "
+            "cannot see publishers open on other nodes. Watermarks therefore trail the head by "
+            f"MAX_TRANSACTION_AGE ({conf.MAX_TRANSACTION_AGE:g}s), and a publishing "
+            "transaction open longer than that on another node can be skipped.",
+            hint="Send every publisher and runconsumer to one node (a single-writer layout, "
+                 "docs/guides/topologies.md), and keep MAX_TRANSACTION_AGE above your longest "
+                 "publishing transaction.",
+            id="sqlqueue.W110",
+        ))
     if charset != "utf8mb4":
         messages.append(Error(
             f"The connection to {connection.alias!r} uses the character set {charset!r}; "
@@ -132,11 +212,13 @@ def _check_mysql(connection: BaseDatabaseWrapper, conf: QueueSettings) -> list[C
             hint="Use READ COMMITTED, Django's default for MySQL.",
             id="sqlqueue.W101",
         ))
-    if int(max_packet) < conf.MAX_PAYLOAD_BYTES + PACKET_MARGIN:
+    # A payload travels as an escaped literal: up to twice its size (all quotes).
+    if int(max_packet) < 2 * conf.MAX_PAYLOAD_BYTES + PACKET_MARGIN:
         messages.append(Warning(
             f"max_allowed_packet ({max_packet} bytes) is too small for "
-            f"SQLQUEUE['MAX_PAYLOAD_BYTES'] ({conf.MAX_PAYLOAD_BYTES} bytes): the largest "
-            "accepted payloads would be refused by the server.",
+            f"SQLQUEUE['MAX_PAYLOAD_BYTES'] ({conf.MAX_PAYLOAD_BYTES} bytes): a payload "
+            "travels escaped, up to twice its size, so the largest accepted payloads "
+            "could be refused by the server.",
             hint="Raise max_allowed_packet on the server or lower MAX_PAYLOAD_BYTES.",
             id="sqlqueue.W102",
         ))
@@ -165,6 +247,58 @@ def _isolation_level(cursor: Any) -> str:
             continue
         return str(cursor.fetchone()[0]).upper().replace(" ", "-")
     return ""
+
+
+def _check_postgresql(connection: BaseDatabaseWrapper,
+                      conf: QueueSettings) -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    number = int(connection.pg_version)  # type: ignore[attr-defined]  # e.g. 150020
+    version = (number // 10000, number % 10000)
+    if version[:1] < MIN_POSTGRESQL:
+        messages.append(Error(
+            f"PostgreSQL {_version_text(version)} is too old for sqlqueue; "
+            f"PostgreSQL {_version_text(MIN_POSTGRESQL)} or newer is required.",
+            id="sqlqueue.E102",
+        ))
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('server_encoding'), "
+                       "current_setting('default_transaction_isolation')")
+        encoding, server_isolation = cursor.fetchone()
+        cursor.execute(dialect.horizon_privileges_sql())  # type: ignore[attr-defined]
+        (sees_every_session,) = cursor.fetchone()
+    if str(encoding).upper() not in ("UTF8", "UTF-8"):
+        messages.append(Error(
+            f"Database {conf.DATABASE!r} uses the encoding {encoding!r}; topics, keys and "
+            "ids need UTF8.",
+            hint="Create the database with ENCODING 'UTF8' (and a UTF-8 locale, or C).",
+            id="sqlqueue.E103",
+        ))
+    # Django's OPTIONS['isolation_level'] (a psycopg IsolationLevel) overrides the
+    # server's default for every transaction of the connection.
+    option = connection.settings_dict.get("OPTIONS", {}).get("isolation_level")
+    isolation = (getattr(option, "name", str(option)).replace("_", " ") if option is not None
+                 else str(server_isolation)).upper()
+    if isolation not in ("READ COMMITTED", "READ UNCOMMITTED"):  # the latter is the former
+        messages.append(Error(
+            f"The transaction isolation level of {connection.alias!r} is {isolation}: "
+            "sqlqueue's locking reads would fail with serialization errors whenever a "
+            "subscriber renews a lease, and each statement must see the rows committed "
+            "before it.",
+            hint="Use READ COMMITTED, Django's and PostgreSQL's default (remove "
+                 "OPTIONS['isolation_level'] or default_transaction_isolation).",
+            id="sqlqueue.E106",
+        ))
+    if not sees_every_session:
+        messages.append(Warning(
+            f"The role of {connection.alias!r} cannot see other roles' sessions in "
+            "pg_stat_activity: while a session of another role holds a transaction, "
+            "subscribers cannot tell when it began, and watermarks trail the head by "
+            f"MAX_TRANSACTION_AGE ({conf.MAX_TRANSACTION_AGE:g}s).",
+            hint="GRANT pg_read_all_stats TO <role> (or publish and consume as one role).",
+            id="sqlqueue.W105",
+        ))
+    return messages
 
 
 def _check_sqlite(connection: BaseDatabaseWrapper) -> list[CheckMessage]:

@@ -11,6 +11,7 @@ refuses to start on settings the checks would reject.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -47,6 +48,49 @@ class QueueSettings:
     RETENTION: float = 0.0
     MAX_TRANSACTION_AGE: float = 300.0
     KEEP_DELIVERY_STATE: bool = False
+    IDEMPOTENCY_WINDOW: float = 86400.0
+    #: a Bearer token that may read ``metrics/`` ("" : only logged-in users may)
+    METRICS_TOKEN: str = ""
+    #: (topic pattern, database alias) pairs, in the order written (``SQLQUEUE["ROUTES"]``)
+    ROUTES: tuple[tuple[str, str], ...] = ()
+    #: (database alias, replica alias) pairs (``SQLQUEUE["READ_REPLICAS"]``): the admin's
+    #: lag and subscriber pages read the replica of a database instead of it
+    READ_REPLICAS: tuple[tuple[str, str], ...] = ()
+    #: (name, entry) pairs of ``SQLQUEUE["SCHEDULES"]``; the entries are parsed and
+    #: checked by ``sqlqueue.scheduling`` (check ids sqlqueue.E3xx)
+    SCHEDULES: tuple[tuple[str, Any], ...] = ()
+    #: a committed publish wakes the runners consuming its topic (sqlqueue.wakeups)
+    WAKEUPS: bool = True
+    #: (queue alias, alias the PostgreSQL listener connects through) pairs
+    #: (``SQLQUEUE["WAKEUP_LISTEN_DATABASES"]``): a session-mode address behind PgBouncer
+    WAKEUP_LISTEN_DATABASES: tuple[tuple[str, str], ...] = ()
+    #: a Redis URL: wake-ups between processes through Redis pub/sub ("": none)
+    WAKEUP_REDIS_URL: str = ""
+
+    def listen_alias_for(self, alias: str) -> str:
+        """The database alias the PostgreSQL wake-up listener of ``alias`` connects
+        through (``WAKEUP_LISTEN_DATABASES``; ``alias`` itself by default)."""
+        return dict(self.WAKEUP_LISTEN_DATABASES).get(alias, alias)
+
+    def alias_for(self, topic: str) -> str:
+        """The database a topic's messages live in: the first route whose pattern
+        (``fnmatch``: ``*``, ``?``, ``[...]``) matches it, else ``DATABASE``."""
+        for pattern, alias in self.ROUTES:
+            if fnmatch.fnmatchcase(topic, pattern):
+                return alias
+        return self.DATABASE
+
+    def read_alias(self, alias: str) -> str:
+        """Where the admin's pages read ``alias``'s queue tables: its replica if
+        ``READ_REPLICAS`` names one (repairs always write to ``alias`` itself)."""
+        return dict(self.READ_REPLICAS).get(alias, alias)
+
+    @property
+    def databases(self) -> tuple[str, ...]:
+        """Every alias the queue lives in: ``DATABASE``, then each alias a route names,
+        in the order written. Monitoring (metrics, ``queue health``, ``queue status``)
+        reads them all."""
+        return tuple(dict.fromkeys([self.DATABASE, *(alias for _, alias in self.ROUTES)]))
 
     @property
     def max_topic_bytes(self) -> int:
@@ -55,6 +99,9 @@ class QueueSettings:
 
 
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QueueSettings)}
+DEFAULTS["SCHEDULES"] = {}  # written as a dict, kept as pairs (a frozen, hashable value)
+DEFAULTS["WAKEUP_LISTEN_DATABASES"] = {}  # the same
+REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 @dataclass(frozen=True)
@@ -145,6 +192,47 @@ def _dlq_suffix(value: Any) -> str:
     return text
 
 
+def _string_pairs(meaning: str, example: str, keys: str = "aliases",
+                  values: str = "aliases") -> Callable[[Any], tuple[tuple[str, str], ...]]:
+    """A converter of a dict of non-empty strings to non-empty strings, kept as pairs in
+    the order written (ROUTES, READ_REPLICAS, WAKEUP_LISTEN_DATABASES)."""
+    def convert(value: Any) -> tuple[tuple[str, str], ...]:
+        if not isinstance(value, Mapping | tuple):
+            raise _BadValue("sqlqueue.E003", f"must be a dict of {meaning}, such as {example}")
+        pairs = tuple(value.items()) if isinstance(value, Mapping) else tuple(value)
+        for pair in pairs:
+            if (not isinstance(pair, tuple) or len(pair) != 2
+                    or not all(isinstance(part, str) and part for part in pair)):
+                raise _BadValue("sqlqueue.E004",
+                                f"must map non-empty {keys} to non-empty {values}")
+        return pairs
+
+    return convert
+
+
+_routes = _string_pairs("topic patterns to database aliases", '{"orders.*": "orders_db"}',
+                        keys="topic patterns", values="database aliases")
+_replicas = _string_pairs("database aliases to their replicas' aliases",
+                         '{"default": "replica"}')
+_listen_databases = _string_pairs(
+    "queue database aliases to the aliases their wake-up listener connects through",
+    '{"default": "listen"}')
+
+
+def _redis_url(value: Any) -> str:
+    text = _text(value)
+    if text and not text.startswith(REDIS_URL_SCHEMES):
+        raise _BadValue("sqlqueue.E008",
+                        f"must be empty or a Redis URL ({', '.join(REDIS_URL_SCHEMES)}...)")
+    return text
+
+
+def _schedules(value: Any) -> tuple[tuple[str, Any], ...]:
+    if not isinstance(value, Mapping):
+        raise _BadValue("sqlqueue.E301", "must be a dict of schedule name to schedule")
+    return tuple(value.items())
+
+
 def _alias(value: Any) -> str:
     text = _text(value)
     if not text:
@@ -173,6 +261,14 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "RETENTION": _non_negative_seconds,
     "MAX_TRANSACTION_AGE": _positive_seconds,
     "KEEP_DELIVERY_STATE": _boolean,
+    "IDEMPOTENCY_WINDOW": _non_negative_seconds,
+    "ROUTES": _routes,
+    "READ_REPLICAS": _replicas,
+    "SCHEDULES": _schedules,
+    "METRICS_TOKEN": _text,
+    "WAKEUPS": _boolean,
+    "WAKEUP_LISTEN_DATABASES": _listen_databases,
+    "WAKEUP_REDIS_URL": _redis_url,
 }
 assert set(CONVERTERS) == set(DEFAULTS), "every setting needs exactly one converter"
 
@@ -250,6 +346,16 @@ def _relations(values: dict[str, Any], aliases: Mapping[str, Any] | None) -> lis
             f"SQLQUEUE['DATABASE'] is {alias!r}, which is not in DATABASES.",
             f"Use one of: {', '.join(aliases) or '(none configured)'}.",
         ))
+    for pattern, routed in values.get("ROUTES") or ():
+        if aliases is not None and routed not in aliases:
+            problems.append(Problem(
+                "sqlqueue.E007",
+                f"SQLQUEUE['ROUTES'] sends topics {pattern!r} to {routed!r}, which is not in "
+                "DATABASES.",
+                f"Use one of: {', '.join(aliases) or '(none configured)'}.",
+            ))
+    problems.extend(_missing_alias_problems("READ_REPLICAS", values, aliases))
+    problems.extend(_listen_database_problems(values, aliases))
     poll, visibility = values.get("POLL_INTERVAL"), values.get("VISIBILITY_TIMEOUT")
     if poll is not None and visibility is not None and poll >= visibility:
         problems.append(Problem(
@@ -257,6 +363,46 @@ def _relations(values: dict[str, Any], aliases: Mapping[str, Any] | None) -> lis
             f"SQLQUEUE['POLL_INTERVAL'] ({poll:g}s) is not shorter than "
             f"SQLQUEUE['VISIBILITY_TIMEOUT'] ({visibility:g}s): redeliveries will lag.",
         ))
+    return problems
+
+
+def _missing_alias_problems(setting: str, values: dict[str, Any],
+                            aliases: Mapping[str, Any] | None) -> list[Problem]:
+    """E007 for each pair of an alias-pairs setting that names an alias not in
+    ``DATABASES``."""
+    problems: list[Problem] = []
+    for pair in values.get(setting) or ():
+        missing = [a for a in pair if aliases is not None and a not in aliases]
+        if missing:
+            problems.append(Problem(
+                "sqlqueue.E007",
+                f"SQLQUEUE[{setting!r}] names {', '.join(map(repr, missing))}, which is not "
+                "in DATABASES.",
+                f"Use one of: {', '.join(aliases or {}) or '(none configured)'}.",
+            ))
+    return problems
+
+
+def _listen_database_problems(values: dict[str, Any],
+                              aliases: Mapping[str, Any] | None) -> list[Problem]:
+    """Both sides of each ``WAKEUP_LISTEN_DATABASES`` pair are aliases of ``DATABASES``
+    (E007), and the listener's is a PostgreSQL database (E009: LISTEN is PostgreSQL's)."""
+    problems = _missing_alias_problems("WAKEUP_LISTEN_DATABASES", values, aliases)
+    if aliases is None:
+        return problems
+    for queue_alias, listen_alias in values.get("WAKEUP_LISTEN_DATABASES") or ():
+        if queue_alias not in aliases or listen_alias not in aliases:
+            continue  # E007 above
+        engine = str((aliases[listen_alias] or {}).get("ENGINE", ""))
+        if "postgresql" not in engine:
+            problems.append(Problem(
+                "sqlqueue.E009",
+                f"SQLQUEUE['WAKEUP_LISTEN_DATABASES'] sends the wake-up listener of "
+                f"{queue_alias!r} through {listen_alias!r}, which is not a PostgreSQL "
+                f"database ({engine or 'no ENGINE'}).",
+                "LISTEN is PostgreSQL's: name an alias of the same PostgreSQL database "
+                "(a session-mode address behind PgBouncer).",
+            ))
     return problems
 
 

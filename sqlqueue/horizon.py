@@ -6,6 +6,9 @@ its transaction commits, so a row can appear *below* offsets already visible (SP
 row is *settled* once no transaction that could still commit a row below it is open:
 rows inserted (``created_at``, the database clock) before the horizon are settled.
 
+PostgreSQL shows every open transaction exactly (``pg_stat_activity``); the bound is
+proven in sqlqueue.storage.sql.postgresql, ``write_horizon``.
+
 MySQL and MariaDB show open transactions in ``information_schema.INNODB_TRX``. That table
 is a server-wide snapshot that InnoDB refreshes only when nobody has read it for 0.1 s, so
 with enough readers it can stay stale for any length of time, and a transaction that
@@ -40,10 +43,19 @@ class WriteHorizon(NamedTuple):
     #: nothing listed, not even the reader's own transaction, so the snapshot's age is
     #: unknown)
     newest_start_ms: int | None
+    #: subtracted from the earlier of the two: what the snapshot may miss (MySQL); 0
+    #: where the database's view of open transactions is exact (PostgreSQL)
+    margin_ms: int = MARGIN_MS
 
 
-#: Nothing known about open transactions (INNODB_TRX unreadable: no PROCESS privilege).
+#: Nothing known about open transactions (INNODB_TRX unreadable: no PROCESS privilege;
+#: or not telling: on a Galera node it lists that node's transactions only, and a
+#: transaction open on another node would commit below a watermark that passed it).
 UNKNOWN = WriteHorizon(None, None)
+
+#: ``galera``: 1 on a node of a Galera cluster (MariaDB's ``wsrep_on``); an error where
+#: the variable does not exist (MySQL), which means no.
+GALERA_SQL = "SELECT @@wsrep_on"
 
 
 def settled_before(seen: WriteHorizon, now_ms: int, max_transaction_age_ms: int,
@@ -62,7 +74,7 @@ def settled_before(seen: WriteHorizon, now_ms: int, max_transaction_age_ms: int,
         started = min(seen.newest_start_ms, now_ms)
         if seen.oldest_writer_ms is not None:
             started = min(started, seen.oldest_writer_ms)
-        horizon = max(horizon, started - MARGIN_MS)
+        horizon = max(horizon, started - seen.margin_ms)
     return horizon
 
 

@@ -18,7 +18,7 @@ from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from sqlqueue.conf import MAX_NAME_BYTES as NAME_LENGTH
-from sqlqueue.publishing.messages import DEFAULT_PRIORITY
+from sqlqueue.naming import DEFAULT_PRIORITY
 
 if TYPE_CHECKING:
     _BigAutoField = models.BigAutoField[int, int]
@@ -27,7 +27,9 @@ else:  # the field classes are generic for type checkers only
 
 
 class UnsignedBigAutoField(_BigAutoField):
-    """``BIGINT UNSIGNED AUTO_INCREMENT`` on MySQL/MariaDB, as the RFC's ``offset``."""
+    """``BIGINT UNSIGNED AUTO_INCREMENT`` on MySQL/MariaDB, as the RFC's ``offset``.
+    Elsewhere Django's own: a ``bigint`` identity on PostgreSQL (no unsigned types there;
+    63 bits of offsets are plenty), ``integer AUTOINCREMENT`` on SQLite."""
 
     def db_type(self, connection: BaseDatabaseWrapper) -> str | None:
         if connection.vendor == "mysql":
@@ -156,6 +158,12 @@ class PartitionOffset(models.Model):
         db_default=0, help_text="Every offset <= this is done for the group."
     )
     updated_at = _epoch_ms()
+    first_pending = models.PositiveBigIntegerField(
+        null=True, blank=True,
+        help_text="The first offset above the watermark the group has still to finish, as "
+                  "its runconsumer saw it when it last moved the watermark: a hint that "
+                  "spares the lag pages and metrics a probe (NULL: unknown).",
+    )
 
     class Meta:
         db_table = "queue_offsets"
@@ -183,6 +191,56 @@ class SubscriberHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer_group}:{self.topic} {self.subscriber_name}"
+
+
+class IdempotencyKey(models.Model):
+    """An ``id`` given to ``send_message()``/``send_messages()``, remembered for
+    ``IDEMPOTENCY_WINDOW`` after its first publish, so that publishing it again into the
+    same (topic, partition_key) is absorbed also after its message was garbage-collected.
+
+    Compact on purpose (docs/reference/schema.md, "Idempotency keys"): the key is a
+    128-bit BLAKE2b digest of (topic, partition_key, id) in two BIGINTs, not the three
+    strings; ids sqlqueue generates itself (UUID4) are never stored here.
+    """
+
+    pk = models.CompositePrimaryKey("key_high", "key_low")
+    key_high = models.BigIntegerField(help_text="First 64 bits of the digest, signed.")
+    key_low = models.BigIntegerField(help_text="Last 64 bits of the digest, signed.")
+    message_offset = models.PositiveBigIntegerField(
+        help_text="Offset of the message first published with this id.")
+    expires_at = _epoch_ms(help_text="Epoch ms, database clock: first publish + window.")
+
+    class Meta:
+        db_table = "queue_idempotency_keys"
+        indexes = [models.Index(fields=["expires_at"], name="idx_idempotency_expires")]
+        verbose_name = "idempotency key"
+
+    def __str__(self) -> str:
+        return f"{self.key_high:016x}{self.key_low & (2**64 - 1):016x}@{self.message_offset}"
+
+
+class FlowControl(models.Model):
+    """A pause (added by sqlqueue, not in the RFC): while a row matches a (group, topic),
+    its subscribers start no new handler. An empty ``consumer_group`` pauses every group
+    of ``topic``; an empty ``topic`` pauses every topic of ``consumer_group``."""
+
+    pk = models.CompositePrimaryKey("consumer_group", "topic")
+    consumer_group = _name(blank=True)
+    topic = _name(blank=True)
+    paused_at = _epoch_ms()
+    paused_by = _name(blank=True, db_default="")
+
+    class Meta:
+        db_table = "queue_flow_control"
+        verbose_name = "pause"
+        permissions = [
+            ("pause_subscription", "Can pause and resume consumer groups"),
+            ("retire_group", "Can retire a consumer group (delete its positions and state)"),
+            ("cancel_message", "Can cancel pending messages of a consumer group"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer_group or '*'}:{self.topic or '*'} paused"
 
 
 class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
@@ -239,3 +297,30 @@ class SubscriberStatus(QueueMessage):
 # The results table of the Django Tasks backend (sqlqueue.integrations.tasks), defined
 # next to the backend it serves; imported here so that it belongs to this app.
 from sqlqueue.integrations.tasks.models import TaskRecord  # noqa: E402, F401
+
+
+class ScheduleState(models.Model):
+    """Where one entry of ``SQLQUEUE["SCHEDULES"]`` stands (added by sqlqueue, not in the
+    RFC). ``checked_until``: every tick at or before it was published or skipped; a
+    process claims the ticks after it by moving it forward with a compare-and-set, in the
+    transaction that publishes them, so each tick is published once however many
+    processes run (docs/guides/schedules.md)."""
+
+    name = _name(primary_key=True)
+    checked_until = _epoch_ms()
+    #: the schedule's timing as last seen (``every 60`` / ``cron 0 3 * * * Europe/Paris``)
+    definition = _name(blank=True, db_default="")
+    last_tick = _epoch_ms(null=True)
+    last_topic = _name(blank=True, db_default="")
+    last_partition_key = _name(blank=True, db_default="")
+    last_offset = models.PositiveBigIntegerField(null=True)
+    last_message_id = _name(blank=True, db_default="")
+    last_published_at = _epoch_ms(null=True)
+
+    class Meta:
+        db_table = "queue_schedules"
+        verbose_name = "schedule"
+        permissions = [("run_schedule", "Can publish a schedule's tick now")]
+
+    def __str__(self) -> str:
+        return self.name

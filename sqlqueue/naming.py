@@ -3,9 +3,41 @@ publishing API and the Spark executors, which must not import Django, share it."
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 MAX_NAME_BYTES = 255  # VARCHAR(255) columns of the RFC schema
+#: A message's priority: 0 (first) to 255, in a TINYINT UNSIGNED column; the default is
+#: the middle-low 50. Here rather than in publishing so that the models, below it, share it.
+DEFAULT_PRIORITY = 50
+MIN_PRIORITY, MAX_PRIORITY = 0, 255
+#: Deepest nesting of lists and objects a payload (or a task's arguments) may have. Python's
+#: JSON decoder recurses once per level: payloads nested thousands deep decode in a
+#: shallow stack (the publisher's) but not in a deeper one (the admin's, a handler's), so
+#: what is accepted stays far below every stack's limit.
+MAX_JSON_DEPTH = 100
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str) -> int:
+    """How deep lists and objects nest in the JSON ``text`` (0 for a scalar)."""
+    depth = deepest = 0
+    for ch in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def check_json_depth(kind: str, text: str) -> str:
+    """``text`` if it nests at most ``MAX_JSON_DEPTH`` deep; raises ValueError otherwise."""
+    # Counting brackets runs in C: a text with few cannot nest deep (the common case).
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
+        raise ValueError(f"{kind} nests lists and objects more than {MAX_JSON_DEPTH} deep.")
+    return text
 
 
 def check_name(kind: str, value: Any, max_bytes: int = MAX_NAME_BYTES) -> str:
@@ -28,3 +60,16 @@ def check_name(kind: str, value: Any, max_bytes: int = MAX_NAME_BYTES) -> str:
     if size > max_bytes:
         raise ValueError(f"{kind} is {size} bytes long; the limit is {max_bytes} bytes.")
     return value
+
+
+def _is_control(ch: str) -> bool:
+    return ord(ch) < 32 or 127 <= ord(ch) < 160
+
+
+def escape_controls(text: str) -> str:
+    """``text`` for a terminal: every control character (C0, DEL, C1: escape sequences
+    that move the cursor, clear the screen or rewrite earlier lines) written as a
+    ``\\xNN`` escape, so stored text cannot forge or hide a command's output."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(f"\\x{ord(ch):02x}" if _is_control(ch) else ch for ch in text)

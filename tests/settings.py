@@ -4,6 +4,7 @@ The database comes from ``DATABASE_URL`` (django-environ syntax):
 
     DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3  (the default)
     DATABASE_URL=mysql://root@127.0.0.1:3306/test       (MariaDB / MySQL)
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/test (PostgreSQL, psycopg 3)
 
 Django creates and destroys a ``test_...`` database next to the named one.
 """
@@ -38,7 +39,10 @@ elif _database["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE: a transaction takes the write lock at BEGIN, so two publishers queue up
     # instead of failing with "database is locked" when one upgrades a read lock.
     _database.setdefault("OPTIONS", {}).update({"timeout": 20, "transaction_mode": "IMMEDIATE"})
-DATABASES = {"default": _database}
+# "routes": the same database under a second alias (a test mirror), to check that
+# SQLQUEUE["ROUTES"] and runconsumer --database pick the alias they name.
+DATABASES = {"default": _database,
+             "routes": {**_database, "TEST": {**_database.get("TEST", {}), "MIRROR": "default"}}}
 
 INSTALLED_APPS = [
     "django.contrib.auth",

@@ -208,6 +208,47 @@ def consumer_results(topic: str = ORDERS_CREATED) -> ConsumerResults:
     )
 
 
+#: the example's schedule (settings.SQLQUEUE["SCHEDULES"])
+SALES_REPORT = "daily-sales-report"
+
+
+@dataclass(frozen=True)
+class ScheduleShown:
+    name: str
+    definition: str
+    next_tick: str
+    message_id: str
+
+
+def run_sales_report_now() -> list[ScheduleShown]:
+    """``manage.py queue schedules run daily-sales-report``: one tick of the schedule now,
+    besides its daily ones; then every schedule as ``queue schedules`` lists it."""
+    from sqlqueue.operations.schedules import (
+        current_time_ms,
+        run_schedule_now,
+        schedule_overview,
+    )
+
+    published = run_schedule_now(SALES_REPORT)
+    return [
+        ScheduleShown(
+            view.name, view.definition,
+            "-" if view.next_tick_ms is None else iso_utc(epoch_ms_to_datetime(
+                view.next_tick_ms)),
+            published.message_id if view.name == SALES_REPORT else "",
+        )
+        for view in schedule_overview(current_time_ms())
+    ]
+
+
+def latest_sales_report() -> str | None:
+    from example_project.shop.tasks import sales_report
+
+    latest = (TaskRecord.objects.filter(task_path=sales_report.module_path, status="SUCCESSFUL")
+              .order_by("-finished_at").values_list("id", flat=True).first())
+    return None if latest is None else sales_report.get_result(latest).return_value
+
+
 class _ListHandler(logging.Handler):
     """Keeps formatted records in a list (logging serialises ``emit`` across threads)."""
 

@@ -13,6 +13,8 @@ try:
 except ImportError:  # Django 5.2: the backport (pip install django-tasks)
     from django_tasks import task  # type: ignore[no-redef]
 
+from decimal import Decimal
+
 from example_project.shop.models import Order
 
 
@@ -22,3 +24,14 @@ def render_receipt(reference: str) -> str:
     order = Order.objects.prefetch_related("lines").get(reference=reference)
     lines = [f"{line.quantity} x {line.sku} @ {line.unit_price}" for line in order.lines.all()]
     return f"Receipt {order.reference}: {'; '.join(lines)}; total {order.total}"
+
+
+@task
+def sales_report() -> str:
+    """The shop's daily sales figures: scheduled every morning by SQLQUEUE["SCHEDULES"]
+    (settings.py), published by whichever runconsumer is running, once per day."""
+    from django.db.models import Count, Sum
+
+    totals = Order.objects.aggregate(orders=Count("pk"), revenue=Sum("total"))
+    revenue = Decimal(totals["revenue"] or 0).quantize(Decimal("0.01"))
+    return f"{totals['orders']} orders, {revenue} in revenue"

@@ -2,6 +2,6 @@
 subscribers (read-only data; every action calls the service functions in
 ``sqlqueue.operations``)."""
 
-from sqlqueue.admin import dead_letters, lag, messages, subscribers
+from sqlqueue.admin import dead_letters, lag, messages, schedules, subscribers
 
-__all__ = ["dead_letters", "lag", "messages", "subscribers"]
+__all__ = ["dead_letters", "lag", "messages", "schedules", "subscribers"]

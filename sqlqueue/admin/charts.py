@@ -10,7 +10,8 @@ from django.utils.safestring import SafeString
 
 from sqlqueue.operations.lag import PartitionLag
 
-STATUS_COLORS = {"OK": "#2e7d32", "WARN": "#f9a825", "STALL": "#ef6c00", "STOP": "#c62828"}
+STATUS_COLORS = {"OK": "#2e7d32", "WARN": "#f9a825", "STALL": "#ef6c00", "STOP": "#c62828",
+                 "PAUSED": "#546e7a"}
 
 
 def status_strip(partitions: Sequence[PartitionLag], width: int = 240,
@@ -26,9 +27,12 @@ def status_strip(partitions: Sequence[PartitionLag], width: int = 240,
          for i, p in enumerate(partitions)),
     )
     return format_html(
+        # Scales with its cell (80 px to ``width``), so that the overview fits a laptop.
         '<svg class="sqlqueue-strip" role="img" width="{}" height="{}" '
-        'viewBox="0 0 {} {}" aria-label="{}">{}</svg>',
-        width, height, width, height, _summary(partitions), segments,
+        'viewBox="0 0 {} {}" preserveAspectRatio="none" '
+        'style="display:block;width:100%;min-width:80px;max-width:{}px;height:{}px" '
+        'aria-label="{}">{}</svg>',
+        width, height, width, height, width, height, _summary(partitions), segments,
     )
 
 
@@ -50,10 +54,13 @@ def pending_columns(partitions: Sequence[PartitionLag], width: int = 800,
          for i, (p, count) in enumerate(zip(partitions, pending, strict=True))),
     )
     return format_html(
+        # Scales down with the page (never wider than ``width``).
         '<svg class="sqlqueue-columns" role="img" width="{}" height="{}" '
-        'viewBox="0 0 {} {}" aria-label="{}">'
+        'viewBox="0 0 {} {}" preserveAspectRatio="none" '
+        'style="display:block;width:100%;max-width:{}px;height:{}px" aria-label="{}">'
         '<line x1="0" y1="{}" x2="{}" y2="{}" stroke="#999"/>{}</svg>',
-        width, height, width, height, _summary(partitions), height, width, height, columns,
+        width, height, width, height, width, height, _summary(partitions), height, width,
+        height, columns,
     )
 
 

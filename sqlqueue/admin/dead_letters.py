@@ -16,7 +16,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from sqlqueue.admin.display import EpochMsDateRangeFilter, from_epoch_ms
+from sqlqueue.admin.display import DateRangeFilters, EpochMsDateRangeFilter, from_epoch_ms
 from sqlqueue.admin.messages import JsonColumns, ReadOnlyAdmin
 from sqlqueue.models import DeadLetter
 from sqlqueue.operations.dead_letters import (
@@ -31,9 +31,10 @@ BULK_REPLAY_LIMIT = 5_000
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(JsonColumns, ReadOnlyAdmin):
-    list_display = ("offset", "consumer_group", "original_topic", "partition_key",
-                    "message_id", "failure_count", "failed", "error_summary")
+class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
+    # Few, narrow columns: the "why" (last error) must be readable at 1366 px with the
+    # navigation and the filters open; the message id is on the detail page (and searchable).
+    list_display = ("offset", "where", "failures", "failed", "error_summary")
     list_filter = ("consumer_group", "original_topic", ("failed_at", EpochMsDateRangeFilter))
     search_fields = ("=id", "=partition_key")
     show_full_result_count = False
@@ -43,11 +44,30 @@ class DeadLetterAdmin(JsonColumns, ReadOnlyAdmin):
               "failure_count", "failed", "traceback", "payload_json", "metadata_json")
     readonly_fields = fields
     change_list_template = "admin/sqlqueue/deadletter/change_list.html"
+    change_form_template = "admin/sqlqueue/deadletter/change_form.html"
 
     def get_urls(self) -> list[URLPattern]:
-        name = f"{self.opts.app_label}_{self.opts.model_name}_replay_matching"
-        return [path("replay-matching/", self.admin_site.admin_view(self.replay_matching_view),
-                     name=name), *super().get_urls()]
+        name = f"{self.opts.app_label}_{self.opts.model_name}"
+        wrap = self.admin_site.admin_view
+        # Before the default URLs: their "<path:object_id>/" would take these.
+        return [path("replay-matching/", wrap(self.replay_matching_view),
+                     name=f"{name}_replay_matching"),
+                path("<path:object_id>/replay/", wrap(self.replay_one_view),
+                     name=f"{name}_replay_one"),
+                path("<path:object_id>/discard/", wrap(self.discard_one_view),
+                     name=f"{name}_discard_one"),
+                *super().get_urls()]
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: Any = None) -> HttpResponse:
+        """The detail page, with Replay and Discard buttons for who may use them."""
+        return super().change_view(request, object_id, form_url, {
+            **(extra_context or {}),
+            "may_replay": self.has_replay_permission(request),
+            "may_discard": self.has_discard_permission(request),
+            "replay_url": self._url("replay_one", object_id),
+            "discard_url": self._url("discard_one", object_id),
+        })
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_replay_matching",
@@ -64,6 +84,15 @@ class DeadLetterAdmin(JsonColumns, ReadOnlyAdmin):
     def message_id(self, obj: DeadLetter) -> str:
         detail = obj.failure_detail if isinstance(obj.failure_detail, dict) else {}
         return str(detail.get("id", obj.id))
+
+    @admin.display(description="group / topic / partition", ordering="consumer_group")
+    def where(self, obj: DeadLetter) -> SafeString:
+        return format_html("<strong>{}</strong><br>{} / {}", obj.consumer_group,
+                           obj.original_topic, obj.partition_key)
+
+    @admin.display(description="attempts", ordering="failure_count")
+    def failures(self, obj: DeadLetter) -> int:
+        return obj.failure_count
 
     @admin.display(description="failed", ordering="failed_at")
     def failed(self, obj: DeadLetter) -> dt.datetime | None:
@@ -145,6 +174,42 @@ class DeadLetterAdmin(JsonColumns, ReadOnlyAdmin):
             "filters": [(k, v) for k, v in request.GET.items()],
             "back_url": back,
         })
+
+    def replay_one_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._one(request, object_id, "replay")
+
+    def discard_one_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._one(request, object_id, "discard")
+
+    def _one(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
+        """Replay or discard the dead letter of the detail page: GET asks, a POST that
+        confirms does it (the same service functions as the list's actions)."""
+        allowed = (self.has_replay_permission(request) if action == "replay"
+                   else self.has_discard_permission(request))
+        if not (self.has_view_permission(request) and allowed):
+            raise PermissionDenied
+        dead = self.get_object(request, object_id)
+        if dead is None:
+            self.message_user(request, f"Dead letter {object_id} was replayed or discarded "
+                              "already.", messages.WARNING)
+            return HttpResponseRedirect(self._url("changelist"))
+        if request.method == "POST" and request.POST.get("confirmed") == "yes":
+            if action == "replay":
+                self._report(request, "Replayed", replay_dead_letters([dead.offset]))
+            else:
+                self._report(request, "Discarded", discard_dead_letters([dead.offset]))
+            return HttpResponseRedirect(self._url("changelist"))
+        return TemplateResponse(request, "admin/sqlqueue/confirm_dead_letter.html", {
+            **self.admin_site.each_context(request), "opts": self.opts,
+            "title": f"{action.capitalize()} dead letter {dead.offset}?",
+            "action": action, "dead": dead, "original": dead,
+            "summary": self.error_summary(dead),
+            "back_url": self._url("change", object_id),
+        })
+
+    def _url(self, name: str, *args: str) -> str:
+        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}",
+                       args=args, current_app=self.admin_site.name)
 
     def _report(self, request: HttpRequest, verb: str, result: BulkResult) -> None:
         self.message_user(request, f"{verb} {result.done} dead letter(s).", messages.SUCCESS)

@@ -15,13 +15,27 @@ from django.utils.http import urlencode
 
 from sqlqueue.admin.charts import pending_columns, status_strip
 from sqlqueue.admin.messages import ReadOnlyAdmin
+from sqlqueue.conf import get_settings
 from sqlqueue.models import ConsumerLag
+from sqlqueue.operations import flow
 from sqlqueue.operations import lag as lag_rules
 from sqlqueue.operations.lag import SEVERITY, group_lag, known_subscriptions
 from sqlqueue.operations.positions import InvalidPosition, reset_position, retry_now
+from sqlqueue.operations.retire import CannotRetire, retire_group
 
 #: partitions listed on a subscription's page before "show all" (worst first)
 PARTITION_ROWS = 200
+
+
+def _alias(topic: str) -> str:
+    """The database a topic's state lives in (``SQLQUEUE["ROUTES"]``): repairs write
+    there, and their confirmation pages read it."""
+    return get_settings().alias_for(topic)
+
+
+def _read_alias(topic: str) -> str:
+    """Where the pages read that database: its replica if ``READ_REPLICAS`` names one."""
+    return get_settings().read_alias(_alias(topic))
 
 
 class ResetPositionForm(forms.Form):
@@ -51,25 +65,32 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
             path("retry-now/", wrap(self.retry_now_view), name=f"{name}_retry_now"),
             path("reset-position/", wrap(self.reset_position_view),
                  name=f"{name}_reset_position"),
+            path("pause/", wrap(self.pause_view), name=f"{name}_pause"),
+            path("retire/", wrap(self.retire_view), name=f"{name}_retire"),
         ]
 
     # -- pages ------------------------------------------------------------------------------
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         self._require_view(request)
-        subscriptions = lag_rules.lag_overview()
-        subscriptions.sort(key=lambda g: (-SEVERITY[g.status], g.group, g.topic))
-        rows = [{"lag": g, "strip": status_strip(g.partitions),
-                 "url": self._subscription_url(g.group, g.topic)} for g in subscriptions]
+        conf = get_settings()
+        # Every database the queue lives in, each read where READ_REPLICAS says.
+        subscriptions = [(alias, g) for alias in conf.databases
+                         for g in lag_rules.lag_overview(conf.read_alias(alias))]
+        subscriptions.sort(key=lambda a_g: (-SEVERITY[a_g[1].status], a_g[1].group,
+                                            a_g[1].topic, a_g[0]))
+        rows = [{"lag": g, "strip": status_strip(g.partitions), "database": alias,
+                 "url": self._subscription_url(g.group, g.topic)} for alias, g in subscriptions]
         return self._render(request, "admin/sqlqueue/lag_overview.html", {
             "title": "Consumer lag",
             "rows": rows,
+            "several_databases": len(conf.databases) > 1,
             "rules": lag_rules,
         })
 
     def subscription_view(self, request: HttpRequest) -> HttpResponse:
         self._require_view(request)
         group, topic = self._subscription(request)
-        lag = group_lag(group, topic)
+        lag = group_lag(group, topic, using=_read_alias(topic))
         worst_first = sorted(lag.partitions,
                              key=lambda p: (-SEVERITY[p.status], -(p.pending or 0),
                                             p.partition_key))
@@ -85,6 +106,11 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
             "may_reset": request.user.has_perm("sqlqueue.reset_position"),
             "retry_url": self._action_url("retry_now", group, topic),
             "reset_url": self._action_url("reset_position", group, topic),
+            "may_pause": request.user.has_perm("sqlqueue.pause_subscription"),
+            "pause_url": self._action_url("pause", group, topic),
+            # Retiring is offered for a group nobody runs (STOP, or idle with no holder).
+            "may_retire": request.user.has_perm("sqlqueue.retire_group") and not lag.held,
+            "retire_url": self._action_url("retire", group, topic),
             "rules": lag_rules,
         })
 
@@ -93,11 +119,11 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
         self._require_perm(request, "sqlqueue.retry_now")
         group, topic = self._subscription(request)
         partition = request.GET.get("partition") or None
-        lag = group_lag(group, topic)
+        lag = group_lag(group, topic, using=_alias(topic))
         if partition is not None and lag.partition(partition) is None:
             raise Http404(f"{group} on {topic} has no partition {partition!r}.")
         if request.method == "POST" and request.POST.get("confirmed") == "yes":
-            count = retry_now(group, topic, partition)
+            count = retry_now(group, topic, partition, using=_alias(topic))
             where = f"partition {partition}" if partition else "every partition"
             self.message_user(request, f"{count} message(s) of {group} on {topic} "
                               f"({where}) will be delivered again now.", messages.SUCCESS)
@@ -109,11 +135,52 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
             "retrying": retrying, "back_url": self._subscription_url(group, topic),
         })
 
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        """POST ``pause`` or ``resume``: pause or resume this group on this topic."""
+        self._require_perm(request, "sqlqueue.pause_subscription")
+        group, topic = self._subscription(request)
+        if request.method != "POST" or request.POST.get("do") not in ("pause", "resume"):
+            return HttpResponseRedirect(self._subscription_url(group, topic))
+        if request.POST["do"] == "pause":
+            flow.pause(group, topic, by=f"admin:{request.user.get_username()}",
+                       using=_alias(topic))
+            self.message_user(request, f"Paused {group} on {topic}: running consumers start "
+                              "nothing new within about a second.", messages.SUCCESS)
+        else:
+            flow.resume(group, topic, using=_alias(topic))
+            still = flow.is_paused(group, topic, using=_alias(topic))
+            self.message_user(request, f"Resumed {group} on {topic}." + (
+                " It is still paused by a pause of the whole group or topic "
+                "(manage.py queue pauses)." if still else ""),
+                messages.WARNING if still else messages.SUCCESS)
+        return HttpResponseRedirect(self._subscription_url(group, topic))
+
+    def retire_view(self, request: HttpRequest) -> HttpResponse:
+        self._require_perm(request, "sqlqueue.retire_group")
+        group, topic = self._subscription(request)
+        error = ""
+        if request.method == "POST" and request.POST.get("confirmed") == "yes":
+            try:
+                retired = retire_group(group, topic, using=_alias(topic))
+            except CannotRetire as exc:
+                error = str(exc)
+            else:
+                self.message_user(request, retired.describe(), messages.SUCCESS)
+                return HttpResponseRedirect(reverse(
+                    f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
+                    current_app=self.admin_site.name))
+        return self._render(request, "admin/sqlqueue/confirm_retire_group.html", {
+            "title": f"Retire {group} on {topic}?", "group": group, "topic": topic,
+            "lag": group_lag(group, topic, using=_alias(topic), count_pending=False),
+            "error": error,
+            "back_url": self._subscription_url(group, topic),
+        })
+
     def reset_position_view(self, request: HttpRequest) -> HttpResponse:
         self._require_perm(request, "sqlqueue.reset_position")
         group, topic = self._subscription(request)
         key = request.GET.get("partition", "")
-        partition = group_lag(group, topic).partition(key)
+        partition = group_lag(group, topic, using=_alias(topic)).partition(key)
         if partition is None:
             raise Http404(f"{group} on {topic} has no partition {key!r}.")
         form = ResetPositionForm(request.POST if request.method == "POST" else None)
@@ -124,7 +191,7 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
             if request.POST.get("confirmed") == "yes":
                 try:
                     moved = reset_position(group, topic, key, deliver_from=deliver_from,
-                                           to_head=deliver_from is None)
+                                           to_head=deliver_from is None, using=_alias(topic))
                 except InvalidPosition as error:
                     form.add_error(None, str(error))
                 else:
@@ -151,7 +218,7 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
     @staticmethod
     def _subscription(request: HttpRequest) -> tuple[str, str]:
         group, topic = request.GET.get("group", ""), request.GET.get("topic", "")
-        if (group, topic) not in known_subscriptions():
+        if (group, topic) not in known_subscriptions(_read_alias(topic)):
             raise Http404(f"No consumer group {group!r} on topic {topic!r}.")
         return group, topic
 

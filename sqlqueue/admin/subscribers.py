@@ -33,7 +33,8 @@ class SubscriberStatusAdmin(ReadOnlyAdmin):
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": "Subscribers and leases",
-            "memberships": memberships(),
+            "memberships": [m for alias in conf.databases
+                            for m in memberships(conf.read_alias(alias))],
             "keys_shown": KEYS_SHOWN,
             "lease_duration": conf.LEASE_DURATION,
             "renew_interval": conf.LEASE_RENEW_INTERVAL,

@@ -8,8 +8,9 @@ that partition's rows back (a stopped group keeps counting until an operator rem
 Topics nobody consumes, dead-letter topics among them, are never collected. With
 ``KEEP_DELIVERY_STATE`` the groups' delivery state of collected rows goes with them.
 
-The same passes delete task results older than their backend's ``RESULT_RETENTION``
-(``sqlqueue.integrations.tasks.retention``).
+The same passes delete the idempotency keys whose ``IDEMPOTENCY_WINDOW`` has passed (a
+key outlives its message, not the window), and run the pruners integrations register with
+``register_pruner`` (the Tasks backend's expired results): this layer imports none of them.
 """
 
 from __future__ import annotations
@@ -17,18 +18,28 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connections
 
 from sqlqueue.conf import QueueSettings
-from sqlqueue.integrations.tasks.retention import prune_results
 from sqlqueue.storage.sql import dialect_for
 
 logger = logging.getLogger("sqlqueue.gc")
 
 GC_INTERVAL = 10.0  # seconds between passes over a topic
 GC_BATCH = 1000  # rows per DELETE: short transactions, short locks
+
+#: (database alias, batch size) -> (rows deleted, whether more may be left)
+Pruner = Callable[[str, int], tuple[int, bool]]
+_pruners: list[Pruner] = []
+
+
+def register_pruner(pruner: Pruner) -> None:
+    """Have every garbage-collection pass also run ``pruner`` (once per pruner)."""
+    if pruner not in _pruners:
+        _pruners.append(pruner)
 
 
 class GarbageCollector:
@@ -40,8 +51,10 @@ class GarbageCollector:
         # (monotonic time, collectable offset) per (topic, partition), for RETENTION
         self._history: dict[tuple[str, str], deque[tuple[float, int]]] = {}
         self._next_results_pass = 0.0
+        self._next_keys_pass = 0.0
         self.deleted = 0  # messages
         self.results_deleted = 0  # task results
+        self.keys_deleted = 0  # expired idempotency keys
 
     def collect(self, cursor: Any, force: bool = False) -> int:
         """One bounded pass over the topics whose turn it is, and over expired task
@@ -51,30 +64,45 @@ class GarbageCollector:
         for topic in self.known_groups:
             if not force and now < self._next_pass.get(topic, 0.0):
                 continue
-            removed, more = self._collect_topic(cursor, topic, now)
+            removed, more = self._collect_topic(cursor, topic)
             deleted += removed
             self._next_pass[topic] = now + (0.0 if more else GC_INTERVAL)
         self.deleted += deleted
-        return deleted + self._prune_results(now, force)
+        return deleted + self._prune_results(now, force) + self._prune_keys(cursor, now, force)
+
+    def _prune_keys(self, cursor: Any, now: float, force: bool) -> int:
+        if not force and now < self._next_keys_pass:
+            return 0
+        dialect = dialect_for(connections[self.alias])
+        removed = dialect.delete_expired_idempotency_keys(cursor, GC_BATCH)
+        self._next_keys_pass = now + (0.0 if removed == GC_BATCH else GC_INTERVAL)
+        self.keys_deleted += removed
+        return removed
 
     def _prune_results(self, now: float, force: bool) -> int:
         if not force and now < self._next_results_pass:
             return 0
-        removed, more = prune_results(self.alias, GC_BATCH)
+        removed, more = 0, False
+        for pruner in _pruners:
+            deleted, left = pruner(self.alias, GC_BATCH)
+            removed, more = removed + deleted, more or left
         self._next_results_pass = now + (0.0 if more else GC_INTERVAL)
         self.results_deleted += removed
         return removed
 
-    def _collect_topic(self, cursor: Any, topic: str, now: float) -> tuple[int, bool]:
+    def _collect_topic(self, cursor: Any, topic: str) -> tuple[int, bool]:
         dialect = dialect_for(connections[self.alias])
         groups, watermarks = dialect.topic_watermarks(cursor, topic)
+        # When the watermarks were seen: after the read (which may have waited), so that
+        # RETENTION is never counted from before a watermark got where it is.
+        seen_at = time.monotonic()
         groups |= self.known_groups.get(topic, set())
         if not groups:
             return 0, False
         deleted, more = 0, False
         for partition, by_group in watermarks.items():
             collectable = min(by_group.get(group, 0) for group in groups)
-            upto = self._retained(topic, partition, collectable, now)
+            upto = self._retained(topic, partition, collectable, seen_at)
             if upto <= 0:
                 continue
             removed = dialect.delete_messages_upto(cursor, topic, partition, upto, GC_BATCH)

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from asgiref.sync import async_to_sync
 from django.db import Error as AnyDatabaseError
 from django.db import connections, transaction
 
+from sqlqueue import events, tracing
 from sqlqueue.consuming.message import Message, Reject, Retry
 from sqlqueue.storage.sql import dialect_for
-from sqlqueue.storage.sql.base import FetchedRow, Settlement
+from sqlqueue.storage.sql.base import FetchedRow, OutcomeWrite
 
 if TYPE_CHECKING:
     from sqlqueue.consuming.registry import Consumer
@@ -40,7 +44,9 @@ class Delivery:
     on_extend: Callable[[float], None] = lambda seconds: None
     generation: int | None = None  # of the partition's lease when it was delivered
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _state: str = "queued"  # queued -> started | given_back
+    # queued -> started | given_back | refused; started -> finished | timed_out -> returned_late
+    _state: str = "queued"
+    started_at: float = 0.0  # time.monotonic() when a handler thread started it
 
     def sort_key(self) -> tuple[int, int]:
         return (self.row.priority, self.sequence)
@@ -49,14 +55,50 @@ class Delivery:
         """Claim the delivery for a handler thread; False if it was given back, or if the
         partition's lease can no longer be trusted (then nothing starts: SPEC I5)."""
         with self._lock:
-            if self._state != "queued" or not self.lease_valid():
+            if self._state != "queued":
+                return False
+            if not self.lease_valid():
+                # Out of "queued" for good: the main thread, which is told it did not
+                # start, must not take it back again (counted out of flight twice, the
+                # runner's tally went below zero and a --max-messages or --until-empty
+                # process never saw zero in flight again).
+                self._state = "refused"
                 return False
             self._state = "started"
+            self.started_at = time.monotonic()
             return True
+
+    def time_out(self) -> bool:
+        """The consumer's ``timeout`` passed while the handler runs: its outcome is
+        decided now (failed); False if the handler finished first."""
+        with self._lock:
+            if self._state != "started":
+                return False
+            self._state = "timed_out"
+            return True
+
+    def finish(self) -> bool:
+        """The handler returned: False if it had timed out (its outcome was decided)."""
+        with self._lock:
+            if self._state == "timed_out":
+                self._state = "returned_late"
+                return False
+            self._state = "finished"
+            return True
+
+    @property
+    def running(self) -> bool:
+        """A handler thread is in the handler (past its timeout or not)."""
+        return self._state in ("started", "timed_out")
 
     @property
     def given_back(self) -> bool:
         return self._state == "given_back"
+
+    @property
+    def refused(self) -> bool:
+        """A handler thread found the partition's lease no longer trusted: not started."""
+        return self._state == "refused"
 
     def give_back(self) -> bool:
         """Take back a delivery no handler started (shutdown); False if one did."""
@@ -109,11 +151,14 @@ def run(delivery: Delivery) -> Outcome:
     consumer = delivery.consumer
     try:
         message = build_message(delivery)
-        if consumer.atomic:
-            _run_atomic(delivery, message)
-            return Outcome(delivery, "acked")
-        consumer.handler(message)
-        return Outcome(delivery, "ack")
+        with tracing.consumer_span(consumer.topic, consumer.group, delivery.partition_key,
+                                   delivery.row.offset, message.id, delivery.attempt,
+                                   message.metadata):
+            if consumer.atomic:
+                _run_atomic(delivery, message)
+                return Outcome(delivery, "acked")
+            call_handler(consumer.handler, message)
+            return Outcome(delivery, "ack")
     except Retry as retry:
         return Outcome(delivery, "retry", error=_error_text(retry), delay=retry.delay)
     except Reject as reject:
@@ -124,8 +169,30 @@ def run(delivery: Delivery) -> Outcome:
         logger.warning(
             "Handler %s failed on %s/%s@%s (attempt %s): %r", consumer.name, consumer.topic,
             delivery.partition_key, delivery.row.offset, delivery.attempt, exc,
+            extra=events.fields(events.HANDLER_FAILED, group=consumer.group,
+                                topic=consumer.topic, partition=delivery.partition_key,
+                                offset=delivery.row.offset, attempt=delivery.attempt,
+                                error=repr(exc)),
         )
         return Outcome(delivery, "fail", error=_error_text(exc))
+
+
+def call_handler(handler: Callable[[Message], Any], message: Message) -> Any:
+    """Call the handler; an ``async def`` one (or any that returns an awaitable) is run to
+    completion before the message counts as handled, never acked unawaited.
+
+    ``async_to_sync`` runs the coroutine on an event loop of its own while this pool thread
+    waits, and sends the async ORM's ``sync_to_async`` calls back to this thread: they use
+    this thread's connection, so ``atomic=True`` wraps them in the handler's transaction.
+    """
+    result = handler(message)
+    if inspect.isawaitable(result):
+        return async_to_sync(_awaited)(result)
+    return result
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def _run_atomic(delivery: Delivery, message: Message) -> None:
@@ -133,10 +200,10 @@ def _run_atomic(delivery: Delivery, message: Message) -> None:
     consumer = delivery.consumer
     connection = connections[delivery.alias]
     with transaction.atomic(using=delivery.alias):
-        consumer.handler(message)
+        call_handler(consumer.handler, message)
         with connection.cursor() as cursor:
-            dialect_for(connection).settle(cursor, consumer.group, consumer.topic, [
-                Settlement(delivery.partition_key, delivery.row.offset, acked=True,
+            dialect_for(connection).write_outcomes(cursor, consumer.group, consumer.topic, [
+                OutcomeWrite(delivery.partition_key, delivery.row.offset, acked=True,
                            invisible_until=0),
             ])
 

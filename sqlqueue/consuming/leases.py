@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from django.db import DatabaseError
 from django.db.backends.utils import CursorWrapper
 
+from sqlqueue import events
 from sqlqueue.storage.sql import Dialect
 
 logger = logging.getLogger("sqlqueue.leases")
@@ -107,25 +109,42 @@ class LeaseKeeper:
     def membership_check_due(self) -> bool:
         return time.monotonic() - self._members_checked_at >= MEMBERSHIP_RECHECK
 
-    def check_membership(self, cursor: CursorWrapper, dialect: Dialect) -> None:
-        """Between ticks: has a subscriber joined or left? Then tick now, so that a
-        newcomer gets its share from a busy holder within about a second instead of at
-        the holder's next renewal (up to LEASE_RENEW_INTERVAL)."""
+    def check_membership(self, cursor: CursorWrapper, dialect: Dialect,
+                         discovered: Iterable[str]) -> None:
+        """Between ticks: has a subscriber joined or left, or does nobody hold some
+        partition (released by a member that stopped, or expired)? Then tick now, so that
+        a newcomer gets its share from a busy holder, and a free partition a new holder,
+        within about a second instead of at the next renewal (up to
+        LEASE_RENEW_INTERVAL). Plain reads: they wait for no lock."""
         self._members_checked_at = time.monotonic()
         if dialect.live_subscribers(cursor, self.group, self.topic,
                                     self.duration_ms) != self.members:
             self.hurry()
+            return
+        ages = {partition: age for partition, _, _, age in
+                dialect.list_leases(cursor, self.group, self.topic)}
+        if any(key not in ages for key in discovered) or any(
+                age >= self.duration_ms for age in ages.values()):
+            self.notice_free()
 
     # -- the periodic tick ----------------------------------------------------------------
     def tick(self, cursor: CursorWrapper, dialect: Dialect, discovered: Iterable[str],
-             idle: set[str]) -> tuple[set[str], set[str]]:
+             idle: set[str], may_release: Callable[[], bool] = lambda: True,
+             ) -> tuple[set[str], set[str]]:
         """Heartbeat, renew, rebalance. ``idle``: owned partitions with nothing in flight,
-        which may be released now. Returns (partitions gained, partitions lost)."""
+        which may be released now; ``may_release``: asked (once the members are read)
+        whether any may go now at all. Returns (partitions gained, partitions lost)."""
         started = time.monotonic()
         self._next_tick = started + self.renew_interval
         self._ticks += 1
         dialect.heartbeat(cursor, self.group, self.topic, self.name)
-        dialect.renew_leases(cursor, self.group, self.topic, self.name, self.duration_ms)
+        # Only the rows of leases held (primary-key lookups), so that no peer's locks on
+        # its own rows hold this renewal up. If it waits for a lock anyway (a peer paused
+        # while fencing a partition it believes it holds), what the list below reads is
+        # still the truth, and the leases not renewed run out safely.
+        self._unless_locked(dialect, "renewing leases", lambda: dialect.renew_leases(
+            cursor, self.group, self.topic, self.name, self.duration_ms,
+            partitions=sorted(self.owned)))
         leases = dialect.list_leases(cursor, self.group, self.topic)
         self.members = dialect.live_subscribers(cursor, self.group, self.topic, self.duration_ms)
         self._members_checked_at = time.monotonic()
@@ -134,7 +153,7 @@ class LeaseKeeper:
         partitions = set(discovered) | {partition for partition, *_ in leases}
         self.share = fair_share(len(partitions), self.members, self.name)
 
-        released = self._shed(cursor, dialect, idle)
+        released = self._shed(cursor, dialect, idle if may_release() else set())
         wanted = self.share - len(self.owned)
         if wanted > 0:
             free = sorted(p for p in partitions if p not in self.owned and p not in self.others)
@@ -142,9 +161,13 @@ class LeaseKeeper:
                 # Start at a place of our own in the list, so that subscribers
                 # acquiring at once mostly ask for different partitions.
                 start = zlib.crc32(self.name.encode()) % len(free)
-                candidates = (free[start:] + free[:start])[:wanted]
-                dialect.acquire_leases(cursor, self.group, self.topic, candidates, self.name,
-                                       self.duration_ms)
+                # Locked in key order, as every subscriber does: no deadlock between two
+                # acquiring at once (the lock waits are bounded, a deadlock costs a tick).
+                candidates = sorted((free[start:] + free[:start])[:wanted])
+                # An expired lease is still locked while its paused holder's transaction
+                # stays open (fencing, SPEC I5): the lock wait is bounded; try again later.
+                self._unless_locked(dialect, "acquiring leases", lambda: dialect.acquire_leases(
+                    cursor, self.group, self.topic, candidates, self.name, self.duration_ms))
                 self._adopt(dialect.list_leases(cursor, self.group, self.topic), started)
         gained = set(self.owned) - before
         short = len(self.owned) < self.share
@@ -156,15 +179,35 @@ class LeaseKeeper:
             # stays quick (a few times only, so that a slow peer does not make us spin).
             self._next_tick = min(self._next_tick, time.monotonic() + QUICK_TICK)
         if self._ticks % PURGE_AFTER_LEASES == 0:
-            dialect.purge_abandoned(cursor, self.group, self.topic,
-                                    PURGE_AFTER_LEASES * self.duration_ms)
+            self._unless_locked(dialect, "purging abandoned leases",
+                                lambda: dialect.purge_abandoned(
+                                    cursor, self.group, self.topic,
+                                    PURGE_AFTER_LEASES * self.duration_ms))
         lost = (before - set(self.owned)) - released
         if gained or lost or released:
             logger.info("%s on %s/%s: holds %s of %s partitions (share %s, %s live); "
                         "+%s -%s released %s", self.name, self.group, self.topic,
                         len(self.owned), len(partitions), self.share, len(self.members),
-                        len(gained), len(lost), len(released))
+                        len(gained), len(lost), len(released),
+                        extra=events.fields(events.LEASES_CHANGED, group=self.group,
+                                            topic=self.topic, subscriber=self.name,
+                                            held=len(self.owned), gained=len(gained),
+                                            lost=len(lost), released=len(released)))
         return gained, lost | released
+
+    def _unless_locked(self, dialect: Dialect, what: str, statement: Callable[[], object]) -> bool:
+        """Run ``statement``; if it gave up waiting for a lock (the wait is bounded, see
+        ``Dialect.bound_lock_waits``), log it and go on: the next tick tries again."""
+        try:
+            statement()
+        except DatabaseError as exc:
+            if not dialect.is_lock_wait(exc):
+                raise
+            logger.warning("%s on %s/%s: gave up %s after a lock wait (%s); trying again at "
+                           "the next lease tick.", self.name, self.group, self.topic, what, exc)
+            self._next_tick = min(self._next_tick, time.monotonic() + FREE_LEASE_RECHECK)
+            return False
+        return True
 
     def _adopt(self, leases: list[tuple[str, str, int, int]], started: float) -> None:
         """Believe the database: which leases are mine, with what generation, until when."""
@@ -200,6 +243,14 @@ class LeaseKeeper:
             self.releasing -= set(ready)
             self.hurry()  # check again soon for the rest
         return set(ready)
+
+    def forget(self) -> None:
+        """Hold nothing (the leases were on another server); acquire again at once."""
+        self.owned.clear()
+        self.releasing.clear()
+        self.others.clear()
+        self.members = []
+        self.hurry()
 
     def release_all(self, cursor: CursorWrapper, dialect: Dialect) -> None:
         """Graceful stop: hand every partition over and say goodbye."""

@@ -181,6 +181,11 @@ class PartitionState:
     def window_offsets(self, upto: int) -> set[int]:
         return {o for o in self.entries if o <= upto}
 
+    def first_open(self) -> int | None:
+        """The first fetched offset not done yet: with every fetched row between the
+        watermark and it done, the group's first pending message (None: none fetched)."""
+        return min((o for o, e in self.entries.items() if not e.done), default=None)
+
     def moved_watermark(self, new_watermark: int) -> None:
         for offset in [o for o in self.entries if o <= new_watermark]:
             del self.entries[offset]

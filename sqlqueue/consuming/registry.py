@@ -43,6 +43,12 @@ class Consumer:
     ordered: bool = False
     atomic: bool = False
     overrides: tuple[tuple[str, Any], ...] = ()
+    #: seconds a handler call may take before it counts as failed (None: no limit)
+    timeout: float | None = None
+    #: messages started per second by the whole group, all processes (None: no limit)
+    rate_limit: float | None = None
+    #: deliveries outstanding at once in the whole group, all processes (None: no limit)
+    max_in_flight: int | None = None
 
     @property
     def name(self) -> str:
@@ -73,10 +79,15 @@ def consumer(
     batch_size: int | None = None,
     min_backoff: float | None = None,
     max_backoff: float | None = None,
+    timeout: float | None = None,
+    rate_limit: float | None = None,
+    max_in_flight: int | None = None,
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as ``group``'s handler of ``topic``.
 
     Options left as None take their value from ``SQLQUEUE`` when the consumer runs.
+    ``rate_limit`` and ``max_in_flight`` hold for the whole group, across processes
+    (sqlqueue.consuming.limits).
     """
     try:
         check_name("topic", topic)
@@ -86,6 +97,18 @@ def consumer(
     for flag, value in (("ordered", ordered), ("atomic", atomic)):
         if not isinstance(value, bool):
             raise ConfigurationError(f"@consumer({topic!r}): {flag} must be True or False.")
+    where = f"@consumer({topic!r}, group={group!r})"
+    if timeout is not None and not _positive_number(timeout):
+        raise ConfigurationError(f"{where}: timeout is a positive number of seconds; "
+                                 f"got {timeout!r}.")
+    if rate_limit is not None and not _positive_number(rate_limit):
+        raise ConfigurationError(f"{where}: rate_limit is a positive number of messages "
+                                 f"per second; got {rate_limit!r}.")
+    if max_in_flight is not None and (isinstance(max_in_flight, bool)
+                                      or not isinstance(max_in_flight, int)
+                                      or max_in_flight < 1):
+        raise ConfigurationError(f"{where}: max_in_flight is a whole number of messages, "
+                                 f"at least 1; got {max_in_flight!r}.")
     given: dict[str, Any] = {
         "max_attempts": max_attempts, "visibility_timeout": visibility_timeout,
         "batch_size": batch_size, "min_backoff": min_backoff, "max_backoff": max_backoff,
@@ -104,7 +127,10 @@ def consumer(
     def register(handler: Handler) -> Handler:
         if not callable(handler):
             raise ConfigurationError(f"@consumer({topic!r}) must decorate a function.")
-        registered = Consumer(topic, group, handler, ordered, atomic, tuple(overrides))
+        registered = Consumer(topic, group, handler, ordered, atomic, tuple(overrides),
+                              timeout=None if timeout is None else float(timeout),
+                              rate_limit=None if rate_limit is None else float(rate_limit),
+                              max_in_flight=max_in_flight)
         existing = _registry.get((group, topic))
         if existing is not None and _qualified(existing.handler) != _qualified(handler):
             raise ConfigurationError(
@@ -115,6 +141,12 @@ def consumer(
         return handler
 
     return register
+
+
+def _positive_number(value: object) -> bool:
+    """A finite number above zero (True and False are not numbers here)."""
+    return (not isinstance(value, bool) and isinstance(value, int | float)
+            and 0 < value < float("inf"))
 
 
 def _qualified(handler: Handler) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import connections, transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 
 from sqlqueue.conf import get_settings
 from sqlqueue.exceptions import SqlqueueError
@@ -52,16 +52,25 @@ def retry_now(group: str, topic: str, partition_key: str | None = None, *,
     deliverable at once (in one partition, or in all of the topic's). Returns how many."""
     alias = using or get_settings().DATABASE
     with transaction.atomic(using=alias):
-        now = _now_ms(alias)
-        waiting = DeliveryState.objects.using(alias).filter(
-            consumer_group=group, topic=topic, acked=False, invisible_until__gt=now,
-        ).exclude(last_error="")
-        if partition_key is not None:
-            waiting = waiting.filter(partition_key=partition_key)
-        partitions = sorted(set(waiting.values_list("partition_key", flat=True)))
+        partitions = sorted(set(_waiting(alias, group, topic, partition_key)
+                                .values_list("partition_key", flat=True)))
         for key in partitions:
-            _revoke_lease(alias, group, topic, key)
-        return waiting.update(invisible_until=0)
+            _revoke_lease(alias, group, topic, key)  # may wait for the holder's write
+        # The time again, after the waits: a message delivered meanwhile (in flight, not
+        # waiting) is not made visible under its handler.
+        return _waiting(alias, group, topic, partition_key).filter(
+            partition_key__in=partitions).update(invisible_until=0)
+
+
+def _waiting(alias: str, group: str, topic: str,
+             partition_key: str | None) -> QuerySet[DeliveryState]:
+    """Failed messages waiting for their next attempt, as of the database's now."""
+    waiting = DeliveryState.objects.using(alias).filter(
+        consumer_group=group, topic=topic, acked=False, invisible_until__gt=_now_ms(alias),
+    ).exclude(last_error="")
+    if partition_key is not None:
+        waiting = waiting.filter(partition_key=partition_key)
+    return waiting
 
 
 def reset_position(group: str, topic: str, partition_key: str, *,
@@ -115,16 +124,16 @@ def _revoke_lease(alias: str, group: str, topic: str, partition_key: str) -> Non
 def _set_watermark(alias: str, group: str, topic: str, partition_key: str,
                    watermark: int) -> int:
     """Set the watermark (creating the group's row if needed); returns the previous."""
-    now = _now_ms(alias)
     rows = PartitionOffset.objects.using(alias).filter(
         consumer_group=group, topic=topic, partition_key=partition_key)
     current = rows.select_for_update().values_list("offset_acked", flat=True).first()
+    now = _now_ms(alias)  # after the lock wait
     if current is None:
         PartitionOffset.objects.using(alias).create(
             consumer_group=group, topic=topic, partition_key=partition_key,
             offset_acked=watermark, updated_at=now)
         return 0
-    rows.update(offset_acked=watermark, updated_at=now)
+    rows.update(offset_acked=watermark, updated_at=now, first_pending=None)  # unknown now
     return int(current)
 
 

@@ -22,7 +22,7 @@ from sqlqueue.storage.sql import dialect_for
 @dataclass
 class SubscriberInfo:
     name: str
-    heartbeat_age: float  # seconds
+    heartbeat_age: float | None  # seconds; None: never stamped
     live: bool
     partitions: list[str] = field(default_factory=list)  # held with a live lease
 
@@ -31,7 +31,7 @@ class SubscriberInfo:
 class StaleLease:
     partition_key: str
     holder: str  # "" once an operator's repair revoked it
-    age: float  # seconds since its last renewal
+    age: float | None  # seconds since its last renewal; None once revoked (stamped 0)
 
 
 @dataclass
@@ -86,7 +86,8 @@ def memberships(using: str | None = None) -> list[Membership]:
                  .filter(consumer_group=group, topic=topic)
                  .values_list("subscriber_name", "heartbeat_at", "deregistered_at"))
         subscribers = {
-            name: SubscriberInfo(name, (now - beat) / 1000,
+            # A heartbeat stamped 0 (written by another client) has no age to show.
+            name: SubscriberInfo(name, (now - beat) / 1000 if beat > 0 else None,
                                  live=now - beat < lease_ms and not goodbye)
             for name, beat, goodbye in beats
         }
@@ -99,8 +100,8 @@ def memberships(using: str | None = None) -> list[Membership]:
                                                               live=True))
                 subscribers[holder].partitions.append(partition)
             else:
-                membership.stale_leases.append(StaleLease(partition, holder,
-                                                          (now - renewed) / 1000))
+                membership.stale_leases.append(StaleLease(
+                    partition, holder, (now - renewed) / 1000 if renewed else None))
         membership.subscribers = sorted(subscribers.values(), key=lambda s: s.name)
         membership.unheld = membership.partitions - len(held)
         result.append(membership)

@@ -7,12 +7,14 @@ outside one, it commits at once. Input is validated completely before any SQL ru
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import functools
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.connection import ConnectionDoesNotExist
 
@@ -23,16 +25,69 @@ from sqlqueue.publishing.messages import (
     OutgoingMessage,
     SentMessage,
     check_topic,
+    idempotency_digest,
     now_ms,
     prepare,
 )
+from sqlqueue.publishing.wakeups import announce
 from sqlqueue.storage.sql import Dialect, MessageRow, dialect_for
 
 # A duplicate-key error means another transaction stored the same id between our read
 # and our insert; after this many rounds something else is wrong and the error surfaces.
 MAX_DEDUP_ROUNDS = 3
+#: Tries of a publish made outside any transaction of the caller's that the database
+#: rolled back as a lock-wait or deadlock victim (a Galera certification conflict is
+#: one: two nodes storing the same id at once), and the first pause between them.
+ALONE_TRIES = 5
+ALONE_FIRST_PAUSE = 0.01
+
+_Publish = TypeVar("_Publish", bound=Callable[..., Any])
 
 
+def _retried_alone(publish: _Publish, *, items_first: bool = False) -> _Publish:
+    """Outside a transaction of the caller's, a publish is its own transaction: when the
+    database rolls it back as a lock-wait or deadlock victim, nothing of it was stored,
+    and trying again is safe. The next try finds what the winner stored (an id it
+    published too comes back ``created=False``). Inside the caller's transaction the
+    whole transaction was rolled back: the error is the caller's to handle (retry the
+    transaction). ``items_first``: the first argument after the topic is an iterable of
+    messages, read into a list before the first try (an iterator is read only once)."""
+    @functools.wraps(publish)
+    def publish_alone(topic: str, *args: Any, using: str | None = None, **kwargs: Any) -> Any:
+        connection = _alone_connection(using, topic)
+        if connection is None:
+            return publish(topic, *args, using=using, **kwargs)
+        if items_first and args and not isinstance(args[0], list):
+            args = (list(args[0]), *args[1:])
+        elif items_first and not isinstance(kwargs.get("messages", []), list):
+            kwargs["messages"] = list(kwargs["messages"])
+        pause = ALONE_FIRST_PAUSE
+        for attempt in range(ALONE_TRIES):
+            try:
+                return publish(topic, *args, using=using, **kwargs)
+            except DatabaseError as error:
+                if (attempt == ALONE_TRIES - 1 or connection.in_atomic_block
+                        or not dialect_for(connection).is_lock_wait(error)):
+                    raise
+            time.sleep(pause)
+            pause *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return publish_alone  # type: ignore[return-value]
+
+
+def _alone_connection(using: str | None, topic: Any) -> BaseDatabaseWrapper | None:
+    """The connection a publish will use, if it is outside the caller's transaction
+    (None: inside one, or a bad topic or alias, which the publish itself reports)."""
+    try:
+        alias = using or get_settings().alias_for(topic)
+        connection = connections[alias]
+    except (ConnectionDoesNotExist, TypeError):
+        return None
+    return None if connection.in_atomic_block else connection
+
+
+@_retried_alone
 def send_message(
     topic: str,
     payload: Any,
@@ -54,8 +109,44 @@ def send_message(
     topic = check_topic(topic, conf)
     message = OutgoingMessage(payload, partition_key, id, metadata, priority, delay, deliver_at)
     row = prepare(topic, message, conf, now_ms())
-    connection = _connection(using, conf)
+    connection = _connection(using, conf, topic)
     dialect = dialect_for(connection)
+    dialect.check_connection()  # a latin1 MySQL connection is refused before any write
+    if row.fresh_id or conf.IDEMPOTENCY_WINDOW <= 0:
+        sent = _insert_one(connection, dialect, topic, row)  # one INSERT
+        if sent.created:
+            announce(connection, dialect, topic, conf)
+        return sent
+    # An id of the caller's: remembered for IDEMPOTENCY_WINDOW, also once its message is
+    # collected. The key and the message are stored together or not at all.
+    window_ms = round(conf.IDEMPOTENCY_WINDOW * 1000)
+    digest = idempotency_digest(topic, row.partition_key, row.id)
+    with _together(connection):
+        with connection.cursor() as cursor:
+            remembered = dialect.select_idempotency_keys(cursor, [digest], lock=True)
+        if digest in remembered:
+            return SentMessage(topic, row.partition_key, row.id, remembered[digest],
+                               created=False)
+        sent = _insert_one(connection, dialect, topic, row)
+        if sent.created:
+            with connection.cursor() as cursor:
+                dialect.remember_idempotency_keys(cursor, [(*digest, sent.offset)], window_ms)
+            announce(connection, dialect, topic, conf)
+        return sent
+
+
+def _together(connection: BaseDatabaseWrapper) -> Any:
+    """The message and its idempotency key in one transaction. Inside the caller's, no
+    savepoint (two more round trips): an error between the two statements then dooms the
+    caller's transaction (Django refuses to commit it), so neither is ever committed
+    without the other."""
+    return transaction.atomic(using=connection.alias, savepoint=False)
+
+
+def _insert_one(
+    connection: BaseDatabaseWrapper, dialect: Dialect, topic: str, row: MessageRow
+) -> SentMessage:
+    """INSERT one message; an id still stored in its partition is a dedup hit."""
     for round_ in range(MAX_DEDUP_ROUNDS):
         with connection.cursor() as cursor:
             try:
@@ -96,8 +187,9 @@ def send_messages(
     ]
     if not rows:
         return []
-    connection = _connection(using, conf)
+    connection = _connection(using, conf, topic)
     dialect = dialect_for(connection)
+    dialect.check_connection()  # a latin1 MySQL connection is refused before any write
 
     first_of_key: dict[tuple[str, str], MessageRow] = {}
     for row in rows:
@@ -106,13 +198,27 @@ def send_messages(
     offsets: dict[tuple[str, str], int] = {}
     created: set[tuple[str, str]] = set()
     chunks = list(_chunks(unique_rows, dialect))
+    window_ms = round(conf.IDEMPOTENCY_WINDOW * 1000)
+    remembering = window_ms > 0 and any(not row.fresh_id for row in unique_rows)
     # One statement stores a chunk whole or not at all (a failed statement is undone on
-    # its own), so a single chunk needs no transaction or savepoint of its own.
-    with transaction.atomic(using=connection.alias) if len(chunks) > 1 else nullcontext():
+    # its own), so a single chunk needs no transaction or savepoint of its own, unless the
+    # ids of its messages are remembered too (a second statement).
+    block: Any
+    if len(chunks) > 1:
+        block = transaction.atomic(using=connection.alias)
+    else:
+        block = _together(connection) if remembering else nullcontext()
+    with block:
         for chunk in chunks:
-            chunk_offsets, chunk_created = _store_chunk(connection, dialect, topic, chunk)
+            if remembering:
+                chunk_offsets, chunk_created = _store_remembered_chunk(
+                    connection, dialect, topic, chunk, window_ms)
+            else:
+                chunk_offsets, chunk_created = _store_chunk(connection, dialect, topic, chunk)
             offsets.update(chunk_offsets)
             created.update(chunk_created)
+        if created:
+            announce(connection, dialect, topic, conf)
 
     results: list[SentMessage] = []
     for row in rows:
@@ -122,6 +228,9 @@ def send_messages(
             SentMessage(topic, row.partition_key, row.id, offsets[row.key], created=first_time)
         )
     return results
+
+
+send_messages = _retried_alone(send_messages, items_first=True)
 
 
 def _prepare_item(
@@ -163,6 +272,31 @@ def _store_chunk(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _store_remembered_chunk(
+    connection: BaseDatabaseWrapper, dialect: Dialect, topic: str, chunk: Sequence[MessageRow],
+    window_ms: int,
+) -> tuple[dict[tuple[str, str], int], set[tuple[str, str]]]:
+    """``_store_chunk`` for a chunk with ids of the caller's: those published within the
+    window are absorbed even if their messages were collected; the others' keys are
+    remembered. Runs inside a transaction."""
+    digests = {row.key: idempotency_digest(topic, row.partition_key, row.id)
+               for row in chunk if not row.fresh_id}
+    with connection.cursor() as cursor:
+        remembered = dialect.select_idempotency_keys(cursor, list(digests.values()), lock=True)
+    absorbed = {key: remembered[digest] for key, digest in digests.items()
+                if digest in remembered}
+    rest = [row for row in chunk if row.key not in absorbed]
+    if not rest:
+        return absorbed, set()
+    offsets, created = _store_chunk(connection, dialect, topic, rest)
+    with connection.cursor() as cursor:
+        # In key order: concurrent publishers lock the keys in the same order.
+        dialect.remember_idempotency_keys(cursor, sorted(
+            (*digests[key], offsets[key]) for key in created if key in digests
+        ), window_ms)
+    return {**absorbed, **offsets}, created
+
+
 def _chunks(rows: Sequence[MessageRow], dialect: Dialect) -> Iterable[Sequence[MessageRow]]:
     """Split ``rows`` so each statement stays under the row, parameter and byte limits."""
     max_params = dialect.connection.features.max_query_params or 65_535
@@ -171,7 +305,7 @@ def _chunks(rows: Sequence[MessageRow], dialect: Dialect) -> Iterable[Sequence[M
     chunk: list[MessageRow] = []
     size = 0
     for row in rows:
-        row_bytes = len(row.payload) + len(row.metadata or "") + 1024
+        row_bytes = dialect.literal_bytes(row.payload, row.metadata) + 1024
         if chunk and (len(chunk) >= max_rows or size + row_bytes > max_bytes):
             yield chunk
             chunk, size = [], 0
@@ -181,8 +315,10 @@ def _chunks(rows: Sequence[MessageRow], dialect: Dialect) -> Iterable[Sequence[M
         yield chunk
 
 
-def _connection(using: str | None, conf: QueueSettings) -> BaseDatabaseWrapper:
-    alias = using or conf.DATABASE or DEFAULT_DB_ALIAS
+def _connection(using: str | None, conf: QueueSettings, topic: str) -> BaseDatabaseWrapper:
+    """``using``, else the database ``SQLQUEUE["ROUTES"]`` sends ``topic`` to, else
+    ``SQLQUEUE["DATABASE"]``."""
+    alias = using or conf.alias_for(topic) or DEFAULT_DB_ALIAS
     try:
         return connections[alias]
     except ConnectionDoesNotExist as exc:

@@ -6,6 +6,7 @@ message leaves the caller's transaction exactly as it was.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -18,14 +19,15 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from sqlqueue import naming
+from sqlqueue import naming, tracing
 from sqlqueue.conf import QueueSettings
 from sqlqueue.exceptions import InvalidMessage
-from sqlqueue.naming import MAX_NAME_BYTES
+from sqlqueue.naming import (  # re-exported: the publishing API names them
+    DEFAULT_PRIORITY as DEFAULT_PRIORITY,
+)
+from sqlqueue.naming import MAX_NAME_BYTES, MAX_PRIORITY, MIN_PRIORITY
 from sqlqueue.storage.sql.base import MessageRow
 
-DEFAULT_PRIORITY = 50
-MIN_PRIORITY, MAX_PRIORITY = 0, 255
 UNKEYED_PREFIX = "default-"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -71,17 +73,51 @@ def check_topic(topic: Any, conf: QueueSettings) -> str:
 _PAYLOAD_ENCODER = DjangoJSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
+#: The deepest nesting of lists and objects a payload may have (naming.MAX_JSON_DEPTH,
+#: shared with the Spark writer). Deeper JSON is refused: every reader that walks it
+#: recursively (the admin's pretty printer, a handler) can fail on it.
+MAX_NESTING = naming.MAX_JSON_DEPTH
+
+
 def encode_payload(payload: Any, conf: QueueSettings) -> bytes:
     try:
-        data = _PAYLOAD_ENCODER.encode(payload).encode("utf-8")
+        text = _PAYLOAD_ENCODER.encode(payload)
+        data = text.encode("utf-8")
+    except RecursionError:
+        raise InvalidMessage(f"payload is nested deeper than {MAX_NESTING} levels "
+                             "(lists and objects inside each other).") from None
     except (TypeError, ValueError, UnicodeEncodeError) as exc:
         raise InvalidMessage(f"payload cannot be encoded as JSON: {exc}") from exc
+    # Only a text with that many brackets can be that deep: the walk is rarely needed.
+    if text.count("[") + text.count("{") > MAX_NESTING and nesting(payload) > MAX_NESTING:
+        raise InvalidMessage(f"payload is nested deeper than {MAX_NESTING} levels "
+                             "(lists and objects inside each other).")
     if len(data) > conf.MAX_PAYLOAD_BYTES:
         raise InvalidMessage(
             f"payload is {len(data)} bytes as JSON; the limit is "
             f"{conf.MAX_PAYLOAD_BYTES} bytes (SQLQUEUE['MAX_PAYLOAD_BYTES'])."
         )
     return data
+
+
+def nesting(value: Any) -> int:
+    """How deep lists, tuples and dicts nest in ``value`` (0 for a scalar); iterative, so
+    any depth is measured without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > MAX_NESTING:
+            return deepest  # enough to refuse it
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def encode_metadata(metadata: Any, conf: QueueSettings) -> str | None:
@@ -193,7 +229,7 @@ def prepare(topic: str, message: OutgoingMessage, conf: QueueSettings,
         partition_key=partition_key,
         id=message_id,
         payload=encode_payload(message.payload, conf),
-        metadata=encode_metadata(message.metadata, conf),
+        metadata=encode_metadata(tracing.inject(message.metadata), conf),
         published_at=published_at,
         priority=check_priority(message.priority),
         delay_ms=delay_ms,
@@ -205,3 +241,18 @@ def prepare(topic: str, message: OutgoingMessage, conf: QueueSettings,
 def now_ms() -> int:
     """The publisher's clock, for ``published_at`` (the RFC's producer timestamp)."""
     return time.time_ns() // 1_000_000
+
+
+def idempotency_digest(topic: str, partition_key: str, message_id: str) -> tuple[int, int]:
+    """The 128-bit key of (topic, partition_key, id) in ``queue_idempotency_keys``, as two
+    signed 64-bit integers (BIGINT columns). Each part is length-prefixed, so no two
+    different triples are encoded alike; at 128 bits, 10**10 stored keys collide with a
+    probability below 10**-18."""
+    blake = hashlib.blake2b(digest_size=16, person=b"sqlqueue.idem")
+    for part in (topic, partition_key, message_id):
+        encoded = part.encode("utf-8")
+        blake.update(len(encoded).to_bytes(4, "big"))
+        blake.update(encoded)
+    digest = blake.digest()
+    return (int.from_bytes(digest[:8], "big", signed=True),
+            int.from_bytes(digest[8:], "big", signed=True))

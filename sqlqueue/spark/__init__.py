@@ -4,7 +4,7 @@
     spark = local_session()
     df = spark.read.format("sqlqueue").option("url", "mysql://...").load()
 
-    python -m sqlqueue.spark.analytics --url mysql://... --out report/
+    DATABASE_URL=mysql://... python -m sqlqueue.spark.analytics --out report/
 
 Needs ``pip install sqlqueue[spark]`` (PySpark 4.2+, pyarrow) and Java 17+.
 """

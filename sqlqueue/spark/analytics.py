@@ -1,6 +1,6 @@
 """The analytics job: ``python -m sqlqueue.spark.analytics`` or ``spark-submit`` this file.
 
-    python -m sqlqueue.spark.analytics --url mysql://user:pass@host/db --out report/
+    DATABASE_URL=mysql://user:pass@host/db python -m sqlqueue.spark.analytics --out report/
     spark-submit --master local[2] "$(python -c \
         'import sqlqueue.spark.analytics as m; print(m.__file__)')" --archive DIR --out report/
 

@@ -44,3 +44,20 @@ def first_of(keys: list[str], shown: int) -> str:
     """The first ``shown`` keys, then how many more."""
     text = ", ".join(keys[:shown])
     return f"{text} and {len(keys) - shown} more" if len(keys) > shown else text
+
+
+@register.filter
+def epoch_ms(value: int | None) -> str:
+    """Epoch milliseconds as a UTC time to the second (``2026-11-23 10:00:00 UTC``)."""
+    if value is None:
+        return "-"
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(value / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@register.filter
+def last_line(text: str) -> str:
+    """The last non-empty line of a traceback: the exception, which says why."""
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""

@@ -23,8 +23,9 @@ def database_url() -> str:
     if connection.vendor == "sqlite":
         return f"sqlite:///{settings['NAME']}"
     password = f":{settings['PASSWORD']}" if settings["PASSWORD"] else ""
-    return (f"mysql://{settings['USER']}{password}@{settings['HOST'] or '127.0.0.1'}:"
-            f"{settings['PORT'] or 3306}/{settings['NAME']}")
+    scheme, port = ("postgres", 5432) if connection.vendor == "postgresql" else ("mysql", 3306)
+    return (f"{scheme}://{settings['USER']}{password}@{settings['HOST'] or '127.0.0.1'}:"
+            f"{settings['PORT'] or port}/{settings['NAME']}")
 
 
 def runconsumer(*args: str, settings: dict[str, Any] | None = None,
@@ -38,13 +39,14 @@ def runconsumer(*args: str, settings: dict[str, Any] | None = None,
     )
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 30, what: str = "") -> float:
-    """Poll ``condition`` until true; return how long it took."""
+def wait_for(condition: Callable[[], bool], timeout: float = 30, what: str = "",
+             interval: float = 0.05) -> float:
+    """Poll ``condition`` every ``interval`` seconds until true; return how long it took."""
     started = time.monotonic()
     while not condition():
         if time.monotonic() - started > timeout:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(0.05)
+        time.sleep(interval)
     return time.monotonic() - started
 
 

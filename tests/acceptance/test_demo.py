@@ -72,19 +72,31 @@ def test_demo_runs_the_consumers_to_completion(database: Path) -> None:
 def test_demo_runs_one_django_task_per_order(database: Path) -> None:
     run = manage("demo", "--orders", "2", database=database)
     assert run.returncode == 0, run.stderr
-    assert "tasks:tasks.default: 2 acked, 0 retried, 0 dead-lettered" in run.stdout
+    # Two receipts and the sales report the demo's schedule published.
+    assert "tasks:tasks.default: 3 acked, 0 retried, 0 dead-lettered" in run.stdout
     assert "Its receipt task (Django Tasks): no" in run.stdout  # the rolled-back order's
     assert "Receipts rendered:    2" in run.stdout
     with closing(sqlite3.connect(database)) as db:
         results = db.execute(
             "SELECT task_path, status, args, return_value FROM queue_task_results "
-            "ORDER BY enqueued_at"
+            "WHERE task_path LIKE '%render_receipt' ORDER BY enqueued_at"
         ).fetchall()
     assert [(path, status, args) for path, status, args, _ in results] == [
         ("example_project.shop.tasks.render_receipt", "SUCCESSFUL", '["DEMO-0001"]'),
         ("example_project.shop.tasks.render_receipt", "SUCCESSFUL", '["DEMO-0002"]'),
     ]
     assert results[1][3].startswith('"Receipt DEMO-0002: ')
+
+
+def test_demo_shows_its_schedule_and_runs_one_tick(database: Path) -> None:
+    run = manage("demo", "--orders", "2", database=database)
+    assert run.returncode == 0, run.stderr
+    assert "daily-sales-report: cron 0 7 * * * Europe/Paris; next tick " in run.stdout
+    assert "Sales report (scheduled task): 2 orders, " in run.stdout
+    listing = manage("queue", "schedules", database=database)
+    assert listing.returncode == 0, listing.stderr
+    assert "daily-sales-report: cron 0 7 * * * Europe/Paris -> task " in listing.stdout
+    assert "tasks: done" in listing.stdout
 
 
 def test_demo_runs_again_on_the_same_database(database: Path) -> None:

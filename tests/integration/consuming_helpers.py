@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterator
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connections
 
 from sqlqueue.conf import QueueSettings
@@ -93,3 +95,10 @@ def drain_until_watermarks(
             raise AssertionError(f"watermarks {watermarks(group)} never reached {expected}")
         time.sleep(0.2)
         drain([group], **kwargs)
+
+
+def queue(*args: str) -> str:
+    """``manage.py queue ARGS``'s standard output."""
+    out = StringIO()
+    call_command("queue", *args, stdout=out)
+    return out.getvalue()

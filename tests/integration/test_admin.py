@@ -117,3 +117,25 @@ def test_replay_permission_alone_allows_replay(register: Any) -> None:
     replayer = staff_with("view_deadletter", "replay_deadletter")
     replayer.post(reverse(DEAD), {"action": "replay", "_selected_action": [first.offset]})
     assert not DeadLetter.objects.filter(offset=first.offset).exists()
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_the_change_page_renders_any_stored_nesting(admin_client: Client) -> None:
+    """F6 of the security audit: a payload at the nesting limit renders; so does one nested
+    far deeper (stored before the limit, or by another client), shown as stored."""
+    from sqlqueue.naming import MAX_JSON_DEPTH
+
+    at_limit = send_message("deep", _nested(MAX_JSON_DEPTH), partition_key="k")
+    stored = send_message("deep", 1, partition_key="k")
+    deep_text = "[" * 20_000 + "1" + "]" * 20_000
+    QueueMessage.objects.filter(offset=stored.offset).update(payload=deep_text.encode())
+    for offset in (at_limit.offset, stored.offset):
+        page = admin_client.get(reverse("admin:sqlqueue_queuemessage_change", args=[offset]))
+        assert page.status_code == 200
+    assert b"[[[[[[[[" in page.content

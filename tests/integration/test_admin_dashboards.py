@@ -100,7 +100,9 @@ def test_retry_now_redelivers_a_backing_off_message(admin_client: Client,
     assert attempts == [1]
     page = admin_client.get(at(SUBSCRIPTION, group="g", topic="t")).content.decode()
     # A retry waits and no worker runs any more: STOP beats WARN.
-    assert badges(page) == ["STOP", "STOP"] and "retry now" in page and ">1</td>" in page
+    assert badges(page) == ["STOP", "STOP"] and "retry now" in page
+    # The retrying message's last error is shown on its partition's row.
+    assert re.search(r'<td>1<div class="sqlqueue-last-error" title="[^"]*later[^"]*">', page)
 
     ask = admin_client.get(at(RETRY_NOW, group="g", topic="t", partition="k"))
     assert ask.status_code == 200 and b"Yes, retry now" in ask.content
@@ -219,3 +221,28 @@ def test_replay_every_dead_letter_matching_a_filter(admin_client: Client,
     assert b"Replay all matching" not in viewer.get(reverse(DEAD)).content
     assert viewer.post(at(REPLAY_MATCHING), {"confirmed": "yes"}).status_code == 403
     assert DeadLetter.objects.count() == 2
+
+
+def test_a_revoked_lease_has_no_age(admin_client: Client, register: Any) -> None:
+    """An operator's repair stamps a revoked lease 0: shown as never renewed, not as
+    "20780 d ago", and the partition as held by nobody."""
+    from sqlqueue.models import PartitionLease, SubscriberHeartbeat
+    from sqlqueue.operations.positions import reset_position
+
+    journal(register)
+    sent = send_message("t", 1, partition_key="k")
+    with connection.cursor() as cursor:
+        now = dialect_for(connection).database_now_ms(cursor)
+    SubscriberHeartbeat.objects.create(consumer_group="g", topic="t", subscriber_name="w1",
+                                       heartbeat_at=now)
+    PartitionLease.objects.create(consumer_group="g", topic="t", partition_key="k",
+                                  leased_by="w1", leased_at=now, lease_renewed_at=now)
+    reset_position("g", "t", "k", deliver_from=sent.offset)
+    assert PartitionLease.objects.get(partition_key="k").lease_renewed_at == 0
+    subscribers = admin_client.get(reverse(SUBSCRIBERS)).content.decode()
+    assert "(revoked by an operator)" in subscribers
+    assert re.search(r"\d{4,} d ago", subscribers) is None
+    assert "<td>never</td>" in subscribers
+    page = admin_client.get(at(SUBSCRIPTION, group="g", topic="t")).content.decode()
+    assert re.search(r"\d{4,} d ago", page) is None
+    assert badges(page) == ["STOP", "STOP"]  # pending, and nobody holds it

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +13,8 @@ from django.db import connection
 
 from sqlqueue import ConfigurationError, send_message
 from sqlqueue.checks import check_database, check_settings
+from sqlqueue.migrations._collation import binary_collation
+from sqlqueue.storage.sql import dialect_for
 
 pytestmark = pytest.mark.django_db
 
@@ -27,6 +28,7 @@ def test_default_settings_pass_every_check() -> None:
     assert check_database(databases=["default"]) == []
 
 
+@pytest.mark.django_db(transaction=True, databases=["default", "routes"])  # every alias
 def test_bad_settings_stop_manage_py_check(settings: Any) -> None:
     settings.SQLQUEUE = {"LEASE_DURATION": 5, "LEASE_RENEW_INTERVAL": 5, "BATCH_SIZE": "ten"}
     with pytest.raises(SystemCheckError) as raised:
@@ -93,7 +95,6 @@ def test_packet_smaller_than_the_payload_limit_warns(settings: Any, session_vari
 @pytest.mark.django_db(transaction=True)  # ALTER TABLE commits implicitly
 @pytest.mark.parametrize("charset", ["latin1", "utf8mb4 COLLATE utf8mb4_general_ci"])
 def test_tables_not_binary_utf8mb4_are_an_error(session_variable: Any, charset: str) -> None:
-    initial = importlib.import_module("sqlqueue.migrations.0001_initial")
     session_variable(
         f"ALTER TABLE queue_subscriber_heartbeats CONVERT TO CHARACTER SET {charset}"
     )
@@ -104,8 +105,43 @@ def test_tables_not_binary_utf8mb4_are_an_error(session_variable: Any, charset: 
     finally:
         session_variable(
             "ALTER TABLE queue_subscriber_heartbeats "
-            f"CONVERT TO CHARACTER SET utf8mb4 COLLATE {initial.binary_collation(connection)}"
+            f"CONVERT TO CHARACTER SET utf8mb4 COLLATE {binary_collation(connection)}"
         )
+
+
+@pytest.fixture
+def postgresql() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's checks")
+
+
+def test_postgresql_as_configured_for_the_tests_passes(postgresql: None) -> None:
+    """Version 14+, UTF8, READ COMMITTED, a role that sees every session: no message."""
+    assert ids(check_database(databases=["default"])) == []
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE_READ", "SERIALIZABLE"])
+def test_postgresql_isolation_above_read_committed_is_an_error(
+    postgresql: None, level: str,
+) -> None:
+    from psycopg import IsolationLevel
+
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    options["isolation_level"] = IsolationLevel[level]
+    try:
+        messages = check_database(databases=["default"])
+    finally:
+        del options["isolation_level"]
+    assert ids(messages) == ["sqlqueue.E106"]
+    assert level.replace("_", " ") in messages[0].msg
+
+
+def test_postgresql_role_blind_to_other_sessions_warns(
+    postgresql: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dialect_class = type(dialect_for(connection))
+    monkeypatch.setattr(dialect_class, "horizon_privileges_sql", lambda self: "SELECT false")
+    assert ids(check_database(databases=["default"])) == ["sqlqueue.W105"]
 
 
 def test_sqlite_without_immediate_transactions_warns() -> None:
@@ -121,3 +157,14 @@ def test_sqlite_without_immediate_transactions_warns() -> None:
 
 def test_other_databases_are_not_inspected() -> None:
     assert check_database(databases=["other"]) == []
+
+
+def test_packet_that_cannot_hold_an_escaped_payload_warns(settings: Any,
+                                                          session_variable: Any) -> None:
+    # A payload travels as an escaped literal, up to twice its size: with 8 MiB payloads a
+    # 16 MiB max_allowed_packet is too small (an 8 MiB payload of quotes failed with 1153).
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        packet = int(cursor.fetchone()[0])
+    settings.SQLQUEUE = {"MAX_PAYLOAD_BYTES": packet // 2}
+    assert ids(check_database(databases=["default"])) == ["sqlqueue.W102"]

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import pytest
 from django.db import connection, connections, transaction
+from django.test import override_settings
 
 from sqlqueue import SentMessage, send_message, send_messages
 from tests.conftest import stored_messages
@@ -42,8 +43,27 @@ def result(thread: threading.Thread, outcome: dict[str, Any]) -> Any:
     return outcome["result"]
 
 
+def _wait_for_postgresql_lock_wait() -> None:
+    import time
+
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            # Inside a transaction pg_stat_activity is read once and kept: drop that copy.
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = "
+                           "'Lock' AND datname = current_database()")
+            if cursor.fetchone()[0]:
+                return
+        time.sleep(0.02)  # polling a condition; pg_stat_activity is current
+    raise AssertionError("no transaction ever waited for a lock")
+
+
 def wait_for_lock_wait() -> None:
     """On MariaDB/MySQL, wait until some transaction is blocked on a row lock."""
+    if connection.vendor == "postgresql":
+        _wait_for_postgresql_lock_wait()
+        return
     if connection.vendor != "mysql":
         return  # SQLite: the second writer waits on the file lock; not observable
     import time
@@ -109,7 +129,11 @@ def test_racing_publishers_store_each_id_once() -> None:
     assert len(stored_messages()) == rounds
 
 
-def test_racing_batches_store_each_id_once() -> None:
+@pytest.mark.parametrize("window", [86400, 0])
+def test_racing_batches_store_each_id_once(window: int) -> None:
+    """With the idempotency window, the keys' locks order the racers; without it, their
+    INSERTs (PostgreSQL: COPYs) meet on the unique key, and the losers read the
+    winners' offsets."""
     racers = 3
     barrier = threading.Barrier(racers)
     ids = [f"id-{n}" for n in range(300)]
@@ -120,7 +144,10 @@ def test_racing_batches_store_each_id_once() -> None:
         barrier.wait(TIMEOUT)
         return send_messages("t", [OutgoingMessage(i, partition_key="k", id=i) for i in ids])
 
-    outcomes = [result(*t) for t in [in_thread(race) for _ in range(racers)]]
+    # Overridden here, once, for the racers to read: override_settings entered and left
+    # in each thread restores in any order, and could leave the override in place.
+    with override_settings(SQLQUEUE={"IDEMPOTENCY_WINDOW": window}):
+        outcomes = [result(*t) for t in [in_thread(race) for _ in range(racers)]]
     for n in range(len(ids)):
         sent = [per_racer[n] for per_racer in outcomes]
         assert sum(s.created for s in sent) == 1

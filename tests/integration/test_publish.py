@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from django.db import OperationalError, connection, transaction
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -197,7 +198,8 @@ def test_send_messages_is_all_or_nothing_on_a_database_error(
 
     monkeypatch.setattr(dialect, "insert_messages", fail_on_second_chunk)
     with pytest.raises(OperationalError):
-        send_messages("t", list(range(1200)))  # three chunks of at most 500
+        # three chunks (500 rows each at most; 5,000 on PostgreSQL, COPY)
+        send_messages("t", list(range(2 * dialect.max_rows_per_insert + 200)))
     assert calls["n"] == 2
     assert stored_messages() == []
 
@@ -285,26 +287,66 @@ def test_offsets_increase() -> None:
 # -- query counts ----------------------------------------------------------------------------
 
 def test_send_message_is_one_statement() -> None:
+    send_message("t", 0)  # a MySQL connection's character set is read once, on first use
     with CaptureQueriesContext(connection) as outside:
         send_message("t", 1)
     with transaction.atomic(), CaptureQueriesContext(connection) as inside:
         send_message("t", 2)
-    assert len(outside) == 1
-    assert len(inside) == 1
+    # PostgreSQL: and the wake-up's pg_notify, once per topic per transaction
+    # (tests/integration/test_wakeups.py).
+    notify = 1 if connection.vendor == "postgresql" else 0
+    assert len(outside) == 1 + notify
+    assert len(inside) == 1 + notify
     assert inside[0]["sql"].upper().startswith("INSERT INTO")
+    assert ["pg_notify" in q["sql"] for q in inside[1:]] == [True] * notify
 
 
 def test_a_dedup_hit_costs_one_more_read() -> None:
-    send_message("t", 1, partition_key="k", id="i")
-    with CaptureQueriesContext(connection) as queries:
+    with override_settings(SQLQUEUE={"IDEMPOTENCY_WINDOW": 0}):
         send_message("t", 1, partition_key="k", id="i")
-    assert len(queries) == 2
+        with CaptureQueriesContext(connection) as queries:
+            send_message("t", 1, partition_key="k", id="i")
+    assert len(queries) == 2  # the INSERT that fails, the read of the stored offset
+
+
+def test_an_id_of_the_callers_costs_a_key_read_and_a_key_write() -> None:
+    """IDEMPOTENCY_WINDOW: the key is read first (a hit costs that read alone) and
+    written with the message, in one transaction."""
+    send_message("t", 0)  # the connection's character set is read once, on first use
+    with CaptureQueriesContext(connection) as first:
+        sent = send_message("t", 1, partition_key="k", id="i")
+    with CaptureQueriesContext(connection) as again:
+        assert send_message("t", 1, partition_key="k", id="i").offset == sent.offset
+    assert _statements(first) == [
+        ("SELECT", "queue_idempotency_keys"), ("INSERT", "queue_messages"),
+        ("INSERT", "queue_idempotency_keys")]
+    assert _statements(again) == [("SELECT", "queue_idempotency_keys")]
+
+
+def _statements(queries: CaptureQueriesContext) -> list[tuple[str, str]]:
+    """(verb, first queue table) of each statement; SQLite's BEGIN/COMMIT left out."""
+    found = []
+    for query in queries:
+        if "pg_notify" in query["sql"]:
+            continue  # the wake-up (PostgreSQL), counted by tests/integration/test_wakeups.py
+        words = query["sql"].replace("`", " ").replace('"', " ").split()
+        if words[0].upper() not in ("BEGIN", "COMMIT"):
+            found.append((words[0].upper(), next(w for w in words if w.startswith("queue_"))))
+    return found
 
 
 def test_send_messages_uses_multi_row_statements() -> None:
     with CaptureQueriesContext(connection) as queries:
         sent = send_messages("t", list(range(1000)))
     statements = [q["sql"].split()[0].upper() for q in queries]
+    if connection.vendor == "postgresql":
+        # One COPY (5,000 rows a chunk), after the SELECT of its clock and offsets, in a
+        # transaction of its own (a savepoint inside the caller's): COPY cannot skip a
+        # duplicate, only fail. Then the wake-up's NOTIFY (a SELECT pg_notify).
+        assert statements == ["BEGIN", "SELECT", "COPY", "COMMIT", "SELECT"]
+        assert "pg_notify" in queries.captured_queries[-1]["sql"]
+        assert_offsets_match(sent)
+        return
     # Generated ids cannot exist yet, and the offsets of one multi-row INSERT are known
     # from the insert id: one INSERT per chunk and nothing else (MySQL: 1,000 rows per
     # statement, SQLite: 500), and no savepoint around a single statement.
@@ -321,8 +363,12 @@ def test_send_messages_with_caller_ids_looks_them_up_first() -> None:
         sent = send_messages("t", batch)
     statements = [q["sql"].split()[0].upper() for q in queries]
     chunks = chunks_of(1000)
-    assert statements.count("INSERT") == chunks
-    assert chunks <= statements.count("SELECT") <= chunks + 1  # a lookup per chunk (+ lock mode)
+    copies = statements.count("COPY")  # PostgreSQL: each after a SELECT of its offsets
+    # Per chunk: the idempotency keys and the stored ids are looked up, the messages and
+    # their keys inserted (+ innodb_autoinc_lock_mode, read once).
+    assert statements.count("INSERT") + copies == 2 * chunks
+    assert copies == (chunks if connection.vendor == "postgresql" else 0)
+    assert 2 * chunks + copies <= statements.count("SELECT") <= 2 * chunks + 1 + copies
     assert_offsets_match(sent)
 
 
@@ -334,6 +380,22 @@ def assert_offsets_match(sent: list[SentMessage]) -> None:
     """Every reported offset is the stored row of that id."""
     stored = dict(QueueMessage.objects.values_list("offset", "id"))
     assert {s.offset: s.id for s in sent} == stored
+
+
+@pytest.mark.parametrize("window", [86400, 0])
+def test_a_large_batch_partly_published_before_absorbs_the_stored_ids(window: int) -> None:
+    """Large enough for PostgreSQL's COPY path: the ids stored before are found (by the
+    idempotency keys, or by the messages without a window) and reported with their
+    offsets; the rest is stored, in order, inside the caller's transaction."""
+    batch = [OutgoingMessage(n, partition_key=f"k{n % 4}", id=f"id-{n}") for n in range(300)]
+    with override_settings(SQLQUEUE={"IDEMPOTENCY_WINDOW": window}), transaction.atomic():
+        before = send_messages("t", batch[100:200])
+        sent = send_messages("t", batch)
+    assert [s.created for s in sent] == [True] * 100 + [False] * 100 + [True] * 100
+    assert [s.offset for s in sent[100:200]] == [s.offset for s in before]
+    new = [s.offset for s in sent[:100] + sent[200:]]
+    assert new == sorted(new) and min(new) > max(s.offset for s in before)
+    assert_offsets_match(sent)
 
 
 def test_send_messages_of_nothing_runs_no_sql() -> None:
@@ -352,3 +414,87 @@ def test_rfc_only_row_is_valid() -> None:
         )
     row = QueueMessage.objects.get(id="rfc-1")
     assert (row.priority, row.deliver_after, row.consumer_group) == (50, 0, "")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_not_in_utf8mb4_is_refused_before_any_write() -> None:
+    """Issue 13: a latin1 session stored ``kéy🦆`` as mojibake; now nothing is written."""
+    from django.db import connection
+
+    from sqlqueue.exceptions import ConfigurationError
+    from sqlqueue.models import QueueMessage
+
+    if connection.vendor != "mysql":
+        pytest.skip("character sets of the connection are MySQL/MariaDB's")
+    connection.close()  # a fresh connection: checked once per connection
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET NAMES latin1")
+        for publish in (lambda: send_message("latin.test", {}, partition_key="kéy🦆"),
+                        lambda: send_messages("latin.test", [{"n": 1}, {"n": 2}])):
+            with pytest.raises(ConfigurationError, match=r"character set 'latin1'.*utf8mb4"):
+                publish()
+        with connection.cursor() as cursor:
+            cursor.execute("SET NAMES utf8mb4")
+        assert not QueueMessage.objects.filter(topic="latin.test").exists()
+        sent = send_message("latin.test", {}, partition_key="kéy🦆")
+        assert QueueMessage.objects.get(offset=sent.offset).partition_key == "kéy🦆"
+    finally:
+        connection.close()
+
+
+def test_the_character_set_is_read_once_per_connection() -> None:
+    connection.close()
+    with CaptureQueriesContext(connection) as first:
+        send_message("t", 1)
+    with CaptureQueriesContext(connection) as second:
+        send_messages("t", [2, 3])
+    extra = 1 if connection.vendor == "mysql" else 0
+    notify = 1 if connection.vendor == "postgresql" else 0  # the wake-up's pg_notify
+    assert [q["sql"] for q in first][:extra] == ["SELECT @@character_set_connection"] * extra
+    assert len(first) == 1 + extra + notify
+    assert len(second) == 1 + notify, [q["sql"][:80] for q in second]
+
+
+class _Victim:
+    """The dialect's insert, failing its first ``times`` calls as a deadlock victim would
+    (a Galera certification conflict is reported the same way)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, times: int) -> None:
+        dialect_class = type(dialect_for(connection))
+        real = dialect_class.insert_messages
+        self.calls = 0
+
+        def insert(dialect: Any, cursor: Any, rows: Any) -> Any:
+            self.calls += 1
+            if self.calls <= times:
+                raise OperationalError("injected: deadlock victim")
+            return real(dialect, cursor, rows)
+
+        monkeypatch.setattr(dialect_class, "insert_messages", insert)
+        monkeypatch.setattr(dialect_class, "is_lock_wait",
+                            lambda dialect, error: "deadlock victim" in str(error))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_publish_of_its_own_is_tried_again_after_a_deadlock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    victim = _Victim(monkeypatch, times=2)
+    sent = send_message("t", {"n": 1}, partition_key="k", id="order-1")
+    assert sent.created and victim.calls == 3
+    batch = send_messages("t", (OutgoingMessage(n, partition_key="k") for n in range(3)))
+    assert [s.created for s in batch] == [True] * 3  # the generator was read once, kept
+    victim.calls = 0
+    named = send_messages("t", messages=(OutgoingMessage(n, partition_key="j")
+                                         for n in range(2)))
+    assert [s.created for s in named] == [True, True]
+    assert len(stored_messages()) == 6
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deadlock_inside_the_callers_transaction_is_the_callers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    victim = _Victim(monkeypatch, times=1)
+    with pytest.raises(OperationalError, match="deadlock victim"), transaction.atomic():
+        send_message("t", {"n": 1}, partition_key="k")
+    assert victim.calls == 1 and not stored_messages()

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import call_command
 from django.core.management.base import CommandError
 
 import sqlqueue
@@ -17,17 +15,12 @@ from tests.integration.consuming_helpers import (
     drain,
     drain_until_watermarks,
     fast_settings,
+    queue,
     register,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
 __all__ = ["register"]
-
-
-def queue(*args: str) -> str:
-    out = StringIO()
-    call_command("queue", *args, stdout=out)
-    return out.getvalue()
 
 
 def reject(message: Message) -> None:

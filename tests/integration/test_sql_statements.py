@@ -9,8 +9,10 @@ import time
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection
+from django.db import DatabaseError, IntegrityError, connection, connections
 
+from sqlqueue.migrations._collation import binary_collation
+from sqlqueue.models import DeliveryState, PartitionOffset
 from sqlqueue.storage.sql import MessageRow, dialect_for
 
 pytestmark = pytest.mark.django_db
@@ -104,8 +106,23 @@ def explain(sql: str, params: list[Any]) -> str:
             cursor.execute("EXPLAIN " + sql, params)
             columns = [c[0] for c in cursor.description]
             return " ".join(str(dict(zip(columns, r, strict=True))) for r in cursor.fetchall())
+        if connection.vendor == "postgresql":
+            # Run, not only planned: the row counts show each seek reads one entry.
+            cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + sql,
+                           params)
+            return " | ".join(str(r[0]).strip() for r in cursor.fetchall())
         cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
         return " ".join(str(r) for r in cursor.fetchall())
+
+
+def analyze() -> None:
+    """Fresh statistics, so the plans checked are the ones a real table gets."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("ANALYZE TABLE queue_messages")
+            cursor.fetchall()
+        elif connection.vendor == "postgresql":
+            cursor.execute("ANALYZE queue_messages")
 
 
 @pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits on MySQL
@@ -114,15 +131,21 @@ def test_select_message_offsets_uses_the_unique_key() -> None:
     with connection.cursor() as cursor:
         rows = [row(f"k{n % 7}", f"id-{n}") for n in range(300)]
         dialect.insert_messages(cursor, rows)
-        if connection.vendor == "mysql":
-            cursor.execute("ANALYZE TABLE queue_messages")
-            cursor.fetchall()
+        if connection.vendor == "postgresql":
+            # PostgreSQL reads a table of a few pages whole, rightly: make it a real one.
+            for chunk in range(6):
+                dialect.insert_messages(cursor, [row(f"o{n % 20}", f"other-{chunk}-{n}")
+                                                 for n in range(500)])
+    analyze()
     sql = dialect.select_message_offsets_sql(3, lock=False)
     plan = explain(sql, ["t", "k1", "id-1", "t", "k2", "id-2", "t", "k3", "id-3"])
     if connection.vendor == "sqlite":
         # SQLite names the index of a UNIQUE constraint itself (sqlite_autoindex_...).
         assert "MULTI-INDEX OR" in plan
         assert plan.count("(topic=? AND partition_key=? AND id=?)") == 3
+    elif connection.vendor == "postgresql":
+        assert "Seq Scan" not in plan, plan
+        assert plan.count("Bitmap Index Scan on idx_topic_partition_id") == 3, plan
     else:
         assert "idx_topic_partition_id" in plan
         assert "'type': 'range'" in plan and "'key_len': '3066'" in plan
@@ -138,15 +161,18 @@ def test_identifiers_are_quoted() -> None:
 
 def test_tables_use_a_binary_no_pad_collation(mysql_only: None) -> None:
     initial = importlib.import_module("sqlqueue.migrations.0001_initial")
-    expected = initial.binary_collation(connection)
+    expected = binary_collation(connection)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT TABLE_NAME, TABLE_COLLATION FROM information_schema.TABLES "
             "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'queue\\_%%'"
         )
         collations = dict(cursor.fetchall())
-    # The five RFC tables, and the Tasks backend's results (migration 0005).
-    assert collations == dict.fromkeys((*initial.QUEUE_TABLES, "queue_task_results"), expected)
+    # The five RFC tables, the Tasks backend's results (migration 0005), the idempotency
+    # keys (0007), the pauses (0008) and the schedules (0009).
+    assert collations == dict.fromkeys(
+        (*initial.QUEUE_TABLES, "queue_task_results", "queue_idempotency_keys",
+         "queue_flow_control", "queue_schedules"), expected)
 
 
 def test_offset_is_unsigned_auto_increment(mysql_only: None) -> None:
@@ -161,6 +187,54 @@ def test_offset_is_unsigned_auto_increment(mysql_only: None) -> None:
     assert "longblob" in ddl
 
 
+def test_postgresql_schema_has_the_rfc_keys() -> None:
+    """PostgreSQL's twin of the MySQL DDL check above: offset is a 64-bit identity
+    primary key, the two indexes of the RFC exist, the payload keeps any byte."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's catalog")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT data_type, is_identity FROM information_schema.columns "
+                       "WHERE table_name = 'queue_messages' AND column_name = %s", ["offset"])
+        assert cursor.fetchone() == ("bigint", "YES")
+        cursor.execute("SELECT data_type FROM information_schema.columns "
+                       "WHERE table_name = 'queue_messages' AND column_name = 'payload'")
+        assert cursor.fetchone() == ("bytea",)
+        cursor.execute("SELECT indexname, indexdef FROM pg_indexes "
+                       "WHERE tablename = 'queue_messages'")
+        indexes = dict(cursor.fetchall())
+    assert "UNIQUE INDEX idx_topic_partition_id" in indexes["idx_topic_partition_id"]
+    assert "(topic, partition_key, id)" in indexes["idx_topic_partition_id"]
+    assert '(topic, partition_key, "offset")' in indexes["idx_topic_partition_offset"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_garbage_collection_deletes_by_seeks(server_database: None) -> None:
+    """``delete_messages_upto`` reads the partition's oldest offsets from
+    idx_topic_partition_offset and deletes them by primary key: never a table scan."""
+    offsets = _many_messages_in_ten_partitions()
+    dialect = dialect_for(connection)
+    upto = max(offsets)
+    with connection.cursor() as cursor:
+        deleted = dialect.delete_messages_upto(cursor, "t", "k3", upto, 50)
+        assert deleted == 50
+        left = dialect.list_offsets(cursor, "t", "k3", 0, upto, 1000)
+    assert left == sorted(offsets[3::10])[50:]  # the 50 oldest of k3 went
+    plan = explain_only(dialect.delete_messages_upto_sql(), ["t", "k3", upto, 50])
+    if connection.vendor == "postgresql":
+        assert "Seq Scan" not in plan, plan
+        assert "Index Only Scan using idx_topic_partition_offset" in plan, plan
+        assert "Index Scan using queue_messages_pkey" in plan, plan
+    else:
+        assert "idx_topic_partition_offset" in plan, plan
+
+
+def explain_only(sql: str, params: list[Any]) -> str:
+    """The plan of a statement that changes rows, without running it."""
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        return " | ".join(str(r) for r in cursor.fetchall())
+
+
 # ANALYZE TABLE commits on MySQL: tests that run it are transactional, so that the
 # tables are emptied after them instead of keeping their rows.
 @pytest.mark.django_db(transaction=True)
@@ -171,15 +245,25 @@ def test_partition_discovery_is_a_loose_index_scan() -> None:
         for chunk in range(4):
             dialect.insert_messages(cursor, [row(f"k{n % 10}", f"id-{chunk}-{n}")
                                              for n in range(500)])
-        if connection.vendor == "mysql":
-            cursor.execute("ANALYZE TABLE queue_messages")
-            cursor.fetchall()
+    analyze()
+    with connection.cursor() as cursor:
         assert sorted(dialect.discover_partitions(cursor, "t")) == [f"k{n}" for n in range(10)]
     plan = explain(dialect.discover_partitions_sql(), dialect.discover_partitions_params("t"))
     if connection.vendor == "mysql":
         assert "Using index for group-by" in plan, plan
+    elif connection.vendor == "postgresql":
+        assert_recursive_seeks(plan)
     else:
         assert "idx_topic_partition_offset (topic=? AND partition_key>?)" in plan, plan
+
+
+def assert_recursive_seeks(plan: str) -> None:
+    """PostgreSQL's plan of the recursive loose index scan over ten partitions: one seek
+    for the first key, then one per next key (ten loops, one row each), never a scan."""
+    assert "Recursive Union" in plan and "Seq Scan" not in plan, plan
+    # The seek may use either index that starts with (topic, partition_key).
+    assert re.search(r"Index Only Scan using idx_topic_partition_\w+ [^|]*"
+                     r"\(actual rows=1 loops=10\) \| Index Cond: [^|]*partition_key > ", plan), plan
 
 
 def test_lease_statements_follow_the_database_clock() -> None:
@@ -206,6 +290,55 @@ def test_lease_statements_follow_the_database_clock() -> None:
         assert dialect.live_subscribers(cursor, "g", "t", 30_000) == []
 
 
+def test_lease_statements_can_be_limited_to_some_partitions() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        dialect.acquire_leases(cursor, "g", "t", ["a", "b", "c"], "one", 30_000)
+        assert {p for p, *_ in dialect.list_leases(cursor, "g", "t", partitions=["a", "c"])} \
+            == {"a", "c"}
+        assert dialect.renew_leases(cursor, "g", "t", "one", 30_000, partitions=["b"]) == 1
+        assert dialect.renew_leases(cursor, "g", "t", "one", 30_000, partitions=[]) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fence_locks_only_its_own_lease_rows(server_database: None) -> None:
+    # A peer paused inside its cycle transaction (its fence holds share locks on its own
+    # lease rows) must not hold up another subscriber's renewal of its own leases.
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        dialect.acquire_leases(cursor, "g", "t", ["a"], "paused", 30_000)
+        dialect.acquire_leases(cursor, "g", "t", ["b"], "busy", 30_000)
+    default = connections["default"]
+    peer = type(default)(dict(default.settings_dict), alias="paused_peer")
+    try:
+        with peer.cursor() as peer_cursor:
+            peer_cursor.execute("START TRANSACTION")
+            dialect.list_leases(peer_cursor, "g", "t", lock=True, partitions=["a"])
+            with connection.cursor() as cursor:
+                dialect.bound_lock_waits(cursor, 1)
+                cursor.execute("SHOW lock_timeout" if connection.vendor == "postgresql"
+                               else "SELECT @@SESSION.innodb_lock_wait_timeout")
+                assert cursor.fetchone()[0] in (1, "1s")
+                started = time.monotonic()
+                assert dialect.renew_leases(cursor, "g", "t", "busy", 30_000,
+                                            partitions=["b"]) == 1
+                assert time.monotonic() - started < 0.5  # no lock wait
+                # Taking over the paused peer's partition waits, and gives up after the
+                # bounded wait with an error the runner recognises.
+                with pytest.raises(DatabaseError) as raised:
+                    if connection.vendor == "postgresql":
+                        # PostgreSQL's UPDATE skips a row its WHERE rejects without
+                        # waiting for the row's lock: an upsert must take the row.
+                        dialect.acquire_leases(cursor, "g", "t", ["a"], "busy", 30_000)
+                    else:
+                        dialect.renew_leases(cursor, "g", "t", "busy", 30_000,
+                                             partitions=["a"])
+                assert dialect.is_lock_wait(raised.value)
+            peer_cursor.execute("ROLLBACK")
+    finally:
+        peer.close()
+
+
 def _many_messages_in_ten_partitions() -> list[int]:
     """2,000 rows of topic t over k0..k9; returns their offsets."""
     dialect = dialect_for(connection)
@@ -214,9 +347,7 @@ def _many_messages_in_ten_partitions() -> list[int]:
         for chunk in range(4):
             rows = [row(f"k{n % 10}", f"id-{chunk}-{n}") for n in range(500)]
             offsets += dialect.insert_messages(cursor, rows)
-        if connection.vendor == "mysql":
-            cursor.execute("ANALYZE TABLE queue_messages")
-            cursor.fetchall()
+    analyze()
     return offsets
 
 
@@ -230,6 +361,11 @@ def test_partition_heads_is_a_loose_index_scan() -> None:
     plan = explain(dialect.partition_heads_sql(), dialect.partition_heads_params("t"))
     if connection.vendor == "mysql":
         assert "Using index for group-by" in plan, plan
+    elif connection.vendor == "postgresql":
+        assert_recursive_seeks(plan)
+        # Then one backward seek per key for its newest offset.
+        assert re.search(r"Index Only Scan Backward using idx_topic_partition_offset [^|]*"
+                         r"\(actual rows=1 loops=10\)", plan), plan
     else:
         assert "idx_topic_partition_offset (topic=? AND partition_key>?)" in plan, plan
         assert "idx_topic_partition_offset (topic=? AND partition_key=?)" in plan, plan
@@ -255,8 +391,17 @@ def test_pending_summary_counts_up_to_a_cap_with_seeks() -> None:
         uncounted = dialect.pending_summary(cursor, "t", "g", watermarks, cap=None)
     assert uncounted["k0"].count is None
     assert uncounted["k0"].oldest_due_at == first_pending_created
-    plan = explain(dialect.pending_summary_sql(1), ["k0", "t", "k0", 0, 100, "t", "k0", 0, "g"])
-    if connection.vendor == "mysql":
+    plan = explain(dialect.pending_summary_sql(1),
+                   ["k0", "t", "k0", 0, 100, "t", "k0", 0, "g", "g"])
+    if connection.vendor == "postgresql":
+        assert "Seq Scan" not in plan and "Bitmap" not in plan, plan
+        # The capped count: an index-only range that stops at the cap; the first due
+        # message: the same range, one row.
+        assert re.search(r"Index Only Scan using idx_topic_partition_offset [^|]*"
+                         r"\(actual rows=100 loops=1\)", plan), plan
+        assert re.search(r"Index Scan using idx_topic_partition_offset [^|]*"
+                         r"\(actual rows=1 loops=1\)", plan), plan
+    elif connection.vendor == "mysql":
         # Never a scan of the table; the capped count is an index-only range.
         assert "'table': 'queue_messages', 'type': 'ALL'" not in plan, plan
         assert re.search(r"'select_type': 'DERIVED', 'table': 'queue_messages', "
@@ -304,6 +449,119 @@ def test_pending_summary_skips_replays_addressed_to_other_groups() -> None:
     assert mine > replay
 
 
+def test_pending_summary_skips_messages_the_group_acked_while_they_settle() -> None:
+    """The write horizon can hold a watermark below messages the group already acked
+    (``runconsumer --until-empty`` exits before they settle): they are not pending."""
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        first, second = dialect.insert_messages(cursor, [row("k", "a"), row("k", "b")])
+        cursor.execute("UPDATE queue_messages SET created_at = %s WHERE id = 'b'", [9])
+        cursor.execute("INSERT INTO queue_delivery_state (consumer_group, topic, "
+                       "partition_key, message_offset, acked) VALUES "
+                       "('g', 't', 'k', %s, TRUE), ('other', 't', 'k', %s, TRUE)",
+                       [first, second])
+        for_g = dialect.pending_summary(cursor, "t", "g", {"k": 0}, cap=None)["k"]
+        cursor.execute("UPDATE queue_delivery_state SET acked = TRUE")
+        cursor.execute("INSERT INTO queue_delivery_state (consumer_group, topic, "
+                       "partition_key, message_offset, acked) VALUES ('g', 't', 'k', %s, TRUE)",
+                       [second])
+        none_left = dialect.pending_summary(cursor, "t", "g", {"k": 0}, cap=10)["k"]
+    assert for_g.oldest_due_at == 9  # the second; the acked first is skipped
+    assert none_left.oldest_due_at is None
+    assert none_left.count == 2  # stored above the watermark: the caller subtracts acked
+
+
+@pytest.mark.django_db(transaction=True)
+def test_first_offsets_above_is_one_index_dive_per_partition() -> None:
+    offsets = _many_messages_in_ten_partitions()
+    dialect = dialect_for(connection)
+    k0, k1 = offsets[0::10], offsets[1::10]
+    pairs = [("k0", k0[149]), ("k1", 0), ("k2", max(offsets)), ("nowhere", 0), ("k0", 0)]
+    with connection.cursor() as cursor:
+        assert dialect.first_offsets_above(cursor, "t", pairs) == [
+            k0[150], k1[0], None, None, k0[0]]
+        many = [(f"k{n % 10}", 0) for n in range(450)]  # over several statements
+        assert dialect.first_offsets_above(cursor, "t", many) == [
+            offsets[n % 10] for n in range(450)]
+    plan = explain(dialect.first_offsets_above_sql(1), ["t", "k0", 0])
+    if connection.vendor == "mysql":
+        assert "Select tables optimized away" in plan, plan
+    elif connection.vendor == "postgresql":
+        # One index-only seek, one row read.
+        assert re.search(r"Index Only Scan using idx_topic_partition_offset [^|]*"
+                         r"\(actual rows=1 loops=1\)", plan), plan
+    else:
+        assert ("SEARCH queue_messages USING COVERING INDEX idx_topic_partition_offset "
+                "(topic=? AND partition_key=? AND offset>?)") in plan, plan
+
+
+def test_acked_among_by_primary_key() -> None:
+    dialect = dialect_for(connection)
+    for key, offset, acked in (("a", 1, True), ("a", 2, False), ("b", 3, True), ("c", 4, True)):
+        DeliveryState.objects.create(consumer_group="g", topic="t", partition_key=key,
+                                     message_offset=offset, acked=acked)
+    DeliveryState.objects.create(consumer_group="other", topic="t", partition_key="a",
+                                 message_offset=2, acked=True)
+    with connection.cursor() as cursor:
+        assert dialect.acked_among(cursor, "g", "t", [("a", 1), ("a", 2), ("b", 3),
+                                                       ("b", 1), ("x", 9)]) == {
+            ("a", 1), ("b", 3)}
+        assert dialect.acked_among(cursor, "g", "t", []) == set()
+        many = [(f"k{n}", n) for n in range(1200)] + [("c", 4)]  # over several statements
+        assert dialect.acked_among(cursor, "g", "t", many) == {("c", 4)}
+    if connection.vendor == "postgresql":
+        # A table of a few rows is read whole, rightly: ask whether the key can serve.
+        with connection.cursor() as cursor:
+            cursor.execute("SET enable_seqscan = off")
+    plan = explain(dialect.acked_among_sql(2), ["g", "t", "a", 1, "b", 3, True])
+    if connection.vendor == "mysql":
+        assert "'key': 'PRIMARY'" in plan, plan
+    elif connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("RESET enable_seqscan")
+        assert "queue_delivery_state_pkey" in plan, plan
+    else:
+        assert "PRIMARY KEY" in plan or "sqlite_autoindex_queue_delivery_state" in plan, plan
+
+
+def test_advance_watermark_records_the_first_pending_hint() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        dialect.ensure_watermark(cursor, "g", "t", "k")
+        assert dialect.advance_watermark(cursor, "g", "t", "k", 5, 8) == 1
+        assert dialect.advance_watermark(cursor, "g", "t", "k", 4, 6) == 0  # never back
+    assert PartitionOffset.objects.values_list("offset_acked", "first_pending").get() == (5, 8)
+    with connection.cursor() as cursor:
+        dialect.advance_watermark(cursor, "g", "t", "k", 9)
+    assert PartitionOffset.objects.values_list("offset_acked", "first_pending").get() == (
+        9, None)
+
+
+def test_message_dues_by_primary_key() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        now, later = dialect.insert_messages(cursor, [
+            row("k", "now"), row("k", "later", deliver_at_ms=4_000_000_000_000)])
+        cursor.execute("UPDATE queue_messages SET created_at = 5, consumer_group = 'g' "
+                       "WHERE id = 'now'")
+        dues = dialect.message_dues(cursor, [now, later, 10**12])
+    assert dues == {now: (5, "g"), later: (4_000_000_000_000, "")}
+    if connection.vendor == "postgresql":
+        # A table of a few pages is read whole, rightly: give the planner a real one.
+        with connection.cursor() as cursor:
+            for chunk in range(6):
+                dialect.insert_messages(cursor, [row(f"o{n % 20}", f"other-{chunk}-{n}")
+                                                 for n in range(500)])
+        analyze()
+    plan = explain(dialect.message_dues_sql([now, later]), [])
+    if connection.vendor == "mysql":
+        assert "'key': 'PRIMARY'" in plan, plan
+    elif connection.vendor == "postgresql":
+        assert "Index Scan using queue_messages_pkey" in plan, plan
+    else:
+        assert "PRIMARY KEY" in plan, plan
+
+
 AWKWARD_TEXT = "it's a \"quote\", a back\\slash, 100% _wild_ %s, é, 🦆, \u2028 and \x7e"
 
 
@@ -327,11 +585,125 @@ def test_insert_messages_stores_every_value_byte_for_byte() -> None:
                        + connection.ops.quote_name("offset"))
         stored = cursor.fetchall()
     assert offsets is None or len(offsets) == 3
-    assert [(r[0], r[1], bytes(r[2]), r[3], r[4], r[5]) for r in stored] == [
-        (r.partition_key, r.id, r.payload, r.metadata, r.priority, r.published_at)
+
+    def metadata(text: str | None) -> Any:
+        # PostgreSQL keeps a JSONField as jsonb: the same map, its spacing normalised.
+        if text is None or connection.vendor != "postgresql":
+            return text
+        return json.loads(text)
+
+    assert [(r[0], r[1], bytes(r[2]), metadata(r[3]), r[4], r[5]) for r in stored] == [
+        (r.partition_key, r.id, r.payload, metadata(r.metadata), r.priority, r.published_at)
         for r in rows
     ]
     assert stored[2][6] - stored[2][7] == 10**12
+
+
+@pytest.fixture
+def postgresql_only() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("COPY: PostgreSQL's bulk path")
+
+
+def copied_rows() -> list[MessageRow]:
+    """Just enough rows for ``insert_messages`` to take PostgreSQL's COPY path."""
+    from sqlqueue.storage.sql.postgresql import COPY_MIN_ROWS
+
+    return [row(pk=f"k{n % 3}", mid=f"m{n}") for n in range(COPY_MIN_ROWS)]
+
+
+def test_reserve_offsets_reads_the_clock_after_the_transaction_id(
+    postgresql_only: None,
+) -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_xact_id_if_assigned()")
+        assert cursor.fetchone()[0] is None  # the test's transaction has written nothing
+        before = dialect.database_now_ms(cursor)
+        cursor.execute(dialect.reserve_offsets_sql(), ["queue_messages", "offset", 5])
+        now_ms, offsets = cursor.fetchone()
+        cursor.execute("SELECT pg_current_xact_id_if_assigned(), "
+                       "FLOOR(EXTRACT(EPOCH FROM now()) * 1000)::bigint")
+        xid, started = cursor.fetchone()
+    assert xid is not None  # given its id by the statement, before its clock was read
+    assert started <= before <= now_ms
+    assert len(set(offsets)) == 5
+
+
+def test_copy_messages_stores_every_value_with_offsets_in_order(
+    postgresql_only: None,
+) -> None:
+    json_bytes = json.dumps({"text": AWKWARD_TEXT}, ensure_ascii=False).encode()
+    rows = copied_rows()
+    rows[0] = row(pk="key 'one' \\\t\n", mid=AWKWARD_TEXT, payload=json_bytes,
+                  metadata='{"k":"v \' \\\\ \\t é"}', priority=255, published_at=2**53)
+    rows[1] = row(pk="k", mid="binary", payload=bytes(range(256)), delay_ms=10**12)
+    rows[2] = row(pk="k", mid="at", deliver_at_ms=1234)
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        before = dialect.database_now_ms(cursor)
+        offsets = dialect.insert_messages(cursor, rows)
+        after = dialect.database_now_ms(cursor)
+        cursor.execute('SELECT "offset", partition_key, id, payload, metadata, priority, '
+                       'published_at, created_at, deliver_after FROM queue_messages')
+        stored = {r[0]: r[1:] for r in cursor.fetchall()}
+    assert offsets == sorted(offsets) and len(offsets) == len(rows)
+    def jsonb(value: Any) -> Any:  # the raw cursor reads jsonb as text
+        return json.loads(value) if isinstance(value, str) else value
+
+    assert [(s[0], s[1], bytes(s[2]), jsonb(s[3]), s[4], s[5])
+            for s in map(stored.get, offsets)] == [
+        (r.partition_key, r.id, r.payload, r.metadata and json.loads(r.metadata), r.priority,
+         r.published_at) for r in rows]
+    created = {s[6] for s in stored.values()}  # one clock reading for the statement
+    assert len(created) == 1 and before <= created.pop() <= after
+    binary, at = stored[offsets[1]], stored[offsets[2]]
+    assert (binary[7] - binary[6], at[7]) == (10**12, 1234)
+
+
+def test_copy_messages_fails_whole_on_a_duplicate_and_leaves_the_transaction_usable(
+    postgresql_only: None,
+) -> None:
+    dialect = dialect_for(connection)
+    rows = copied_rows()
+    with connection.cursor() as cursor:
+        (first,) = dialect.insert_messages(cursor, [rows[7]]) or []
+        with pytest.raises(IntegrityError) as raised:
+            dialect.insert_messages(cursor, rows)
+        assert dialect.is_duplicate_message(raised.value)
+        cursor.execute("SELECT COUNT(*) FROM queue_messages")  # not an aborted transaction
+        assert cursor.fetchone()[0] == 1
+        offsets = dialect.insert_messages(cursor, [*rows[:7], *rows[8:], row(mid="more")]) or []
+    assert len(offsets) == len(rows) and first not in offsets
+
+
+def test_copy_messages_checks_the_other_constraints(postgresql_only: None) -> None:
+    dialect = dialect_for(connection)
+    rows = copied_rows()
+    rows[5] = rows[5]._replace(priority=-1)  # the column's CHECK (validation forbids it)
+    with connection.cursor() as cursor:
+        with pytest.raises(IntegrityError) as raised:
+            dialect.insert_messages(cursor, rows)
+        assert not dialect.is_duplicate_message(raised.value)
+        cursor.execute("SELECT COUNT(*) FROM queue_messages")
+        assert cursor.fetchone()[0] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_copy_messages_outside_a_transaction_commits_on_its_own(postgresql_only: None) -> None:
+    dialect = dialect_for(connection)
+    assert connection.get_autocommit()
+    with connection.cursor() as cursor:
+        offsets = dialect.insert_messages(cursor, copied_rows()) or []
+        with pytest.raises(IntegrityError):
+            dialect.insert_messages(cursor, copied_rows())
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute('SELECT "offset" FROM queue_messages ORDER BY "offset"')
+            assert [r[0] for r in cursor.fetchall()] == offsets
+    finally:
+        other.close()
 
 
 def test_created_at_defaults_to_the_database_clock(mysql_only: None) -> None:
@@ -345,3 +717,73 @@ def test_created_at_defaults_to_the_database_clock(mysql_only: None) -> None:
         (created_at,) = cursor.fetchone()
         after = dialect.database_now_ms(cursor)
     assert before <= created_at <= after
+
+
+def test_statements_are_cut_by_their_escaped_size() -> None:
+    from sqlqueue.publishing.api import _chunks
+
+    dialect = dialect_for(connection)
+    quotes = row("k", "q")._replace(payload=b'"' + b"'" * 900_000 + b'"')
+    rows = [quotes._replace(id=f"q{n}") for n in range(12)]
+    limit = dialect.max_statement_bytes()
+    for chunk in _chunks(rows, dialect):
+        assert sum(dialect.literal_bytes(r.payload, r.metadata) + 1024 for r in chunk) <= limit
+    if connection.vendor == "mysql":  # inlined literals: each quote is sent escaped
+        assert dialect.literal_bytes(quotes.payload, None) == 2 * len(quotes.payload)
+    elif connection.vendor == "postgresql":  # bound on the client: bytea as hex
+        assert dialect.literal_bytes(quotes.payload, None) == 2 * len(quotes.payload)
+        assert dialect.literal_bytes(b"", "{'}") == 4
+    else:  # parameters: sent as they are
+        assert dialect.literal_bytes(quotes.payload, None) == len(quotes.payload)
+
+
+def test_schedule_statements_create_claim_record_and_forget() -> None:
+    from sqlqueue.storage.sql.schedules import PublishedTick
+
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        dialect.ensure_schedules(cursor, [("a", 100, "every 60s"), ("b", 200, "every 1s")])
+        dialect.ensure_schedules(cursor, [("a", 999, "changed")])  # an existing row stays
+        rows = dialect.read_schedules(cursor)
+        assert (rows["a"].checked_until, rows["a"].definition) == (100, "every 60s")
+        assert rows["a"].last_tick is None and rows["a"].last_offset is None
+        # The compare-and-set: only from the value read.
+        assert dialect.claim_ticks(cursor, "a", 100, 160, "every 60s")
+        assert not dialect.claim_ticks(cursor, "a", 100, 220, "every 60s")
+        assert not dialect.claim_ticks(cursor, "missing", 0, 1, "")
+        dialect.record_tick(cursor, "a", PublishedTick(160, "t", "k", 42, "schedule:a:x"))
+        row = dialect.read_schedules(cursor, ["a"], lock=True)["a"]
+        assert (row.checked_until, row.last_tick, row.last_topic, row.last_partition_key,
+                row.last_offset, row.last_message_id) == (160, 160, "t", "k", 42,
+                                                          "schedule:a:x")
+        assert row.last_published_at is not None and row.last_published_at > 0
+        assert dialect.read_schedules(cursor, []) == {}
+        assert dialect.delete_schedule(cursor, "b") == 1
+        assert dialect.delete_schedule(cursor, "b") == 0
+        assert set(dialect.read_schedules(cursor)) == {"a"}
+
+
+@pytest.mark.django_db(transaction=True)  # NOTIFY is delivered at commit
+def test_wakeup_statements_notify_at_commit_and_listen() -> None:
+    """``notify_wakeup`` (PostgreSQL: pg_notify, heard by a session that ran
+    ``listen_wakeups``); elsewhere it sends nothing."""
+    dialect = dialect_for(connection)
+    if connection.vendor != "postgresql":
+        from django.test.utils import CaptureQueriesContext
+
+        with CaptureQueriesContext(connection) as captured, connection.cursor() as cursor:
+            dialect.notify_wakeup(cursor, "t")
+        assert captured.captured_queries == []
+        assert dialect.notifies_wakeups is False
+        return
+    import psycopg
+
+    from sqlqueue.storage.sql.postgresql import WAKEUP_CHANNEL, listen_wakeups_sql
+    from sqlqueue.wakeups.postgresql import connection_params
+
+    with psycopg.connect(**connection_params("default")) as listening:
+        listening.execute(listen_wakeups_sql())
+        with connections["default"].cursor() as cursor:
+            dialect.notify_wakeup(cursor, "orders.created")  # autocommit: sent at once
+        heard = [(n.channel, n.payload) for n in listening.notifies(timeout=10, stop_after=1)]
+    assert heard == [(WAKEUP_CHANNEL, "orders.created")]

@@ -287,10 +287,13 @@ def test_backend_configuration_errors_name_the_problem() -> None:
     from sqlqueue.integrations.tasks.registration import register_backend
     from sqlqueue.tasks import SQLQueueBackend
 
+    # A bad entry never raises while Django builds it (start-up, checks): check E202
+    # reports it, and enqueue() refuses before any write.
+    empty = SQLQueueBackend("x", {"QUEUES": []})
     with pytest.raises(ConfigurationError, match=r"TASKS\['x'\]\['QUEUES'\] is empty"):
-        SQLQueueBackend("x", {"QUEUES": []})
+        empty.enqueue(tasks.add, (1, 2), {})
     with pytest.raises(ConfigurationError, match=r"gives no usable topic.*control character"):
-        SQLQueueBackend("x", {"QUEUES": ["a\nb"]})
+        SQLQueueBackend("x", {"QUEUES": ["a\nb"]}).ensure_usable()
     with pytest.raises(ConfigurationError, match="another OPTIONS\\['TOPIC_PREFIX'\\]"):
         register_backend(SQLQueueBackend("clash", {"QUEUES": ["default"]}))
     backend = SQLQueueBackend("x", {})
@@ -320,3 +323,40 @@ def test_the_admin_shows_results_read_only_and_escaped() -> None:
     assert "<script>alert(1)" not in page.text
     assert "builtins.ValueError" in page.text
     assert client.get(reverse("admin:sqlqueue_taskrecord_add")).status_code == 403
+
+
+@pytest.mark.parametrize("path", ["tests.import_canary.run", "os.system",
+                                  "tests.testapp.models.Order"])
+def test_a_task_path_that_names_no_task_is_a_failure_without_an_import(path: str) -> None:
+    import sys
+
+    from sqlqueue import send_message
+    from sqlqueue.integrations.tasks.backend import SQLQueueBackend
+
+    backend = task_backends["default"]
+    assert isinstance(backend, SQLQueueBackend)
+    sent = send_message(backend.topic("default"), {"task": path, "args": ["id"], "kwargs": {}})
+    run_tasks()
+    record = TaskRecord.objects.get(pk=sent.id)
+    assert record.status == Status.FAILED
+    assert "is not a task of an sqlqueue backend" in record.errors[-1]["traceback"]
+    assert "tests.import_canary" not in sys.modules
+    with pytest.raises(Exception, match="is not a task of an sqlqueue backend"):
+        backend.get_result(sent.id)  # the web process refuses it too
+    assert "tests.import_canary" not in sys.modules
+
+
+def test_tasks_of_installed_apps_still_resolve_by_path() -> None:
+    from sqlqueue.integrations.tasks.results import load_task
+
+    assert load_task("tests.testapp.tasks.add") == tasks.add
+
+
+@pytest.mark.parametrize(("depth", "error"), [(150, InvalidMessage), (100_000, TypeError)])
+def test_task_arguments_nested_too_deeply_are_refused(depth: int, error: type) -> None:
+    argument: object = 1
+    for _ in range(depth):
+        argument = [argument]
+    with pytest.raises(error, match="nested"):
+        tasks.add.enqueue(argument, 1)
+    assert not TaskRecord.objects.exists()

@@ -1,10 +1,15 @@
 """The write horizon against a real server, with real second connections (SPEC I4).
 
-INNODB_TRX is a server-wide snapshot that InnoDB refreshes only when nobody has read it
-for 0.1 s. These tests read it as the consumer engine does, from inside a transaction a
-locking read has started, and check that a fresh snapshot lists that transaction, that
-an open writer holds the horizon back, and that a snapshot kept stale by another reader
-never lets the horizon pass a writer that began after it was taken.
+PostgreSQL lists every open transaction exactly (pg_stat_activity): its tests check that
+the reader's own and another connection's open writers bound the horizon with no margin,
+and that a long read-only query does not.
+
+On MySQL and MariaDB, INNODB_TRX is a server-wide snapshot that InnoDB refreshes only
+when nobody has read it for 0.1 s. These tests read it as the consumer engine does, from
+inside a transaction a locking read has started, and check that a fresh snapshot lists
+that transaction, that an open writer holds the horizon back, and that a snapshot kept
+stale by another reader never lets the horizon pass a writer that began after it was
+taken.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ POLL = 0.15  # INNODB_TRX is refreshed once nobody read it for 0.1 s
 # once after the horizon, so from the same snapshot.
 OWN_TRANSACTION = ("SELECT MIN(UNIX_TIMESTAMP(trx_started)) * 1000 FROM "
                    "information_schema.INNODB_TRX WHERE trx_mysql_thread_id = CONNECTION_ID()")
+# PostgreSQL: the start of this session's transaction. Its view is never stale: whether
+# the transaction holds an id (is a writer the horizon must wait for) is checked below.
+OWN_TRANSACTION_PG = ("SELECT FLOOR(EXTRACT(EPOCH FROM xact_start) * 1000)::bigint FROM "
+                      "pg_stat_activity WHERE pid = pg_backend_pid()")
 
 
 class Read:
@@ -58,8 +67,10 @@ def read_horizon() -> Read:
         dialect.list_leases(cursor, "g", "t", lock=True)  # the fence starts the transaction
         seen = dialect.write_horizon(cursor)
         assert seen is not None
-        cursor.execute(OWN_TRANSACTION)
-        (own,) = cursor.fetchone()
+        cursor.execute(OWN_TRANSACTION_PG if connection.vendor == "postgresql"
+                       else OWN_TRANSACTION)
+        found = cursor.fetchone()
+        own = found[0] if found else None
     return Read(seen, None if own is None else int(own), now_ms)
 
 
@@ -148,22 +159,89 @@ def test_write_horizon_is_none_on_sqlite() -> None:
         assert dialect_for(connection).write_horizon(cursor) is None
 
 
-def test_a_fresh_snapshot_lists_our_own_transaction(mysql_only: None) -> None:
+def test_a_fresh_snapshot_lists_our_own_transaction(server_database: None) -> None:
     before = database_now_ms()
     read = wait_for(lambda r: r.own_start_ms is not None, "our own transaction listed")
     assert read.own_start_ms is not None and read.seen.newest_start_ms is not None
     assert read.own_start_ms >= before - 1000  # ours (whole seconds), begun after `before`
     assert read.seen.newest_start_ms >= read.own_start_ms
-    # No other transaction open, only ours: settled up to a second before it began.
+    # No other transaction open, only ours: settled up to a second before it began (on
+    # PostgreSQL, whose view is exact, up to then).
     if read.seen.oldest_writer_ms is None:
-        assert read.horizon() == min(read.seen.newest_start_ms, read.now_ms) - MARGIN_MS
+        assert read.horizon() == (min(read.seen.newest_start_ms, read.now_ms)
+                                  - read.seen.margin_ms)
+        assert read.seen.margin_ms == (0 if connection.vendor == "postgresql" else MARGIN_MS)
 
 
-def test_an_open_writer_on_another_connection_holds_the_horizon_back(mysql_only: None) -> None:
+def test_postgresql_reads_a_writing_transaction_exactly(server_database: None) -> None:
+    """A transaction that holds an id (it wrote, or locked a row) is listed to the
+    millisecond, and the horizon is its start, with no margin."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's exact horizon; MySQL/MariaDB's snapshot is tested above")
+    dialect = dialect_for(connection)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_xact_id(), "
+                       "FLOOR(EXTRACT(EPOCH FROM transaction_timestamp()) * 1000)::bigint")
+        own_start = int(cursor.fetchone()[1])
+        now_ms = dialect.database_now_ms(cursor)
+        seen = dialect.write_horizon(cursor)
+    assert seen is not None and seen.margin_ms == 0
+    assert seen.oldest_writer_ms is not None and seen.newest_start_ms is not None
+    assert seen.oldest_writer_ms <= own_start  # ours, or an older writer's
+    assert seen.newest_start_ms >= now_ms  # the clock is read at the horizon's statement
+    if seen.oldest_writer_ms == own_start:  # no other writer open
+        assert settled_before(seen, seen.newest_start_ms, AGE_MS) == own_start
+
+
+def test_postgresql_lists_no_reader_without_an_id(server_database: None) -> None:
+    """A transaction that has written nothing (its fence locked no row) holds no id: it
+    is not a writer, and the horizon is the moment of reading."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's exact horizon")
+    read = read_horizon()  # no lease row: the fence locks nothing
+    assert read.own_start_ms is not None
+    if read.seen.oldest_writer_ms is None:  # no other writer open on the server
+        assert read.horizon() == min(read.seen.newest_start_ms or 0, read.now_ms)
+        assert read.seen.newest_start_ms is not None
+        assert read.seen.newest_start_ms >= read.own_start_ms
+
+
+def test_postgresql_is_not_held_back_by_a_long_read(server_database: None) -> None:
+    """Only transactions holding an id bound the horizon: one that only reads, however
+    long, gets none and cannot commit a row."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's exact horizon")
+    started = threading.Event()
+
+    def long_read() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT COUNT(*) FROM queue_messages")
+                started.set()
+                cursor.execute("SELECT pg_sleep(3)")
+        finally:
+            connections.close_all()
+
+    reader = threading.Thread(target=long_read, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(TIMEOUT)
+        began = database_now_ms()
+        time.sleep(0.3)
+        assert read_horizon().horizon() > began  # past the reader's start
+    finally:
+        reader.join(TIMEOUT)
+
+
+def test_an_open_writer_on_another_connection_holds_the_horizon_back(
+    server_database: None,
+) -> None:
     with open_writer() as created_at:
         read = wait_for(lambda r: r.own_start_ms is not None, "a fresh snapshot")
         assert read.seen.oldest_writer_ms is not None
-        assert read.seen.oldest_writer_ms <= created_at + 1000  # whole seconds
+        # Whole seconds on MySQL/MariaDB; exact on PostgreSQL.
+        slack = 0 if connection.vendor == "postgresql" else 1000
+        assert read.seen.oldest_writer_ms <= created_at + slack
         assert read.horizon() < created_at  # its row is not settled: it may commit late
     # Committed: the horizon moves past it.
     wait_for(lambda r: r.own_start_ms is not None and r.horizon() > created_at,
@@ -202,7 +280,7 @@ def test_a_stale_snapshot_never_passes_a_writer_that_began_after_it(mysql_only: 
 
 
 def test_the_runner_reads_inside_a_started_transaction(
-    register: Any, mysql_only: None, monkeypatch: pytest.MonkeyPatch,
+    register: Any, server_database: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every read, in a cycle and at shutdown, comes after the fence's locking read
     started the transaction: a fresh snapshot then lists the reader's own transaction."""
@@ -213,7 +291,7 @@ def test_the_runner_reads_inside_a_started_transaction(
 
     def spy(self: Any, cursor: Any) -> WriteHorizon | None:
         started = None
-        if connection.mysql_is_mariadb:
+        if connection.vendor == "mysql" and connection.mysql_is_mariadb:
             cursor.execute("SELECT @@in_transaction")  # 1 once InnoDB's transaction started
             started = cursor.fetchone()[0]
         callers = {frame.name for frame in traceback.extract_stack()}
@@ -239,7 +317,8 @@ def test_the_runner_reads_inside_a_started_transaction(
     send_message("t", "a", partition_key="k")
     drain(["g"])  # --until-empty: the new row is not settled yet, so shutdown advances
     assert {site for site, _, _ in reads} == {"_cycle", "_shutdown"}
-    assert before and all(sql.endswith("LOCK IN SHARE MODE") for sql in before), before
+    suffix = dialect_for(connection).locking_read_suffix.strip()
+    assert before and all(sql.endswith(suffix) for sql in before), before
     assert all(in_atomic for _, in_atomic, _ in reads)
-    if connection.mysql_is_mariadb:
+    if connection.vendor == "mysql" and connection.mysql_is_mariadb:
         assert all(started == 1 for _, _, started in reads), reads

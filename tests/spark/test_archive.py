@@ -166,3 +166,60 @@ def test_spark_reads_the_archive_as_it_reads_the_log(spark: Any, db_url: str,
     stored = spark.read.parquet(str(tmp_path / "messages"))
     archived = stored.drop("date").select(*live[0].asDict()).orderBy("offset").collect()
     assert archived == live
+
+
+# -- F2 of the security audit: long topics, and one topic never holds back the others ----------
+
+LONG_TOPICS = ["t" * 251, "q" * 40 + ":" * 200, "ü" * 124 + "é"]
+
+
+def test_long_topics_get_bounded_directories_and_a_mapping(db_url: str,
+                                                            tmp_path: Path) -> None:
+    for topic in [*LONG_TOPICS, "orders"]:
+        offsets = publish(topic, 3, partitions=1)
+        set_watermark("billing", topic, "k0", offsets[-1])
+
+    result = archive(tmp_path)
+
+    assert result.messages == 12 and not result.failed
+    names = [p.name for p in (tmp_path / "messages").iterdir()]
+    assert "topic=orders" in names
+    assert all(len(name.encode()) <= 255 for name in names)
+    mapping = json.loads((tmp_path / "_topics.json").read_text())
+    assert sorted(mapping.values()) == sorted(LONG_TOPICS)
+    for directory, topic in mapping.items():
+        assert directory.startswith("topic=") and directory in names
+        table = ds.dataset(tmp_path / "messages" / directory, format="parquet").to_table()
+        assert sorted(table.column("id").to_pylist()) == [f"{topic}-{n}" for n in range(3)]
+    marks = PartitionOffset.objects.filter(consumer_group=ARCHIVE_GROUP)
+    assert marks.count() == 4  # every topic's watermark moved
+    assert archive(tmp_path).messages == 0
+
+
+def test_a_topic_that_cannot_be_written_does_not_hold_back_the_others(
+        db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for topic in ("a.ok", "b.broken", "c.ok"):
+        offsets = publish(topic, 3, partitions=1)
+        set_watermark("billing", topic, "k0", offsets[-1])
+    real_write = archive_module.pq.write_table
+
+    def fail_for_b(table: Any, where: Any, **kwargs: Any) -> None:
+        if "b.broken" in str(where):
+            raise OSError(36, "File name too long")
+        real_write(table, where, **kwargs)
+
+    monkeypatch.setattr(archive_module.pq, "write_table", fail_for_b)
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=r"b\.broken.*File name too long"):
+        call_command("queue", "archive", str(tmp_path), stdout=out)
+    assert "6 message(s)" in out.getvalue()
+    assert archived_ids(tmp_path) == sorted(f"{t}-{n}" for t in ("a.ok", "c.ok")
+                                            for n in range(3))
+    marks = dict(PartitionOffset.objects.filter(consumer_group=ARCHIVE_GROUP)
+                 .values_list("topic", "offset_acked"))
+    assert set(marks) >= {"a.ok", "c.ok"} and marks.get("b.broken", 0) == 0
+    assert collect() == 6  # garbage collection goes on for the others
+
+    monkeypatch.undo()
+    assert archive(tmp_path).messages == 3  # the next run catches up
+    assert len(archived_ids(tmp_path)) == 9

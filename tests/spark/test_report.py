@@ -176,3 +176,31 @@ def test_the_command_line(spark: Any, db_url: str, tmp_path: Path,
     assert {row["consumer_group"] for row in summary} == {"billing", "emails"}
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), "--since", "yesterday-ish", "--url", db_url])
+
+
+@pytest.mark.parametrize("argv", [["--url", "mysql://u:Sup3rSecretPW@127.0.0.1/db"],
+                                  ["--url", "mysql://u:Sup3rSecretPW@127.0.0.1/db",
+                                   "--since", "7d"]])
+def test_a_password_on_the_command_line_is_refused(
+        argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """F8 of the security audit: argv is public (ps); the url comes from the environment
+    or a file."""
+    from sqlqueue.integrations.spark.analytics import parse_arguments
+
+    with pytest.raises(SystemExit) as exited:
+        parse_arguments([*argv, "--out", str(tmp_path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "DATABASE_URL" in err and "--url-file" in err and "Sup3rSecret" not in err
+
+
+def test_the_url_comes_from_a_file_or_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlqueue.integrations.spark.analytics import parse_arguments
+
+    secret = tmp_path / "db-url"
+    secret.write_text("mysql://u:Sup3rSecretPW@127.0.0.1/db\n")
+    parsed = parse_arguments(["--url-file", str(secret), "--out", str(tmp_path)])
+    assert parsed.url == "mysql://u:Sup3rSecretPW@127.0.0.1/db"
+    monkeypatch.setenv("DATABASE_URL", "mysql://u:FromEnv@127.0.0.1/db")
+    assert parse_arguments(["--out", str(tmp_path)]).url == "mysql://u:FromEnv@127.0.0.1/db"

@@ -102,8 +102,9 @@ def test_options_are_case_insensitive_and_checked() -> None:
                              "leaseRenewInterval": "5"})
     with pytest.raises(InvalidOption, match="'untilOffset' is below 'fromOffset'"):
         SourceOptions.parse({"url": "sqlite:////tmp/x", "fromOffset": "9", "untilOffset": "3"})
-    with pytest.raises(InvalidOption, match="startingOffsets"):
-        SourceOptions.parse({"url": "sqlite:////tmp/x", "startingOffsets": "-1"})
+    for bad in ("-1", "²", "١٢"):  # digits to str.isdigit(), not to int()
+        with pytest.raises(InvalidOption, match="startingOffsets"):
+            SourceOptions.parse({"url": "sqlite:////tmp/x", "startingOffsets": bad})
 
 
 def test_write_schema_problems_are_all_named() -> None:
@@ -188,12 +189,27 @@ class CountingDatabase:
         finally:
             self.began = None
 
+    galera = 0  # @@wsrep_on
+
     def one(self, statement: tuple[str, list[Any]]) -> tuple[Any, ...]:
+        if "wsrep_on" in statement[0]:
+            return (self.galera,)
         if "INNODB_TRX" in statement[0]:
             self.horizon_reads += 1
             self.read_in.append(self.began)
             return self.snapshot
         return (self.now_ms,)
+
+
+def test_on_a_galera_node_the_horizon_does_not_trust_innodb_trx() -> None:
+    # A node lists only its own transactions: a publisher open on another node would be
+    # missed. The horizon assumes the longest transaction allowed instead (issue 15).
+    from sqlqueue.integrations.spark.horizon import Horizon
+
+    db = CountingDatabase()
+    db.galera = 1
+    assert Horizon(300_000)(db) == db.now_ms - 300_000  # type: ignore[arg-type]
+    assert db.horizon_reads == 0
 
 
 def test_the_horizon_reads_innodb_trx_at_most_twice_a_second() -> None:

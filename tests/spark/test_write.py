@@ -58,7 +58,7 @@ def test_write_then_consume(spark: Any, db_url: str,
     assert sorted(received) == list(range(40))
 
 
-@pytest.mark.parametrize("bulk_load", ["auto", "off"])
+@pytest.mark.parametrize("bulk_load", ["on", "off"])
 def test_values_round_trip_and_a_second_write_adds_nothing(spark: Any, db_url: str,
                                                            bulk_load: str) -> None:
     rows = [(json.dumps(p, ensure_ascii=False, indent=1), f"id-{n}", "NULL" if n == 2 else None)
@@ -135,14 +135,14 @@ def test_rows_load_data_drops_are_detected_and_sent_again(db_url: str, mysql_onl
     which fails loudly instead."""
     import pyarrow as pa
 
-    options = SourceOptions.parse({"url": db_url, "topic": "checked"})
+    options = SourceOptions.parse({"url": db_url, "topic": "checked", "bulkLoad": "on"})
     rows = list(RowPreparer(options).prepare(pa.RecordBatch.from_pylist(
         [{"payload": '{"n": 1}', "id": "fine"}, {"payload": '{"n": 2}', "id": "poison"}])))
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE queue_messages ADD CONSTRAINT test_no_poison "
                        "CHECK (id <> 'poison')")
     try:
-        with options.database.connect(local_infile=True) as db:
+        with options.database.connect() as db:
             publisher = ChunkPublisher(options, db)
             with pytest.raises(Exception, match="test_no_poison"):
                 publisher.publish(rows)
@@ -159,3 +159,16 @@ def test_invalid_rows_raise_before_any_chunk(db_url: str) -> None:
     batch = pa.RecordBatch.from_pylist([{"payload": "1"}, {"payload": "nope"}])
     with pytest.raises(InvalidRow, match="row 2"):
         list(RowPreparer(options).prepare(batch))
+
+
+def test_insert_chunks_are_sized_by_escaped_bytes() -> None:
+    """F7 of the security audit, for the Spark writer's INSERT path."""
+    from sqlqueue.integrations.spark.writer import BYTES_PER_INSERT, _statement_chunks
+    from sqlqueue.literals import escaped_length
+
+    payload = '"' + '\\"' * (700 << 10) + '"'
+    rows = [("k", f"m{n}", payload, None, 0, 100, 0) for n in range(6)]
+    chunks = list(_statement_chunks(rows))
+    assert sum(len(c) for c in chunks) == 6
+    for chunk in chunks:
+        assert sum(escaped_length(r[2].encode()) for r in chunk) <= BYTES_PER_INSERT

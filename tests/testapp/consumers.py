@@ -6,6 +6,7 @@ Each handler journals its calls in ``HandlerCall`` and obeys instructions in the
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 
@@ -41,3 +42,70 @@ def work(message: sqlqueue.Message) -> None:
 @sqlqueue.consumer("accept.work", group="auditors", ordered=True)
 def audit(message: sqlqueue.Message) -> None:
     obey(message)
+
+
+@sqlqueue.consumer("accept.failover", group="failover")
+def outlive_the_connection(message: sqlqueue.Message) -> None:
+    """A handler that does not touch the database (it calls an API, say): it can outlive
+    the connection it was delivered on. Journals to the file SQLQUEUE_TEST_JOURNAL names,
+    which survives whatever happens to the databases."""
+    instructions = message.payload if isinstance(message.payload, dict) else {}
+    path = os.environ["SQLQUEUE_TEST_JOURNAL"]
+    with open(path, "a") as journal:
+        journal.write(f"start {message.id} {message.offset}\n")
+    time.sleep(float(instructions.get("sleep", 0)))
+    if instructions.get("touch_db"):  # a handler that also writes its result to the database
+        HandlerCall.objects.create(
+            group=message.consumer_group, topic=message.topic,
+            partition_key=message.partition_key, message_offset=message.offset,
+            message_id=message.id, attempt=message.attempt, event="finished",
+            pid=os.getpid(), at=time.monotonic())
+    with open(path, "a") as journal:
+        journal.write(f"end {message.id} {message.offset}\n")
+# -- async def handlers (issue 13): awaited on an event loop, the async ORM inside -------
+
+async def ajournal(message: sqlqueue.Message, event: str) -> None:
+    await HandlerCall.objects.acreate(
+        group=message.consumer_group, topic=message.topic,
+        partition_key=message.partition_key, message_offset=message.offset,
+        message_id=message.id, attempt=message.attempt, event=event, pid=os.getpid(),
+        at=time.monotonic(),
+    )
+
+
+@sqlqueue.consumer("accept.async", group="asyncworkers")
+async def work_async(message: sqlqueue.Message) -> None:
+    await asyncio.sleep(0.001)  # a real suspension point: the loop must be running
+    await ajournal(message, "finished")
+
+
+@sqlqueue.consumer("accept.async", group="asyncatomic", atomic=True)
+async def work_async_atomic(message: sqlqueue.Message) -> None:
+    """Journals "started", then fails the first attempts the payload asks for: inside the
+    handler's transaction, so a failed attempt's "started" row must be rolled back."""
+    await ajournal(message, "started")
+    instructions = message.payload if isinstance(message.payload, dict) else {}
+    if message.attempt <= int(instructions.get("fail_times", 0)):
+        raise RuntimeError(f"failing attempt {message.attempt} on purpose")
+    await ajournal(message, "finished")
+
+
+# -- flow limits (issue 17): topics of their own, so that no other test runs them ---------
+
+@sqlqueue.consumer("accept.limited", group="limited", rate_limit=30)
+def rate_limited(message: sqlqueue.Message) -> None:
+    journal(message, "started")
+
+
+@sqlqueue.consumer("accept.bounded", group="bounded", max_in_flight=3)
+def bounded(message: sqlqueue.Message) -> None:
+    obey(message)
+
+
+@sqlqueue.consumer("accept.stuck", group="stuck", timeout=1)
+def stuck_first_time(message: sqlqueue.Message) -> None:
+    """Stuck (far past its timeout) on the first attempt, quick on the next."""
+    journal(message, "started")
+    if message.attempt == 1:
+        time.sleep(600)
+    journal(message, "finished")

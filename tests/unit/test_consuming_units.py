@@ -193,15 +193,19 @@ def test_free_partitions_hurry_the_lease_tick_at_most_once_a_second(
 
 
 class _Members:
-    """A dialect that answers live_subscribers with a list the test sets."""
+    """A dialect that answers live_subscribers and list_leases with what the test sets."""
 
-    def __init__(self, members: list[str]) -> None:
+    def __init__(self, members: list[str], leases: dict[str, int] | None = None) -> None:
         self.members = members
+        self.leases = leases or {}  # partition -> ms since renewal
         self.reads = 0
 
     def live_subscribers(self, cursor: Any, group: str, topic: str, within_ms: int) -> list[str]:
         self.reads += 1
         return list(self.members)
+
+    def list_leases(self, cursor: Any, group: str, topic: str) -> list[tuple[str, str, int, int]]:
+        return [(p, "a", 1, age) for p, age in self.leases.items()]
 
 
 def test_a_membership_change_between_ticks_hurries_the_tick(
@@ -215,10 +219,52 @@ def test_a_membership_change_between_ticks_hurries_the_tick(
     assert not keeper.membership_check_due()
     now[0] += MEMBERSHIP_RECHECK
     assert keeper.membership_check_due()
-    dialect = _Members(["a"])
-    keeper.check_membership(None, dialect)  # type: ignore[arg-type]
+    dialect = _Members(["a"], {"p1": 0})
+    keeper.check_membership(None, dialect, ["p1"])  # type: ignore[arg-type]
     assert not keeper.due() and not keeper.membership_check_due()
     now[0] += MEMBERSHIP_RECHECK
     dialect.members = ["a", "b"]  # a newcomer
-    keeper.check_membership(None, dialect)  # type: ignore[arg-type]
+    keeper.check_membership(None, dialect, ["p1"])  # type: ignore[arg-type]
     assert keeper.due() and dialect.reads == 2
+
+
+@pytest.mark.parametrize("leases", [{"p1": 0}, {"p1": 0, "p2": 30_000}],
+                         ids=["released", "expired"])
+def test_a_partition_nobody_holds_between_ticks_hurries_the_tick(
+        monkeypatch: pytest.MonkeyPatch, leases: dict[str, int]) -> None:
+    # The fence locks only the subscriber's own lease rows; free partitions are noticed by
+    # the plain reads of the busy subscriber's membership check instead.
+    now = [100.0]
+    monkeypatch.setattr(leases_module.time, "monotonic", lambda: now[0])
+    keeper = LeaseKeeper("g", "t", "a", duration=30, renew_interval=10)
+    keeper.members = ["a"]
+    keeper._next_tick = now[0] + 10
+    keeper.check_membership(None, _Members(["a"], {"p1": 0, "p2": 0}),  # type: ignore[arg-type]
+                            ["p1", "p2"])
+    assert not keeper.due()
+    keeper.check_membership(None, _Members(["a"], leases), ["p1", "p2"])  # type: ignore[arg-type]
+    assert keeper.due()
+
+
+def test_polling_adapts_to_traffic_and_falls_back_to_the_poll_interval() -> None:
+    import dataclasses
+
+    from sqlqueue.conf import QueueSettings
+    from sqlqueue.consuming.runner import FIRST_QUICK_POLL, Runner, _Once
+
+    runner = Runner([], conf=dataclasses.replace(QueueSettings(), POLL_INTERVAL=0.1))
+
+    def delay_after_a_pass_that_saw(head: int | None) -> float:
+        seen = _Once(lambda: head if head is not None else 0)
+        if head is not None:
+            seen()
+        return runner._polling_delay(seen)
+
+    assert delay_after_a_pass_that_saw(5) == FIRST_QUICK_POLL  # the head moved
+    quiet = [delay_after_a_pass_that_saw(5) for _ in range(8)]
+    assert quiet[:4] == [FIRST_QUICK_POLL * 2 ** n for n in range(1, 5)]
+    assert quiet[-1] == 0.1  # idle: once per POLL_INTERVAL
+    assert delay_after_a_pass_that_saw(None) == 0.1  # a pass that did not read the head
+    assert delay_after_a_pass_that_saw(6) == FIRST_QUICK_POLL  # a new message
+    runner._dispatched += 1  # work handed out
+    assert delay_after_a_pass_that_saw(6) == FIRST_QUICK_POLL

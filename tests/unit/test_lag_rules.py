@@ -15,7 +15,7 @@ from sqlqueue.operations.lag import (
     WARN_AFTER,
     GroupLag,
     PartitionLag,
-    _partition_cap,
+    _pair_cap,
     partition_status,
 )
 from sqlqueue.templatetags.sqlqueue_admin import age, at_least, first_of
@@ -61,13 +61,13 @@ def test_a_group_shows_its_worst_partition() -> None:
     assert GroupLag("g", "t", 0).status == "OK"
 
 
-def test_the_count_budget_is_shared_among_lagging_partitions() -> None:
-    assert _partition_cap(0) == COUNT_CAP
-    assert _partition_cap(1) == COUNT_CAP
-    assert _partition_cap(1000) == max(MIN_PARTITION_CAP, COUNT_BUDGET // 1000)
-    assert _partition_cap(10**6) == MIN_PARTITION_CAP
-    assert lag(pending=100, pending_cap=100).pending_capped
-    assert not lag(pending=None).pending_capped  # not counted (the overview)
+def test_the_count_budget_is_shared_among_lagging_partitions_of_a_topic() -> None:
+    assert _pair_cap(0) == COUNT_CAP
+    assert _pair_cap(1) == COUNT_CAP
+    assert _pair_cap(500) == COUNT_BUDGET // 500
+    assert _pair_cap(COUNT_BUDGET // MIN_PARTITION_CAP) == MIN_PARTITION_CAP
+    # Beyond that, a probe per pair would cost more than the count is worth: not counted.
+    assert _pair_cap(COUNT_BUDGET // MIN_PARTITION_CAP + 1) is None
 
 
 def test_charts_escape_keys_and_colour_by_status() -> None:

@@ -148,3 +148,25 @@ def test_prepare_fills_id_and_partition() -> None:
     assert uuid.UUID(row.id)
     assert row.partition_key.startswith("default-")
     assert (row.payload, row.published_at, row.priority) == (b'{"a":1}', 123, 50)
+
+
+@pytest.mark.parametrize("depth", [101, 10_000, 100_000])
+def test_a_payload_nested_too_deeply_is_refused(depth: int) -> None:
+    from sqlqueue.conf import QueueSettings
+    from sqlqueue.publishing.messages import MAX_NESTING, encode_payload
+
+    payload: object = "leaf"
+    for _ in range(depth):
+        payload = [payload]
+    with pytest.raises(InvalidMessage, match=f"nested deeper than {MAX_NESTING} levels"):
+        encode_payload(payload, QueueSettings(MAX_PAYLOAD_BYTES=1 << 30))
+
+
+def test_a_payload_at_the_nesting_limit_is_accepted() -> None:
+    from sqlqueue.conf import QueueSettings
+    from sqlqueue.publishing.messages import MAX_NESTING, encode_payload
+
+    payload: object = {"k": 1}
+    for _ in range(MAX_NESTING - 1):
+        payload = {"k": payload}
+    assert encode_payload(payload, QueueSettings()).count(b"{") == MAX_NESTING

@@ -44,6 +44,7 @@ def test_unknown_key_is_named() -> None:
         ("DATABASE", 1),
         ("DLQ_SUFFIX", b"_dlq"),
         ("RETENTION", [1]),
+        ("IDEMPOTENCY_WINDOW", "1 day"),
     ],
 )
 def test_wrong_types(key: str, value: Any) -> None:
@@ -63,6 +64,7 @@ def test_wrong_types(key: str, value: Any) -> None:
         ("MAX_PAYLOAD_BYTES", 0),
         ("SHUTDOWN_TIMEOUT", -0.5),
         ("RETENTION", float("inf")),
+        ("IDEMPOTENCY_WINDOW", -1),
         ("MAX_TRANSACTION_AGE", 0),
         ("DLQ_SUFFIX", ""),
         ("DLQ_SUFFIX", "_d\nlq"),
@@ -100,6 +102,8 @@ def test_timedeltas_are_seconds() -> None:
     conf, problems = validate({"RETENTION": timedelta(days=1)}, ALIASES)
     assert problems == [] and conf is not None
     assert conf.RETENTION == 86400.0
+    assert validate({"IDEMPOTENCY_WINDOW": timedelta(hours=1)}, ALIASES)[0].IDEMPOTENCY_WINDOW \
+        == 3600.0  # type: ignore[union-attr]
 
 
 def test_every_error_is_reported_at_once() -> None:

@@ -7,6 +7,7 @@ PEERS = {
     "celery": "adapters.celery_redis:CeleryAdapter",
     "dramatiq": "adapters.dramatiq_redis:DramatiqAdapter",
     "sqlqueue": "adapters.sqlqueue:SqlQueueAdapter",
+    "procrastinate": "adapters.procrastinate_pg:ProcrastinateAdapter",
 }
 
 

@@ -14,16 +14,19 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# DB_ENGINE: "mysql" (MariaDB/MySQL, the default) or "postgresql" (psycopg 3, READ
+# COMMITTED: the peers' and sqlqueue's defaults).
+DB_ENGINE = os.environ.get("DB_ENGINE", "mysql")
 DATABASES = {
     "default": {
-        "ENGINE": "django.db.backends.mysql",
+        "ENGINE": f"django.db.backends.{DB_ENGINE}",
         "NAME": os.environ.get("DB_NAME", "bench_peers"),
         "USER": os.environ.get("DB_USER", "bench"),
         "PASSWORD": os.environ.get("DB_PASSWORD", "bench"),
         "HOST": os.environ.get("DB_HOST", "127.0.0.1"),
-        "PORT": os.environ.get("DB_PORT", "3306"),
+        "PORT": os.environ.get("DB_PORT", "5432" if DB_ENGINE == "postgresql" else "3306"),
         "CONN_MAX_AGE": 0,
-        "OPTIONS": {"charset": "utf8mb4"},
+        "OPTIONS": {"charset": "utf8mb4"} if DB_ENGINE == "mysql" else {},
     }
 }
 
@@ -34,6 +37,21 @@ REDIS_PORT = int(os.environ.get("REDIS_PORT", "6379"))
 REDIS_DB_RECORDER = int(os.environ.get("REDIS_DB_RECORDER", "11"))
 REDIS_DB_CELERY = int(os.environ.get("REDIS_DB_CELERY", "12"))
 REDIS_DB_DRAMATIQ = int(os.environ.get("REDIS_DB_DRAMATIQ", "13"))
+
+# DB_URL (mysql://user:pass@host:port/name or postgres://...) overrides the DB_* variables:
+# the sqlqueue adapter's scenarios also run on PostgreSQL.
+if os.environ.get("DB_URL"):
+    from urllib.parse import unquote, urlsplit
+
+    _url = urlsplit(os.environ["DB_URL"])
+    _postgres = _url.scheme in ("postgres", "postgresql")
+    DATABASES["default"].update({
+        "ENGINE": f"django.db.backends.{'postgresql' if _postgres else 'mysql'}",
+        "NAME": _url.path.lstrip("/"), "USER": unquote(_url.username or ""),
+        "PASSWORD": unquote(_url.password or ""), "HOST": _url.hostname or "127.0.0.1",
+        "PORT": str(_url.port or (5432 if _postgres else 3306)),
+        "OPTIONS": {} if _postgres else {"charset": "utf8mb4"},
+    })
 
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
@@ -82,8 +100,23 @@ elif PEER == "celery":
     CELERY_TASK_DEFAULT_QUEUE = "benchpeers"
     # no result backend configured (Celery's default): results are not stored
 
+elif PEER == "procrastinate":
+    # PostgreSQL only. Deferring goes through Django's connection (so it joins the
+    # transaction.atomic() block); `manage.py procrastinate worker` opens its own psycopg
+    # connector to the same database, with Procrastinate's defaults: LISTEN/NOTIFY on,
+    # polling every 5 s as a fallback, one job at a time per worker process.
+    INSTALLED_APPS.append("procrastinate.contrib.django")
+    PROCRASTINATE_AUTODISCOVER_MODULE_NAME = ""  # benchjobs has no tasks.py
+    PROCRASTINATE_IMPORT_PATHS = ["benchjobs.procrastinate_jobs"]
+
 elif PEER == "sqlqueue":
     # Only this branch imports sqlqueue; benchjobs.apps imports
     # benchjobs.sqlqueue_consumers in ready(), which registers the no-op consumer.
     INSTALLED_APPS.append("sqlqueue")
     SQLQUEUE = {"POLL_INTERVAL": float(BENCH_POLL)} if BENCH_POLL else {}
+    # Wake-ups (docs/guides/consuming.md): BENCH_WAKEUPS=0 turns them off (polling only);
+    # BENCH_WAKEUP_REDIS_URL adds the Redis channel (MySQL/MariaDB).
+    if os.environ.get("BENCH_WAKEUPS") == "0":
+        SQLQUEUE["WAKEUPS"] = False
+    if os.environ.get("BENCH_WAKEUP_REDIS_URL"):
+        SQLQUEUE["WAKEUP_REDIS_URL"] = os.environ["BENCH_WAKEUP_REDIS_URL"]

@@ -1,7 +1,7 @@
 """The analytics job: what the queue did over a window, from the live database or the
 Parquet archive, as aggregates (Parquet and CSV) and an HTML report with plots.
 
-    python -m sqlqueue.spark.analytics --url mysql://... --out report/
+    DATABASE_URL=mysql://... python -m sqlqueue.spark.analytics --out report/
     spark-submit "$(python -c 'import sqlqueue.spark.analytics as m; print(m.__file__)')" \\
         --archive /data/queue-archive --out report/ --since 7d
 
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -361,7 +362,11 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="python -m sqlqueue.spark.analytics",
         description="Aggregates and an HTML report of what the queue did over a window.")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--url", help="the live database (default: $DATABASE_URL)")
+    source.add_argument("--url", help="the live database, without a password: the command "
+                                      "line is visible to every user (ps); default "
+                                      "$DATABASE_URL, which may hold one")
+    source.add_argument("--url-file", metavar="FILE",
+                        help="read the live database's url from FILE (first line)")
     source.add_argument("--archive", metavar="DIR", help="a Parquet archive "
                                                          "(manage.py queue archive)")
     parser.add_argument("--out", required=True, metavar="DIR",
@@ -374,10 +379,21 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--master", help="Spark master when not run by spark-submit "
                                          "(default local[*])")
     arguments = parser.parse_args(argv)
+    if arguments.url is not None and urlsplit(arguments.url).password:
+        parser.error("--url carries a password, which every user of this machine can read "
+                     "in the process list: set DATABASE_URL or use --url-file instead")
+    if arguments.url_file is not None:
+        try:
+            lines = Path(arguments.url_file).read_text().splitlines()
+        except OSError as exc:
+            parser.error(f"--url-file: cannot read {arguments.url_file}: {exc.strerror}")
+        arguments.url = lines[0].strip() if lines else ""
+        if not arguments.url:
+            parser.error(f"--url-file: {arguments.url_file} is empty")
     if arguments.url is None and arguments.archive is None:
         arguments.url = os.environ.get("DATABASE_URL")
         if not arguments.url:
-            parser.error("give --url or --archive (or set DATABASE_URL)")
+            parser.error("give --url-file, --url or --archive (or set DATABASE_URL)")
     return arguments
 
 

@@ -15,6 +15,12 @@ Layout (Hive-style partitions, readable by ``spark.read.parquet``)::
     DIR/messages/topic=<topic>/date=<YYYY-MM-DD>/part-<batch>.parquet   the log's columns
     DIR/deliveries/topic=<topic>/date=<YYYY-MM-DD>/part-<batch>.parquet  delivery state
     DIR/_sqlqueue_archive.json                                          state and totals
+    DIR/_topics.json                          shortened topic directories -> their topic
+
+A directory name never exceeds 255 bytes (NAME_MAX): ``topic=<topic>`` that would is cut
+and ends in ``~`` and 16 hex digits of the topic's SHA-256, and ``_topics.json`` maps it
+back to the topic. Topics are archived one after the other, each in batches of its own;
+a topic whose files cannot be written is reported and skipped, and the others go on.
 
 ``date`` is the UTC day the message was stored (deliveries: the day of the ack). Delivery
 state is there when the project keeps it (SQLQUEUE['KEEP_DELIVERY_STATE']).
@@ -28,6 +34,7 @@ every message lands in the archive exactly once.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -50,6 +57,8 @@ from sqlqueue.integrations.spark.tables import TABLES, Column
 ARCHIVE_GROUP = "sqlqueue:archive"
 STATE_FILE = "_sqlqueue_archive.json"
 JOURNAL_FILE = "_journal.json"
+TOPICS_FILE = "_topics.json"
+MAX_DIRECTORY_BYTES = 255  # NAME_MAX of ext4, xfs, btrfs, tmpfs, APFS, NTFS (in UTF-16)
 LOCK_FILE = "_lock"
 STAGING = "_staging"
 READ_CHUNK = 10_000
@@ -71,6 +80,25 @@ def hive_escape(value: str) -> str:
                    for ch in value)
 
 
+def topic_directory(topic: str) -> str:
+    """``topic=<escaped topic>``, or, past ``MAX_DIRECTORY_BYTES``, its start (never half
+    of an escape or of a character) plus ``~`` and a hash of the whole topic."""
+    name = f"topic={hive_escape(topic)}"
+    if len(name.encode("utf-8")) <= MAX_DIRECTORY_BYTES:
+        return name
+    digest = hashlib.sha256(topic.encode("utf-8")).hexdigest()[:16]
+    keep = MAX_DIRECTORY_BYTES - 1 - len(digest)
+    prefix = name.encode("utf-8")[:keep].decode("utf-8", "ignore")
+    cut_escape = prefix.rfind("%", len(prefix) - 2)
+    if cut_escape != -1:
+        prefix = prefix[:cut_escape]
+    return f"{prefix}~{digest}"
+
+
+class _TopicFailed(Exception):
+    """A topic's batch could not be written; nothing of it was recorded."""
+
+
 @dataclass
 class ArchiveResult:
     messages: int = 0
@@ -78,10 +106,14 @@ class ArchiveResult:
     deliveries: int = 0
     files: int = 0
     batches: int = 0
+    failed: dict[str, str] = field(default_factory=dict)  # topic -> why it was skipped
 
     def describe(self) -> str:
-        return (f"Archived {self.messages} message(s), {self.dead_letters} dead letter(s) and "
-                f"{self.deliveries} delivery state row(s) in {self.files} file(s).")
+        text = (f"Archived {self.messages} message(s), {self.dead_letters} dead letter(s) "
+                f"and {self.deliveries} delivery state row(s) in {self.files} file(s).")
+        if self.failed:
+            text += f" {len(self.failed)} topic(s) failed and were skipped."
+        return text
 
 
 @dataclass
@@ -127,9 +159,37 @@ class Archiver:
         return self.result
 
     def _archive(self, db: Connection) -> None:
+        subscriptions = self._subscriptions()
+        before = settled_before_ms(db, database_now_ms(db),
+                                   round(self.conf.MAX_TRANSACTION_AGE * 1000))
+        for topic in sorted(subscriptions):
+            try:
+                self._archive_topic(db, topic, subscriptions[topic], before)
+            except _TopicFailed as exc:
+                self.result.failed[topic] = str(exc.__cause__ or exc)
+                self.progress(f"topic {topic[:80]!r} skipped: {exc.__cause__ or exc}")
+                self._hold(topic)
+
+    def _hold(self, topic: str) -> None:
+        """Register the archive on every partition of a topic it skipped, so that garbage
+        collection keeps the topic's messages until a later run exports them."""
+        from django.db import connections, transaction
+
+        from sqlqueue.storage.sql import dialect_for
+
+        connection = connections[self.alias]
+        dialect = dialect_for(connection)
+        with transaction.atomic(using=self.alias), connection.cursor() as cursor:
+            _, watermarks = dialect.topic_watermarks(cursor, topic)
+            for partition in watermarks:
+                dialect.ensure_watermark(cursor, self.group, topic, partition)
+
+    def _archive_topic(self, db: Connection, topic: str, groups: set[str],
+                       before: int | None) -> None:
+        """The topic's finished messages, then its settled dead letters, in batches."""
         pending: list[_Piece] = []
         count = 0
-        for piece in self._pieces(db):
+        for piece in self._pieces(db, topic, groups, before):
             pending.append(piece)
             count += len(piece.rows)
             if count >= self.batch_rows:
@@ -148,22 +208,21 @@ class Archiver:
                 groups[topic].add(group)
         return groups
 
-    def _pieces(self, db: Connection) -> Iterator[_Piece]:
+    def _pieces(self, db: Connection, topic: str, groups: set[str],
+                before: int | None) -> Iterator[_Piece]:
         from django.db import connections
 
         from sqlqueue.storage.sql import dialect_for
 
         connection = connections[self.alias]
-        subscriptions = self._subscriptions()
-        for topic in sorted(subscriptions):
-            with connection.cursor() as cursor:
-                _, watermarks = dialect_for(connection).topic_watermarks(cursor, topic)
-            for partition in sorted(watermarks):
-                marks = watermarks[partition]
-                finished = min(marks.get(group, 0) for group in subscriptions[topic])
-                yield from self._partition(db, topic, partition, marks.get(self.group, 0),
-                                           finished, subscriptions[topic])
-        yield from self._dead_letters(db, sorted(t + self.conf.DLQ_SUFFIX for t in subscriptions))
+        with connection.cursor() as cursor:
+            _, watermarks = dialect_for(connection).topic_watermarks(cursor, topic)
+        for partition in sorted(watermarks):
+            marks = watermarks[partition]
+            finished = min(marks.get(group, 0) for group in groups)
+            yield from self._partition(db, topic, partition, marks.get(self.group, 0),
+                                       finished, groups)
+        yield from self._dead_letters(db, topic + self.conf.DLQ_SUFFIX, before)
 
     def _partition(self, db: Connection, topic: str, partition: str, archived: int,
                    finished: int, groups: set[str]) -> Iterator[_Piece]:
@@ -178,37 +237,40 @@ class Archiver:
             yield _Piece(topic, partition, rows, reaches, states=states)
             after = reaches
 
-    def _dead_letters(self, db: Connection, topics: list[str]) -> Iterator[_Piece]:
+    def _dead_letters(self, db: Connection, topic: str, before: int | None
+                      ) -> Iterator[_Piece]:
         """Dead letters that are settled (no transaction that could still commit one below
-        them is open), from where the state file says the archive stopped."""
-        before = settled_before_ms(db, database_now_ms(db),
-                                   round(self.conf.MAX_TRANSACTION_AGE * 1000))
+        them was open at ``before``), from where the state file says the archive stopped."""
         positions = self._state().get("dead_letters", {})
-        for topic in topics:
-            for (partition,) in db.rows(db.sql.discover_partitions(topic)):
-                after = int(positions.get(topic, {}).get(partition, 0))
-                while True:
-                    rows = db.rows(db.sql.partition_rows(MESSAGE_COLUMNS, topic, partition,
-                                                         after, 1 << 62, self.batch_rows))
-                    settled = []
-                    for row in rows:
-                        if before is not None and int(row[CREATED_AT]) >= before:
-                            break
-                        settled.append(row)
-                    if settled:
-                        after = int(settled[-1][0])
-                        yield _Piece(topic, partition, settled, after, dead_letters=True)
-                    if len(settled) < self.batch_rows:
+        for (partition,) in db.rows(db.sql.discover_partitions(topic)):
+            after = int(positions.get(topic, {}).get(partition, 0))
+            while True:
+                rows = db.rows(db.sql.partition_rows(MESSAGE_COLUMNS, topic, partition,
+                                                     after, 1 << 62, self.batch_rows))
+                settled = []
+                for row in rows:
+                    if before is not None and int(row[CREATED_AT]) >= before:
                         break
+                    settled.append(row)
+                if settled:
+                    after = int(settled[-1][0])
+                    yield _Piece(topic, partition, settled, after, dead_letters=True)
+                if len(settled) < self.batch_rows:
+                    break
 
     # -- writing a batch -----------------------------------------------------------------------
     def _flush(self, db: Connection, pieces: list[_Piece]) -> None:
         batch = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
         staging = self.directory / STAGING / batch
-        files = self._write(staging, batch, "messages", MESSAGE_COLUMNS,
-                            [r for p in pieces for r in p.rows], date_column=CREATED_AT)
-        files += self._write(staging, batch, "deliveries", STATE_COLUMNS,
-                             [s for p in pieces for s in p.states], date_column=ACKED_AT)
+        try:
+            self._record_directories({p.topic for p in pieces})
+            files = self._write(staging, batch, "messages", MESSAGE_COLUMNS,
+                                [r for p in pieces for r in p.rows], date_column=CREATED_AT)
+            files += self._write(staging, batch, "deliveries", STATE_COLUMNS,
+                                 [s for p in pieces for s in p.states], date_column=ACKED_AT)
+        except OSError as exc:  # before the journal: nothing of the batch counts
+            shutil.rmtree(staging, ignore_errors=True)
+            raise _TopicFailed(str(exc)) from exc
         journal = {
             "batch": batch,
             "files": files,
@@ -240,13 +302,24 @@ class Archiver:
         files = []
         for (topic, day), chunk in sorted(groups.items()):
             table = pa.Table.from_batches([record_batch(chunk, columns)]).drop_columns(["topic"])
-            relative = Path(dataset) / f"topic={hive_escape(topic)}" / f"date={day}"
+            relative = Path(dataset) / topic_directory(topic) / f"date={day}"
             name = f"part-{batch}.parquet"
             (staging / relative).mkdir(parents=True, exist_ok=True)
             pq.write_table(table, staging / relative / name, compression="zstd")
             files.append([str((staging / relative / name).relative_to(self.directory)),
                           str(relative / name)])
         return files
+
+    def _record_directories(self, topics: set[str]) -> None:
+        """Add the shortened topic directories of ``topics`` to ``_topics.json``."""
+        shortened = {topic_directory(t): t for t in topics
+                     if topic_directory(t) != f"topic={hive_escape(t)}"}
+        if not shortened:
+            return
+        path = self.directory / TOPICS_FILE
+        known = json.loads(path.read_text()) if path.exists() else {}
+        if not shortened.items() <= known.items():
+            _write_json(path, {**known, **shortened})
 
     def _apply(self, journal: dict[str, Any]) -> None:
         """Move the batch's files into place, then record the positions it reached."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -32,12 +32,13 @@ class Database:
     host: str = ""
     port: int = 3306
     user: str = ""
-    password: str = ""
+    password: str = field(default="", repr=False)
     unix_socket: str = ""
+    tls: Tls | None = None  # TLS settings of MySQL connections (sslMode, sslCa, ...)
 
     @classmethod
     def from_url(cls, url: str, *, user: str | None = None,
-                 password: str | None = None) -> Database:
+                 password: str | None = None, tls: Tls | None = None) -> Database:
         """Parse a ``DATABASE_URL``; ``user``/``password`` override the URL's."""
         if not url:
             raise InvalidOption("option 'url' is required, e.g. "
@@ -55,6 +56,8 @@ class Database:
             database = replace(database, user=user)
         if password is not None:
             database = replace(database, password=password)
+        if tls is not None and database.vendor == "mysql":
+            database = replace(database, tls=tls)
         return database
 
     @classmethod
@@ -69,13 +72,20 @@ class Database:
     @classmethod
     def _mysql(cls, url: str) -> Database:
         parts = urlsplit(url)
+        # A '/', '?' or '#' left raw in the password ends the host part early: the rest
+        # of the password would land in the port, the database name and the messages
+        # that show them. The errors here never quote the url.
+        if "@" not in parts.netloc and "@" in url.partition("://")[2]:
+            raise InvalidOption(
+                "the url's user or password holds a '/', '?' or '#': percent-encode them "
+                "(%2F, %3F, %23), or pass the password with the 'password' option")
         name = unquote(parts.path.lstrip("/"))
         if not name:
             raise InvalidOption("a MySQL url must name the database: mysql://user@host/NAME")
         try:
             port = parts.port or 3306
-        except ValueError as exc:
-            raise InvalidOption(f"the url's port is not a number: {exc}") from None
+        except ValueError:
+            raise InvalidOption("the url's port is not a number from 1 to 65535") from None
         query = parse_qs(parts.query)
         return cls(
             "mysql", name, host=parts.hostname or "127.0.0.1", port=port,
@@ -90,11 +100,14 @@ class Database:
         where = self.unix_socket or f"{self.host}:{self.port}"
         return f"mysql://{self.user}@{where}/{self.name}"
 
-    def connect(self, *, local_infile: bool = False) -> Connection:
+    def connect(self, *, bulk_load: bool = False) -> Connection:
         """A new connection in autocommit mode (every read sees the newest commits).
 
-        ``local_infile``: allow ``LOAD DATA LOCAL INFILE`` (the writer's fast path). Off
-        otherwise: with it, the server may ask the client for any file it can read."""
+        ``local_infile`` is off: with it on, the server may ask the client for any file it
+        can read, after any statement. ``bulk_load``: leave libmariadb's "auto" mode
+        instead, which refuses a file request unless the last statement began with
+        ``LOAD``; the writer opens such a connection for one LOAD statement and installs
+        a handler that serves only its own data (``sqlqueue.integrations.spark.infile``)."""
         if self.vendor == "sqlite":
             raw: Any = sqlite3.connect(self.name, timeout=SQLITE_TIMEOUT, isolation_level=None)
         else:
@@ -102,14 +115,52 @@ class Database:
 
             kwargs: dict[str, Any] = {
                 "user": self.user, "password": self.password, "database": self.name,
-                "charset": "utf8mb4", "autocommit": True, "local_infile": local_infile,
+                "charset": "utf8mb4", "autocommit": True,
             }
+            if not bulk_load:
+                kwargs["local_infile"] = False
+            if self.tls is not None:
+                kwargs.update(self.tls.connect_kwargs())
             if self.unix_socket:
                 kwargs["unix_socket"] = self.unix_socket
             else:
                 kwargs.update(host=self.host, port=self.port)
             raw = MySQLdb.connect(**kwargs)
         return Connection(raw, statements_for(self.vendor))
+
+
+TLS_MODES = ("disabled", "preferred", "required", "verify-ca", "verify-identity")
+
+
+@dataclass(frozen=True)
+class Tls:
+    """How MySQL connections use TLS: ``mode`` as MySQL's ``--ssl-mode``, lower case
+    (``verify-ca`` and ``verify-identity`` check the server's certificate against
+    ``ca``), and the client's own certificate and key files for X.509 accounts."""
+
+    mode: str = "preferred"
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if self.mode not in TLS_MODES:
+            raise InvalidOption(f"option 'sslMode' is one of {', '.join(TLS_MODES)}; "
+                                f"got {self.mode!r}")
+        if self.mode.startswith("verify") and not self.ca:
+            raise InvalidOption(f"option 'sslMode' {self.mode} needs 'sslCa', the file "
+                                "of the certificate authority to verify the server with")
+        if bool(self.cert) != bool(self.key):
+            raise InvalidOption("options 'sslCert' and 'sslKey' go together")
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """mysqlclient's ``ssl_mode`` and ``ssl`` arguments."""
+        kwargs: dict[str, Any] = {"ssl_mode": self.mode.upper().replace("-", "_")}
+        files = {k: v for k, v in (("ca", self.ca), ("cert", self.cert), ("key", self.key))
+                 if v}
+        if files:
+            kwargs["ssl"] = files
+        return kwargs
 
 
 class Connection:

@@ -20,7 +20,9 @@ class InvalidOption(SparkSourceError, ValueError):
 
 class InvalidRow(SparkSourceError, ValueError):
     """A row to publish breaks a rule of ``send_message`` (the message names the row and
-    the rule); raised before the task writes anything."""
+    the rule); raised before the chunk that holds the row is written. Chunks committed
+    before it (this task's earlier ones, other tasks') stay: fix the data and run the job
+    again, and only the missing messages are added."""
 
 
 class GroupNotExclusive(SparkSourceError, RuntimeError):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from sqlqueue.horizon import UNKNOWN, WriteHorizon, refresh_delay, settled_before
+from sqlqueue.horizon import GALERA_SQL, UNKNOWN, WriteHorizon, refresh_delay, settled_before
 from sqlqueue.integrations.spark.connect import Connection
 
 
@@ -31,6 +31,8 @@ def read_write_horizon(db: Connection) -> WriteHorizon | None:
     statement = db.sql.write_horizon()
     if statement is None:
         return None
+    if _galera(db):
+        return UNKNOWN  # a node's INNODB_TRX misses transactions open on other nodes
     try:
         with db.transaction(begin=db.sql.begin_snapshot_sql):
             row = db.one(statement)
@@ -39,6 +41,19 @@ def read_write_horizon(db: Connection) -> WriteHorizon | None:
     oldest_writer, newest_start = row if row is not None else (None, None)
     return WriteHorizon(None if oldest_writer is None else int(oldest_writer),
                         None if newest_start is None else int(newest_start))
+
+
+def _galera(db: Connection) -> bool:
+    """Is ``db`` a Galera node? Asked once per connection."""
+    known: bool | None = getattr(db, "_sqlqueue_galera", None)
+    if known is None:
+        try:
+            row = db.one((GALERA_SQL, []))
+            known = bool(row and row[0] and int(row[0]))
+        except Exception:  # MySQL: no such variable
+            known = False
+        db._sqlqueue_galera = known  # type: ignore[attr-defined]
+    return known
 
 
 def settled_before_ms(db: Connection, now_ms: int, max_transaction_age_ms: int,

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlqueue.integrations.spark.connect import Database
+from sqlqueue.integrations.spark.connect import Database, Tls
 from sqlqueue.integrations.spark.errors import InvalidOption
 from sqlqueue.integrations.spark.tables import Table, table_named
 from sqlqueue.naming import MAX_NAME_BYTES, check_name
@@ -39,8 +39,14 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
     "subscriberName": (None, "stream: the group's subscriber name (default spark:GROUP)"),
     "leaseDuration": ("30", "stream: SQLQUEUE['LEASE_DURATION'], seconds"),
     "leaseRenewInterval": ("10", "stream: SQLQUEUE['LEASE_RENEW_INTERVAL'], seconds"),
-    "bulkLoad": ("auto", "write: auto (LOAD DATA on MySQL/MariaDB, INSERT otherwise) "
-                         "or off"),
+    "bulkLoad": ("off", "write: off (INSERT) or on (LOAD DATA LOCAL on MySQL/MariaDB, "
+                        "from memory on a connection of its own; 'auto' is the old "
+                        "name of on)"),
+    "sslMode": ("preferred", "MySQL TLS: disabled, preferred, required, verify-ca or "
+                             "verify-identity (as mysql --ssl-mode)"),
+    "sslCa": (None, "MySQL TLS: the certificate authority file to verify the server"),
+    "sslCert": (None, "MySQL TLS: the client certificate file"),
+    "sslKey": (None, "MySQL TLS: the client key file"),
     "batchSize": ("10000", "write: rows per transaction"),
     "defaultPartitions": ("16", "write: SQLQUEUE['DEFAULT_PARTITIONS']"),
     "maxPayloadBytes": ("1048576", "write: SQLQUEUE['MAX_PAYLOAD_BYTES']"),
@@ -133,19 +139,23 @@ class SourceOptions:
         def number(name: str, minimum: int, maximum: int | None = None) -> int | None:
             return _integer(name, get(name), minimum=minimum, maximum=maximum)
 
+        tls = Tls(mode=(get("sslMode") or "").strip().lower(), ca=get("sslCa") or "",
+                  cert=get("sslCert") or "", key=get("sslKey") or "")
         database = Database.from_url(get("url") or "", user=get("user"),
-                                     password=get("password"))
+                                     password=get("password"), tls=tls)
         dlq_suffix = get("dlqSuffix") or ""
         if not dlq_suffix or len(dlq_suffix.encode("utf-8")) > 64:
             raise InvalidOption("option 'dlqSuffix' must be 1 to 64 bytes long")
         topic_bytes = MAX_NAME_BYTES - len(dlq_suffix.encode("utf-8"))
         starting = (get("startingOffsets") or "").strip().lower()
-        if starting not in ("earliest", "latest") and not starting.isdigit():
+        # isdigit() alone takes '²' or '٣', which int() then refuses (or reads as 3)
+        if starting not in ("earliest", "latest") and not (starting.isascii()
+                                                          and starting.isdigit()):
             raise InvalidOption("option 'startingOffsets' is earliest, latest or an offset; "
                                 f"got {get('startingOffsets')!r}")
         bulk = (get("bulkLoad") or "").strip().lower()
-        if bulk not in ("auto", "off"):
-            raise InvalidOption(f"option 'bulkLoad' is auto or off; got {get('bulkLoad')!r}")
+        if bulk not in ("on", "auto", "off"):
+            raise InvalidOption(f"option 'bulkLoad' is on or off; got {get('bulkLoad')!r}")
         lease = _seconds("leaseDuration", get("leaseDuration") or "")
         renew = _seconds("leaseRenewInterval", get("leaseRenewInterval") or "")
         if renew >= lease:
@@ -171,7 +181,7 @@ class SourceOptions:
             subscriber_name=_name_option("subscriberName", get("subscriberName")),
             lease_duration_ms=round(1000 * lease),
             lease_renew_interval=renew,
-            bulk_load=bulk == "auto",
+            bulk_load=bulk != "off",
             batch_size=number("batchSize", 1, 1_000_000) or 1,
             default_partitions=number("defaultPartitions", 1, 100_000) or 1,
             max_payload_bytes=number("maxPayloadBytes", 1, 1 << 30) or 1,

@@ -24,7 +24,7 @@ import pyarrow as pa
 from sqlqueue.integrations.spark.arrow import timestamps_to_epoch_micros
 from sqlqueue.integrations.spark.errors import InvalidOption, InvalidRow
 from sqlqueue.integrations.spark.options import SourceOptions
-from sqlqueue.naming import check_name
+from sqlqueue.naming import MAX_JSON_DEPTH, check_json_depth, check_name
 
 DEFAULT_PRIORITY = 50
 UNKEYED_PREFIX = "default-"  # as sqlqueue.publishing.messages.UNKEYED_PREFIX
@@ -95,12 +95,18 @@ def _jsonable(value: Any) -> Any:
 def encode_payload(value: Any, max_bytes: int) -> str:
     if value is None:
         raise ValueError("payload is NULL")
-    if isinstance(value, str):
-        json.loads(value, parse_constant=_reject_constant)  # must be JSON text already
-        text = value
-    else:
-        text = json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"),
-                          allow_nan=False)
+    try:
+        if isinstance(value, str):
+            check_json_depth("payload", value)  # before the decoder recurses
+            json.loads(value, parse_constant=_reject_constant)  # must be JSON text already
+            text = value
+        else:
+            text = json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":"),
+                              allow_nan=False)
+            check_json_depth("payload", text)
+    except RecursionError:
+        raise ValueError(f"payload nests lists and objects more than {MAX_JSON_DEPTH} "
+                         "deep") from None
     size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise ValueError(f"payload is {size} bytes as JSON; the limit is {max_bytes} bytes "

@@ -12,8 +12,10 @@ from typing import Any
 from urllib.parse import quote
 
 
-def database_url(alias: str | None = None) -> str:
-    """The ``url`` option for a database alias (default: SQLQUEUE['DATABASE'])."""
+def database_url(alias: str | None = None, *, password: bool = True) -> str:
+    """The ``url`` option for a database alias (default: SQLQUEUE['DATABASE']);
+    ``password=False``: without the password (give it as the ``password`` option, which
+    Spark redacts in plans and its UI)."""
     from django.db import connections
 
     from sqlqueue.conf import get_settings
@@ -31,8 +33,8 @@ def database_url(alias: str | None = None) -> str:
         raise ValueError(f"sqlqueue's Spark source supports MySQL/MariaDB and SQLite, not "
                          f"{engine}")
     user = quote(str(settings.get("USER") or ""), safe="")
-    password = quote(str(settings.get("PASSWORD") or ""), safe="")
-    credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    secret = quote(str(settings.get("PASSWORD") or ""), safe="") if password else ""
+    credentials = f"{user}:{secret}@" if secret else (f"{user}@" if user else "")
     host = str(settings.get("HOST") or "127.0.0.1")
     port = str(settings.get("PORT") or "3306")
     name = quote(str(settings["NAME"]), safe="")
@@ -42,12 +44,17 @@ def database_url(alias: str | None = None) -> str:
 
 
 def options_from_settings(alias: str | None = None) -> dict[str, str]:
-    """``url`` plus the options that mirror SQLQUEUE settings, as the project sets them."""
+    """``url`` (without the password), ``password`` if the database has one, and the
+    options that mirror SQLQUEUE settings, as the project sets them."""
+    from django.db import connections
+
     from sqlqueue.conf import get_settings
 
     conf = get_settings()
+    secret = connections[alias or conf.DATABASE].settings_dict.get("PASSWORD")
     return {
-        "url": database_url(alias),
+        "url": database_url(alias, password=False),
+        **({"password": str(secret)} if secret else {}),
         "defaultPartitions": str(conf.DEFAULT_PARTITIONS),
         "maxPayloadBytes": str(conf.MAX_PAYLOAD_BYTES),
         "dlqSuffix": conf.DLQ_SUFFIX,

@@ -10,6 +10,9 @@ never again.
 With ``consumerGroup`` the stream is a consumer group (``group``): Spark calls
 ``latestOffset(start)`` only once everything below ``start`` went through the sink, so
 that is when the group acks it; ``commit(end)`` acks too (Spark calls it one batch late).
+While the group is paused (``manage.py queue pause``, read at most once a second)
+``latestOffset`` offers nothing new: no micro-batch starts, the one running finishes, and
+the group keeps its leases.
 
 These methods run on the driver, in a Python process Spark starts for the stream (no
 Django there either), except ``read()``, which runs on executors.
@@ -29,6 +32,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from sqlqueue.consuming.pauses import Pause, PauseWatch
 from sqlqueue.integrations.spark.connect import Connection
 from sqlqueue.integrations.spark.group import ConsumerGroup
 from sqlqueue.integrations.spark.horizon import Horizon, settled_end
@@ -51,11 +55,13 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._registered = False
         self._available_now = False  # trigger(availableNow=True) ...
         self._available_now_end: int | None = None  # ... and where it stops
+        self._pauses: PauseWatch | None = None  # a consumer group's, on the driver
 
     # The reader is pickled for the executors: the driver's connection stays behind.
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_db"] = None
+        state["_pauses"] = None
         return state
 
     def _connection(self) -> Connection:
@@ -82,7 +88,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if position is not None:
                 return {"offset": position}  # a group resumes where it stands
         starting = self.options.starting_offsets
-        if starting.isdigit():
+        if starting.isascii() and starting.isdigit():
             return {"offset": int(starting)}
         head_row = db.one(db.sql.head_offset())
         head = int(head_row[0]) if head_row and head_row[0] is not None else 0
@@ -99,6 +105,8 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first = int(start["offset"])
         if self.group is not None:
             self._keep_group(db, first)
+            if self._paused():
+                return {"offset": first}  # nothing new while an operator pauses the group
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if not isinstance(limit, ReadMaxRows | ReadAllAvailable):
             max_rows = self.options.max_rows_per_trigger
@@ -121,6 +129,16 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark plans a batch from ``start`` only after every batch before it went
         # through the sink and into the checkpoint's commit log.
         self.group.ack_below(db, start)
+
+    def _paused(self) -> bool:
+        if self._pauses is None:
+            self._pauses = PauseWatch(self._read_pauses)
+        self._pauses.refresh()
+        return self._pauses.paused(self.options.consumer_group or "", self.options.topic or "")
+
+    def _read_pauses(self) -> list[Pause]:
+        db = self._connection()
+        return [(str(group), str(topic)) for group, topic in db.rows(db.sql.list_pauses())]
 
     def prepareForTriggerAvailableNow(self) -> None:
         """``trigger(availableNow=True)``: stop at what is settled now (measured from the

@@ -1,10 +1,13 @@
 """Batch writes: ``df.write.format("sqlqueue").option("topic", T).mode("append").save()``.
 
 Each row is published as a message. Every Spark task commits its rows in transactions of
-``batchSize`` rows: on MySQL/MariaDB by ``LOAD DATA LOCAL INFILE`` from a CSV file (the
-fast path), otherwise, or when the server refuses local files, by multi-row INSERTs that
-skip stored keys. A task that Spark retries publishes the same ids again (they come from
-the rows), and idempotent publish stores each once.
+``batchSize`` rows: by multi-row INSERTs that skip stored keys, or, with ``bulkLoad=on``
+on MySQL/MariaDB, by ``LOAD DATA LOCAL INFILE`` (the fast path; INSERT again when the
+server refuses local files). A LOAD runs on a connection opened for it, whose
+local-infile handler serves the chunk's CSV from memory under one random name and refuses
+any other file a server asks for (``infile``); no connection has ``local_infile`` on. A
+task that Spark retries publishes the same ids again (they come from the rows), and
+idempotent publish stores each once.
 
 ``LOAD DATA`` drops a row that breaks a constraint with only a warning, so after each load
 the stored count is compared with the sent one; a shortfall that duplicates do not explain
@@ -19,9 +22,7 @@ sent again, a few times, after a random pause.
 from __future__ import annotations
 
 import logging
-import os
 import random
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,8 +33,10 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from sqlqueue.integrations.spark.connect import Connection
 from sqlqueue.integrations.spark.errors import BulkLoadMismatch
+from sqlqueue.integrations.spark.infile import BulkLoadUnavailable, MemoryInfile
 from sqlqueue.integrations.spark.options import SourceOptions
 from sqlqueue.integrations.spark.rows import Prepared, RowPreparer
+from sqlqueue.literals import escaped_length
 
 logger = logging.getLogger("sqlqueue.spark")
 
@@ -69,6 +72,7 @@ class ChunkPublisher:
 
     def __init__(self, options: SourceOptions, db: Connection) -> None:
         self.topic = options.require_topic("publish")
+        self.database = options.database
         self.db = db
         self.bulk = options.bulk_load and db.sql.vendor == "mysql"
         self.report = WriteReport()
@@ -96,6 +100,10 @@ class ChunkPublisher:
                 return
             except BulkLoadMismatch as exc:
                 logger.warning("%s; sending the chunk again through INSERT.", exc)
+            except BulkLoadUnavailable as exc:
+                logger.warning("LOAD DATA LOCAL is unavailable (%s); publishing through "
+                               "INSERT.", exc)
+                self.bulk = False
             except Exception as exc:
                 if _error_code(exc) not in LOCAL_INFILE_REFUSED:
                     raise  # a deadlock too: publish() sends the chunk again
@@ -112,22 +120,28 @@ class ChunkPublisher:
         return inserted
 
     def _load(self, rows: Sequence[Prepared]) -> int:
-        path = _write_csv(rows)
-        try:
-            with self.db.transaction():
-                inserted = self.db.run(self.db.sql.load_messages(path, self.topic))
+        """One LOAD statement on a connection opened for it (see ``infile``)."""
+        infile = MemoryInfile(_csv_bytes(rows))
+        with self.database.connect(bulk_load=True) as db:
+            infile.install(db.raw)
+            with db.transaction():
+                inserted = db.run(db.sql.load_messages(infile.name, self.topic))
+                if not infile.served:
+                    raise BulkLoadMismatch("the server did not ask for the rows' data")
                 if inserted != len(rows):
-                    self._check_all_stored(rows, inserted)
-            return inserted
-        finally:
-            os.unlink(path)
+                    self._check_all_stored(db, rows, inserted)
+        if infile.refused:
+            logger.warning("The server asked for local file(s) %r; refused.",
+                           [name[:64] for name in infile.refused])
+        return inserted
 
-    def _check_all_stored(self, rows: Sequence[Prepared], inserted: int) -> None:
+    def _check_all_stored(self, db: Connection, rows: Sequence[Prepared],
+                          inserted: int) -> None:
         """Rows LOAD DATA skipped must be duplicates of stored ones, or it dropped them."""
         keys = sorted({(row[0], row[1]) for row in rows})
         stored = 0
         for first in range(0, len(keys), KEYS_PER_LOOKUP):
-            stored += len(self.db.rows(self.db.sql.stored_keys(
+            stored += len(db.rows(db.sql.stored_keys(
                 self.topic, keys[first:first + KEYS_PER_LOOKUP])))
         if stored != len(keys):
             raise BulkLoadMismatch(
@@ -144,7 +158,9 @@ def _statement_chunks(rows: Sequence[Prepared]) -> Iterator[Sequence[Prepared]]:
     chunk: list[Prepared] = []
     size = 0
     for row in rows:
-        row_bytes = len(row[2]) + len(row[3] or "") + 1024
+        # Escaped bytes (mysqlclient inlines the parameters): a payload of quotes doubles.
+        row_bytes = (escaped_length(row[2].encode("utf-8")) + 2048
+                     + (escaped_length(row[3].encode("utf-8")) if row[3] else 0))
         if chunk and (len(chunk) >= ROWS_PER_INSERT or size + row_bytes > BYTES_PER_INSERT):
             yield chunk
             chunk, size = [], 0
@@ -154,17 +170,16 @@ def _statement_chunks(rows: Sequence[Prepared]) -> Iterator[Sequence[Prepared]]:
         yield chunk
 
 
-def _write_csv(rows: Sequence[Prepared]) -> str:
+def _csv_bytes(rows: Sequence[Prepared]) -> bytes:
     """The rows as CSV for LOAD DATA: every value quoted (so that no string is read as
     the word NULL), quotes doubled, NULL as an empty unquoted field."""
     columns = list(zip(*rows, strict=True))
     table = pa.Table.from_arrays([pa.array(list(values), field.type)
                                   for values, field in zip(columns, CSV_SCHEMA, strict=True)],
                                  schema=CSV_SCHEMA)
-    handle, path = tempfile.mkstemp(prefix="sqlqueue-load-", suffix=".csv")
-    os.close(handle)
-    pa_csv.write_csv(table, path, CSV_OPTIONS)
-    return path
+    sink = pa.BufferOutputStream()
+    pa_csv.write_csv(table, sink, CSV_OPTIONS)
+    return bytes(sink.getvalue().to_pybytes())
 
 
 class MessageWriter(DataSourceArrowWriter):
@@ -174,7 +189,7 @@ class MessageWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteReport:
         preparer = RowPreparer(self.options, where=_task_name())
         pending: list[Prepared] = []
-        with self.options.database.connect(local_infile=self.options.bulk_load) as db:
+        with self.options.database.connect() as db:
             publisher = ChunkPublisher(self.options, db)
             for batch in iterator:
                 pending.extend(preparer.prepare(batch))

@@ -22,7 +22,7 @@ from django.core.checks import Error as CheckError
 from django.db import transaction
 from django.utils import timezone
 
-from sqlqueue.conf import get_settings
+from sqlqueue.conf import get_settings, validate
 from sqlqueue.exceptions import ConfigurationError, InvalidMessage
 from sqlqueue.integrations.tasks.compat import (
     BaseTaskBackend,
@@ -32,9 +32,7 @@ from sqlqueue.integrations.tasks.compat import (
     task_enqueued,
 )
 from sqlqueue.integrations.tasks.envelope import seal
-from sqlqueue.integrations.tasks.models import Status, TaskRecord
 from sqlqueue.integrations.tasks.options import TaskOptions, message_priority, parse_options
-from sqlqueue.integrations.tasks.results import read_result
 from sqlqueue.publishing.api import send_message
 from sqlqueue.publishing.messages import check_topic
 
@@ -53,6 +51,21 @@ def partition_key(key: str) -> Iterator[None]:
         _partition_key.reset(token)
 
 
+_metadata: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "sqlqueue_task_metadata", default=None)
+
+
+@contextmanager
+def message_metadata(metadata: dict[str, str]) -> Iterator[None]:
+    """Tasks enqueued inside this block carry ``metadata`` on their messages (a schedule
+    marks its tick this way)."""
+    token = _metadata.set(metadata)
+    try:
+        yield
+    finally:
+        _metadata.reset(token)
+
+
 class SQLQueueBackend(BaseTaskBackend):
     supports_defer = True  # run_after -> the message's deliver_after
     supports_async_task = True  # coroutines run on the worker's thread (async_to_sync)
@@ -61,25 +74,56 @@ class SQLQueueBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        self.sqlqueue_options: TaskOptions = parse_options(alias, self.options)
+        self.sqlqueue_options: TaskOptions = TaskOptions()
+        #: What is wrong with this TASKS entry. Django builds backends while it starts (our
+        #: AppConfig.ready(), its own checks), where an exception would kill every
+        #: manage.py command with a traceback; so a bad entry is kept here, reported by
+        #: ``manage.py check`` as sqlqueue.E202 and raised by ``enqueue()``.
+        self.configuration_error: str | None = None
+        try:
+            self.sqlqueue_options = parse_options(alias, self.options)
+            self._check_queues()
+        except ConfigurationError as exc:
+            self.configuration_error = str(exc)
+
+    def _check_queues(self) -> None:
         if not self.queues:
             raise ConfigurationError(
-                f"TASKS[{alias!r}]['QUEUES'] is empty: name the queues to run, so that "
+                f"TASKS[{self.alias!r}]['QUEUES'] is empty: name the queues to run, so that "
                 "runconsumer has a consumer for each (the default is ['default'])."
             )
+        conf, _ = validate(getattr(settings, "SQLQUEUE", None), settings.DATABASES)
+        if conf is None:
+            return  # the settings check reports SQLQUEUE's own errors (sqlqueue.E001-E007)
         for queue_name in sorted(self.queues):
             try:
-                check_topic(self.topic(queue_name), get_settings())
+                check_topic(self.topic(queue_name), conf)
             except InvalidMessage as exc:
                 raise ConfigurationError(
-                    f"TASKS[{alias!r}]: queue {queue_name!r} gives no usable topic: {exc}"
+                    f"TASKS[{self.alias!r}]: queue {queue_name!r} gives no usable topic: {exc}"
                 ) from exc
+
+    def ensure_usable(self) -> None:
+        """Raise the ``ConfigurationError`` of a bad TASKS entry, before any write."""
+        if self.configuration_error is not None:
+            raise ConfigurationError(self.configuration_error)
 
     def topic(self, queue_name: str) -> str:
         return self.sqlqueue_options.topic(queue_name)
 
     # -- enqueue ------------------------------------------------------------------------
+    def validate_task(self, task: Task[Any, Any]) -> None:
+        """Django calls this for every ``@task`` of this backend as it is defined: the
+        worker resolves only paths of tasks seen here (issue 14, F3)."""
+        super().validate_task(task)
+        from sqlqueue.integrations.tasks.results import remember_task
+
+        remember_task(task)
+
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
+        from sqlqueue.integrations.tasks.models import Status, TaskRecord
+
+        self.ensure_usable()
         self.validate_task(task)
         envelope = seal(task.module_path, args, kwargs)  # refused before any write
         now = timezone.now()
@@ -96,7 +140,9 @@ class SQLQueueBackend(BaseTaskBackend):
             sent = send_message(
                 topic, envelope.payload(), id=result.id, partition_key=_partition_key.get(),
                 priority=message_priority(task.priority), deliver_at=_aware(task.run_after),
-                metadata={"task": task.module_path, "backend": self.alias}, using=alias,
+                metadata={**(_metadata.get() or {}), "task": task.module_path,
+                          "backend": self.alias},
+                using=alias,
             )
             TaskRecord.objects.using(alias).create(
                 id=result.id, backend=self.alias, task_path=task.module_path,
@@ -111,6 +157,10 @@ class SQLQueueBackend(BaseTaskBackend):
 
     # -- results --------------------------------------------------------------------------
     def get_result(self, result_id: str) -> TaskResult[Any, Any]:
+        # Imported here: the models need sqlqueue in INSTALLED_APPS, and this module must
+        # import without it so that check sqlqueue.E201 can say so.
+        from sqlqueue.integrations.tasks.results import read_result
+
         return read_result(self.alias, self.sqlqueue_options.group, result_id)
 
     # -- checks ---------------------------------------------------------------------------

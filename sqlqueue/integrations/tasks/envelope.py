@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlqueue.conf import MAX_NAME_BYTES
+from sqlqueue.publishing.messages import MAX_NESTING
 
 
 class BadEnvelope(ValueError):
@@ -42,6 +43,9 @@ def seal(task_path: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Enve
     envelope = Envelope(task_path, list(args), dict(kwargs))
     try:
         json.dumps(envelope.payload(), allow_nan=False)
+    except RecursionError:
+        raise TypeError(f"Arguments of {task_path} are nested too deeply (the limit is "
+                        f"{MAX_NESTING} levels).") from None
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"Arguments of {task_path} must be JSON (str, int, float, bool, None, lists and "

@@ -41,7 +41,7 @@ from sqlqueue.integrations.tasks.models import Status, TaskRecord
 from sqlqueue.integrations.tasks.options import TaskOptions
 from sqlqueue.integrations.tasks.results import TaskNotFound, task_of, to_task_result
 from sqlqueue.storage.sql import dialect_for
-from sqlqueue.storage.sql.base import Settlement
+from sqlqueue.storage.sql.base import OutcomeWrite
 
 logger = logging.getLogger("sqlqueue.tasks")
 
@@ -124,8 +124,8 @@ class TaskWorker:
         record.succeed(value, timezone.now())
         connection = connections[self.database]
         with connection.cursor() as cursor:
-            dialect_for(connection).settle(cursor, message.consumer_group, message.topic, [
-                Settlement(message.partition_key, message.offset, acked=True,
+            dialect_for(connection).write_outcomes(cursor, message.consumer_group, message.topic, [
+                OutcomeWrite(message.partition_key, message.offset, acked=True,
                            invisible_until=0),
             ])
 

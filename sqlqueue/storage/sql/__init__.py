@@ -7,7 +7,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from sqlqueue.exceptions import ConfigurationError
 from sqlqueue.storage.sql.base import Dialect, MessageRow
 
-SUPPORTED_VENDORS = ("mysql", "sqlite")
+SUPPORTED_VENDORS = ("mysql", "postgresql", "sqlite")
 
 
 def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
@@ -18,13 +18,17 @@ def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
             from sqlqueue.storage.sql.mysql import MySQLDialect
 
             dialect = MySQLDialect(connection)
+        elif connection.vendor == "postgresql":
+            from sqlqueue.storage.sql.postgresql import PostgreSQLDialect
+
+            dialect = PostgreSQLDialect(connection)
         elif connection.vendor == "sqlite":
             from sqlqueue.storage.sql.sqlite import SQLiteDialect
 
             dialect = SQLiteDialect(connection)
         else:
             raise ConfigurationError(
-                f"sqlqueue supports MySQL, MariaDB and SQLite; database "
+                f"sqlqueue supports MySQL, MariaDB, PostgreSQL and SQLite; database "
                 f"{connection.alias!r} is {connection.vendor}."
             )
         connection._sqlqueue_dialect = dialect  # type: ignore[attr-defined]

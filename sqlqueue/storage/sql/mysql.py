@@ -9,23 +9,63 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cached_property
+from typing import Any
 
 from django.db import DatabaseError, IntegrityError
 from django.db.backends.utils import CursorWrapper
 
-from sqlqueue.horizon import WriteHorizon
+from sqlqueue.exceptions import ConfigurationError
+from sqlqueue.horizon import GALERA_SQL, WriteHorizon
 from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
 
 ER_DUP_ENTRY = 1062
 
 
+_ESCAPED = (b"\0", b"\n", b"\r", b"\\", b"'", b'"', b"\x1a")
+
+
+def _escaped_size(value: bytes | str) -> int:
+    data = value.encode("utf-8") if isinstance(value, str) else value
+    return len(data) + sum(data.count(special) for special in _ESCAPED)
+
+
 class MySQLDialect(Dialect):
     _autoinc_lock_mode: int | None = None  # read once per connection, when first needed
+    _checked_connection: object | None = None  # the DB-API connection found to be utf8mb4
 
     vendor = "mysql"
     now_ms_sql = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
     # LOCK IN SHARE MODE (not FOR SHARE) is understood by both MySQL 8 and MariaDB.
     locking_read_suffix = " LOCK IN SHARE MODE"
+    # MariaDB has no server_uuid; server_id is unique within a replication topology (it
+    # must be), host and port tell apart servers that share one.
+    server_identity_sql = "CONCAT(@@hostname, ':', @@port, ' server_id ', @@server_id)"
+
+    # -- connection_charset --------------------------------------------------------------
+    connection_charset_sql = "SELECT @@character_set_connection"
+
+    def check_connection(self) -> None:
+        """A connection whose character set is not utf8mb4 would store the UTF-8 bytes of
+        topics, keys and ids as latin1 (or utf8mb3) characters: ``kéy🦆`` comes back as
+        mojibake, and two spellings of a key no longer compare equal. Read once per
+        DB-API connection (a reconnect is checked again); cheap afterwards."""
+        self.connection.ensure_connection()
+        raw = self.connection.connection
+        if raw is self._checked_connection:
+            return
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.connection_charset_sql)
+            row = cursor.fetchone()
+        charset = str(row[0]) if row else "?"
+        if charset != "utf8mb4":
+            alias = self.connection.alias
+            raise ConfigurationError(
+                f"The connection to database {alias!r} uses the character set {charset!r}; "
+                "sqlqueue needs utf8mb4 and refuses to write through it (topics, keys and "
+                f"ids would be stored garbled). Set DATABASES[{alias!r}]['OPTIONS']"
+                "['charset'] = 'utf8mb4' (check sqlqueue.E103)."
+            )
+        self._checked_connection = raw
 
     # -- insert_messages ---------------------------------------------------------------
     # The hot path of publishing. Two things make it cheap on these servers:
@@ -71,6 +111,29 @@ class MySQLDialect(Dialect):
                 r.published_at, r.priority, deliver_after))
         return self._insert_head + b",".join(values)
 
+    def first_offsets_above_statement(
+        self, topic: str, pairs: Sequence[tuple[str, int]]
+    ) -> tuple[str | bytes, list[Any] | None]:
+        """``first_offsets_above`` with the values inlined, like ``insert_messages``: a
+        scrape of many lagging groups sends thousands of probes, and mysqlclient's
+        per-parameter escaping of three values each cost more than the server's
+        answer. The topic and the watermarks' partition keys are escaped once."""
+        self.connection.ensure_connection()  # the escaping is the live connection's
+        escape = self.connection.connection.string_literal
+        q = self.quote
+        head = (f"(SELECT MIN({q('offset')}) FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = "
+                ).encode() + escape(topic.encode("utf-8")) + (
+                    f" AND {q('partition_key')} = ").encode()
+        above = f" AND {q('offset')} > ".encode()
+        keys: dict[str, bytes] = {}
+        probes = []
+        for key, watermark in pairs:
+            escaped = keys.get(key)
+            if escaped is None:
+                escaped = keys[key] = escape(key.encode("utf-8"))
+            probes.append(b"%s%s%s%d)" % (head, escaped, above, watermark))
+        return b"SELECT " + b", ".join(probes), None
+
     @cached_property
     def _insert_head(self) -> bytes:
         columns = ", ".join(self.quote(c) for c in self._LITERAL_COLUMNS)
@@ -103,7 +166,9 @@ class MySQLDialect(Dialect):
             self._autoinc_lock_mode = int(row[0]) if row else 2
         return self._autoinc_lock_mode <= 1
 
-    def upsert_clause(self, key: Sequence[str], assignments: dict[str, str]) -> str:
+    def upsert_clause(
+        self, key: Sequence[str], assignments: dict[str, str], table: str = ""
+    ) -> str:
         # MySQL applies the assignments left to right; callers order them so that no
         # expression reads a column assigned before it.
         sets = ", ".join(
@@ -150,7 +215,13 @@ class MySQLDialect(Dialect):
             f"{q('partition_key')} = %s AND {q('offset')} <= %s ORDER BY {q('offset')} LIMIT %s"
         )
 
+    def delete_expired_idempotency_keys_sql(self) -> str:
+        q = self.quote
+        return (f"DELETE FROM {q('queue_idempotency_keys')} WHERE {q('expires_at')} <= "
+                f"{self.now_ms_sql} ORDER BY {q('expires_at')} LIMIT %s")
+
     _horizon_unavailable = False
+    _galera: bool | None = None
 
     def write_horizon_sql(self) -> str:
         """``write_horizon``: from INNODB_TRX's snapshot, the start of the oldest open
@@ -171,6 +242,9 @@ class MySQLDialect(Dialect):
         own transaction: reading INNODB_TRX alone starts none."""
         if self._horizon_unavailable:
             raise DatabaseError("information_schema.INNODB_TRX is not readable")
+        if self.is_galera(cursor):
+            self._horizon_unavailable = True
+            raise DatabaseError("a Galera node's INNODB_TRX shows its own transactions only")
         try:
             cursor.execute(self.write_horizon_sql())
         except DatabaseError:
@@ -183,6 +257,25 @@ class MySQLDialect(Dialect):
             None if newest_start is None else int(newest_start) * 1000,
         )
 
+    def bound_lock_waits(self, cursor: CursorWrapper, seconds: int) -> None:
+        cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [seconds])
+
+    def is_lock_wait(self, error: BaseException) -> bool:
+        # 1205 ER_LOCK_WAIT_TIMEOUT, 1213 ER_LOCK_DEADLOCK
+        return bool(error.args) and error.args[0] in (1205, 1213)
+
+    def is_galera(self, cursor: CursorWrapper) -> bool:
+        """``galera``: is this server a node of a Galera cluster (wsrep on)? Asked once
+        per connection."""
+        if self._galera is None:
+            try:
+                cursor.execute(GALERA_SQL)
+                row = cursor.fetchone()
+                self._galera = bool(row and row[0] and int(row[0]))
+            except DatabaseError:
+                self._galera = False  # MySQL: no such variable
+        return self._galera
+
     def is_duplicate_message(self, error: IntegrityError) -> bool:
         code = error.args[0] if error.args else None
         return code == ER_DUP_ENTRY and "idx_topic_partition_id" in str(error)
@@ -190,3 +283,16 @@ class MySQLDialect(Dialect):
     def max_statement_bytes(self) -> int:
         # Stay well under max_allowed_packet (16 MiB by default on MariaDB, 64 on MySQL).
         return 4 << 20
+
+    def literal_bytes(self, payload: bytes | str, metadata: str | None) -> int:
+        """Rows are inlined as escaped literals: every byte mysql_real_escape_string
+        escapes (NUL, newline, return, backslash, quotes, Ctrl-Z) counts twice, so that
+        a payload of quotes cannot make a statement twice the size it was cut for."""
+        return sum(_escaped_size(value) for value in (payload, metadata or ""))
+
+    def offset_counter_sql(self) -> str:
+        """``offset_counter``: the next offset AUTO_INCREMENT hands out. (MySQL 8 may
+        answer from its statistics cache, information_schema_stats_expiry: a stale value
+        is an older, lower one, never a false step back after a newer one.)"""
+        return ("SELECT AUTO_INCREMENT FROM information_schema.TABLES "
+                f"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{MESSAGE_TABLE}'")

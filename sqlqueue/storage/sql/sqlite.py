@@ -6,21 +6,15 @@ inside a write transaction already sees every committed row.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
-from typing import Any
-
 from django.db import IntegrityError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.horizon import WriteHorizon
-from sqlqueue.storage.sql.base import Dialect
-
-_NEW = re.compile(r"\{new\}\(([^)]*)\)")  # {new}(col): the would-be-inserted value
-_EXCLUDED = r"excluded.\1"
+from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect
+from sqlqueue.storage.sql.shared import OnConflict, RecursiveKeyScan
 
 
-class SQLiteDialect(Dialect):
+class SQLiteDialect(OnConflict, RecursiveKeyScan, Dialect):
     vendor = "sqlite"
     now_ms_sql = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
     locking_read_suffix = ""
@@ -31,56 +25,10 @@ class SQLiteDialect(Dialect):
         last = int(cursor.lastrowid)
         return list(range(last - count + 1, last + 1))
 
-    def upsert_clause(self, key: Sequence[str], assignments: dict[str, str]) -> str:
-        # SQLite evaluates every right-hand side against the old row.
-        sets = ", ".join(
-            f"{self.quote(column)} = {_NEW.sub(_EXCLUDED, expression)}"
-            for column, expression in assignments.items()
-        )
-        conflict = ", ".join(self.quote(c) for c in key)
-        return f"ON CONFLICT ({conflict}) DO UPDATE SET {sets}"
-
-    def insert_if_absent(self, table: str, columns: Sequence[str], key: Sequence[str]) -> str:
-        q = self.quote
-        return (
-            f"INSERT INTO {q(table)} ({', '.join(q(c) for c in columns)}) VALUES ({{values}}) "
-            "ON CONFLICT DO NOTHING"
-        )
-
-    def _partition_keys_cte(self) -> str:
-        # SQLite has no loose index scan; a recursive query makes one: each step seeks
-        # the next key after the previous one in idx_topic_partition_offset.
-        q = self.quote
-        table, topic, key = q("queue_messages"), q("topic"), q("partition_key")
-        return (
-            f"WITH RECURSIVE keys(k) AS ("
-            f"SELECT MIN({key}) FROM {table} WHERE {topic} = %s "
-            f"UNION ALL SELECT (SELECT MIN({key}) FROM {table} WHERE {topic} = %s "
-            f"AND {key} > keys.k) FROM keys WHERE keys.k IS NOT NULL)"
-        )
-
-    def discover_partitions_sql(self) -> str:
-        return f"{self._partition_keys_cte()} SELECT k FROM keys WHERE k IS NOT NULL"
-
-    def discover_partitions_params(self, topic: str) -> list[Any]:
-        return [topic, topic]
-
     offset_index_hint = "INDEXED BY idx_topic_partition_offset"
 
     def greatest_sql(self, a: str, b: str) -> str:
         return f"MAX({a}, {b})"  # the scalar max of its arguments
-
-    def partition_heads_sql(self) -> str:
-        # The recursive seek of discovery, then one MAX seek per key.
-        q = self.quote
-        return (
-            f"{self._partition_keys_cte()} SELECT k, (SELECT MAX({q('offset')}) FROM "
-            f"{q('queue_messages')} WHERE {q('topic')} = %s AND {q('partition_key')} = keys.k) "
-            f"FROM keys WHERE k IS NOT NULL"
-        )
-
-    def partition_heads_params(self, topic: str) -> list[Any]:
-        return [topic, topic, topic]
 
     def delete_messages_upto_sql(self) -> str:
         # DELETE ... LIMIT needs a compile-time option SQLite builds usually lack.
@@ -92,13 +40,27 @@ class SQLiteDialect(Dialect):
             f"ORDER BY {offset} LIMIT %s)"
         )
 
+    def delete_expired_idempotency_keys_sql(self) -> str:
+        q = self.quote
+        table, expires = q("queue_idempotency_keys"), q("expires_at")
+        return (f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE "
+                f"{expires} <= {self.now_ms_sql} ORDER BY {expires} LIMIT %s)")
+
     def write_horizon(self, cursor: CursorWrapper) -> WriteHorizon | None:
         # One writer at a time: a row is committed before the next offset is allocated,
         # so no row can ever appear below one already visible.
         return None
+
+    def is_lock_wait(self, error: BaseException) -> bool:
+        # The connection's busy timeout (Django's ``timeout`` option) ran out.
+        return "database is locked" in str(error)
 
     def is_duplicate_message(self, error: IntegrityError) -> bool:
         return (
             "UNIQUE constraint failed" in str(error)
             and "queue_messages.partition_key, queue_messages.id" in str(error)
         )
+
+    def offset_counter_sql(self) -> str:
+        """``offset_counter``: the last offset AUTOINCREMENT handed out."""
+        return f"SELECT seq FROM sqlite_sequence WHERE name = '{MESSAGE_TABLE}'"

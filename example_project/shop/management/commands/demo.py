@@ -70,7 +70,19 @@ class Command(BaseCommand):
         for line in demo.format_messages(messages) if messages else ["(none)"]:
             write(f"  {line}")
 
+        write("")
+        write(heading("Schedules (SQLQUEUE['SCHEDULES'])"))
+        write("  Every runconsumer publishes the due ticks, each exactly once however many run;")
+        write("  this demo also publishes one tick of the sales report now "
+              "(manage.py queue schedules run):")
+        for shown in demo.run_sales_report_now():
+            write(f"  {shown.name}: {shown.definition}; next tick {shown.next_tick}")
+            if shown.message_id:
+                write(f"    published now: {shown.message_id}")
+
         self.show_consumers(demo.run_consumers(), demo.consumer_results(ORDERS_CREATED))
+        report = demo.latest_sales_report()
+        write(f"  Sales report (scheduled task): {report or '(not run)'}")
 
         total_messages, total_orders = demo.count_messages(ORDERS_CREATED), Order.objects.count()
         write("")

@@ -18,6 +18,7 @@ STATES = "queue_delivery_state"
 OFFSETS = "queue_offsets"
 LEASES = "queue_partition_leases"
 HEARTBEATS = "queue_subscriber_heartbeats"
+FLOW_CONTROL = "queue_flow_control"
 GROUP_KEY = ("consumer_group", "topic", "partition_key")
 #: A dead letter names the group that failed it and the topic it came from (the same
 #: rule as sqlqueue.models.IS_DEAD_LETTER).
@@ -158,6 +159,11 @@ class Statements:
         """``head_offset``: the newest offset of the whole log (primary key)."""
         return f"SELECT MAX({self.quote('offset')}) FROM {self.quote(MESSAGES)}", []
 
+    def list_pauses(self) -> Statement:
+        """``list_pauses``: every pause an operator made (a handful of rows)."""
+        q = self.quote
+        return (f"SELECT {q('consumer_group')}, {q('topic')} FROM {q(FLOW_CONTROL)}", [])
+
     def created_at_of(self, offset: int) -> Statement:
         """``created_at_of``: when a row was inserted (primary-key lookup)."""
         q = self.quote
@@ -240,11 +246,13 @@ class Statements:
 
     def advance_watermarks(self, group: str, topic: str, upto: int) -> Statement:
         """``advance_watermarks``: every partition of the group's topic is done up to
-        ``upto``; a watermark only moves forward (primary-key prefix)."""
+        ``upto``; a watermark only moves forward (primary-key prefix). The lag pages'
+        hint of the first pending offset (a runconsumer's) is cleared: unknown here."""
         q = self.quote
         return (
             f"UPDATE {q(OFFSETS)} SET {q('offset_acked')} = %s, {q('updated_at')} = "
-            f"{self.now_ms_sql} WHERE {q('consumer_group')} = %s AND {q('topic')} = %s "
+            f"{self.now_ms_sql}, {q('first_pending')} = NULL "
+            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s "
             f"AND {q('offset_acked')} < %s",
             [upto, group, topic, upto],
         )

@@ -1,0 +1,27 @@
+"""What a runner reports about its own work (``runconsumer --metrics-port``).
+
+The runner calls an ``Instruments`` at a few points; this base class does nothing, so the
+runner needs no metrics library. ``sqlqueue.metrics.ProcessMetrics`` records into
+Prometheus counters and histograms.
+"""
+
+from __future__ import annotations
+
+
+class Instruments:
+    def handled(self, group: str, topic: str, outcome: str, duration: float,
+                latency: float) -> None:
+        """A handler finished: ``outcome`` (ack, acked, retry, fail, reject), ``duration``
+        seconds it ran, ``latency`` seconds from the message being due to its start."""
+
+    def polled(self, group: str, topic: str, delivered: int) -> None:
+        """One pass over a subscription handed out ``delivered`` messages."""
+
+    def statement(self) -> None:
+        """The consumer loop's connection ran one SQL statement."""
+
+    def leases_changed(self, group: str, topic: str, gained: int, lost: int) -> None:
+        """Partitions this process started or stopped holding."""
+
+    def reconnected(self) -> None:
+        """The loop lost its database connection and opens a new one."""

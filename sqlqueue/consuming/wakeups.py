@@ -1,0 +1,53 @@
+"""What wakes a runner for its topics before its next poll (``SQLQUEUE["WAKEUPS"]``):
+publishes committed in this process, PostgreSQL ``LISTEN`` on a connection of its own,
+and Redis pub/sub when ``WAKEUP_REDIS_URL`` is set."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from django.db import connections
+
+from sqlqueue import wakeups
+from sqlqueue.conf import QueueSettings
+from sqlqueue.wakeups.listener import Listener
+
+logger = logging.getLogger("sqlqueue.wakeups")
+
+
+class Wakeups:
+    """The wake-up sources of one runner; ``stop()`` ends them all."""
+
+    def __init__(self, conf: QueueSettings, alias: str, topics: Iterable[str],
+                 ring: wakeups.Ring) -> None:
+        self.topics = frozenset(topics)
+        self.listeners: list[Listener] = []
+        self._unsubscribe: Callable[[], None] | None = None
+        if conf.WAKEUPS and self.topics:
+            self._unsubscribe = wakeups.subscribe(self.topics, ring)
+            self.listeners = _listeners(conf, alias, self.topics, ring)
+        for listener in self.listeners:
+            listener.start()
+
+    def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        for listener in self.listeners:
+            listener.stop()
+
+
+def _listeners(conf: QueueSettings, alias: str, topics: frozenset[str],
+               ring: wakeups.Ring) -> list[Listener]:
+    found: list[Listener] = []
+    if connections[alias].vendor == "postgresql":
+        from sqlqueue.wakeups.postgresql import PostgreSQLListener, connection_params
+
+        found.append(PostgreSQLListener(connection_params(conf.listen_alias_for(alias)),
+                                        topics, ring))
+    if conf.WAKEUP_REDIS_URL:
+        from sqlqueue.wakeups.redis_channel import RedisListener
+
+        found.append(RedisListener(conf.WAKEUP_REDIS_URL, topics, ring))
+    return found

@@ -1,0 +1,39 @@
+"""Stable names of the log events sqlqueue emits, with their structured fields.
+
+Every event below is logged with ``extra=``: the record carries ``event`` (one of these
+names) and the fields listed, as attributes, so a JSON formatter (python-json-logger,
+structlog's stdlib bridge) prints them as keys. The message text is for people and may
+change; the names and fields are kept stable (docs/guides/monitoring.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: logger "sqlqueue.consumer", INFO: group, topic, subscriber, threads
+RUNNER_STARTED = "sqlqueue.runner.started"
+#: WARNING: error, delay (seconds before the next try)
+RUNNER_RECONNECTING = "sqlqueue.runner.reconnecting"
+#: DEBUG, each handler run: group, topic, partition, offset, attempt, outcome, duration
+MESSAGE_HANDLED = "sqlqueue.message.handled"
+#: WARNING, a handler raised: group, topic, partition, offset, attempt, error
+HANDLER_FAILED = "sqlqueue.handler.failed"
+#: ERROR: group, topic, partition, offset, attempt, reason
+MESSAGE_DEAD_LETTERED = "sqlqueue.message.dead_lettered"
+#: INFO: group, topic, subscriber, held, gained, lost, released
+LEASES_CHANGED = "sqlqueue.leases.changed"
+
+#: ERROR, a watermark read lower than this process had seen it: group, topic, partition,
+#: seen, now (an operator's reset-position, or writes the database lost)
+WATERMARK_WENT_BACK = "sqlqueue.watermark.went_back"
+#: ERROR, the log's offset counter read lower than before: seen, now, server (writes the
+#: database lost: a failover to a replica that was behind, a restore)
+OFFSET_COUNTER_WENT_BACK = "sqlqueue.offsets.counter_went_back"
+
+EVENTS = (RUNNER_STARTED, RUNNER_RECONNECTING, MESSAGE_HANDLED, HANDLER_FAILED,
+          MESSAGE_DEAD_LETTERED, LEASES_CHANGED, WATERMARK_WENT_BACK, OFFSET_COUNTER_WENT_BACK)
+
+
+def fields(event: str, **values: Any) -> dict[str, Any]:
+    """The ``extra=`` of one event."""
+    return {"event": event, **values}

@@ -1,0 +1,51 @@
+"""Garbage collection now, for operators (``manage.py queue gc``): what ``runconsumer``
+does every few seconds, run to the end in batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.db import connections
+
+from sqlqueue.conf import get_settings
+from sqlqueue.consuming.gc import GarbageCollector
+from sqlqueue.operations.lag import known_subscriptions
+
+
+@dataclass(frozen=True)
+class Collected:
+    messages: int  # every known group had finished them
+    task_results: int  # older than their backend's RESULT_RETENTION
+    idempotency_keys: int  # past IDEMPOTENCY_WINDOW
+
+
+def collect_garbage(progress: Callable[[int], None] | None = None,
+                    using: str | None = None) -> Collected:
+    """Delete, batch by batch until none is left, what garbage collection may delete, in
+    the database ``using`` (None: every database the queue lives in, ``SQLQUEUE["DATABASE"]``
+    and the aliases of ``ROUTES``); ``progress`` is told the running total after each
+    batch."""
+    conf = get_settings()
+    total = Collected(0, 0, 0)
+    for alias in [using] if using else conf.databases:
+        done = _collect_in(alias, progress, total.messages)
+        total = Collected(total.messages + done.messages,
+                          total.task_results + done.task_results,
+                          total.idempotency_keys + done.idempotency_keys)
+    return total
+
+
+def _collect_in(alias: str, progress: Callable[[int], None] | None,
+                before: int) -> Collected:
+    topics: dict[str, set[str]] = {}
+    for group, topic in known_subscriptions(alias):
+        topics.setdefault(topic, set()).add(group)
+    collector = GarbageCollector(get_settings(), alias, topics)
+    total = before
+    with connections[alias].cursor() as cursor:
+        while removed := collector.collect(cursor, force=True):
+            total += removed
+            if progress is not None:
+                progress(total)
+    return Collected(collector.deleted, collector.results_deleted, collector.keys_deleted)

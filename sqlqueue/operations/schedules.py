@@ -1,0 +1,140 @@
+"""Schedules for operators: what is configured, when each ticks next, what it published
+last and how each consumer group fared with it; publishing a tick now (SPEC §9
+"Schedules"; the admin's Schedules page and ``manage.py queue schedules``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db import connections, transaction
+
+from sqlqueue.conf import get_settings
+from sqlqueue.exceptions import SqlqueueError
+from sqlqueue.models import DeliveryState, PartitionOffset
+from sqlqueue.operations.lag import known_subscriptions
+from sqlqueue.scheduling import Schedule, configured_schedules
+from sqlqueue.scheduling.ticker import alias_for, publish_tick
+from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql.schedules import PublishedTick, ScheduleRow
+
+
+class UnknownSchedule(SqlqueueError, LookupError):
+    """A name that is not in ``SQLQUEUE["SCHEDULES"]``."""
+
+
+@dataclass(frozen=True)
+class ScheduleView:
+    name: str
+    #: None: a row left by a schedule no longer in the settings (it publishes nothing)
+    schedule: Schedule | None
+    row: ScheduleRow | None
+    next_tick_ms: int | None
+    #: consumer group -> what became of the last published message for it
+    outcomes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def definition(self) -> str:
+        if self.schedule is not None:
+            return self.schedule.definition
+        return self.row.definition if self.row else ""
+
+    @property
+    def target(self) -> str:
+        if self.schedule is None:
+            return "(removed from settings)"
+        if self.schedule.task is not None:
+            return f"task {self.schedule.task}"
+        return f"topic {self.schedule.topic}"
+
+
+def schedule_overview(now_ms: int) -> list[ScheduleView]:
+    """Every configured schedule, then the rows of removed ones, by name."""
+    conf = get_settings()
+    schedules = {s.name: s for s in configured_schedules(conf)}
+    rows: dict[str, ScheduleRow] = {}
+    for alias in sorted({alias_for(s, conf) for s in schedules.values()} | {conf.DATABASE}):
+        with connections[alias].cursor() as cursor:
+            rows.update(dialect_for(connections[alias]).read_schedules(cursor))
+    views = []
+    for name in sorted(set(schedules) | set(rows)):
+        schedule, row = schedules.get(name), rows.get(name)
+        views.append(ScheduleView(
+            name, schedule, row, _next_tick(schedule, row, now_ms),
+            _outcomes(row, alias_for(schedule, conf) if schedule else conf.DATABASE),
+        ))
+    return views
+
+
+def current_time_ms() -> int:
+    """The queue database's clock (the one schedules tick by)."""
+    conf = get_settings()
+    connection = connections[conf.DATABASE]
+    with connection.cursor() as cursor:
+        return dialect_for(connection).database_now_ms(cursor)
+
+
+def _next_tick(schedule: Schedule | None, row: ScheduleRow | None, now_ms: int) -> int | None:
+    if schedule is None:
+        return None
+    tick = schedule.next_tick(max(now_ms, row.checked_until if row else 0))
+    due = schedule.due_ticks(row.checked_until, now_ms) if row else []
+    return due[0] if due else tick  # a due tick not yet published is "next"
+
+
+def _outcomes(row: ScheduleRow | None, alias: str) -> dict[str, str]:
+    """For each group consuming the last message's topic: done, running, retrying or
+    waiting."""
+    if row is None or row.last_offset is None:
+        return {}
+    groups = sorted(g for g, t in known_subscriptions(using=alias) if t == row.last_topic)
+    states = {s.consumer_group: s for s in DeliveryState.objects.using(alias).filter(
+        topic=row.last_topic, partition_key=row.last_partition_key,
+        message_offset=row.last_offset, consumer_group__in=groups)}
+    watermarks = dict(PartitionOffset.objects.using(alias).filter(
+        topic=row.last_topic, partition_key=row.last_partition_key,
+        consumer_group__in=groups).values_list("consumer_group", "offset_acked"))
+    outcomes = {}
+    for group in groups:
+        state = states.get(group)
+        if (state is not None and state.acked) or watermarks.get(group, 0) >= row.last_offset:
+            outcomes[group] = "done"
+        elif state is not None and state.retry_count > 0:
+            outcomes[group] = f"retrying ({state.retry_count} failed)"
+        elif state is not None:
+            outcomes[group] = "running"
+        else:
+            outcomes[group] = "waiting"
+    return outcomes
+
+
+def run_schedule_now(name: str) -> PublishedTick:
+    """Publish one tick of ``name`` now, besides its regular ticks (which it does not
+    move): the message carries the current time as its tick."""
+    conf = get_settings()
+    schedules = {s.name: s for s in configured_schedules(conf)}
+    if name not in schedules:
+        raise UnknownSchedule(f"No schedule named {name!r} in SQLQUEUE['SCHEDULES'] "
+                              f"(configured: {', '.join(sorted(schedules)) or 'none'}).")
+    schedule = schedules[name]
+    alias = alias_for(schedule, conf)
+    connection = connections[alias]
+    dialect = dialect_for(connection)
+    with transaction.atomic(using=alias), connection.cursor() as cursor:
+        now = dialect.database_now_ms(cursor)
+        dialect.ensure_schedules(cursor, [(name, now, schedule.definition)])
+        published = publish_tick(schedule, now, alias)
+        dialect.record_tick(cursor, name, published)
+    return published
+
+
+def forget_schedule(name: str) -> bool:
+    """Delete the row a schedule removed from the settings left behind (its history: last
+    tick and message). A configured schedule cannot be forgotten: its row is what makes
+    each tick run once. Returns False if there was no such row."""
+    conf = get_settings()
+    if name in {s.name for s in configured_schedules(conf)}:
+        raise UnknownSchedule(f"{name!r} is still in SQLQUEUE['SCHEDULES']: remove it from "
+                              "the settings (and deploy) first.")
+    connection = connections[conf.DATABASE]
+    with transaction.atomic(using=conf.DATABASE), connection.cursor() as cursor:
+        return dialect_for(connection).delete_schedule(cursor, name) > 0

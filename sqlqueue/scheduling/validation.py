@@ -1,0 +1,72 @@
+"""What ``manage.py check`` finds wrong with ``SQLQUEUE["SCHEDULES"]``: the entries'
+shape (``definitions``), and what needs the project to judge: a topic name sqlqueue can
+store, a payload it can publish, a task that exists and runs on sqlqueue's backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.module_loading import import_string
+
+from sqlqueue.conf import QueueSettings
+from sqlqueue.publishing.messages import OutgoingMessage, check_topic, prepare
+from sqlqueue.scheduling.definitions import Schedule, ScheduleError, parse_schedules
+from sqlqueue.scheduling.ticker import tick_metadata
+
+
+def schedule_errors(conf: QueueSettings) -> list[ScheduleError]:
+    """Every problem of every schedule, each with its check id."""
+    schedules, errors = parse_schedules(dict(conf.SCHEDULES))
+    for schedule in schedules:
+        try:
+            if schedule.topic is not None:
+                _check_message(schedule, conf)
+            else:
+                _check_task(schedule)
+        except ScheduleError as error:
+            errors.append(error)
+    return errors
+
+
+def _where(schedule: Schedule) -> str:
+    return f"SQLQUEUE['SCHEDULES'][{schedule.name!r}]"
+
+
+def _check_message(schedule: Schedule, conf: QueueSettings) -> None:
+    assert schedule.topic is not None
+    try:
+        topic = check_topic(schedule.topic, conf)
+    except (TypeError, ValueError) as exc:
+        raise ScheduleError("sqlqueue.E307", f"{_where(schedule)}['topic']: {exc}") from exc
+    tick = schedule.next_tick(0)
+    message = OutgoingMessage(
+        schedule.payload, schedule.partition_key, schedule.message_id(tick),
+        {**schedule.metadata, **tick_metadata(schedule, tick)}, schedule.priority,
+    )
+    try:
+        prepare(topic, message, conf, 0)  # what send_message would refuse
+    except (TypeError, ValueError) as exc:
+        raise ScheduleError("sqlqueue.E309", f"{_where(schedule)}: its message cannot be "
+                                             f"published: {exc}") from exc
+
+
+def _check_task(schedule: Schedule) -> None:
+    from sqlqueue.integrations.tasks.compat import Task
+
+    assert schedule.task is not None
+    try:
+        task: Any = import_string(schedule.task)
+    except ImportError as exc:
+        raise ScheduleError("sqlqueue.E308", f"{_where(schedule)}['task'] {schedule.task!r} "
+                                             f"cannot be imported: {exc}") from exc
+    if not isinstance(task, Task):
+        raise ScheduleError("sqlqueue.E308", f"{_where(schedule)}['task'] {schedule.task!r} "
+                                             "is not a Django @task.")
+    from sqlqueue.integrations.tasks.backend import SQLQueueBackend
+
+    if not isinstance(task.get_backend(), SQLQueueBackend):
+        raise ScheduleError(
+            "sqlqueue.E308",
+            f"{_where(schedule)}['task'] {schedule.task!r} runs on backend "
+            f"{task.backend!r}, which is not sqlqueue's: a tick and its task must be stored "
+            "in one transaction for each tick to run once.")

@@ -1,0 +1,8 @@
+"""``path("queue/", include("sqlqueue.urls"))`` serves ``queue/metrics/`` (SPEC §9)."""
+
+from django.urls import path
+
+from sqlqueue import views
+
+app_name = "sqlqueue"
+urlpatterns = [path("metrics/", views.metrics, name="metrics")]

@@ -1,0 +1,43 @@
+"""Views served by ``sqlqueue.urls``: ``metrics/`` (Prometheus text, SPEC §9)."""
+
+from __future__ import annotations
+
+import hmac
+
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.views.decorators.http import require_GET
+
+from sqlqueue.conf import get_settings
+
+
+def _allowed(request: HttpRequest) -> bool:
+    """A user with ``sqlqueue.view_consumerlag``, or a request bearing the configured
+    ``SQLQUEUE["METRICS_TOKEN"]`` (compared in constant time)."""
+    header = request.headers.get("Authorization", "")
+    token = get_settings().METRICS_TOKEN
+    if header.startswith("Bearer "):
+        # A bearer that does not match is refused even for a logged-in user: a wrong
+        # token in a scraper's configuration must show, not pass on a session cookie.
+        return bool(token) and hmac.compare_digest(header[len("Bearer "):].encode(),
+                                                   token.encode())
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_authenticated
+                and user.has_perm("sqlqueue.view_consumerlag"))
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    if not _allowed(request):
+        return HttpResponseForbidden("Forbidden: needs the sqlqueue.view_consumerlag "
+                                     "permission or the SQLQUEUE['METRICS_TOKEN'] bearer token.\n",
+                                     content_type="text/plain")
+    try:
+        from prometheus_client.exposition import choose_encoder
+    except ImportError:  # pragma: no cover - the extra is missing
+        return HttpResponse("prometheus_client is not installed: pip install "
+                            "'django-sqlqueue[metrics]'.\n", status=501,
+                            content_type="text/plain")
+    from sqlqueue.metrics import queue_state_registry
+
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(encoder(queue_state_registry()), content_type=content_type)

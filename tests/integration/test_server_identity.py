@@ -1,0 +1,174 @@
+"""A connection that reaches another server without any error (a proxy such as ProxySQL or
+MaxScale moves idle connections to a new primary): the head query and every fence say
+which server answered, and a change drops everything learnt on the old one (issue 15).
+
+The move is simulated by changing what the server-identity expression answers; the same
+database stands for the new server. tests/acceptance/test_failover.py moves a real
+``runconsumer`` to a real second server.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from sqlqueue import Message, events, send_message
+from sqlqueue.consuming.counter import OffsetCounterWatch
+from sqlqueue.consuming.registry import select_consumers
+from sqlqueue.consuming.runner import Runner, ServerChanged
+from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
+from sqlqueue.operations.positions import reset_position
+from sqlqueue.storage.sql import dialect_for
+from tests.integration.consuming_helpers import fast_settings, register
+
+pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["register"]  # the fixture
+
+
+@pytest.fixture
+def runner_of_g() -> Iterator[Callable[[], Runner]]:
+    """Makes the runner of group g (once its consumer is registered)."""
+    made: list[Runner] = []
+
+    def make() -> Runner:
+        runner = Runner(select_consumers(["g"]), conf=fast_settings(VISIBILITY_TIMEOUT=1))
+        runner.start_handler_threads()
+        made.append(runner)
+        return runner
+
+    yield make
+    for runner in made:
+        runner.stop()
+        runner._shutdown()
+
+
+def move_to_another_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(type(dialect_for(connection)), "server_identity_sql",
+                        "'another server'")
+
+
+def cycle_until(runner: Runner, condition: Any, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        try:
+            runner.run_once()
+        except ServerChanged as exc:  # what Runner.run does with it
+            runner._forget_server(exc.now)
+        time.sleep(0.01)
+
+
+def test_outcomes_of_deliveries_made_on_the_old_server_are_dropped(
+        register: Any, runner_of_g: Callable[[], Runner],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts: list[int] = []
+    release = threading.Event()
+
+    def handler(message: Message) -> None:
+        attempts.append(message.attempt)
+        if message.attempt == 1:
+            release.wait(30)
+        connections.close_all()
+
+    register("t", "g", handler)
+    runner = runner_of_g()
+    sent = send_message("t", {}, partition_key="k")
+    cycle_until(runner, lambda: attempts == [1])
+    move_to_another_server(monkeypatch)
+    with pytest.raises(ServerChanged) as changed:
+        runner.run_once()
+    assert changed.value.now == "another server"
+    runner._forget_server(changed.value.now)
+    subscriber = runner.subscribers[0]
+    assert not subscriber.partitions and not subscriber.outstanding
+    assert not subscriber.leases.owned
+    release.set()  # the old delivery's handler acks ...
+    cycle_until(runner, lambda: subscriber.stats["abandoned"] == 1)
+    # ... which is not written: the message is delivered again on the "new" server.
+    assert not DeliveryState.objects.filter(message_offset=sent.offset, acked=True).exists()
+    cycle_until(runner, lambda: attempts == [1, 2])
+    cycle_until(runner, lambda: DeliveryState.objects.filter(
+        message_offset=sent.offset, acked=True).exists() or subscriber.stats["acked"] >= 1)
+
+
+def test_a_fence_on_another_server_writes_nothing(
+        register: Any, runner_of_g: Callable[[], Runner],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    handled: list[int] = []
+    register("t", "g", lambda message: handled.append(message.offset))
+    runner = runner_of_g()
+    send_message("t", {}, partition_key="k")
+    cycle_until(runner, lambda: bool(handled))
+    subscriber = runner.subscribers[0]
+    written: list[str] = []
+    dialect_class = type(dialect_for(connection))
+    for statement in ("write_outcomes", "mark_delivered", "advance_watermark"):
+        original = getattr(dialect_class, statement)
+
+        def spy(self: Any, *args: Any, _original: Any = original, _name: str = statement,
+                **kwargs: Any) -> Any:
+            written.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(dialect_class, statement, spy)
+    move_to_another_server(monkeypatch)
+    with connection.cursor() as cursor, pytest.raises(ServerChanged):
+        runner._pass(subscriber, cursor, [], lambda: 0, None)
+    assert written == []
+
+
+def test_a_watermark_that_went_back_is_an_error(register: Any, runner_of_g: Any,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A watermark read lower than the process had seen it (here an operator's rewind;
+    a failover to a replica that was behind looks the same) is logged as an ERROR with
+    its event, and the messages in between run again."""
+    handled: list[int] = []
+    register("t", "g", lambda m: handled.append(m.offset))
+    sent = [send_message("t", n, partition_key="k") for n in range(3)]
+    runner = runner_of_g()
+    cycle_until(runner, lambda: PartitionOffset.objects.filter(
+        consumer_group="g", offset_acked__gte=sent[-1].offset).exists())
+    reset_position("g", "t", "k", deliver_from=sent[0].offset)
+    with caplog.at_level(logging.ERROR, logger="sqlqueue.consumer"):
+        cycle_until(runner, lambda: handled.count(sent[0].offset) == 2)
+    (record,) = [r for r in caplog.records
+                 if getattr(r, "event", None) == events.WATERMARK_WENT_BACK]
+    assert (record.partition, record.seen, record.now) == (
+        "k", sent[-1].offset, sent[0].offset - 1)
+
+
+def test_an_offset_counter_that_went_back_is_an_error(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    now = [0]
+    watch = OffsetCounterWatch("default", lambda: now[0], interval_ms=1000)
+    readings = iter([500, 700, 650, 660])
+    monkeypatch.setattr(type(dialect_for(connection)), "offset_counter",
+                        lambda self, cursor: next(readings))
+    with caplog.at_level(logging.ERROR, logger="sqlqueue.consumer"):
+        for _ in range(4):
+            watch.run_due()
+            watch.run_due()  # not due again before the interval: no reading
+            now[0] += 1000
+    (record,) = caplog.records
+    assert (record.event, record.seen, record.now) == (
+        events.OFFSET_COUNTER_WENT_BACK, 700, 650)
+    assert watch.seen == 660
+
+
+def test_the_offset_counter_only_grows_with_the_log() -> None:
+    dialect = dialect_for(connection)
+    first = send_message("t", 1, partition_key="k")
+    with connection.cursor() as cursor:
+        before = dialect.offset_counter(cursor)
+    assert before is not None and before >= first.offset
+    later = send_message("t", 2, partition_key="k")
+    QueueMessage.objects.all().delete()  # an emptied log keeps its counter
+    with connection.cursor() as cursor:
+        after = dialect.offset_counter(cursor)
+    assert after is not None and after >= later.offset and after > before

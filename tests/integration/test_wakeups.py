@@ -1,0 +1,297 @@
+"""Wake-ups on a real database: a commit wakes a runner sleeping a 30 s poll interval
+at once; a rollback wakes nothing; PostgreSQL's NOTIFY goes once per topic per
+transaction and its listener survives a terminated session; Redis carries wake-ups
+between processes, and Redis down breaks nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext, override_settings
+
+from sqlqueue import OutgoingMessage, send_message, send_messages, wakeups
+from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.registry import select_consumers
+from sqlqueue.consuming.runner import Runner
+from sqlqueue.wakeups.postgresql import PostgreSQLListener, connection_params
+from sqlqueue.wakeups.redis_channel import CHANNEL_PREFIX, RedisListener
+from tests.integration.consuming_helpers import register
+
+pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["register"]  # a fixture
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+#: far longer than any wait below: only a wake-up explains a quick start
+SLOW_POLL = 30.0
+
+
+def until(condition: Callable[[], object], timeout: float = 20, what: str = "") -> float:
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(0.005)
+    return time.monotonic() - started
+
+
+def postgresql_only() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's NOTIFY/LISTEN")
+
+
+def redis_available() -> None:
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+
+
+@pytest.fixture
+def rung() -> Iterator[list[str]]:
+    """The topics this process's registry rings, in order."""
+    heard: list[str] = []
+    unsubscribe = wakeups.subscribe(["wk.a", "wk.b"], heard.append)
+    yield heard
+    unsubscribe()
+
+
+class SleepyRunner:
+    """A runner on a thread whose only poll is every SLOW_POLL seconds (adaptive polling
+    and lease ticks out of the way)."""
+
+    def __init__(self, topic: str, group: str, **overrides: Any) -> None:
+        values: dict[str, Any] = {"POLL_INTERVAL": SLOW_POLL, "LEASE_DURATION": 180,
+                                  "LEASE_RENEW_INTERVAL": 60, "SHUTDOWN_TIMEOUT": 5,
+                                  **overrides}
+        conf = dataclasses.replace(QueueSettings(), **values)
+        self.runner = Runner(select_consumers([group], [topic]), conf=conf, threads=1)
+        self.runner._polling_delay = lambda head: SLOW_POLL  # type: ignore[method-assign]
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.runner.run(install_signal_handlers=False)
+        finally:
+            connections.close_all()
+
+    def asleep(self, handled: int) -> bool:
+        """Has it recorded ``handled`` outcomes, and is it waiting, subscribed everywhere?"""
+        runner = self.runner
+        return (sum(runner.stats.values()) >= handled and runner._wakeup.waiting
+                and runner.wakeups is not None
+                and all(listener.connected.is_set() for listener in runner.wakeups.listeners))
+
+    def __enter__(self) -> SleepyRunner:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.runner.stop()
+        self.thread.join(30)
+
+
+def _recorder(register: Any, topic: str, group: str) -> queue.SimpleQueue[int]:
+    handled: queue.SimpleQueue[int] = queue.SimpleQueue()
+    register(topic, group, lambda message: handled.put(message.payload["n"]))
+    return handled
+
+
+def _handled_within(handled: queue.SimpleQueue[int], n: int, seconds: float) -> float:
+    started = time.monotonic()
+    assert handled.get(timeout=seconds) == n
+    return time.monotonic() - started
+
+
+# -- a committed publish wakes a sleeping runner ----------------------------------------------
+def test_a_commit_wakes_a_runner_sleeping_its_poll_interval(register: Any) -> None:
+    handled = _recorder(register, "wk.a", "sleepers")
+    send_message("wk.a", {"n": 0}, partition_key="p")  # its first pass finds this one
+    with SleepyRunner("wk.a", "sleepers") as sleepy:
+        assert handled.get(timeout=20) == 0
+        until(lambda: sleepy.asleep(1), what="the runner to sleep")
+        started = time.monotonic()
+        with transaction.atomic():
+            send_message("wk.a", {"n": 1}, partition_key="p")
+        assert handled.get(timeout=10) == 1
+        assert time.monotonic() - started < SLOW_POLL / 3
+        assert sleepy.runner._wakeup.wakeups >= 1
+
+
+def test_without_wakeups_the_runner_sleeps_on(register: Any) -> None:
+    handled = _recorder(register, "wk.a", "sleepers")
+    send_message("wk.a", {"n": 0}, partition_key="p")
+    with (override_settings(SQLQUEUE={"WAKEUPS": False}),
+          SleepyRunner("wk.a", "sleepers", WAKEUPS=False) as sleepy):
+        assert handled.get(timeout=20) == 0
+        until(lambda: sleepy.asleep(1), what="the runner to sleep")
+        assert sleepy.runner.wakeups is not None and sleepy.runner.wakeups.listeners == []
+        with CaptureQueriesContext(connection) as captured:
+            send_message("wk.a", {"n": 1}, partition_key="p")
+        # Nothing listens in this process, no pg_notify went out, and the runner never
+        # woke early: it sleeps on, for SLOW_POLL (no wait needed to see it).
+        assert wakeups.ring(["wk.a"]) == 0
+        assert _notifies(captured) == []
+        assert sleepy.runner._wakeup.wakeups == 0 and handled.empty()
+
+
+# -- rings follow the commit --------------------------------------------------------------
+def test_a_rollback_rings_nothing_and_a_commit_rings_each_topic_once(rung: list[str]) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        send_message("wk.a", {"n": 1})
+        raise RuntimeError("rolled back")
+    assert rung == []
+    with transaction.atomic():
+        send_message("wk.a", {"n": 2})
+        send_message("wk.a", {"n": 3})
+        send_messages("wk.b", [OutgoingMessage({"n": 4}), {"n": 5}])
+        assert rung == []  # nothing before the commit
+    assert sorted(rung) == ["wk.a", "wk.b"]
+
+
+def test_autocommit_publishes_ring_at_once(rung: list[str]) -> None:
+    send_message("wk.a", {"n": 1})
+    send_messages("wk.b", [{"n": 2}])
+    assert rung == ["wk.a", "wk.b"]
+
+
+def test_a_savepoint_rolled_back_takes_its_ring_with_it(rung: list[str]) -> None:
+    with transaction.atomic():
+        send_message("wk.a", {"n": 1})
+        with pytest.raises(RuntimeError), transaction.atomic():
+            send_message("wk.b", {"n": 2})
+            raise RuntimeError("savepoint rolled back")
+    assert rung == ["wk.a"]
+
+
+def test_a_dedup_hit_rings_nothing(rung: list[str]) -> None:
+    send_message("wk.a", {"n": 1}, id="same")
+    rung.clear()
+    assert send_message("wk.a", {"n": 1}, id="same").created is False
+    assert rung == []
+
+
+# -- PostgreSQL NOTIFY ---------------------------------------------------------------------
+def _notifies(captured: CaptureQueriesContext) -> list[str]:
+    return [q["sql"] for q in captured.captured_queries if "pg_notify" in q["sql"]]
+
+
+def test_notify_goes_once_per_topic_per_transaction() -> None:
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        for n in range(3):
+            send_message("wk.a", {"n": n})
+        send_messages("wk.a", [{"n": 3}, {"n": 4}])
+        send_messages("wk.b", [{"n": 5}])
+        send_message("wk.b", {"n": 6})
+    expected = 2 if connection.vendor == "postgresql" else 0
+    assert len(_notifies(captured)) == expected
+
+
+def test_notify_is_sent_again_after_its_savepoint_rolled_back() -> None:
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        with pytest.raises(RuntimeError), transaction.atomic():
+            send_message("wk.b", {"n": 1})
+            raise RuntimeError("savepoint rolled back, its NOTIFY too")
+        send_message("wk.b", {"n": 2})
+    assert len(_notifies(captured)) == (2 if connection.vendor == "postgresql" else 0)
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[PostgreSQLListener, queue.SimpleQueue[str]]]:
+    postgresql_only()
+    heard: queue.SimpleQueue[str] = queue.SimpleQueue()
+    started = PostgreSQLListener(connection_params("default"), ["wk.a", "wk.b"], heard.put)
+    started.start()
+    until(started.connected.is_set, what="the listener")
+    while not heard.empty():
+        heard.get()  # the catch-up rings of its connection
+    yield started, heard
+    started.stop()
+
+
+def test_postgresql_listener_hears_commits_not_rollbacks(
+        listener: tuple[PostgreSQLListener, queue.SimpleQueue[str]]) -> None:
+    _, heard = listener
+    with pytest.raises(RuntimeError), transaction.atomic():
+        send_message("wk.a", {"n": 1})
+        raise RuntimeError("rolled back")
+    with transaction.atomic():
+        send_message("wk.b", {"n": 2})
+        send_message("wk.b", {"n": 3})
+    # Notifications arrive in commit order: had the rollback sent one, it came first.
+    assert heard.get(timeout=10) == "wk.b"
+    send_message("wk.a", {"n": 4})
+    assert heard.get(timeout=10) == "wk.a"
+
+
+def test_postgresql_listener_survives_its_session_being_terminated(
+        listener: tuple[PostgreSQLListener, queue.SimpleQueue[str]]) -> None:
+    started, heard = listener
+    pid = started.backend_pid
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    until(lambda: started.connections == 2 and started.connected.is_set(),
+          what="the listener to reconnect")
+    assert started.backend_pid != pid
+    assert {heard.get(timeout=10), heard.get(timeout=10)} == {"wk.a", "wk.b"}  # catch-up
+    send_message("wk.a", {"n": 1})
+    assert heard.get(timeout=10) == "wk.a"
+
+
+def test_a_runner_on_postgresql_listens_through_the_listener_alias(register: Any) -> None:
+    postgresql_only()
+    _recorder(register, "wk.a", "sleepers")
+    with SleepyRunner("wk.a", "sleepers",
+                      WAKEUP_LISTEN_DATABASES=(("default", "routes"),)) as sleepy:
+        until(lambda: sleepy.asleep(0), what="the runner to sleep")
+        (listening,) = sleepy.runner.wakeups.listeners  # type: ignore[union-attr]
+        assert isinstance(listening, PostgreSQLListener)
+        assert listening.params["dbname"] == connections["routes"].settings_dict["NAME"]
+
+
+# -- Redis -----------------------------------------------------------------------------------
+def test_redis_carries_committed_topics_only() -> None:
+    redis_available()
+    heard: queue.SimpleQueue[str] = queue.SimpleQueue()
+    listening = RedisListener(REDIS_URL, ["wk.a", "wk.b"], heard.put)
+    listening.start()
+    try:
+        until(listening.connected.is_set, what="the Redis listener")
+        while not heard.empty():
+            heard.get()
+        with override_settings(SQLQUEUE={"WAKEUP_REDIS_URL": REDIS_URL}):
+            with pytest.raises(RuntimeError), transaction.atomic():
+                send_message("wk.a", {"n": 1})
+                raise RuntimeError("rolled back")
+            with transaction.atomic():
+                send_message("wk.b", {"n": 2})
+                send_message("wk.b", {"n": 3})
+            assert heard.get(timeout=10) == "wk.b"
+            send_message("wk.a", {"n": 4})
+            assert heard.get(timeout=10) == "wk.a"
+    finally:
+        listening.stop()
+    assert CHANNEL_PREFIX == "sqlqueue:"
+
+
+def test_redis_down_breaks_neither_publishing_nor_consuming(register: Any,
+                                                             rung: list[str]) -> None:
+    down = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    handled = _recorder(register, "wk.a", "sleepers")
+    with override_settings(SQLQUEUE={"WAKEUP_REDIS_URL": down}):
+        with transaction.atomic():
+            sent = send_message("wk.a", {"n": 0}, partition_key="p")
+        assert sent.created and rung == ["wk.a"]  # committed; this process still rung
+        with SleepyRunner("wk.a", "sleepers", WAKEUP_REDIS_URL=down) as sleepy:
+            assert handled.get(timeout=20) == 0
+            listeners = sleepy.runner.wakeups.listeners  # type: ignore[union-attr]
+            (redis_listener,) = [x for x in listeners if isinstance(x, RedisListener)]
+            assert redis_listener.is_alive() and not redis_listener.connected.is_set()

@@ -1,0 +1,201 @@
+"""Wake-ups without a database: the in-process registry, the runner's Doorbell (many
+rings are one wake-up, never sooner than the quickest poll), the listeners' reconnects,
+a Redis that is down, and the settings."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from sqlqueue import wakeups
+from sqlqueue.conf import validate
+from sqlqueue.wakeups import Doorbell
+from sqlqueue.wakeups.listener import Listener
+from sqlqueue.wakeups.redis_channel import Publisher
+
+ALIASES = {"default": {"ENGINE": "django.db.backends.postgresql"},
+           "session": {"ENGINE": "django.db.backends.postgresql"},
+           "lite": {"ENGINE": "django.db.backends.sqlite3"}}
+
+
+# -- the registry -----------------------------------------------------------------------
+def test_ring_calls_the_subscribers_of_its_topics_only() -> None:
+    heard: list[str] = []
+    unsubscribe = wakeups.subscribe(["a", "b"], heard.append)
+    try:
+        assert wakeups.ring(["a", "c", "a"]) == 1  # a set: "a" once, nobody on "c"
+        assert wakeups.ring(["b"]) == 1
+    finally:
+        unsubscribe()
+    assert heard == ["a", "b"]
+    assert wakeups.ring(["a", "b"]) == 0  # unsubscribed
+
+
+def test_a_failing_subscriber_does_not_stop_the_others(caplog: Any) -> None:
+    heard: list[str] = []
+
+    def broken(topic: str) -> None:
+        raise RuntimeError("boom")
+
+    stops = [wakeups.subscribe(["t"], broken), wakeups.subscribe(["t"], heard.append)]
+    try:
+        with caplog.at_level(logging.ERROR, "sqlqueue.wakeups"):
+            assert wakeups.ring(["t"]) == 2
+    finally:
+        for stop in stops:
+            stop()
+    assert heard == ["t"]
+    assert "A wake-up subscriber of 't' failed" in caplog.text
+
+
+# -- the Doorbell -------------------------------------------------------------------------
+def test_many_rings_are_one_wakeup() -> None:
+    bell = Doorbell(min_gap=0.001)
+    for _ in range(1000):
+        bell.ring("t")
+    assert bell.wait(30) is True
+    bell.clear()
+    assert bell.wakeups == 1
+    assert bell.wait(0.01) is False  # nothing left over from the storm
+    assert bell.wakeups == 1
+
+
+def test_a_ring_never_ends_a_wait_sooner_than_the_min_gap() -> None:
+    bell = Doorbell(min_gap=0.2)
+    bell.ring("t")  # rung during the pass: the next wait still lasts min_gap
+    started = time.monotonic()
+    assert bell.wait(30) is True
+    assert 0.2 <= time.monotonic() - started < 10
+
+
+def test_a_ring_from_another_thread_ends_a_long_wait() -> None:
+    bell = Doorbell(min_gap=0.002)
+    ringer = threading.Thread(target=lambda: (_until(lambda: bell.waiting), bell.ring("t")))
+    ringer.start()
+    started = time.monotonic()
+    assert bell.wait(30) is True
+    ringer.join()
+    assert time.monotonic() - started < 10
+
+
+def test_set_ends_a_wait_at_once_even_inside_the_min_gap() -> None:
+    bell = Doorbell(min_gap=60)
+    bell.ring("t")
+    setter = threading.Thread(target=lambda: (_until(lambda: bell.waiting), bell.set()))
+    setter.start()
+    started = time.monotonic()
+    assert bell.wait(120) is True
+    setter.join()
+    assert time.monotonic() - started < 30
+    assert bell.wakeups == 0  # an urgent wake, not a publish
+
+
+def test_a_wait_without_a_ring_lasts_its_timeout() -> None:
+    bell = Doorbell(min_gap=0.001)
+    started = time.monotonic()
+    assert bell.wait(0.05) is False
+    assert time.monotonic() - started >= 0.05
+
+
+def _until(condition: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+# -- the listeners' reconnect loop ---------------------------------------------------------
+class FlakyListener(Listener):
+    """Fails its first connection, then hears one wake-up and idles until stopped."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.attempts = 0
+
+    def listen(self) -> None:
+        self.attempts += 1
+        if self.attempts == 1:
+            raise ConnectionError("refused")
+        self.listening()
+        self.heard("other")  # not ours: ignored
+        self.heard("t")
+        self.stopping.wait()
+
+
+def test_a_listener_reconnects_and_catches_up(caplog: Any) -> None:
+    heard: list[str] = []
+    listener = FlakyListener(["t"], heard.append)
+    with caplog.at_level(logging.WARNING, "sqlqueue.wakeups"):
+        listener.start()
+        _until(listener.connected.is_set)
+        _until(lambda: len(heard) == 2)
+    listener.stop()
+    assert not listener.is_alive()
+    # One ring when it (re)connected (what was published meanwhile), one heard.
+    assert heard == ["t", "t"]
+    assert "channel is unavailable (refused)" in caplog.text
+
+
+# -- Redis down ----------------------------------------------------------------------------
+def test_a_redis_publisher_that_cannot_connect_logs_once_and_stays_quiet(caplog: Any) -> None:
+    publisher = Publisher("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    with caplog.at_level(logging.WARNING, "sqlqueue.wakeups"):
+        assert publisher.publish(["t"]) is False
+        assert publisher.publish(["t"]) is False  # within its quiet period: not even tried
+    assert caplog.text.count("Cannot publish wake-ups to Redis") == 1
+
+
+# -- settings ------------------------------------------------------------------------------
+def _ids(raw: dict[str, Any]) -> list[str]:
+    return [p.id for p in validate(raw, ALIASES)[1]]
+
+
+def test_wakeup_settings_defaults() -> None:
+    conf, problems = validate({}, ALIASES)
+    assert problems == [] and conf is not None
+    assert conf.WAKEUPS is True
+    assert conf.WAKEUP_REDIS_URL == ""
+    assert conf.listen_alias_for("default") == "default"
+
+
+def test_wakeup_listen_databases_names_the_listener_alias() -> None:
+    conf, _ = validate({"WAKEUP_LISTEN_DATABASES": {"default": "session"}}, ALIASES)
+    assert conf is not None and conf.listen_alias_for("default") == "session"
+
+
+@pytest.mark.parametrize(("raw", "check_id"), [
+    ({"WAKEUPS": "yes"}, "sqlqueue.E003"),
+    ({"WAKEUP_REDIS_URL": "http://127.0.0.1:6379"}, "sqlqueue.E008"),
+    ({"WAKEUP_REDIS_URL": 6379}, "sqlqueue.E003"),
+    ({"WAKEUP_LISTEN_DATABASES": ["default"]}, "sqlqueue.E003"),
+    ({"WAKEUP_LISTEN_DATABASES": {"default": ""}}, "sqlqueue.E004"),
+    ({"WAKEUP_LISTEN_DATABASES": {"default": "nowhere"}}, "sqlqueue.E007"),
+    ({"WAKEUP_LISTEN_DATABASES": {"default": "lite"}}, "sqlqueue.E009"),
+])
+def test_bad_wakeup_settings_are_refused(raw: dict[str, Any], check_id: str) -> None:
+    assert _ids(raw) == [check_id]
+
+
+def test_redis_urls_are_accepted() -> None:
+    for url in ("redis://127.0.0.1:6379/0", "rediss://cache:6380", "unix:///run/redis.sock"):
+        assert _ids({"WAKEUP_REDIS_URL": url}) == []
+
+
+def test_a_redis_url_without_the_redis_package_is_a_warning(settings: Any,
+                                                            monkeypatch: Any) -> None:
+    import importlib.util
+
+    from sqlqueue.checks import check_wakeup_channels
+
+    settings.SQLQUEUE = {"WAKEUP_REDIS_URL": "redis://127.0.0.1:6379/0"}
+    assert check_wakeup_channels() == []  # installed here (the dev extra)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "redis" else real(name, *a))
+    assert [m.id for m in check_wakeup_channels()] == ["sqlqueue.W004"]
+    settings.SQLQUEUE = {}
+    assert check_wakeup_channels() == []
