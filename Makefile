@@ -12,7 +12,7 @@ DOCS_SITE ?= site
 # Material for MkDocs prints a notice about MkDocs 2.0 on every run: not a problem of ours.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo spark-demo test bootstrap lint docs docs-build test-sqlite test-mysql test-postgres test-spark test-wheel soak topologies bench bench-quick
+.PHONY: demo spark-demo test bootstrap lint docs docs-build test-sqlite test-mysql test-postgres test-spark test-wheel soak topologies bench bench-quick docs-images
 
 bootstrap:
 	@./.ci/bootstrap
@@ -56,6 +56,12 @@ test-postgres: bootstrap
 test-spark: bootstrap
 	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m spark $(PYTEST_ARGS)
 	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m spark $(PYTEST_ARGS)
+
+# The admin screenshots the guides show (docs/images/admin-13..18), taken again by the
+# browser test at 1366 px.
+docs-images: bootstrap
+	SQLQUEUE_REFRESH_DOCS_IMAGES=1 DATABASE_URL=sqlite:////tmp/sqlqueue-docs-images.sqlite3 \
+		$(PY) -m pytest tests/browser -k laptop_width $(PYTEST_ARGS)
 
 # The built wheel installed in a fresh virtualenv: acceptance and browser tiers against it.
 test-wheel: bootstrap

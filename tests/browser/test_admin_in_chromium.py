@@ -3,6 +3,7 @@ retry a backing-off message, and keep a screenshot of each step."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from django.db.models import F
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -83,16 +85,23 @@ class Admin:
         self.driver.save_screenshot(str(self.screenshots / f"{name}.png"))
 
     def text(self) -> str:
-        return str(self.driver.find_element(By.TAG_NAME, "body").text)
+        body = self.wait.until(ec.presence_of_element_located((By.TAG_NAME, "body")))
+        return str(body.text)
+
+    def follow(self, element: WebElement) -> None:
+        """Click what leads to another page and wait for that page. A click returns before
+        the browser navigates, so waiting for #content alone may find the old page's."""
+        old_page = self.driver.find_element(By.TAG_NAME, "html")
+        element.click()
+        self.wait.until(ec.staleness_of(old_page))
+        self.wait.until(ec.presence_of_element_located((By.ID, "content")))
 
     def click_link(self, text: str) -> None:
-        self.wait.until(ec.element_to_be_clickable((By.PARTIAL_LINK_TEXT, text))).click()
-        self.wait.until(ec.presence_of_element_located((By.ID, "content")))
+        self.follow(self.wait.until(ec.element_to_be_clickable((By.PARTIAL_LINK_TEXT, text))))
 
     def submit(self, value: str) -> None:
-        self.driver.find_element(By.CSS_SELECTOR, f'input[type="submit"][value="{value}"]'
-                                 ).click()
-        self.wait.until(ec.presence_of_element_located((By.ID, "content")))
+        self.follow(self.driver.find_element(
+            By.CSS_SELECTOR, f'input[type="submit"][value="{value}"]'))
 
     def success(self) -> str:
         return str(self.wait.until(ec.presence_of_element_located(
@@ -119,8 +128,7 @@ def test_operator_walkthrough(live_server: Any, browser: Chrome, screenshots: Pa
     assert "customer-05" in admin.text()
     admin.shot("02-messages")
     admin.open("/admin/sqlqueue/queuemessage/?q=customer-05")
-    admin.driver.find_elements(By.CSS_SELECTOR, "th.field-offset a")[-1].click()
-    admin.wait.until(ec.presence_of_element_located((By.ID, "content")))
+    admin.follow(admin.driver.find_elements(By.CSS_SELECTOR, "th.field-offset a")[-1])
     assert EVIL in admin.text()
     with pytest.raises(NoAlertPresentException):
         _ = browser.switch_to.alert
@@ -132,15 +140,14 @@ def test_operator_walkthrough(live_server: Any, browser: Chrome, screenshots: Pa
     admin.shot("04-dead-letters")
     before = DeadLetter.objects.count()
     admin.open("/admin/sqlqueue/deadletter/?consumer_group=analytics")
-    admin.driver.find_elements(By.CSS_SELECTOR, "th.field-offset a")[0].click()
-    admin.wait.until(ec.presence_of_element_located((By.ID, "content")))
+    admin.follow(admin.driver.find_elements(By.CSS_SELECTOR, "th.field-offset a")[0])
     assert "Traceback (most recent call last)" in admin.text()
     assert "ValueError: cannot parse the order total" in admin.text()
     admin.shot("05-dead-letter-detail")
     admin.open("/admin/sqlqueue/deadletter/")
     browser.find_elements(By.CSS_SELECTOR, "input.action-select")[0].click()
     Select(browser.find_element(By.NAME, "action")).select_by_value("replay")
-    browser.find_element(By.CSS_SELECTOR, 'button[name="index"]').click()
+    admin.follow(browser.find_element(By.CSS_SELECTOR, 'button[name="index"]'))
     assert admin.success() == "Replayed 1 dead letter(s)."
     assert DeadLetter.objects.count() == before - 1
     admin.shot("06-replayed")
@@ -186,7 +193,7 @@ def test_why_and_dead_letter_buttons_at_laptop_width(
     """Issue 16's admin at 1366 px: the dead-letter list without a horizontal scroll,
     Replay and Discard on a dead letter's page, the last error of a retrying message on
     its page and on its partition's row, pending on the overview. The screenshots are
-    kept in docs/images/ (the guides show them)."""
+    copied to docs/images/ (the guides show them) by `make docs-images`."""
     operator_scene(register)
     User.objects.create_superuser("operator", "ops@example.com", PASSWORD)
     admin = Admin(browser, live_server.url, screenshots)
@@ -209,7 +216,8 @@ def _no_sideways_scroll(browser: Chrome, page: str) -> None:
 
 def _keep(admin: Admin, name: str) -> None:
     admin.shot(name)
-    admin.driver.save_screenshot(str(DOCS_IMAGES / f"admin-{name}.png"))
+    if os.environ.get("SQLQUEUE_REFRESH_DOCS_IMAGES"):  # `make docs-images`
+        admin.driver.save_screenshot(str(DOCS_IMAGES / f"admin-{name}.png"))
 
 
 def _laptop_walkthrough(admin: Admin, browser: Chrome) -> None:
@@ -226,12 +234,12 @@ def _laptop_walkthrough(admin: Admin, browser: Chrome) -> None:
     _keep(admin, "13-dead-letters-1366")
 
     # Replay from the dead letter's own page, with its confirmation.
-    browser.find_elements(By.CSS_SELECTOR, "th.field-offset a")[0].click()
+    admin.follow(browser.find_elements(By.CSS_SELECTOR, "th.field-offset a")[0])
     admin.wait.until(ec.presence_of_element_located((By.ID, "sqlqueue-replay-one")))
     assert browser.find_element(By.ID, "sqlqueue-discard-one").is_displayed()
     _keep(admin, "14-dead-letter-buttons")
     before = DeadLetter.objects.count()
-    browser.find_element(By.ID, "sqlqueue-replay-one").click()
+    admin.follow(browser.find_element(By.ID, "sqlqueue-replay-one"))
     admin.wait.until(ec.presence_of_element_located((By.ID, "sqlqueue-confirm-replay")))
     assert "Replay it?" in admin.text()
     _keep(admin, "15-replay-one-confirm")
