@@ -248,7 +248,7 @@ def test_partition_discovery_is_a_loose_index_scan() -> None:
     analyze()
     with connection.cursor() as cursor:
         assert sorted(dialect.discover_partitions(cursor, "t")) == [f"k{n}" for n in range(10)]
-    plan = explain(dialect.discover_partitions_sql(), dialect.discover_partitions_params("t"))
+    plan = explain(*dialect.sql.discover_partitions("t"))
     if connection.vendor == "mysql":
         assert "Using index for group-by" in plan, plan
     elif connection.vendor == "postgresql":
@@ -358,7 +358,7 @@ def test_partition_heads_is_a_loose_index_scan() -> None:
     with connection.cursor() as cursor:
         heads = dialect.partition_heads(cursor, "t")
     assert heads == {f"k{n}": max(offsets[n::10]) for n in range(10)}
-    plan = explain(dialect.partition_heads_sql(), dialect.partition_heads_params("t"))
+    plan = explain(*dialect.sql.partition_heads("t"))
     if connection.vendor == "mysql":
         assert "Using index for group-by" in plan, plan
     elif connection.vendor == "postgresql":

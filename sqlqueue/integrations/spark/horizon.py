@@ -38,9 +38,7 @@ def read_write_horizon(db: Connection) -> WriteHorizon | None:
             row = db.one(statement)
     except Exception:  # no PROCESS privilege: nothing known
         return UNKNOWN
-    oldest_writer, newest_start = row if row is not None else (None, None)
-    return WriteHorizon(None if oldest_writer is None else int(oldest_writer),
-                        None if newest_start is None else int(newest_start))
+    return db.sql.parse_write_horizon(row)
 
 
 def _galera(db: Connection) -> bool:

@@ -23,21 +23,24 @@ from sqlqueue.storage.sql.operating import (
 )
 from sqlqueue.storage.sql.schedules import ScheduleStatements
 from sqlqueue.storage.sql.tables import (
-    FLOW_CONTROL_TABLE,
-    HEARTBEATS_TABLE,
-    IDEMPOTENCY_TABLE,
-    LEASES_TABLE,
-    MESSAGE_TABLE,
-    OFFSETS_KEY,
-    OFFSETS_TABLE,
-    STATE_KEY,
-    STATE_TABLE,
     FetchedRow,
     IdempotencyDigest,
     MessageKey,
     MessageRow,
     OutcomeWrite,
     VendorHooks,
+)
+from sqlqueue.storage.statements import statements_for
+from sqlqueue.storage.statements.tables import (
+    FLOW_CONTROL_TABLE,
+    GROUP_KEY,
+    HEARTBEATS_TABLE,
+    IDEMPOTENCY_TABLE,
+    LEASES_TABLE,
+    MESSAGE_TABLE,
+    OFFSETS_TABLE,
+    STATE_KEY,
+    STATE_TABLE,
 )
 
 
@@ -56,6 +59,7 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
+        self.sql = statements_for(self.vendor)
         self.quote = connection.ops.quote_name
 
     def check_connection(self) -> None:
@@ -233,11 +237,11 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
 __all__ = [
     "DUES_PER_STATEMENT",
     "FLOW_CONTROL_TABLE",
+    "GROUP_KEY",
     "HEARTBEATS_TABLE",
     "IDEMPOTENCY_TABLE",
     "LEASES_TABLE",
     "MESSAGE_TABLE",
-    "OFFSETS_KEY",
     "OFFSETS_TABLE",
     "PENDING_BRANCHES_PER_STATEMENT",
     "STATE_KEY",

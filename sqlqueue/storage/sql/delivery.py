@@ -9,15 +9,17 @@ from typing import Any
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.storage.sql.tables import (
-    MESSAGE_TABLE,
-    OFFSETS_KEY,
-    OFFSETS_TABLE,
-    STATE_KEY,
-    STATE_TABLE,
     FetchedRow,
     OutcomeWrite,
     VendorHooks,
     _text,
+)
+from sqlqueue.storage.statements.tables import (
+    GROUP_KEY,
+    MESSAGE_TABLE,
+    OFFSETS_TABLE,
+    STATE_KEY,
+    STATE_TABLE,
 )
 
 
@@ -116,17 +118,9 @@ class DeliveryStatements(VendorHooks):
         return (int(row[0]) if row[0] is not None else 0), str(row[1])
 
     # discover_partitions ---------------------------------------------------------------
-    def discover_partitions_sql(self) -> str:
-        """``discover_partitions``: the distinct partition keys of a topic by a loose
-        index scan of ``idx_topic_partition_offset``: one seek per partition, so the
-        cost grows with the number of partitions, not of messages."""
-        raise NotImplementedError
-
-    def discover_partitions_params(self, topic: str) -> list[Any]:
-        return [topic]
-
     def discover_partitions(self, cursor: CursorWrapper, topic: str) -> list[str]:
-        cursor.execute(self.discover_partitions_sql(), self.discover_partitions_params(topic))
+        """``discover_partitions`` (sqlqueue.storage.statements.vendors)."""
+        cursor.execute(*self.sql.discover_partitions(topic))
         return [r[0] for r in cursor.fetchall() if r[0] is not None]
 
     # mark_delivered ---------------------------------------------------------------------
@@ -241,16 +235,16 @@ class DeliveryStatements(VendorHooks):
         """``ensure_watermark``: create the group's offsets row if missing (this is what
         registers the group with garbage collection), then read the watermark."""
         q = self.quote
-        columns = (*OFFSETS_KEY, "offset_acked", "updated_at")
+        columns = (*GROUP_KEY, "offset_acked", "updated_at")
         cursor.execute(
-            self.insert_if_absent(OFFSETS_TABLE, columns, OFFSETS_KEY).format(
+            self.insert_if_absent(OFFSETS_TABLE, columns, GROUP_KEY).format(
                 values=f"%s, %s, %s, 0, {self.now_ms_sql}"
             ),
             [group, topic, partition],
         )
         cursor.execute(
             f"SELECT {q('offset_acked')} FROM {q(OFFSETS_TABLE)} WHERE "
-            + " AND ".join(f"{q(c)} = %s" for c in OFFSETS_KEY),
+            + " AND ".join(f"{q(c)} = %s" for c in GROUP_KEY),
             [group, topic, partition],
         )
         row = cursor.fetchone()
@@ -267,7 +261,7 @@ class DeliveryStatements(VendorHooks):
         cursor.execute(
             f"UPDATE {q(OFFSETS_TABLE)} SET {q('offset_acked')} = %s, "
             f"{q('updated_at')} = {self.now_ms_sql}, {q('first_pending')} = %s WHERE "
-            + " AND ".join(f"{q(c)} = %s" for c in OFFSETS_KEY)
+            + " AND ".join(f"{q(c)} = %s" for c in GROUP_KEY)
             + f" AND {q('offset_acked')} < %s",
             [upto, first_pending, group, topic, partition, upto],
         )

@@ -17,6 +17,8 @@ from django.db.backends.utils import CursorWrapper
 from sqlqueue.exceptions import ConfigurationError
 from sqlqueue.horizon import GALERA_SQL, WriteHorizon
 from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
+from sqlqueue.storage.statements import MySQLStatements
+from sqlqueue.storage.statements.vendors import MySQLVendor
 
 ER_DUP_ENTRY = 1062
 
@@ -34,9 +36,9 @@ class MySQLDialect(Dialect):
     _checked_connection: object | None = None  # the DB-API connection found to be utf8mb4
 
     vendor = "mysql"
-    now_ms_sql = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
-    # LOCK IN SHARE MODE (not FOR SHARE) is understood by both MySQL 8 and MariaDB.
-    locking_read_suffix = " LOCK IN SHARE MODE"
+    sql: MySQLStatements
+    now_ms_sql = MySQLVendor.now_ms_sql
+    locking_read_suffix = MySQLVendor.locking_read_suffix
     # MariaDB has no server_uuid; server_id is unique within a replication topology (it
     # must be), host and port tell apart servers that share one.
     server_identity_sql = "CONCAT(@@hostname, ':', @@port, ' server_id ', @@server_id)"
@@ -166,47 +168,10 @@ class MySQLDialect(Dialect):
             self._autoinc_lock_mode = int(row[0]) if row else 2
         return self._autoinc_lock_mode <= 1
 
-    def upsert_clause(
-        self, key: Sequence[str], assignments: dict[str, str], table: str = ""
-    ) -> str:
-        # MySQL applies the assignments left to right; callers order them so that no
-        # expression reads a column assigned before it.
-        sets = ", ".join(
-            f"{self.quote(column)} = {expression.replace('{new}(', 'VALUES(')}"
-            for column, expression in assignments.items()
-        )
-        return f"ON DUPLICATE KEY UPDATE {sets}"
-
-    def insert_if_absent(self, table: str, columns: Sequence[str], key: Sequence[str]) -> str:
-        # Not INSERT IGNORE: that would also turn real errors into warnings.
-        q = self.quote
-        return (
-            f"INSERT INTO {q(table)} ({', '.join(q(c) for c in columns)}) VALUES ({{values}}) "
-            f"ON DUPLICATE KEY UPDATE {q(key[0])} = {q(key[0])}"
-        )
-
-    def discover_partitions_sql(self) -> str:
-        # GROUP BY over the equality column too: that is the form both servers answer
-        # with a loose index scan ("Using index for group-by"); DISTINCT is not.
-        q = self.quote
-        return (
-            f"SELECT {q('partition_key')} FROM {q('queue_messages')} WHERE {q('topic')} = %s "
-            f"GROUP BY {q('topic')}, {q('partition_key')}"
-        )
-
     offset_index_hint = "FORCE INDEX (idx_topic_partition_offset)"
 
     def greatest_sql(self, a: str, b: str) -> str:
         return f"GREATEST({a}, {b})"
-
-    def partition_heads_sql(self) -> str:
-        # MAX of the last index column, grouped by the ones before it: a loose index
-        # scan ("Using index for group-by"), as for discovery.
-        q = self.quote
-        return (
-            f"SELECT {q('partition_key')}, MAX({q('offset')}) FROM {q('queue_messages')} "
-            f"WHERE {q('topic')} = %s GROUP BY {q('topic')}, {q('partition_key')}"
-        )
 
     def delete_messages_upto_sql(self) -> str:
         q = self.quote
@@ -223,39 +188,23 @@ class MySQLDialect(Dialect):
     _horizon_unavailable = False
     _galera: bool | None = None
 
-    def write_horizon_sql(self) -> str:
-        """``write_horizon``: from INNODB_TRX's snapshot, the start of the oldest open
-        transaction that has written rows and of the newest transaction listed (whole
-        seconds). Rows a transaction inserts get offsets after it started, so every offset
-        allocated before the oldest writer started belongs to a finished transaction; and
-        the snapshot was taken after the newest listed transaction started, so writers it
-        misses started later (sqlqueue.horizon)."""
-        return (
-            "SELECT MIN(CASE WHEN trx_rows_modified > 0 THEN UNIX_TIMESTAMP(trx_started) END), "
-            "MAX(UNIX_TIMESTAMP(trx_started)) FROM information_schema.INNODB_TRX"
-        )
-
     def write_horizon(self, cursor: CursorWrapper) -> WriteHorizon | None:
-        """Needs the PROCESS privilege; without it this raises DatabaseError (once; then
-        without asking again) and the caller assumes MAX_TRANSACTION_AGE. Inside a started
-        transaction (a locking read has started it), a fresh snapshot lists the reader's
-        own transaction: reading INNODB_TRX alone starts none."""
+        """``write_horizon`` (sqlqueue.storage.statements.vendors). Needs the PROCESS
+        privilege; without it this raises DatabaseError (once; then without asking again)
+        and the caller assumes MAX_TRANSACTION_AGE. Inside a started transaction (a
+        locking read has started it), a fresh snapshot lists the reader's own
+        transaction: reading INNODB_TRX alone starts none."""
         if self._horizon_unavailable:
             raise DatabaseError("information_schema.INNODB_TRX is not readable")
         if self.is_galera(cursor):
             self._horizon_unavailable = True
             raise DatabaseError("a Galera node's INNODB_TRX shows its own transactions only")
         try:
-            cursor.execute(self.write_horizon_sql())
+            cursor.execute(*self.sql.write_horizon())
         except DatabaseError:
             self._horizon_unavailable = True
             raise
-        row = cursor.fetchone()
-        oldest_writer, newest_start = row if row else (None, None)
-        return WriteHorizon(
-            None if oldest_writer is None else int(oldest_writer) * 1000,
-            None if newest_start is None else int(newest_start) * 1000,
-        )
+        return self.sql.parse_write_horizon(cursor.fetchone())
 
     def bound_lock_waits(self, cursor: CursorWrapper, seconds: int) -> None:
         cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [seconds])

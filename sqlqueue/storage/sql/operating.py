@@ -9,7 +9,8 @@ from typing import Any
 
 from django.db.backends.utils import CursorWrapper
 
-from sqlqueue.storage.sql.tables import (
+from sqlqueue.storage.statements import Statements
+from sqlqueue.storage.statements.tables import (
     MESSAGE_TABLE,
     STATE_TABLE,
 )
@@ -39,6 +40,7 @@ class OperatingStatements:
     """Mixin for ``Dialect``: the operator's reads."""
 
     quote: Any
+    sql: Statements
     #: makes the per-partition probes use idx_topic_partition_offset without weighing
     #: the other indexes first: planning, not reading, is what they cost otherwise
     offset_index_hint = ""
@@ -46,16 +48,10 @@ class OperatingStatements:
     def greatest_sql(self, a: str, b: str) -> str:
         raise NotImplementedError
 
-    def partition_heads_sql(self) -> str:
-        """``partition_heads``: each partition of a topic with its newest offset, by a
-        loose index scan of ``idx_topic_partition_offset`` (one seek per partition)."""
-        raise NotImplementedError
-
-    def partition_heads_params(self, topic: str) -> list[Any]:
-        return [topic]
-
     def partition_heads(self, cursor: CursorWrapper, topic: str) -> dict[str, int]:
-        cursor.execute(self.partition_heads_sql(), self.partition_heads_params(topic))
+        """``partition_heads`` (sqlqueue.storage.statements.vendors): partition -> newest
+        offset."""
+        cursor.execute(*self.sql.partition_heads(topic))
         return {r[0]: int(r[1]) for r in cursor.fetchall() if r[0] is not None}
 
     def pending_summary_sql(self, count: int, counted: bool = True) -> str:

@@ -17,16 +17,16 @@ accepts.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from contextlib import nullcontext
 
 from django.db import IntegrityError, transaction
 from django.db.backends.utils import CursorWrapper
 
-from sqlqueue.horizon import UNKNOWN, WriteHorizon
+from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
-from sqlqueue.storage.sql.shared import OnConflict, RecursiveKeyScan
+from sqlqueue.storage.statements import PostgreSQLStatements
+from sqlqueue.storage.statements.vendors import PostgreSQLVendor, epoch_ms
 
 #: SQLSTATEs of a lock wait given up: lock_not_available (lock_timeout),
 #: deadlock_detected, serialization_failure
@@ -39,16 +39,6 @@ WAKEUP_CHANNEL = "sqlqueue_wakeups"
 #: below it its three more round trips (a savepoint, the offsets) outweigh what COPY saves
 #: (docs/benchmarks.md, "PostgreSQL")
 COPY_MIN_ROWS = 50
-#: a quoted identifier not qualified by a table name (nor part of a longer one)
-_BARE_COLUMN = re.compile(r'(?<![.\w"])("[^"]+")')
-
-
-def _epoch_ms(clock: str) -> str:
-    # EXTRACT(EPOCH ...) is numeric (PostgreSQL 14+): FLOOR truncates to the millisecond
-    # like the other vendors' clocks, where a cast alone would round up.
-    return f"FLOOR(EXTRACT(EPOCH FROM {clock}) * 1000)::bigint"
-
-
 def listen_wakeups_sql() -> str:
     """``listen_wakeups``: subscribe a session to the wake-up channel (the listener's own
     connection, in autocommit; a plain module function: it has no Django connection)."""
@@ -73,11 +63,11 @@ def _sqlstate(error: BaseException) -> str | None:
     return None
 
 
-class PostgreSQLDialect(OnConflict, RecursiveKeyScan, Dialect):
+class PostgreSQLDialect(Dialect):
     vendor = "postgresql"
-    now_ms_sql = f"({_epoch_ms('statement_timestamp()')})"
-    # Waits for a concurrent writer of the row, then reads its newest committed version.
-    locking_read_suffix = " FOR SHARE"
+    sql: PostgreSQLStatements
+    now_ms_sql = PostgreSQLVendor.now_ms_sql
+    locking_read_suffix = PostgreSQLVendor.locking_read_suffix
     # The address and port the server answered on, and when it started: a promoted
     # replica behind the same address (a moved virtual IP) started at another time.
     server_identity_sql = (
@@ -93,7 +83,7 @@ class PostgreSQLDialect(OnConflict, RecursiveKeyScan, Dialect):
         # CASE evaluates its condition first: pg_current_xact_id() gives the transaction
         # its id (if it has none yet) before the clock is read.
         return (f"(CASE WHEN pg_current_xact_id() IS NOT NULL THEN "
-                f"{_epoch_ms('clock_timestamp()')} END)")
+                f"{epoch_ms('clock_timestamp()')} END)")
 
     @property
     def returning_offset_sql(self) -> str:  # type: ignore[override]
@@ -103,14 +93,6 @@ class PostgreSQLDialect(OnConflict, RecursiveKeyScan, Dialect):
         row = cursor.fetchone()
         assert row is not None
         return int(row[0])
-
-    def stored_columns(self, expression: str, table: str) -> str:
-        # In ON CONFLICT DO UPDATE a bare column is ambiguous (the stored row's, or
-        # EXCLUDED's): qualify it with the table.
-        if not table:
-            raise ValueError("upsert_clause() needs table= on PostgreSQL")
-        target = self.quote(table)
-        return _BARE_COLUMN.sub(lambda m: f"{target}.{m.group(1)}", expression)
 
     # -- insert_messages ---------------------------------------------------------------
     def insert_messages_sql(self, count: int, *, skip_stored: bool = False) -> str:
@@ -294,26 +276,6 @@ class PostgreSQLDialect(OnConflict, RecursiveKeyScan, Dialect):
         return _sqlstate(error) in LOCK_WAIT_STATES
 
     # -- write_horizon -----------------------------------------------------------------
-    def write_horizon_sql(self) -> str:
-        """``write_horizon``: the clock ``created_at`` is stamped from, read first; then,
-        from a fresh copy of pg_stat_activity, the start of the oldest transaction of
-        this database that holds a transaction id, and how many such sessions this role
-        may not see (other roles' sessions, without pg_read_all_stats); and how many
-        prepared transactions this database has. The LATERAL subquery depends on the
-        clock's row, so it runs after it (and after pg_stat_clear_snapshot() dropped
-        the copy this transaction may have cached)."""
-        this_database = "(SELECT oid FROM pg_database WHERE datname = current_database())"
-        return (
-            f"WITH c AS MATERIALIZED (SELECT pg_stat_clear_snapshot() AS cleared, "
-            f"{_epoch_ms('clock_timestamp()')} AS now_ms) "
-            f"SELECT c.now_ms, a.oldest, a.hidden, (SELECT COUNT(*) FROM pg_prepared_xacts "
-            f"WHERE database = current_database()) FROM c CROSS JOIN LATERAL ("
-            f"SELECT {_epoch_ms('MIN(xact_start)')} AS oldest, "
-            f"COUNT(*) FILTER (WHERE xact_start IS NULL) AS hidden FROM pg_stat_activity "
-            f"WHERE backend_xid IS NOT NULL AND datid = {this_database} "
-            f"AND c.now_ms IS NOT NULL) a"
-        )
-
     def write_horizon(self, cursor: CursorWrapper) -> WriteHorizon | None:
         """Exact, no margin. A row's ``created_at`` is read from the clock after its
         transaction got its id (``message_clock_sql``), and the id stays in
@@ -329,13 +291,8 @@ class PostgreSQLDialect(OnConflict, RecursiveKeyScan, Dialect):
         transaction id is not readable by this role (grant it pg_read_all_stats; check
         sqlqueue.W105), and while a prepared transaction (two-phase commit, which
         Django never uses) is pending: it has no session, hence no start time."""
-        cursor.execute(self.write_horizon_sql())
-        row = cursor.fetchone()
-        assert row is not None
-        now_ms, oldest, hidden, prepared = row
-        if hidden or prepared:
-            return UNKNOWN
-        return WriteHorizon(None if oldest is None else int(oldest), int(now_ms), 0)
+        cursor.execute(*self.sql.write_horizon())
+        return self.sql.parse_write_horizon(cursor.fetchone())
 
     def horizon_privileges_sql(self) -> str:
         """``horizon_privileges``: may this role see every session's transaction start

@@ -11,12 +11,12 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect
-from sqlqueue.storage.sql.shared import OnConflict, RecursiveKeyScan
+from sqlqueue.storage.statements.vendors import SQLiteVendor
 
 
-class SQLiteDialect(OnConflict, RecursiveKeyScan, Dialect):
+class SQLiteDialect(Dialect):
     vendor = "sqlite"
-    now_ms_sql = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    now_ms_sql = SQLiteVendor.now_ms_sql
     locking_read_suffix = ""
 
     def inserted_offsets(self, cursor: CursorWrapper, count: int) -> list[int] | None:

@@ -1,5 +1,6 @@
-"""The queue's tables and the rows its statements read and write, and the hooks every
-statement mixin relies on (``Dialect`` and the vendor modules fill them in)."""
+"""The rows the statements read and write, and the hooks every statement mixin relies
+on (``Dialect`` and the vendor modules fill them in). The tables are named once, in
+``sqlqueue.storage.statements.tables``."""
 
 from __future__ import annotations
 
@@ -10,10 +11,9 @@ from typing import Any, NamedTuple
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.horizon import WriteHorizon
+from sqlqueue.storage.statements import Statements
 
-MESSAGE_TABLE = "queue_messages"
 MessageKey = tuple[str, str]  # (partition_key, id) within one topic
-IDEMPOTENCY_TABLE = "queue_idempotency_keys"
 #: (key_high, key_low): the 128-bit digest of (topic, partition_key, id), see
 #: sqlqueue.publishing.messages.idempotency_digest
 IdempotencyDigest = tuple[int, int]
@@ -47,13 +47,6 @@ class MessageRow(NamedTuple):
 # method docstrings say which index serves it.
 # =========================================================================================
 
-STATE_TABLE = "queue_delivery_state"
-OFFSETS_TABLE = "queue_offsets"
-LEASES_TABLE = "queue_partition_leases"
-HEARTBEATS_TABLE = "queue_subscriber_heartbeats"
-FLOW_CONTROL_TABLE = "queue_flow_control"
-STATE_KEY = ("consumer_group", "topic", "partition_key", "message_offset")
-OFFSETS_KEY = ("consumer_group", "topic", "partition_key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +91,8 @@ class VendorHooks:
     """What the statement mixins need from ``Dialect`` and its vendor subclasses."""
 
     quote: Any
+    #: the vendor's shared statements (sqlqueue.storage.statements)
+    sql: Statements
     now_ms_sql: str
     #: which server a statement ran on: the same text for every connection to one server,
     #: another for any other server (a promoted replica, another cluster node)
@@ -120,14 +115,14 @@ class VendorHooks:
     def upsert_clause(
         self, key: Sequence[str], assignments: dict[str, str], table: str = ""
     ) -> str:
-        """``ON DUPLICATE KEY UPDATE`` / ``ON CONFLICT DO UPDATE``; ``{new}`` marks the
-        would-be-inserted value of a column in ``assignments``' expressions, a bare
-        column the stored row's. ``table``: the INSERT's (PostgreSQL names the stored
-        row's columns by it)."""
-        raise NotImplementedError
+        """The vendor's upsert (``sqlqueue.storage.statements.vendors.Vendor``)."""
+        return self.sql.upsert_clause(key, assignments, table)
 
     def insert_if_absent(self, table: str, columns: Sequence[str], key: Sequence[str]) -> str:
-        raise NotImplementedError
+        """An INSERT of one row (``{values}``: its value list) that skips a stored ``key``."""
+        q = self.quote
+        return (f"INSERT INTO {q(table)} ({', '.join(q(c) for c in columns)}) "
+                f"VALUES ({{values}}) {self.sql.insert_if_absent_suffix(key)}")
 
     def delete_messages_upto_sql(self) -> str:
         raise NotImplementedError

@@ -1,15 +1,15 @@
 """The data source's SQL, one module per vendor, without Django.
 
-Spark executors cannot import Django, so the statements the data source runs are built
-here rather than by ``sqlqueue.storage.sql`` (whose dialects are bound to a Django
-connection). The shapes follow the core's statements and are tested against the same
-tables (tests/spark/test_statements.py). Each method returns a ``Statement``: the SQL
-with ``%s`` placeholders and its parameters.
+Spark executors cannot import Django. The statements every executor runs come from the
+shared, Django-free layer (``sqlqueue.storage.statements``), which these classes extend
+with what only the data source reads and writes (tests/spark/test_statements.py). Each
+method returns a ``Statement``: the SQL with ``%s`` placeholders and its parameters.
 """
 
 from __future__ import annotations
 
-from sqlqueue.integrations.spark.sql.base import Statement, Statements
+from sqlqueue.integrations.spark.sql.base import Statements
+from sqlqueue.storage.statements import Statement
 
 
 def statements_for(vendor: str) -> Statements:

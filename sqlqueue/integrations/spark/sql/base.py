@@ -1,7 +1,12 @@
-"""Statement shapes shared by the vendors; ``mysql.py`` and ``sqlite.py`` fill in the rest.
+"""Statement shapes of the data source shared by the vendors; ``mysql.py`` and
+``sqlite.py`` fill in the rest.
 
-Every method is a named statement (the name is what tests and docs refer to) returning
-``(sql, params)``. Identifiers are always quoted: ``offset`` is reserved in MariaDB.
+The statements every executor runs (membership, partition discovery, the write horizon,
+the vendors' upserts) come from the shared, Django-free layer
+(``sqlqueue.storage.statements``); what only the data source reads and writes is built
+here. Every method is a named statement (the name is what tests and docs refer to)
+returning ``(sql, params)``. Identifiers are always quoted: ``offset`` is reserved in
+MariaDB.
 """
 
 from __future__ import annotations
@@ -10,16 +15,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlqueue.integrations.spark.tables import Column, Table
+from sqlqueue.storage.statements import Statement
+from sqlqueue.storage.statements import Statements as SharedStatements
+from sqlqueue.storage.statements.tables import (
+    GROUP_KEY,
+    MESSAGE_KEY,
+    MESSAGE_TABLE,
+    OFFSETS_TABLE,
+    STATE_TABLE,
+)
 
-Statement = tuple[str, list[Any]]
-
-MESSAGES = "queue_messages"
-STATES = "queue_delivery_state"
-OFFSETS = "queue_offsets"
-LEASES = "queue_partition_leases"
-HEARTBEATS = "queue_subscriber_heartbeats"
-FLOW_CONTROL = "queue_flow_control"
-GROUP_KEY = ("consumer_group", "topic", "partition_key")
 #: A dead letter names the group that failed it and the topic it came from (the same
 #: rule as sqlqueue.models.IS_DEAD_LETTER).
 DEAD_LETTER_SQL = "{q_group} <> '' AND {q_original} <> ''"
@@ -28,14 +33,8 @@ INSERT_COLUMNS = ("topic", "partition_key", "id", "payload", "metadata", "publis
                   "priority", "deliver_after")
 
 
-class Statements:
-    vendor = ""
+class Statements(SharedStatements):
     placeholder = "%s"
-    quote_char = '"'
-    #: the database clock in epoch milliseconds
-    now_ms_sql = ""
-    #: appended to a read that must see the newest commits and hold them until commit
-    locking_read_suffix = ""
     begin_sql = "BEGIN"
     #: begins a transaction that the database lists among the open ones at once (where
     #: ``write_horizon`` is not None)
@@ -43,40 +42,6 @@ class Statements:
     #: written before a filter column to keep the planner off its index (where a range
     #: of the primary key is what bounds the work)
     no_index = ""
-
-    def quote(self, name: str) -> str:
-        return f"{self.quote_char}{name}{self.quote_char}"
-
-    def _names(self, names: Sequence[str], prefix: str = "") -> str:
-        return ", ".join(f"{prefix}{self.quote(n)}" for n in names)
-
-    def _marks(self, count: int) -> str:
-        return ", ".join(["%s"] * count)
-
-    # -- vendor hooks ---------------------------------------------------------------
-    def insert_if_absent_suffix(self, key: Sequence[str]) -> str:
-        """Turns an INSERT into one that skips rows whose ``key`` is stored."""
-        raise NotImplementedError
-
-    def upsert_clause(self, key: Sequence[str], assignments: dict[str, str]) -> str:
-        """``{new}(col)`` in an expression is the value the INSERT would have written."""
-        raise NotImplementedError
-
-    def write_horizon(self) -> Statement | None:
-        """``write_horizon``: the start (epoch ms) of the oldest open transaction that
-        wrote rows and of the newest open transaction, as ``sqlqueue.horizon.WriteHorizon``;
-        None where transactions cannot commit out of offset order. Read inside a
-        transaction begun with ``begin_snapshot_sql``."""
-        return None
-
-    def discover_partitions(self, topic: str) -> Statement:
-        """``discover_partitions``: the partition keys of a topic, one index seek each."""
-        raise NotImplementedError
-
-    # -- clock -------------------------------------------------------------------------
-    def database_now_ms(self) -> Statement:
-        """``database_now_ms``: the database clock."""
-        return f"SELECT {self.now_ms_sql}", []
 
     # -- reading -----------------------------------------------------------------------
     def _filters(self, table: Table, topic: str | None, group: str | None,
@@ -102,7 +67,7 @@ class Statements:
         without a topic, a range of ``idx_topic_partition_offset`` with one."""
         where, params = self._filters(table, topic, None)
         offset = self.quote("offset")
-        sql = f"SELECT MIN({offset}), MAX({offset}) FROM {self.quote(MESSAGES)}"
+        sql = f"SELECT MIN({offset}), MAX({offset}) FROM {self.quote(MESSAGE_TABLE)}"
         return sql + (f" WHERE {' AND '.join(where)}" if where else ""), params
 
     def rows_in_range(self, table: Table, columns: Sequence[Column], lo: int, hi: int,
@@ -112,7 +77,7 @@ class Statements:
         where, params = self._filters(table, topic, group)
         offset = self.quote("offset")
         return (
-            f"SELECT {self._names([c.name for c in columns])} FROM {self.quote(MESSAGES)} "
+            f"SELECT {self.names([c.name for c in columns])} FROM {self.quote(MESSAGE_TABLE)} "
             f"WHERE {offset} >= %s AND {offset} < %s"
             + "".join(f" AND {w}" for w in where) + f" ORDER BY {offset}",
             [lo, hi, *params],
@@ -123,9 +88,9 @@ class Statements:
         """``table_rows``: a small table whole (of a topic), in primary-key order."""
         where, params = self._filters(table, topic, None)
         return (
-            f"SELECT {self._names([c.name for c in columns])} FROM {self.quote(table.db_table)}"
+            f"SELECT {self.names([c.name for c in columns])} FROM {self.quote(table.db_table)}"
             + (f" WHERE {' AND '.join(where)}" if where else "")
-            + f" ORDER BY {self._names(table.order_by)}",
+            + f" ORDER BY {self.names(table.order_by)}",
             params,
         )
 
@@ -135,7 +100,7 @@ class Statements:
         offset order, at most ``limit`` (a range of ``idx_topic_partition_offset``)."""
         q = self.quote
         return (
-            f"SELECT {self._names([c.name for c in columns])} FROM {q(MESSAGES)} "
+            f"SELECT {self.names([c.name for c in columns])} FROM {q(MESSAGE_TABLE)} "
             f"WHERE {q('topic')} = %s AND {q('partition_key')} = %s AND {q('offset')} > %s "
             f"AND {q('offset')} <= %s ORDER BY {q('offset')} LIMIT %s",
             [topic, partition, after, upto, limit],
@@ -147,7 +112,7 @@ class Statements:
         (after, upto] (a primary-key range)."""
         q = self.quote
         return (
-            f"SELECT {self._names([c.name for c in columns])} FROM {q(STATES)} "
+            f"SELECT {self.names([c.name for c in columns])} FROM {q(STATE_TABLE)} "
             f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s AND "
             f"{q('partition_key')} = %s AND {q('message_offset')} > %s AND "
             f"{q('message_offset')} <= %s ORDER BY {q('message_offset')}",
@@ -157,17 +122,12 @@ class Statements:
     # -- the stream's planning -------------------------------------------------------------
     def head_offset(self) -> Statement:
         """``head_offset``: the newest offset of the whole log (primary key)."""
-        return f"SELECT MAX({self.quote('offset')}) FROM {self.quote(MESSAGES)}", []
-
-    def list_pauses(self) -> Statement:
-        """``list_pauses``: every pause an operator made (a handful of rows)."""
-        q = self.quote
-        return (f"SELECT {q('consumer_group')}, {q('topic')} FROM {q(FLOW_CONTROL)}", [])
+        return f"SELECT MAX({self.quote('offset')}) FROM {self.quote(MESSAGE_TABLE)}", []
 
     def created_at_of(self, offset: int) -> Statement:
         """``created_at_of``: when a row was inserted (primary-key lookup)."""
         q = self.quote
-        return (f"SELECT {q('created_at')} FROM {q(MESSAGES)} WHERE {q('offset')} = %s",
+        return (f"SELECT {q('created_at')} FROM {q(MESSAGE_TABLE)} WHERE {q('offset')} = %s",
                 [offset])
 
     def offsets_from(self, start: int, limit: int) -> Statement:
@@ -175,7 +135,7 @@ class Statements:
         most ``limit`` (a primary-key range)."""
         q = self.quote
         return (
-            f"SELECT {q('offset')}, {q('created_at')} FROM {q(MESSAGES)} "
+            f"SELECT {q('offset')}, {q('created_at')} FROM {q(MESSAGE_TABLE)} "
             f"WHERE {q('offset')} >= %s ORDER BY {q('offset')} LIMIT %s",
             [start, limit],
         )
@@ -192,9 +152,9 @@ class Statements:
             # Bytes: SQLite would store a str in the BLOB column as TEXT.
             params += [topic, partition_key, message_id, payload.encode("utf-8"), *rest]
         return (
-            f"INSERT INTO {self.quote(MESSAGES)} ({self._names(INSERT_COLUMNS)}, "
+            f"INSERT INTO {self.quote(MESSAGE_TABLE)} ({self.names(INSERT_COLUMNS)}, "
             f"{self.quote('created_at')}) VALUES {', '.join([one] * len(rows))} "
-            + self.insert_if_absent_suffix(("topic", "partition_key", "id")),
+            + self.insert_if_absent_suffix(MESSAGE_KEY),
             params,
         )
 
@@ -211,7 +171,7 @@ class Statements:
         for partition_key, message_id in keys:
             params += [topic, partition_key, message_id]
         return (
-            f"SELECT {q('partition_key')}, {q('id')} FROM {q(MESSAGES)} "
+            f"SELECT {q('partition_key')}, {q('id')} FROM {q(MESSAGE_TABLE)} "
             f"WHERE {' OR '.join([term] * len(keys))}",
             params,
         )
@@ -222,7 +182,7 @@ class Statements:
         prefix)."""
         q = self.quote
         return (
-            f"SELECT {q('partition_key')}, {q('offset_acked')} FROM {q(OFFSETS)} "
+            f"SELECT {q('partition_key')}, {q('offset_acked')} FROM {q(OFFSETS_TABLE)} "
             f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s",
             [group, topic],
         )
@@ -237,7 +197,7 @@ class Statements:
         for partition in partitions:
             params += [group, topic, partition, watermark]
         return (
-            f"INSERT INTO {self.quote(OFFSETS)} ({self._names(GROUP_KEY)}, "
+            f"INSERT INTO {self.quote(OFFSETS_TABLE)} ({self.names(GROUP_KEY)}, "
             f"{self.quote('offset_acked')}, {self.quote('updated_at')}) "
             f"VALUES {', '.join([one] * len(partitions))} "
             + self.insert_if_absent_suffix(GROUP_KEY),
@@ -250,7 +210,7 @@ class Statements:
         hint of the first pending offset (a runconsumer's) is cleared: unknown here."""
         q = self.quote
         return (
-            f"UPDATE {q(OFFSETS)} SET {q('offset_acked')} = %s, {q('updated_at')} = "
+            f"UPDATE {q(OFFSETS_TABLE)} SET {q('offset_acked')} = %s, {q('updated_at')} = "
             f"{self.now_ms_sql}, {q('first_pending')} = NULL "
             f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s "
             f"AND {q('offset_acked')} < %s",
@@ -263,105 +223,7 @@ class Statements:
         analytics report reads, and stay."""
         q = self.quote
         return (
-            f"DELETE FROM {q(STATES)} WHERE {q('consumer_group')} = %s AND {q('topic')} = %s "
-            f"AND {q('message_offset')} <= %s AND {q('acked')} = 0",
+            f"DELETE FROM {q(STATE_TABLE)} WHERE {q('consumer_group')} = %s AND "
+            f"{q('topic')} = %s AND {q('message_offset')} <= %s AND NOT {q('acked')}",
             [group, topic, upto],
-        )
-
-    # -- membership: heartbeats and leases -----------------------------------------------------
-    def heartbeat(self, group: str, topic: str, name: str) -> Statement:
-        """``heartbeat``: this subscriber is alive (database time)."""
-        q = self.quote
-        columns = ("consumer_group", "topic", "subscriber_name", "heartbeat_at",
-                   "deregistered_at")
-        clause = self.upsert_clause(("consumer_group", "topic", "subscriber_name"), {
-            "heartbeat_at": f"{{new}}({q('heartbeat_at')})",
-            "deregistered_at": "0",
-        })
-        return (
-            f"INSERT INTO {q(HEARTBEATS)} ({self._names(columns)}) "
-            f"VALUES (%s, %s, %s, {self.now_ms_sql}, 0) {clause}",
-            [group, topic, name],
-        )
-
-    def live_subscribers(self, group: str, topic: str, within_ms: int) -> Statement:
-        """``live_subscribers``: names with a heartbeat in the last ``within_ms``."""
-        q = self.quote
-        return (
-            f"SELECT {q('subscriber_name')} FROM {q(HEARTBEATS)} WHERE "
-            f"{q('consumer_group')} = %s AND {q('topic')} = %s AND "
-            f"{q('heartbeat_at')} >= {self.now_ms_sql} - %s AND {q('deregistered_at')} = 0 "
-            f"ORDER BY {q('subscriber_name')}",
-            [group, topic, within_ms],
-        )
-
-    def deregister(self, group: str, topic: str, name: str) -> Statement:
-        """``deregister``: a graceful goodbye."""
-        q = self.quote
-        return (
-            f"DELETE FROM {q(HEARTBEATS)} WHERE {q('consumer_group')} = %s AND "
-            f"{q('topic')} = %s AND {q('subscriber_name')} = %s",
-            [group, topic, name],
-        )
-
-    def acquire_leases(self, group: str, topic: str, partitions: Sequence[str], owner: str,
-                       duration_ms: int) -> Statement:
-        """``acquire_leases``: take partitions nobody holds or whose lease expired by the
-        database clock, exactly as ``runconsumer`` does (a live lease is left alone,
-        whoever holds it; a change of owner increments ``generation``)."""
-        q = self.quote
-        now = self.now_ms_sql
-        expired = f"{q('lease_renewed_at')} < {now} - %s"
-        columns = (*GROUP_KEY, "leased_by", "leased_at", "lease_renewed_at", "generation")
-        one = f"(%s, %s, %s, %s, {now}, {now}, 1)"
-        clause = self.upsert_clause(GROUP_KEY, {
-            # Every condition reads lease_renewed_at, which is assigned last.
-            "generation": f"CASE WHEN {expired} THEN {q('generation')} + 1 "
-                          f"ELSE {q('generation')} END",
-            "leased_by": f"CASE WHEN {expired} THEN {{new}}({q('leased_by')}) "
-                         f"ELSE {q('leased_by')} END",
-            "leased_at": f"CASE WHEN {expired} THEN {now} ELSE {q('leased_at')} END",
-            "lease_renewed_at": f"CASE WHEN {expired} THEN {now} "
-                                f"ELSE {q('lease_renewed_at')} END",
-        })
-        params: list[Any] = []
-        for partition in partitions:
-            params += [group, topic, partition, owner]
-        params += [duration_ms] * 4  # the four CASE conditions
-        return (
-            f"INSERT INTO {q(LEASES)} ({self._names(columns)}) "
-            f"VALUES {', '.join([one] * len(partitions))} {clause}",
-            params,
-        )
-
-    def renew_leases(self, group: str, topic: str, owner: str, duration_ms: int) -> Statement:
-        """``renew_leases``: extend the leases ``owner`` holds that have not expired."""
-        q = self.quote
-        now = self.now_ms_sql
-        return (
-            f"UPDATE {q(LEASES)} SET {q('lease_renewed_at')} = {now} "
-            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s AND {q('leased_by')} = %s "
-            f"AND {q('lease_renewed_at')} >= {now} - %s",
-            [group, topic, owner, duration_ms],
-        )
-
-    def list_leases(self, group: str, topic: str, *, lock: bool = False) -> Statement:
-        """``list_leases``: (partition, owner, generation, ms since renewal) of a (group,
-        topic); ``lock`` share-locks them until commit (fencing)."""
-        q = self.quote
-        return (
-            f"SELECT {q('partition_key')}, {q('leased_by')}, {q('generation')}, "
-            f"{self.now_ms_sql} - {q('lease_renewed_at')} FROM {q(LEASES)} "
-            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s"
-            + (self.locking_read_suffix if lock else ""),
-            [group, topic],
-        )
-
-    def release_leases(self, group: str, topic: str, owner: str) -> Statement:
-        """``release_leases``: give up every partition ``owner`` holds."""
-        q = self.quote
-        return (
-            f"DELETE FROM {q(LEASES)} WHERE {q('consumer_group')} = %s AND {q('topic')} = %s "
-            f"AND {q('leased_by')} = %s",
-            [group, topic, owner],
         )

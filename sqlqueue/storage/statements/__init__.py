@@ -1,0 +1,55 @@
+"""The statement layer: every statement that more than one executor runs, built once,
+without Django and without a connection.
+
+Each statement is a named builder returning a ``Statement`` (SQL with ``%s``
+placeholders, and its parameters) for one vendor. Two thin executors run them: the
+Django dialects (``sqlqueue.storage.sql``) and the Spark executors' own DB-API
+connections (``sqlqueue.integrations.spark.sql``), which must not import Django.
+tests/integration/test_statement_layer.py runs every builder against every database.
+"""
+
+from __future__ import annotations
+
+from sqlqueue.storage.statements.membership import MembershipStatements
+from sqlqueue.storage.statements.vendors import (
+    MySQLVendor,
+    PostgreSQLVendor,
+    SQLiteVendor,
+    Statement,
+    Vendor,
+)
+
+
+class Statements(MembershipStatements):
+    """Every shared statement; a vendor's hooks come first in its subclass's bases."""
+
+
+class MySQLStatements(MySQLVendor, Statements):
+    pass
+
+
+class SQLiteStatements(SQLiteVendor, Statements):
+    pass
+
+
+class PostgreSQLStatements(PostgreSQLVendor, Statements):
+    pass
+
+
+_BY_VENDOR: dict[str, Statements] = {
+    "mysql": MySQLStatements(), "sqlite": SQLiteStatements(),
+    "postgresql": PostgreSQLStatements(),
+}
+
+
+def statements_for(vendor: str) -> Statements:
+    """The shared statements of ``vendor`` (a Django ``connection.vendor`` name)."""
+    try:
+        return _BY_VENDOR[vendor]
+    except KeyError:
+        raise ValueError(
+            f"sqlqueue speaks mysql, postgresql and sqlite, not {vendor!r}") from None
+
+
+__all__ = ["MySQLStatements", "PostgreSQLStatements", "SQLiteStatements", "Statement",
+           "Statements", "Vendor", "statements_for"]

@@ -1,0 +1,166 @@
+"""Named statements of membership: heartbeats, partition leases with their fencing
+generation, and the pauses a subscriber obeys. Each returns a ``Statement``; the
+executors run it (``sqlqueue.storage.sql.leases`` for Django, the Spark consumer group
+for its own connections)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlqueue.storage.statements.tables import (
+    FLOW_CONTROL_TABLE,
+    GROUP_KEY,
+    HEARTBEAT_KEY,
+    HEARTBEATS_TABLE,
+    LEASES_TABLE,
+)
+from sqlqueue.storage.statements.vendors import Statement, Vendor
+
+
+class MembershipStatements(Vendor):
+    """Heartbeats, leases and pauses, for any vendor (a mixin of ``Statements``)."""
+
+    # heartbeats ----------------------------------------------------------------------
+    def heartbeat(self, group: str, topic: str, name: str) -> Statement:
+        """``heartbeat``: this subscriber is alive (database time)."""
+        q = self.quote
+        columns = (*HEARTBEAT_KEY, "heartbeat_at", "deregistered_at")
+        clause = self.upsert_clause(HEARTBEAT_KEY, {
+            "heartbeat_at": f"{{new}}({q('heartbeat_at')})",
+            "deregistered_at": "0",
+        }, table=HEARTBEATS_TABLE)
+        return (
+            f"INSERT INTO {q(HEARTBEATS_TABLE)} ({self.names(columns)}) "
+            f"VALUES (%s, %s, %s, {self.now_ms_sql}, 0) {clause}",
+            [group, topic, name],
+        )
+
+    def live_subscribers(self, group: str, topic: str, within_ms: int) -> Statement:
+        """``live_subscribers``: names with a heartbeat in the last ``within_ms``."""
+        q = self.quote
+        return (
+            f"SELECT {q('subscriber_name')} FROM {q(HEARTBEATS_TABLE)} WHERE "
+            f"{q('consumer_group')} = %s AND {q('topic')} = %s AND "
+            f"{q('heartbeat_at')} >= {self.now_ms_sql} - %s AND {q('deregistered_at')} = 0 "
+            f"ORDER BY {q('subscriber_name')}",
+            [group, topic, within_ms],
+        )
+
+    def deregister(self, group: str, topic: str, name: str) -> Statement:
+        """``deregister``: a graceful goodbye, so the others rebalance at once."""
+        q = self.quote
+        return (
+            f"DELETE FROM {q(HEARTBEATS_TABLE)} WHERE {q('consumer_group')} = %s AND "
+            f"{q('topic')} = %s AND {q('subscriber_name')} = %s",
+            [group, topic, name],
+        )
+
+    # leases --------------------------------------------------------------------------
+    def acquire_leases(self, group: str, topic: str, partitions: Sequence[str], owner: str,
+                       duration_ms: int) -> Statement:
+        """``acquire_leases``: take partitions that have no lease, or whose lease expired
+        (not renewed for ``duration_ms`` by the database clock). A live lease is left
+        alone, whoever holds it. Every change of owner increments ``generation``.
+        ``partitions`` must not be empty."""
+        q = self.quote
+        now = self.now_ms_sql
+        expired = f"{q('lease_renewed_at')} < {now} - %s"
+        columns = (*GROUP_KEY, "leased_by", "leased_at", "lease_renewed_at", "generation")
+        one = f"(%s, %s, %s, %s, {now}, {now}, 1)"
+        clause = self.upsert_clause(GROUP_KEY, {
+            # Every condition reads lease_renewed_at, which is assigned last.
+            "generation": f"CASE WHEN {expired} THEN {q('generation')} + 1 "
+                          f"ELSE {q('generation')} END",
+            "leased_by": f"CASE WHEN {expired} THEN {{new}}({q('leased_by')}) "
+                         f"ELSE {q('leased_by')} END",
+            "leased_at": f"CASE WHEN {expired} THEN {now} ELSE {q('leased_at')} END",
+            "lease_renewed_at": f"CASE WHEN {expired} THEN {now} "
+                                f"ELSE {q('lease_renewed_at')} END",
+        }, table=LEASES_TABLE)
+        params: list[Any] = []
+        for partition in partitions:
+            params += [group, topic, partition, owner]
+        params += [duration_ms] * 4  # the four CASE conditions
+        return (
+            f"INSERT INTO {q(LEASES_TABLE)} ({self.names(columns)}) "
+            f"VALUES {', '.join([one] * len(partitions))} {clause}",
+            params,
+        )
+
+    def partitions_filter(self, partitions: Sequence[str] | None) -> tuple[str, list[Any]]:
+        """`` AND partition_key IN (...)``: primary-key lookups, so that a locking
+        statement locks those rows only (no scan of the (group, topic)'s other rows)."""
+        if partitions is None:
+            return "", []
+        return (f" AND {self.quote('partition_key')} IN ({self.marks(len(partitions))})",
+                list(partitions))
+
+    def renew_leases(self, group: str, topic: str, owner: str, duration_ms: int,
+                     partitions: Sequence[str] | None = None) -> Statement:
+        """``renew_leases``: extend every lease ``owner`` still holds (only those of
+        ``partitions``, when given). An expired lease is not revived (it may already be
+        someone else's to take): it must be acquired again, which changes its generation."""
+        q = self.quote
+        now = self.now_ms_sql
+        only, keys = self.partitions_filter(partitions)
+        return (
+            f"UPDATE {q(LEASES_TABLE)} SET {q('lease_renewed_at')} = {now} "
+            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s{only} "
+            f"AND {q('leased_by')} = %s AND {q('lease_renewed_at')} >= {now} - %s",
+            [group, topic, *keys, owner, duration_ms],
+        )
+
+    def list_leases(self, group: str, topic: str, *, lock: bool = False,
+                    partitions: Sequence[str] | None = None,
+                    with_server: str = "") -> Statement:
+        """``list_leases``: (partition, owner, generation, ms since renewal) of every lease
+        of a (group, topic), or of ``partitions`` only; primary key. ``lock``: share-lock
+        them until commit (fencing: the owner cannot change while this transaction writes
+        as owner). ``with_server``: an expression of which server answered, read as a
+        fifth column."""
+        q = self.quote
+        only, keys = self.partitions_filter(partitions)
+        return (
+            f"SELECT {q('partition_key')}, {q('leased_by')}, {q('generation')}, "
+            f"{self.now_ms_sql} - {q('lease_renewed_at')}"
+            + (f", {with_server}" if with_server else "")
+            + f" FROM {q(LEASES_TABLE)} "
+            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s{only}"
+            + (self.locking_read_suffix if lock else ""),
+            [group, topic, *keys],
+        )
+
+    def release_leases(self, group: str, topic: str, owner: str,
+                       partitions: Sequence[str] | None = None) -> Statement:
+        """``release_leases``: give up the partitions ``owner`` holds (only those of
+        ``partitions``, when given)."""
+        q = self.quote
+        only, keys = self.partitions_filter(partitions)
+        return (
+            f"DELETE FROM {q(LEASES_TABLE)} WHERE {q('consumer_group')} = %s AND "
+            f"{q('topic')} = %s AND {q('leased_by')} = %s{only}",
+            [group, topic, owner, *keys],
+        )
+
+    def purge_abandoned(self, group: str, topic: str, older_than_ms: int,
+                        ) -> tuple[Statement, Statement]:
+        """``purge_abandoned``: forget leases and heartbeats nobody renewed for a long
+        time (two statements). Runs long after such leases could be taken over, so the
+        work of a dead subscriber is always recovered before it is forgotten."""
+        q = self.quote
+        now = self.now_ms_sql
+        params: list[Any] = [group, topic, older_than_ms]
+        return (
+            (f"DELETE FROM {q(LEASES_TABLE)} WHERE {q('consumer_group')} = %s AND "
+             f"{q('topic')} = %s AND {q('lease_renewed_at')} < {now} - %s", params),
+            (f"DELETE FROM {q(HEARTBEATS_TABLE)} WHERE {q('consumer_group')} = %s AND "
+             f"{q('topic')} = %s AND {q('heartbeat_at')} < {now} - %s", list(params)),
+        )
+
+    # flow control ----------------------------------------------------------------------
+    def list_pauses(self) -> Statement:
+        """``list_pauses``: every pause, as (group, topic); "" matches any. The table
+        holds one row per pause an operator made (a handful), read whole."""
+        q = self.quote
+        return f"SELECT {q('consumer_group')}, {q('topic')} FROM {q(FLOW_CONTROL_TABLE)}", []
