@@ -35,7 +35,8 @@ from sqlqueue.naming import escape_controls
 from sqlqueue.operations import flow
 from sqlqueue.operations.dead_letters import discard_dead_letters, replay_dead_letters
 from sqlqueue.operations.health import HealthReport, queue_health, runner_alive
-from sqlqueue.operations.lag import GroupLag, group_lag, known_subscriptions
+from sqlqueue.operations.lag import group_lag, known_subscriptions
+from sqlqueue.operations.lag_shapes import GroupLag
 from sqlqueue.operations.positions import InvalidPosition, reset_position, retry_now
 from sqlqueue.operations.preflight import ensure_ready
 
