@@ -6,7 +6,8 @@ Layout: ``source`` (the ``sqlqueue`` Python Data Source) with ``reader`` (batch 
 ``sql`` (the database side, one statement module per vendor). None of these import
 Django: Spark's executors run them. Driver side only: ``session`` (a local session),
 ``settings`` (options from a Django project), ``archive`` (Parquet export before garbage
-collection, ``manage.py queue archive``) and ``analytics`` (the report job).
+collection, ``manage.py queue archive``) and ``analytics`` with ``analytics_inputs`` and
+``analytics_aggregates`` (the report job).
 """
 
 from __future__ import annotations
