@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from sqlqueue.consuming.instruments import Instruments
-from sqlqueue.operations.lag import SEVERITY
+from sqlqueue.operations.lag_shapes import SEVERITY
 from sqlqueue.operations.state import SubscriptionState, subscription_states
 
 #: "database": the alias the subscription's tables are in (SQLQUEUE["DATABASE"], or a

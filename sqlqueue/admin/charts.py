@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from sqlqueue.operations.lag import PartitionLag
+from sqlqueue.operations.lag_shapes import PartitionLag
 
 STATUS_COLORS = {"OK": "#2e7d32", "WARN": "#f9a825", "STALL": "#ef6c00", "STOP": "#c62828",
                  "PAUSED": "#546e7a"}

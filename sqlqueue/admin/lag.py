@@ -19,7 +19,8 @@ from sqlqueue.conf import get_settings
 from sqlqueue.models import ConsumerLag
 from sqlqueue.operations import flow
 from sqlqueue.operations import lag as lag_rules
-from sqlqueue.operations.lag import SEVERITY, group_lag, known_subscriptions
+from sqlqueue.operations.lag import group_lag, known_subscriptions
+from sqlqueue.operations.lag_shapes import SEVERITY
 from sqlqueue.operations.positions import InvalidPosition, reset_position, retry_now
 from sqlqueue.operations.retire import CannotRetire, retire_group
 

@@ -6,9 +6,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlqueue.conf import CONVERTERS, QueueSettings, _BadValue
+from sqlqueue.conf import QueueSettings
 from sqlqueue.exceptions import ConfigurationError, InvalidMessage
 from sqlqueue.publishing.messages import check_name
+from sqlqueue.setting_converters import CONVERTERS, BadValue
 
 Handler = Callable[..., Any]
 
@@ -119,7 +120,7 @@ def consumer(
             continue
         try:
             overrides.append((option, CONVERTERS[OPTION_SETTINGS[option]](value)))
-        except _BadValue as bad:
+        except BadValue as bad:
             raise ConfigurationError(
                 f"@consumer({topic!r}, group={group!r}): {option} {bad.reason}; got {value!r}."
             ) from None

@@ -18,7 +18,8 @@ from django.db.models import Count
 from sqlqueue.conf import get_settings
 from sqlqueue.models import SubscriberHeartbeat
 from sqlqueue.operations.flow import pauses
-from sqlqueue.operations.lag import GroupLag, known_subscriptions, topic_lags
+from sqlqueue.operations.lag import known_subscriptions, topic_lags
+from sqlqueue.operations.lag_shapes import GroupLag
 from sqlqueue.storage.sql import dialect_for
 
 

@@ -34,7 +34,6 @@ every message lands in the archive exactly once.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -49,50 +48,31 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sqlqueue.integrations.spark.archive_layout import (
+    JOURNAL_FILE,
+    LOCK_FILE,
+    STAGING,
+    STATE_FILE,
+    TOPICS_FILE,
+    hive_escape,
+    topic_directory,
+    write_json,
+)
 from sqlqueue.integrations.spark.arrow import record_batch
 from sqlqueue.integrations.spark.connect import Connection, Database
 from sqlqueue.integrations.spark.horizon import database_now_ms, settled_before_ms
 from sqlqueue.integrations.spark.tables import TABLES, Column
 
 ARCHIVE_GROUP = "sqlqueue:archive"
-STATE_FILE = "_sqlqueue_archive.json"
-JOURNAL_FILE = "_journal.json"
-TOPICS_FILE = "_topics.json"
-MAX_DIRECTORY_BYTES = 255  # NAME_MAX of ext4, xfs, btrfs, tmpfs, APFS, NTFS (in UTF-16)
-LOCK_FILE = "_lock"
-STAGING = "_staging"
 READ_CHUNK = 10_000
 MESSAGE_COLUMNS = TABLES["messages"].columns
 STATE_COLUMNS = TABLES["delivery_state"].columns
 CREATED_AT = [c.name for c in MESSAGE_COLUMNS].index("created_at")
 ACKED_AT = [c.name for c in STATE_COLUMNS].index("acked_at")
-#: characters Spark escapes in partition directory names (ExternalCatalogUtils)
-HIVE_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^')
 
 
 class ArchiveError(Exception):
     """The archive cannot run (another run holds its lock, or pyarrow is missing)."""
-
-
-def hive_escape(value: str) -> str:
-    """A partition value as Spark writes it in a directory name (and unescapes it)."""
-    return "".join(f"%{ord(ch):02X}" if ch in HIVE_ESCAPED or ord(ch) < 32 else ch
-                   for ch in value)
-
-
-def topic_directory(topic: str) -> str:
-    """``topic=<escaped topic>``, or, past ``MAX_DIRECTORY_BYTES``, its start (never half
-    of an escape or of a character) plus ``~`` and a hash of the whole topic."""
-    name = f"topic={hive_escape(topic)}"
-    if len(name.encode("utf-8")) <= MAX_DIRECTORY_BYTES:
-        return name
-    digest = hashlib.sha256(topic.encode("utf-8")).hexdigest()[:16]
-    keep = MAX_DIRECTORY_BYTES - 1 - len(digest)
-    prefix = name.encode("utf-8")[:keep].decode("utf-8", "ignore")
-    cut_escape = prefix.rfind("%", len(prefix) - 2)
-    if cut_escape != -1:
-        prefix = prefix[:cut_escape]
-    return f"{prefix}~{digest}"
 
 
 class _TopicFailed(Exception):
@@ -282,7 +262,7 @@ class Archiver:
             "dead_letter_rows": sum(len(p.rows) for p in pieces if p.dead_letters),
             "deliveries": sum(len(p.states) for p in pieces),
         }
-        _write_json(self.directory / JOURNAL_FILE, journal)
+        write_json(self.directory / JOURNAL_FILE, journal)
         self._apply(journal)
         topics = sorted({p.topic for p in pieces})
         self.progress(f"batch {self.result.batches}: {journal['messages']} message(s), "
@@ -319,7 +299,7 @@ class Archiver:
         path = self.directory / TOPICS_FILE
         known = json.loads(path.read_text()) if path.exists() else {}
         if not shortened.items() <= known.items():
-            _write_json(path, {**known, **shortened})
+            write_json(path, {**known, **shortened})
 
     def _apply(self, journal: dict[str, Any]) -> None:
         """Move the batch's files into place, then record the positions it reached."""
@@ -349,7 +329,7 @@ class Archiver:
                 totals[key] = int(totals.get(key, 0)) + int(journal[key])
             state["last_batch"] = journal["batch"]
             state["updated_at"] = datetime.now(UTC).isoformat()
-            _write_json(self.directory / STATE_FILE, state)
+            write_json(self.directory / STATE_FILE, state)
         (self.directory / JOURNAL_FILE).unlink(missing_ok=True)
         shutil.rmtree(self.directory / STAGING / journal["batch"], ignore_errors=True)
         self.result.messages += int(journal["messages"])
@@ -371,16 +351,6 @@ class Archiver:
     def _state(self) -> dict[str, Any]:
         path = self.directory / STATE_FILE
         return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _write_json(path: Path, value: Any) -> None:
-    """Atomically: a crash leaves the old file or the new one, never half of one."""
-    temporary = path.with_suffix(".tmp")
-    with open(temporary, "w") as handle:
-        json.dump(value, handle, indent=1, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
 
 
 def archive(directory: str | Path, *, topics: Sequence[str] | None = None,

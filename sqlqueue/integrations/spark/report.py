@@ -93,7 +93,7 @@ def _messages_plot(frame: pd.DataFrame, bucket: str) -> Any:
         return None
     import pandas as pd
 
-    from sqlqueue.integrations.spark.analytics import BUCKETS
+    from sqlqueue.integrations.spark.analytics_aggregates import BUCKETS
 
     table = frame.pivot_table(index=bucket, columns="topic", values="messages",
                               aggfunc="sum", fill_value=0).sort_index()

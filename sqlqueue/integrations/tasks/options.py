@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlqueue.conf import CONVERTERS, _BadValue
 from sqlqueue.consuming.registry import OPTION_SETTINGS
 from sqlqueue.exceptions import ConfigurationError, InvalidMessage
 from sqlqueue.publishing.messages import check_name
+from sqlqueue.setting_converters import CONVERTERS, BadValue
 
 DEFAULT_GROUP = "tasks"
 DEFAULT_TOPIC_PREFIX = "tasks."
@@ -71,7 +71,7 @@ def parse_options(alias: str, raw: Any) -> TaskOptions:
             continue
         try:
             values[key] = convert(raw[key])
-        except _BadValue as bad:
+        except BadValue as bad:
             problems.append(f"{key!r} {bad.reason}; got {raw[key]!r}")
         except InvalidMessage as bad:  # a group or prefix that is no valid name
             problems.append(str(bad).rstrip("."))
@@ -97,7 +97,7 @@ def message_priority(task_priority: int) -> int:
 
 def _flag(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise _BadValue("", "must be True or False")
+        raise BadValue("", "must be True or False")
     return value
 
 
@@ -107,7 +107,7 @@ def _group(value: Any) -> str:
 
 def _prefix(value: Any) -> str:
     if not isinstance(value, str):
-        raise _BadValue("", "must be a string")
+        raise BadValue("", "must be a string")
     if value:
         check_name("TOPIC_PREFIX", value, max_bytes=128)
     return value

@@ -1,0 +1,53 @@
+"""Where the archive's files go (sqlqueue.integrations.spark.archive): the names of its
+state, journal, lock and staging files, the Hive-style ``topic=<topic>`` directory of a
+topic (escaped as Spark does, and cut with a hash past ``MAX_DIRECTORY_BYTES``), and an
+atomic JSON write for its state files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "_sqlqueue_archive.json"
+JOURNAL_FILE = "_journal.json"
+TOPICS_FILE = "_topics.json"
+MAX_DIRECTORY_BYTES = 255  # NAME_MAX of ext4, xfs, btrfs, tmpfs, APFS, NTFS (in UTF-16)
+LOCK_FILE = "_lock"
+STAGING = "_staging"
+#: characters Spark escapes in partition directory names (ExternalCatalogUtils)
+HIVE_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^')
+
+
+def hive_escape(value: str) -> str:
+    """A partition value as Spark writes it in a directory name (and unescapes it)."""
+    return "".join(f"%{ord(ch):02X}" if ch in HIVE_ESCAPED or ord(ch) < 32 else ch
+                   for ch in value)
+
+
+def topic_directory(topic: str) -> str:
+    """``topic=<escaped topic>``, or, past ``MAX_DIRECTORY_BYTES``, its start (never half
+    of an escape or of a character) plus ``~`` and a hash of the whole topic."""
+    name = f"topic={hive_escape(topic)}"
+    if len(name.encode("utf-8")) <= MAX_DIRECTORY_BYTES:
+        return name
+    digest = hashlib.sha256(topic.encode("utf-8")).hexdigest()[:16]
+    keep = MAX_DIRECTORY_BYTES - 1 - len(digest)
+    prefix = name.encode("utf-8")[:keep].decode("utf-8", "ignore")
+    cut_escape = prefix.rfind("%", len(prefix) - 2)
+    if cut_escape != -1:
+        prefix = prefix[:cut_escape]
+    return f"{prefix}~{digest}"
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Atomically: a crash leaves the old file or the new one, never half of one."""
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "w") as handle:
+        json.dump(value, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)

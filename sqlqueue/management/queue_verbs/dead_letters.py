@@ -1,0 +1,84 @@
+"""``queue dead-letters list | replay | discard``: the newest dead letters, and
+redelivering or deleting them by offset or all that match ``--group``/``--topic``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import CommandError, OutputWrapper
+
+from sqlqueue.conf import get_settings
+from sqlqueue.management.queue_verbs.common import alias_of, checked_alias
+from sqlqueue.models import DeadLetter
+from sqlqueue.naming import escape_controls
+from sqlqueue.operations.dead_letters import discard_dead_letters, replay_dead_letters
+
+
+def dead_letters(out: OutputWrapper, options: dict[str, Any]) -> None:
+    """``list``, or ``replay``/``discard``."""
+    if options["action"] == "list":
+        list_dead_letters(out, options)
+    else:
+        replay_or_discard(out, options)
+
+
+def list_dead_letters(out: OutputWrapper, options: dict[str, Any]) -> None:
+    """The newest dead letters, up to ``--limit`` per database."""
+    databases = ([checked_alias(options["database"])] if options["database"]
+                 else get_settings().databases)
+    rows = [(alias, row) for alias in databases
+            for row in _matching(options, alias)[: options["limit"]]]
+    if not rows:
+        out.write("No dead letters.")
+        return
+    for alias, row in rows:
+        first_line = (row.last_error.strip().splitlines() or [""])[-1][:100]
+        detail = row.failure_detail if isinstance(row.failure_detail, dict) else {}
+        # Handler error text is anyone's: escape what a terminal would obey.
+        out.write(escape_controls(
+            f"{row.offset:>10}  {row.consumer_group}  {row.original_topic}/"
+            f"{row.partition_key}  id={detail.get('id', row.id)}  "
+            f"attempts={row.failure_count}  {first_line}"
+            + (f"  [{alias}]" if len(databases) > 1 else "")
+        ))
+
+
+def replay_or_discard(out: OutputWrapper, options: dict[str, Any]) -> None:
+    """Replay or discard the given offsets, or every match of ``--all``."""
+    action = options["action"]
+    alias = checked_alias(options["database"] or (
+        alias_of(options["topic"]) if options["topic"] else None))
+    if options["all"] and options["offsets"]:
+        raise CommandError("Give offsets or --all, not both.")
+    if options["all"]:
+        if action == "discard" and not options["yes"]:
+            raise CommandError("Discarding every matching dead letter deletes them for "
+                               "good: add --yes to confirm.")
+        offsets = list(_matching(options, alias).values_list("offset", flat=True))
+    else:
+        offsets = options["offsets"]
+    if not offsets:
+        raise CommandError("Nothing to do: give dead-letter offsets, or --all.")
+    total = len(offsets)
+
+    def progress(n: int) -> None:  # on long bulk operations
+        if n % 100 == 0 or n == total:
+            out.write(f"  {n}/{total}", ending="\n" if n == total else "\r")
+
+    bulk = replay_dead_letters if action == "replay" else discard_dead_letters
+    result = bulk(sorted(offsets), on_progress=progress, using=alias)
+    verb = "Replayed" if action == "replay" else "Discarded"
+    out.write(f"{verb} {result.done} dead letter(s).")
+    if result.missing:
+        raise CommandError(
+            f"No dead letter at offset(s) {', '.join(map(str, result.missing))}.")
+
+
+def _matching(options: dict[str, Any], alias: str) -> Any:
+    """The dead letters in ``alias`` matching ``--group``/``--topic``, newest first."""
+    rows = DeadLetter.objects.using(alias).all()
+    if options.get("group"):
+        rows = rows.filter(consumer_group=options["group"])
+    if options.get("topic"):
+        rows = rows.filter(original_topic=options["topic"])
+    return rows.order_by("-offset")

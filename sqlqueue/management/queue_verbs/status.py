@@ -1,0 +1,68 @@
+"""``queue status`` (lag and status of every group and topic) and ``queue health`` (exit
+status 0 or 1 for probes)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from django.core.management.base import OutputWrapper
+
+from sqlqueue.conf import get_settings
+from sqlqueue.naming import escape_controls
+from sqlqueue.operations.health import HealthReport, queue_health, runner_alive
+from sqlqueue.operations.lag import group_lag, known_subscriptions
+from sqlqueue.operations.lag_shapes import GroupLag
+
+
+def show_status(out: OutputWrapper, options: dict[str, Any]) -> None:
+    """One line per subscription (and per partition with ``--partitions``)."""
+    # Every database the queue lives in (SQLQUEUE["DATABASE"] and ROUTES' aliases).
+    databases = get_settings().databases
+    subscriptions = [(alias, g, t) for alias in databases
+                     for g, t in known_subscriptions(alias)
+                     if options["group"] in (None, g) and options["topic"] in (None, t)]
+    if not subscriptions:
+        out.write("No consumer group has registered yet.")
+        return
+    where = len(databases) > 1
+    out.write(f"{'status':6}  {'group':20}  {'topic':28}  {'pending':>9}  "
+              f"{'dead':>6}  partitions" + ("  database" if where else ""))
+    for alias, group, topic in subscriptions:
+        lag = group_lag(group, topic, using=alias)
+        out.write(f"{lag.status:6}  {group:20}  {topic:28}  "
+                  f"{_count(lag.pending, lag):>9}  {lag.dead_letters:>6}  "
+                  f"{len(lag.partitions):>10}" + (f"  {alias}" if where else ""))
+        if options["partitions"]:
+            for p in lag.partitions:
+                age = "-" if p.oldest_pending_age is None else f"{p.oldest_pending_age:.0f}s"
+                out.write(
+                    f"    {p.status:6} {p.partition_key:24} head {p.head_offset} "
+                    f"watermark {p.watermark} pending {p.pending} in flight "
+                    f"{p.in_flight} retrying {p.retrying} oldest {age} "
+                    f"held by {escape_controls(p.leased_by) or '(nobody)'}"
+                )
+
+
+def check_health(out: OutputWrapper, options: dict[str, Any]) -> None:
+    """The verdict and its reasons; exits with status 1 when unhealthy."""
+    report: HealthReport
+    if options["liveness_file"]:
+        report = runner_alive(options["liveness_file"], options["max_age"])
+    else:
+        report = queue_health(group=options["group"], topic=options["topic"])
+    if options["json"]:
+        out.write(json.dumps(report.as_dict(), sort_keys=True))
+    else:
+        out.write("healthy" if report.healthy else "unhealthy")
+        for reason in report.reasons:
+            out.write(escape_controls(f"  {reason}"))
+    if not report.healthy:
+        out.flush()
+        sys.exit(1)
+
+
+def _count(value: int, lag: GroupLag) -> str:
+    capped = any(p.pending_capped for p in lag.partitions)
+    return f">={value}" if capped else str(value)
