@@ -18,15 +18,23 @@ from django.db import connection
 
 from sqlqueue import send_message
 from sqlqueue.operations.flow import pause
-from sqlqueue.storage.statements import Statement, Statements, statements_for
-from sqlqueue.storage.statements.membership import MembershipStatements
-from sqlqueue.storage.statements.vendors import MySQLVendor, OnConflictVendor, Vendor
+from sqlqueue.storage.statements import (
+    MySQLStatements,
+    PostgreSQLStatements,
+    SQLiteStatements,
+    Statement,
+    Statements,
+    statements_for,
+)
+from sqlqueue.storage.statements.delivery import OutcomeWrite
+from sqlqueue.storage.statements.schedules import PublishedTick
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 #: the vendor hooks the builders are made of (tested through them), not statements
 HOOKS = {"quote", "names", "marks", "upsert_clause", "insert_if_absent_suffix",
-         "stored_columns", "partition_keys_cte", "partitions_filter", "parse_write_horizon"}
+         "stored_columns", "partition_keys_cte", "partitions_filter", "parse_write_horizon",
+         "message_clock_sql", "greatest_sql"}
 
 
 class Executor(Protocol):
@@ -66,12 +74,20 @@ def executor(request: pytest.FixtureRequest) -> Iterator[Executor]:
         yield spark_connection  # type: ignore[misc]
 
 
+def shared_builders() -> set[str]:
+    """Every public method the shared layer's classes define (the vendors' too)."""
+    classes = {cls for vendor in (MySQLStatements, SQLiteStatements, PostgreSQLStatements)
+               for cls in vendor.__mro__
+               if cls.__module__.startswith("sqlqueue.storage.statements")}
+    return {name for cls in classes for name, value in vars(cls).items()
+            if (inspect.isfunction(value) or isinstance(value, staticmethod | property))
+            and not name.startswith("_")} - HOOKS
+
+
 def test_every_shared_statement_is_tested() -> None:
     source = Path(__file__).read_text()
-    classes = (Vendor, MySQLVendor, OnConflictVendor, MembershipStatements)
-    names = {name for cls in classes for name, value in vars(cls).items()
-             if inspect.isfunction(value) and not name.startswith("_")} - HOOKS
-    assert sorted(n for n in names if f"sql.{n}(" not in source) == []
+    assert {"fetch_messages", "heartbeat", "claim_ticks", "offset_counter"} <= shared_builders()
+    assert sorted(n for n in shared_builders() if f"sql.{n}(" not in source) == []
 
 
 def test_the_layer_imports_no_django() -> None:
@@ -174,3 +190,138 @@ def test_write_horizon() -> None:
         # so this transaction may be missing from it.
         for value in (seen.oldest_writer_ms, seen.newest_start_ms):
             assert value is None or (value % 1000 == 0 and value <= now_ms)
+
+
+# -- delivery (sqlqueue.storage.statements.delivery) -------------------------------------
+def state(executor: Executor, offset: int) -> tuple[Any, ...] | None:
+    found = executor.rows((
+        "SELECT acked, invisible_until, retry_count, last_error FROM queue_delivery_state "
+        "WHERE consumer_group = 'g' AND message_offset = %s", [offset]))
+    return (bool(found[0][0]), *found[0][1:]) if found else None
+
+
+def test_fetch_messages_and_offsets(executor: Executor) -> None:
+    sql = executor.sql
+    assert executor.rows(sql.head_offset()) == [(None,)]
+    sent = [send_message("t", {"n": n}, partition_key="k").offset for n in range(4)]
+    newest = send_message("t", {}, partition_key="other").offset
+    rows = executor.rows(sql.fetch_messages("g", "t", "k", sent[0], 2))
+    assert [int(r[0]) for r in rows] == sent[1:3]
+    assert [r[10:] for r in rows] == [(None, None, None)] * 2  # never delivered
+    at = executor.rows(sql.fetch_messages_at("g", "t", "k", [sent[3], sent[0]]))
+    assert [int(r[0]) for r in at] == [sent[0], sent[3]]
+    assert [int(r[0]) for r in executor.rows(
+        sql.list_offsets("t", "k", sent[0], sent[2], 10))] == sent[1:3]
+    head, server = executor.rows(sql.head_offset(with_server="'here'"))[0]
+    assert (int(head), server) == (newest, "here")
+
+
+def test_delivery_state_writes(executor: Executor) -> None:
+    sql = executor.sql
+    a, b = (send_message("t", {}, partition_key="k").offset for _ in range(2))
+    executor.run(sql.mark_delivered("g", "t", [("k", a, 10**15), ("k", b, 10**15)]))
+    executor.run(sql.mark_delivered("g", "t", [("k", b, 10**15)]))  # a redelivery
+    assert state(executor, a) == (False, 10**15, 0, "")
+    assert state(executor, b)[2] == 1  # type: ignore[index]
+    executor.run(sql.write_outcomes("g", "t", [OutcomeWrite("k", a, True, 0),
+                                               OutcomeWrite("k", b, False, 5, "boom")]))
+    executor.run(sql.write_outcomes("g", "t", [OutcomeWrite("k", a, False, 7, "late")]))
+    assert state(executor, a) == (True, 0, 0, "")  # an acked row stays acked
+    assert state(executor, b) == (False, 5, 1, "boom")
+    assert executor.run(sql.extend_visibility("g", "t", "k", b, 60_000)) == 1
+    assert executor.run(sql.extend_visibility("g", "t", "k", a, 60_000)) == 0  # acked
+    executor.run(sql.give_back("g", "t", "k", b, 0))
+    assert state(executor, b) == (False, 0, 0, "boom")
+    executor.run(sql.give_back("g", "t", "k", b, None))
+    assert state(executor, b) is None
+    executor.run(sql.give_back("g", "t", "k", a, None))
+    assert state(executor, a) is not None  # acked: never given back
+
+
+def test_dead_letters_and_replays(executor: Executor) -> None:
+    sql = executor.sql
+    offset = send_message("t", {"n": 1}, partition_key="k").offset
+    for attempts in (3, 4):  # dead-lettered again: the row is updated
+        executor.run(sql.insert_dead_letter(
+            dead_letter_topic="t.dlq", dead_letter_id="dl-1", offset=offset,
+            attempts=attempts, last_error="boom", detail='{"why": 1}', group="g"))
+    assert executor.rows(("SELECT failure_count, original_topic, consumer_group "
+                          "FROM queue_messages WHERE topic = 't.dlq'", [])) == [(4, "t", "g")]
+    assert executor.rows(sql.dead_letter_counts("t.dlq", "g", 10)) == [("k", 1)]
+    ((dead,),) = executor.rows(sql.head_offset())
+    executor.run(sql.insert_replay(dead_letter_offset=int(dead), replay_id="r-1",
+                                   detail='{"replayed": 1}'))
+    assert executor.rows(("SELECT topic, partition_key, consumer_group FROM queue_messages "
+                          "WHERE id = 'r-1'", [])) == [("t", "k", "g")]
+
+
+# -- watermarks (sqlqueue.storage.statements.watermarks) --------------------------------------
+def test_watermarks(executor: Executor) -> None:
+    sql = executor.sql
+    executor.run(sql.ensure_watermarks("g", "t", ["a", "b"], 4))
+    executor.run(sql.ensure_watermarks("g", "t", ["a"]))  # existing rows stay
+    executor.run(sql.ensure_watermarks("h", "t", ["a"]))
+    assert sorted(executor.rows(sql.group_watermarks("g", "t"))) == [("a", 4), ("b", 4)]
+    assert executor.run(sql.advance_watermarks("g", "t", 9, partition="a",
+                                               first_pending=11)) == 1
+    assert executor.run(sql.advance_watermarks("g", "t", 6)) == 1  # b only: never back
+    assert executor.rows(sql.group_watermarks("g", "t", ["a"])) == [("a", 9)]
+    assert sorted(executor.rows(sql.topic_watermarks("t"))) == [
+        ("g", "a", 9), ("g", "b", 6), ("h", "a", 0)]
+    for offset in (5, 9, 10):
+        executor.run(sql.mark_delivered("g", "t", [("a", offset, 0)]))
+    assert executor.run(sql.delete_states_upto("g", "t", "a", 9)) == 2
+
+
+# -- garbage collection (the vendors') --------------------------------------------------------
+def test_garbage_collection(executor: Executor) -> None:
+    sql = executor.sql
+    sent = [send_message("t", {}, partition_key="k", id=f"m{n}").offset for n in range(5)]
+    counter = executor.rows(sql.offset_counter())
+    assert counter and int(counter[0][0]) >= sent[-1]
+    assert executor.run(sql.delete_messages_upto("t", "k", sent[3], 2)) == 2
+    assert executor.run(sql.delete_messages_upto("t", "k", sent[3], 10)) == 2
+    assert [int(r[0]) for r in executor.rows(sql.list_offsets("t", "k", 0, 10**12, 10))] == [
+        sent[4]]
+    executor.run(("INSERT INTO queue_idempotency_keys (key_high, key_low, message_offset, "
+                  "expires_at) VALUES (1, 1, 1, 0), (2, 2, 2, 0), (3, 3, 3, %s)", [1 << 60]))
+    assert executor.run(sql.delete_expired_idempotency_keys(1)) == 1
+    assert executor.run(sql.delete_expired_idempotency_keys(10)) == 1
+
+
+# -- operating (sqlqueue.storage.statements.operating) -----------------------------------------
+def test_operating_reads(executor: Executor) -> None:
+    sql = executor.sql
+    a = [send_message("t", {}, partition_key="a").offset for _ in range(3)]
+    b = send_message("t", {}, partition_key="b").offset
+    summary = executor.rows(sql.pending_summary("t", "g", [("a", a[0]), ("b", b)], 10))
+    assert {r[0]: int(r[1]) for r in summary} == {"a": 2, "b": 0}
+    assert {r[0]: r[2] is None for r in summary} == {"a": False, "b": True}
+    uncounted = executor.rows(sql.pending_summary("t", "g", [("a", 0)], None))
+    assert uncounted[0][:2] == ("a", None)
+    assert [None if v is None else int(v) for v in executor.rows(
+        sql.first_offsets_above("t", [("a", a[0]), ("b", b)]))[0]] == [a[1], None]
+    dues = {int(r[0]): r[2] for r in executor.rows(sql.message_dues([a[0], b]))}
+    assert dues == {a[0]: "", b: ""}
+    executor.run(sql.write_outcomes("g", "t", [OutcomeWrite("a", a[1], True, 0)]))
+    assert [(r[0], int(r[1])) for r in executor.rows(
+        sql.acked_among("g", "t", [("a", a[1]), ("a", a[2])]))] == [("a", a[1])]
+
+
+# -- schedules (sqlqueue.storage.statements.schedules) -----------------------------------------
+def test_schedules(executor: Executor) -> None:
+    sql = executor.sql
+    executor.run(sql.ensure_schedule("a", 100, "every 60s"))
+    executor.run(sql.ensure_schedule("b", 200, "every 1s"))
+    executor.run(sql.ensure_schedule("a", 999, "changed"))  # an existing row stays
+    assert [r[:3] for r in executor.rows(sql.read_schedules())] in (
+        [("a", 100, "every 60s"), ("b", 200, "every 1s")],
+        [("b", 200, "every 1s"), ("a", 100, "every 60s")])
+    assert executor.run(sql.claim_ticks("a", 100, 160, "every 60s")) == 1
+    assert executor.run(sql.claim_ticks("a", 100, 220, "every 60s")) == 0
+    executor.run(sql.record_tick("a", PublishedTick(160, "t", "k", 42, "schedule:a:x")))
+    (row,) = executor.rows(sql.read_schedules(["a"], lock=True))
+    assert (row[1], *row[3:8]) == (160, 160, "t", "k", 42, "schedule:a:x")
+    assert row[8] is not None
+    assert executor.run(sql.delete_schedule("b")) == 1
+    assert executor.run(sql.delete_schedule("b")) == 0

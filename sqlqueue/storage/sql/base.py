@@ -119,12 +119,13 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
         )
 
     def delete_expired_idempotency_keys_sql(self) -> str:
-        raise NotImplementedError
+        """``delete_expired_idempotency_keys`` (sqlqueue.storage.statements.vendors)."""
+        return self.sql.delete_expired_idempotency_keys(0)[0]
 
     def delete_expired_idempotency_keys(self, cursor: CursorWrapper, limit: int) -> int:
         """``delete_expired_idempotency_keys``: garbage-collect keys whose window has
         passed, at most ``limit`` per statement (idx_idempotency_expires)."""
-        cursor.execute(self.delete_expired_idempotency_keys_sql(), [limit])
+        cursor.execute(*self.sql.delete_expired_idempotency_keys(limit))
         return int(cursor.rowcount)
 
     # -- insert_messages ---------------------------------------------------------------

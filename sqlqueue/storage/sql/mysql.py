@@ -39,9 +39,7 @@ class MySQLDialect(Dialect):
     sql: MySQLStatements
     now_ms_sql = MySQLVendor.now_ms_sql
     locking_read_suffix = MySQLVendor.locking_read_suffix
-    # MariaDB has no server_uuid; server_id is unique within a replication topology (it
-    # must be), host and port tell apart servers that share one.
-    server_identity_sql = "CONCAT(@@hostname, ':', @@port, ' server_id ', @@server_id)"
+    server_identity_sql = MySQLVendor.server_identity_sql
 
     # -- connection_charset --------------------------------------------------------------
     connection_charset_sql = "SELECT @@character_set_connection"
@@ -168,23 +166,6 @@ class MySQLDialect(Dialect):
             self._autoinc_lock_mode = int(row[0]) if row else 2
         return self._autoinc_lock_mode <= 1
 
-    offset_index_hint = "FORCE INDEX (idx_topic_partition_offset)"
-
-    def greatest_sql(self, a: str, b: str) -> str:
-        return f"GREATEST({a}, {b})"
-
-    def delete_messages_upto_sql(self) -> str:
-        q = self.quote
-        return (
-            f"DELETE FROM {q('queue_messages')} WHERE {q('topic')} = %s AND "
-            f"{q('partition_key')} = %s AND {q('offset')} <= %s ORDER BY {q('offset')} LIMIT %s"
-        )
-
-    def delete_expired_idempotency_keys_sql(self) -> str:
-        q = self.quote
-        return (f"DELETE FROM {q('queue_idempotency_keys')} WHERE {q('expires_at')} <= "
-                f"{self.now_ms_sql} ORDER BY {q('expires_at')} LIMIT %s")
-
     _horizon_unavailable = False
     _galera: bool | None = None
 
@@ -238,10 +219,3 @@ class MySQLDialect(Dialect):
         escapes (NUL, newline, return, backslash, quotes, Ctrl-Z) counts twice, so that
         a payload of quotes cannot make a statement twice the size it was cut for."""
         return sum(_escaped_size(value) for value in (payload, metadata or ""))
-
-    def offset_counter_sql(self) -> str:
-        """``offset_counter``: the next offset AUTO_INCREMENT hands out. (MySQL 8 may
-        answer from its statistics cache, information_schema_stats_expiry: a stale value
-        is an older, lower one, never a false step back after a newer one.)"""
-        return ("SELECT AUTO_INCREMENT FROM information_schema.TABLES "
-                f"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{MESSAGE_TABLE}'")

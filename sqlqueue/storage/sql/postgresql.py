@@ -26,7 +26,7 @@ from django.db.backends.utils import CursorWrapper
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
 from sqlqueue.storage.statements import PostgreSQLStatements
-from sqlqueue.storage.statements.vendors import PostgreSQLVendor, epoch_ms
+from sqlqueue.storage.statements.vendors import PostgreSQLVendor
 
 #: SQLSTATEs of a lock wait given up: lock_not_available (lock_timeout),
 #: deadlock_detected, serialization_failure
@@ -68,26 +68,7 @@ class PostgreSQLDialect(Dialect):
     sql: PostgreSQLStatements
     now_ms_sql = PostgreSQLVendor.now_ms_sql
     locking_read_suffix = PostgreSQLVendor.locking_read_suffix
-    # The address and port the server answered on, and when it started: a promoted
-    # replica behind the same address (a moved virtual IP) started at another time.
-    server_identity_sql = (
-        "CONCAT(HOST(inet_server_addr()), ':', inet_server_port(), ' started ', "
-        "EXTRACT(EPOCH FROM pg_postmaster_start_time()))"
-    )
-    # No index hints on PostgreSQL; the planner picks idx_topic_partition_offset for the
-    # per-partition probes by itself (tests/integration/test_sql_statements.py, EXPLAIN).
-    offset_index_hint = ""
-
-    @property
-    def message_clock_sql(self) -> str:
-        # CASE evaluates its condition first: pg_current_xact_id() gives the transaction
-        # its id (if it has none yet) before the clock is read.
-        return (f"(CASE WHEN pg_current_xact_id() IS NOT NULL THEN "
-                f"{epoch_ms('clock_timestamp()')} END)")
-
-    @property
-    def returning_offset_sql(self) -> str:  # type: ignore[override]
-        return f" RETURNING {self.quote('offset')}"
+    server_identity_sql = PostgreSQLVendor.server_identity_sql
 
     def last_inserted_offset(self, cursor: CursorWrapper) -> int:
         row = cursor.fetchone()
@@ -243,30 +224,6 @@ class PostgreSQLDialect(Dialect):
         return 2 * len(data) + len(text) + text.count(b"'")
 
     # -- the rest of the vendor hooks --------------------------------------------------
-    def greatest_sql(self, a: str, b: str) -> str:
-        return f"GREATEST({a}, {b})"
-
-    def delete_messages_upto_sql(self) -> str:
-        # No DELETE ... LIMIT: the oldest offsets of the partition are read first, in
-        # idx_topic_partition_offset's order (so the planner takes that index and stops at
-        # the limit), then deleted by primary key (= ANY of an array: index lookups, where
-        # IN (subquery) may be planned as a join against the whole table).
-        q = self.quote
-        table, offset, topic, key = q(MESSAGE_TABLE), q("offset"), q("topic"), q("partition_key")
-        return (
-            f"DELETE FROM {table} WHERE {offset} = ANY(ARRAY(SELECT {offset} FROM {table} "
-            f"WHERE {topic} = %s AND {key} = %s AND {offset} <= %s "
-            f"ORDER BY {topic}, {key}, {offset} LIMIT %s))"
-        )
-
-    def delete_expired_idempotency_keys_sql(self) -> str:
-        # No DELETE ... LIMIT: the rows are chosen by their physical address (a TID scan
-        # of at most LIMIT rows). A key renewed meanwhile has a new address and stays.
-        q = self.quote
-        table, expires = q("queue_idempotency_keys"), q("expires_at")
-        return (f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
-                f"WHERE {expires} <= {self.now_ms_sql} ORDER BY {expires} LIMIT %s))")
-
     def bound_lock_waits(self, cursor: CursorWrapper, seconds: int) -> None:
         # set_config, not SET: SET takes no parameters. Session-wide (is_local false);
         # called outside a transaction, so no rollback undoes it.
@@ -304,8 +261,3 @@ class PostgreSQLDialect(Dialect):
         # round trip's worth of rows, as on the other vendors.
         return 8 << 20
 
-    def offset_counter_sql(self) -> str:
-        """``offset_counter``: the last offset the identity's sequence handed out (NULL
-        before the first)."""
-        return ("SELECT pg_sequence_last_value(pg_get_serial_sequence("
-                f"'{MESSAGE_TABLE}', 'offset')::regclass)")

@@ -10,7 +10,7 @@ from django.db import IntegrityError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.horizon import WriteHorizon
-from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect
+from sqlqueue.storage.sql.base import Dialect
 from sqlqueue.storage.statements.vendors import SQLiteVendor
 
 
@@ -24,27 +24,6 @@ class SQLiteDialect(Dialect):
         # the other (AUTOINCREMENT: never reusing a number); lastrowid is the last one.
         last = int(cursor.lastrowid)
         return list(range(last - count + 1, last + 1))
-
-    offset_index_hint = "INDEXED BY idx_topic_partition_offset"
-
-    def greatest_sql(self, a: str, b: str) -> str:
-        return f"MAX({a}, {b})"  # the scalar max of its arguments
-
-    def delete_messages_upto_sql(self) -> str:
-        # DELETE ... LIMIT needs a compile-time option SQLite builds usually lack.
-        q = self.quote
-        table, offset = q("queue_messages"), q("offset")
-        return (
-            f"DELETE FROM {table} WHERE {offset} IN (SELECT {offset} FROM {table} WHERE "
-            f"{q('topic')} = %s AND {q('partition_key')} = %s AND {offset} <= %s "
-            f"ORDER BY {offset} LIMIT %s)"
-        )
-
-    def delete_expired_idempotency_keys_sql(self) -> str:
-        q = self.quote
-        table, expires = q("queue_idempotency_keys"), q("expires_at")
-        return (f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE "
-                f"{expires} <= {self.now_ms_sql} ORDER BY {expires} LIMIT %s)")
 
     def write_horizon(self, cursor: CursorWrapper) -> WriteHorizon | None:
         # One writer at a time: a row is committed before the next offset is allocated,
@@ -61,6 +40,3 @@ class SQLiteDialect(Dialect):
             and "queue_messages.partition_key, queue_messages.id" in str(error)
         )
 
-    def offset_counter_sql(self) -> str:
-        """``offset_counter``: the last offset AUTOINCREMENT handed out."""
-        return f"SELECT seq FROM sqlite_sequence WHERE name = '{MESSAGE_TABLE}'"

@@ -12,6 +12,7 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.statements import Statements
+from sqlqueue.storage.statements.delivery import OutcomeWrite as OutcomeWrite
 
 MessageKey = tuple[str, str]  # (partition_key, id) within one topic
 #: (key_high, key_low): the 128-bit digest of (topic, partition_key, id), see
@@ -68,17 +69,6 @@ class FetchedRow:
     retry_count: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class OutcomeWrite:
-    """The new delivery state of one message after its handler ran."""
-
-    partition_key: str
-    offset: int
-    acked: bool
-    invisible_until: int
-    last_error: str = ""
-
-
 def _text(value: Any) -> str | None:
     if value is None:
         return None
@@ -94,19 +84,16 @@ class VendorHooks:
     #: the vendor's shared statements (sqlqueue.storage.statements)
     sql: Statements
     now_ms_sql: str
-    #: which server a statement ran on: the same text for every connection to one server,
-    #: another for any other server (a promoted replica, another cluster node)
+    #: which server a statement ran on (``Vendor.server_identity_sql``; a class
+    #: attribute of the dialect, so that a test can pretend another server answered)
     server_identity_sql = "''"
     locking_read_suffix: str
-    #: appended to an INSERT of one message whose offset ``last_inserted_offset`` reads
-    returning_offset_sql = ""
 
     # Vendor hooks -------------------------------------------------------------------
     @property
     def message_clock_sql(self) -> str:
-        """``created_at`` of a row copied into queue_messages (dead letter, replay): the
-        database clock read as the vendor's write horizon needs it (sqlqueue.horizon)."""
-        return self.now_ms_sql
+        """``Vendor.message_clock_sql``: the clock of a row written into queue_messages."""
+        return self.sql.message_clock_sql
 
     def last_inserted_offset(self, cursor: CursorWrapper) -> int:
         """The offset the INSERT just run (with ``returning_offset_sql``) allocated."""
@@ -117,15 +104,6 @@ class VendorHooks:
     ) -> str:
         """The vendor's upsert (``sqlqueue.storage.statements.vendors.Vendor``)."""
         return self.sql.upsert_clause(key, assignments, table)
-
-    def insert_if_absent(self, table: str, columns: Sequence[str], key: Sequence[str]) -> str:
-        """An INSERT of one row (``{values}``: its value list) that skips a stored ``key``."""
-        q = self.quote
-        return (f"INSERT INTO {q(table)} ({', '.join(q(c) for c in columns)}) "
-                f"VALUES ({{values}}) {self.sql.insert_if_absent_suffix(key)}")
-
-    def delete_messages_upto_sql(self) -> str:
-        raise NotImplementedError
 
     def write_horizon(self, cursor: CursorWrapper) -> WriteHorizon | None:
         """``write_horizon``: what the database shows of open transactions, for

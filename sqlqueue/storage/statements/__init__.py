@@ -10,7 +10,10 @@ tests/integration/test_statement_layer.py runs every builder against every datab
 
 from __future__ import annotations
 
+from sqlqueue.storage.statements.delivery import DeliveryStatements
 from sqlqueue.storage.statements.membership import MembershipStatements
+from sqlqueue.storage.statements.operating import OperatingStatements
+from sqlqueue.storage.statements.schedules import ScheduleStatements
 from sqlqueue.storage.statements.vendors import (
     MySQLVendor,
     PostgreSQLVendor,
@@ -18,9 +21,11 @@ from sqlqueue.storage.statements.vendors import (
     Statement,
     Vendor,
 )
+from sqlqueue.storage.statements.watermarks import WatermarkStatements
 
 
-class Statements(MembershipStatements):
+class Statements(DeliveryStatements, WatermarkStatements, MembershipStatements,
+                 OperatingStatements, ScheduleStatements):
     """Every shared statement; a vendor's hooks come first in its subclass's bases."""
 
 

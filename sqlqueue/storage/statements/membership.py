@@ -88,14 +88,6 @@ class MembershipStatements(Vendor):
             params,
         )
 
-    def partitions_filter(self, partitions: Sequence[str] | None) -> tuple[str, list[Any]]:
-        """`` AND partition_key IN (...)``: primary-key lookups, so that a locking
-        statement locks those rows only (no scan of the (group, topic)'s other rows)."""
-        if partitions is None:
-            return "", []
-        return (f" AND {self.quote('partition_key')} IN ({self.marks(len(partitions))})",
-                list(partitions))
-
     def renew_leases(self, group: str, topic: str, owner: str, duration_ms: int,
                      partitions: Sequence[str] | None = None) -> Statement:
         """``renew_leases``: extend every lease ``owner`` still holds (only those of

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlqueue.horizon import UNKNOWN, WriteHorizon
-from sqlqueue.storage.statements.tables import MESSAGE_TABLE
+from sqlqueue.storage.statements.tables import IDEMPOTENCY_TABLE, MESSAGE_TABLE
 
 #: SQL with ``%s`` placeholders, and its parameters
 Statement = tuple[str, list[Any]]
@@ -33,6 +33,26 @@ class Vendor:
     now_ms_sql = ""
     #: appended to a read that must see the newest commits and hold them until commit
     locking_read_suffix = ""
+    #: which server a statement ran on: the same text for every connection to one server,
+    #: another for any other server (a promoted replica, another cluster node)
+    server_identity_sql = "''"
+    #: appended to an INSERT of one message to read back the offset it allocated (where
+    #: the driver's lastrowid does not tell it)
+    returning_offset_sql = ""
+    #: makes the per-partition probes use idx_topic_partition_offset without weighing
+    #: the other indexes first: planning, not reading, is what they cost otherwise
+    offset_index_hint = ""
+
+    @property
+    def message_clock_sql(self) -> str:
+        """``created_at`` of a row copied into queue_messages (dead letter, replay): the
+        database clock read as the vendor's write horizon needs it (sqlqueue.horizon)."""
+        return self.now_ms_sql
+
+    @staticmethod
+    def greatest_sql(a: str, b: str) -> str:
+        """The larger of two expressions."""
+        return f"GREATEST({a}, {b})"
 
     def quote(self, name: str) -> str:
         return f"{self.quote_char}{name}{self.quote_char}"
@@ -44,6 +64,14 @@ class Vendor:
     @staticmethod
     def marks(count: int) -> str:
         return ", ".join(["%s"] * count)
+
+    def partitions_filter(self, partitions: Sequence[str] | None) -> tuple[str, list[Any]]:
+        """`` AND partition_key IN (...)``: primary-key lookups, so that a locking
+        statement locks those rows only (no scan of the (group, topic)'s other rows)."""
+        if partitions is None:
+            return "", []
+        return (f" AND {self.quote('partition_key')} IN ({self.marks(len(partitions))})",
+                list(partitions))
 
     def database_now_ms(self) -> Statement:
         """``database_now_ms``: the database clock."""
@@ -82,6 +110,19 @@ class Vendor:
         """The ``sqlqueue.horizon.WriteHorizon`` that ``write_horizon``'s row says."""
         raise NotImplementedError
 
+    # Garbage collection, at most ``limit`` rows per statement (short locks): the oldest
+    # rows of a partition, idempotency keys whose window has passed. ``offset_counter``:
+    # where the offset counter stands (NULL, no row: unknown; lower: writes were lost).
+    def delete_messages_upto(self, topic: str, partition: str, upto: int,
+                             limit: int) -> Statement:
+        raise NotImplementedError
+
+    def delete_expired_idempotency_keys(self, limit: int) -> Statement:
+        raise NotImplementedError
+
+    def offset_counter(self) -> Statement:
+        raise NotImplementedError
+
 
 class MySQLVendor(Vendor):
     """MySQL 8.0+ and MariaDB 10.11+."""
@@ -91,6 +132,10 @@ class MySQLVendor(Vendor):
     now_ms_sql = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
     # LOCK IN SHARE MODE (not FOR SHARE) is understood by both MySQL 8 and MariaDB.
     locking_read_suffix = " LOCK IN SHARE MODE"
+    # MariaDB has no server_uuid; server_id is unique within a replication topology (it
+    # must be), host and port tell apart servers that share one.
+    server_identity_sql = "CONCAT(@@hostname, ':', @@port, ' server_id ', @@server_id)"
+    offset_index_hint = "FORCE INDEX (idx_topic_partition_offset)"
 
     def upsert_clause(
         self, key: Sequence[str], assignments: dict[str, str], table: str = ""
@@ -145,6 +190,27 @@ class MySQLVendor(Vendor):
         oldest_writer, newest_start = row if row else (None, None)
         return WriteHorizon(None if oldest_writer is None else int(oldest_writer),
                             None if newest_start is None else int(newest_start))
+
+    def delete_messages_upto(self, topic: str, partition: str, upto: int,
+                             limit: int) -> Statement:
+        q = self.quote
+        return (
+            f"DELETE FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = %s AND "
+            f"{q('partition_key')} = %s AND {q('offset')} <= %s ORDER BY {q('offset')} LIMIT %s",
+            [topic, partition, upto, limit],
+        )
+
+    def delete_expired_idempotency_keys(self, limit: int) -> Statement:
+        q = self.quote
+        return (f"DELETE FROM {q(IDEMPOTENCY_TABLE)} WHERE {q('expires_at')} <= "
+                f"{self.now_ms_sql} ORDER BY {q('expires_at')} LIMIT %s", [limit])
+
+    def offset_counter(self) -> Statement:
+        # The next offset AUTO_INCREMENT hands out. (MySQL 8 may answer from its
+        # statistics cache, information_schema_stats_expiry: a stale value is an older,
+        # lower one, never a false step back after a newer one.)
+        return ("SELECT AUTO_INCREMENT FROM information_schema.TABLES "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s", [MESSAGE_TABLE])
 
 
 class OnConflictVendor(Vendor):
@@ -203,6 +269,33 @@ class SQLiteVendor(OnConflictVendor):
 
     vendor = "sqlite"
     now_ms_sql = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    offset_index_hint = "INDEXED BY idx_topic_partition_offset"
+
+    @staticmethod
+    def greatest_sql(a: str, b: str) -> str:
+        return f"MAX({a}, {b})"  # the scalar max of its arguments
+
+    def delete_messages_upto(self, topic: str, partition: str, upto: int,
+                             limit: int) -> Statement:
+        # DELETE ... LIMIT needs a compile-time option SQLite builds usually lack.
+        q = self.quote
+        table, offset = q(MESSAGE_TABLE), q("offset")
+        return (
+            f"DELETE FROM {table} WHERE {offset} IN (SELECT {offset} FROM {table} WHERE "
+            f"{q('topic')} = %s AND {q('partition_key')} = %s AND {offset} <= %s "
+            f"ORDER BY {offset} LIMIT %s)",
+            [topic, partition, upto, limit],
+        )
+
+    def delete_expired_idempotency_keys(self, limit: int) -> Statement:
+        q = self.quote
+        table, expires = q(IDEMPOTENCY_TABLE), q("expires_at")
+        return (f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE "
+                f"{expires} <= {self.now_ms_sql} ORDER BY {expires} LIMIT %s)", [limit])
+
+    def offset_counter(self) -> Statement:
+        # The last offset AUTOINCREMENT handed out.
+        return "SELECT seq FROM sqlite_sequence WHERE name = %s", [MESSAGE_TABLE]
 
 
 def epoch_ms(clock: str) -> str:
@@ -220,6 +313,52 @@ class PostgreSQLVendor(OnConflictVendor):
     now_ms_sql = f"({epoch_ms('statement_timestamp()')})"
     # Waits for a concurrent writer of the row, then reads its newest committed version.
     locking_read_suffix = " FOR SHARE"
+    # The address and port the server answered on, and when it started: a promoted
+    # replica behind the same address (a moved virtual IP) started at another time.
+    server_identity_sql = (
+        "CONCAT(HOST(inet_server_addr()), ':', inet_server_port(), ' started ', "
+        "EXTRACT(EPOCH FROM pg_postmaster_start_time()))"
+    )
+    # No index hints on PostgreSQL; the planner picks idx_topic_partition_offset for the
+    # per-partition probes by itself (tests/integration/test_sql_statements.py, EXPLAIN).
+    returning_offset_sql = ' RETURNING "offset"'
+
+    @property
+    def message_clock_sql(self) -> str:
+        # CASE evaluates its condition first: pg_current_xact_id() gives the transaction
+        # its id (if it has none yet) before the clock is read.
+        return (f"(CASE WHEN pg_current_xact_id() IS NOT NULL THEN "
+                f"{epoch_ms('clock_timestamp()')} END)")
+
+    def delete_messages_upto(self, topic: str, partition: str, upto: int,
+                             limit: int) -> Statement:
+        # No DELETE ... LIMIT: the oldest offsets of the partition are read first, in
+        # idx_topic_partition_offset's order (so the planner takes that index and stops at
+        # the limit), then deleted by primary key (= ANY of an array: index lookups, where
+        # IN (subquery) may be planned as a join against the whole table).
+        q = self.quote
+        table, offset, topic_, key = (q(MESSAGE_TABLE), q("offset"), q("topic"),
+                                      q("partition_key"))
+        return (
+            f"DELETE FROM {table} WHERE {offset} = ANY(ARRAY(SELECT {offset} FROM {table} "
+            f"WHERE {topic_} = %s AND {key} = %s AND {offset} <= %s "
+            f"ORDER BY {topic_}, {key}, {offset} LIMIT %s))",
+            [topic, partition, upto, limit],
+        )
+
+    def delete_expired_idempotency_keys(self, limit: int) -> Statement:
+        # No DELETE ... LIMIT: the rows are chosen by their physical address (a TID scan
+        # of at most LIMIT rows). A key renewed meanwhile has a new address and stays.
+        q = self.quote
+        table, expires = q(IDEMPOTENCY_TABLE), q("expires_at")
+        return (f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
+                f"WHERE {expires} <= {self.now_ms_sql} ORDER BY {expires} LIMIT %s))",
+                [limit])
+
+    def offset_counter(self) -> Statement:
+        # The last offset the identity's sequence handed out (NULL before the first).
+        return ("SELECT pg_sequence_last_value(pg_get_serial_sequence(%s, 'offset')"
+                "::regclass)", [MESSAGE_TABLE])
 
     def stored_columns(self, expression: str, table: str) -> str:
         # In ON CONFLICT DO UPDATE a bare column is ambiguous (the stored row's, or

@@ -1,12 +1,12 @@
 """Statement shapes of the data source shared by the vendors; ``mysql.py`` and
 ``sqlite.py`` fill in the rest.
 
-The statements every executor runs (membership, partition discovery, the write horizon,
-the vendors' upserts) come from the shared, Django-free layer
-(``sqlqueue.storage.statements``); what only the data source reads and writes is built
-here. Every method is a named statement (the name is what tests and docs refer to)
-returning ``(sql, params)``. Identifiers are always quoted: ``offset`` is reserved in
-MariaDB.
+The statements every executor runs (membership, watermarks, the head of the log,
+partition discovery, the write horizon, the vendors' upserts) come from the shared,
+Django-free layer (``sqlqueue.storage.statements``); what only the data source reads and
+writes is built here. Every method is a named statement (the name is what tests and docs
+refer to) returning ``(sql, params)``. Identifiers are always quoted: ``offset`` is
+reserved in MariaDB.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ from sqlqueue.integrations.spark.tables import Column, Table
 from sqlqueue.storage.statements import Statement
 from sqlqueue.storage.statements import Statements as SharedStatements
 from sqlqueue.storage.statements.tables import (
-    GROUP_KEY,
     MESSAGE_KEY,
     MESSAGE_TABLE,
-    OFFSETS_TABLE,
     STATE_TABLE,
 )
 
@@ -120,10 +118,6 @@ class Statements(SharedStatements):
         )
 
     # -- the stream's planning -------------------------------------------------------------
-    def head_offset(self) -> Statement:
-        """``head_offset``: the newest offset of the whole log (primary key)."""
-        return f"SELECT MAX({self.quote('offset')}) FROM {self.quote(MESSAGE_TABLE)}", []
-
     def created_at_of(self, offset: int) -> Statement:
         """``created_at_of``: when a row was inserted (primary-key lookup)."""
         q = self.quote
@@ -176,47 +170,7 @@ class Statements(SharedStatements):
             params,
         )
 
-    # -- a consumer group's position ----------------------------------------------------------
-    def group_watermarks(self, group: str, topic: str) -> Statement:
-        """``group_watermarks``: the group's watermark on each partition (primary-key
-        prefix)."""
-        q = self.quote
-        return (
-            f"SELECT {q('partition_key')}, {q('offset_acked')} FROM {q(OFFSETS_TABLE)} "
-            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s",
-            [group, topic],
-        )
-
-    def ensure_watermarks(self, group: str, topic: str, partitions: Sequence[str],
-                          watermark: int) -> Statement:
-        """``ensure_watermarks``: create the group's offsets rows that are missing, at
-        ``watermark`` (this registers the group with garbage collection and the lag
-        pages); existing rows are left alone."""
-        one = f"(%s, %s, %s, %s, {self.now_ms_sql})"
-        params: list[Any] = []
-        for partition in partitions:
-            params += [group, topic, partition, watermark]
-        return (
-            f"INSERT INTO {self.quote(OFFSETS_TABLE)} ({self.names(GROUP_KEY)}, "
-            f"{self.quote('offset_acked')}, {self.quote('updated_at')}) "
-            f"VALUES {', '.join([one] * len(partitions))} "
-            + self.insert_if_absent_suffix(GROUP_KEY),
-            params,
-        )
-
-    def advance_watermarks(self, group: str, topic: str, upto: int) -> Statement:
-        """``advance_watermarks``: every partition of the group's topic is done up to
-        ``upto``; a watermark only moves forward (primary-key prefix). The lag pages'
-        hint of the first pending offset (a runconsumer's) is cleared: unknown here."""
-        q = self.quote
-        return (
-            f"UPDATE {q(OFFSETS_TABLE)} SET {q('offset_acked')} = %s, {q('updated_at')} = "
-            f"{self.now_ms_sql}, {q('first_pending')} = NULL "
-            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s "
-            f"AND {q('offset_acked')} < %s",
-            [upto, group, topic, upto],
-        )
-
+    # -- a consumer group's position (its watermarks: the shared layer's) -------------------
     def drop_open_states(self, group: str, topic: str, upto: int) -> Statement:
         """``drop_open_states``: forget unfinished delivery state (attempts of an earlier
         ``runconsumer``) the group's watermarks now cover; acked rows are history the

@@ -1,0 +1,220 @@
+"""Named statements of delivery: a subscriber's reads of a partition (messages with its
+group's state, offsets, the head of the log) and its writes of delivery state (marking
+messages delivered, handler outcomes, giving back, extending visibility), and the copies
+of dead letters and replays. Each returns a ``Statement``; ``sqlqueue.storage.sql.delivery``
+runs them on a Django connection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlqueue.storage.statements.tables import (
+    MESSAGE_KEY,
+    MESSAGE_TABLE,
+    STATE_KEY,
+    STATE_TABLE,
+)
+from sqlqueue.storage.statements.vendors import Statement, Vendor
+
+#: the columns ``fetch_messages`` reads of a message row, before the state's three
+FETCH_COLUMNS = (
+    "offset", "id", "payload", "metadata", "created_at", "published_at", "priority",
+    "deliver_after", "consumer_group", "failure_detail",
+)
+
+#: the columns ``insert_dead_letter`` writes
+DEAD_LETTER_COLUMNS = (
+    "topic", "partition_key", "id", "payload", "metadata", "created_at", "published_at",
+    "failed_at", "failure_count", "last_error", "original_topic", "failure_detail",
+    "priority", "consumer_group",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeWrite:
+    """The new delivery state of one message after its handler ran."""
+
+    partition_key: str
+    offset: int
+    acked: bool
+    invisible_until: int
+    last_error: str = ""
+
+
+class DeliveryStatements(Vendor):
+    """A subscriber's reads and writes of messages and delivery state (a mixin of
+    ``Statements``)."""
+
+    # reads ---------------------------------------------------------------------------------
+    def _fetch_sql(self, where: str) -> str:
+        q = self.quote
+        return (
+            f"SELECT {self.names(FETCH_COLUMNS, 'm.')}, s.{q('acked')}, "
+            f"s.{q('invisible_until')}, s.{q('retry_count')} "
+            f"FROM {q(MESSAGE_TABLE)} m LEFT JOIN {q(STATE_TABLE)} s "
+            f"ON s.{q('consumer_group')} = %s AND s.{q('topic')} = m.{q('topic')} "
+            f"AND s.{q('partition_key')} = m.{q('partition_key')} "
+            f"AND s.{q('message_offset')} = m.{q('offset')} "
+            f"WHERE m.{q('topic')} = %s AND m.{q('partition_key')} = %s AND {where} "
+            f"ORDER BY m.{q('offset')}"
+        )
+
+    def fetch_messages(self, group: str, topic: str, partition: str, after: int,
+                       limit: int) -> Statement:
+        """``fetch_messages``: the next rows of a partition above an offset, with this
+        group's state (``FETCH_COLUMNS``, then acked, invisible_until, retry_count); a
+        range on ``idx_topic_partition_offset``, then primary-key lookups (message row,
+        delivery state)."""
+        return (self._fetch_sql(f"m.{self.quote('offset')} > %s") + " LIMIT %s",
+                [group, topic, partition, after, limit])
+
+    def fetch_messages_at(self, group: str, topic: str, partition: str,
+                          offsets: Sequence[int]) -> Statement:
+        """``fetch_messages_at``: the same, for given offsets (late commits found by a
+        sweep). ``offsets`` must not be empty."""
+        return (self._fetch_sql(f"m.{self.quote('offset')} IN ({self.marks(len(offsets))})"),
+                [group, topic, partition, *offsets])
+
+    def list_offsets(self, topic: str, partition: str, after: int, upto: int,
+                     limit: int) -> Statement:
+        """``list_offsets``: offsets stored in (after, upto] of a partition; index-only on
+        ``idx_topic_partition_offset``. Used to find late-committed rows."""
+        q = self.quote
+        return (
+            f"SELECT {q('offset')} FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = %s "
+            f"AND {q('partition_key')} = %s AND {q('offset')} > %s AND {q('offset')} <= %s "
+            f"ORDER BY {q('offset')} LIMIT %s",
+            [topic, partition, after, upto, limit],
+        )
+
+    def head_offset(self, with_server: str = "") -> Statement:
+        """``head_offset``: the newest offset of the whole log (primary key, O(1)); NULL
+        while the log is empty. ``with_server``: an expression of which server answered,
+        read as a second column (a subscriber notices a failover at no extra statement)."""
+        q = self.quote
+        return (f"SELECT MAX({q('offset')})" + (f", {with_server}" if with_server else "")
+                + f" FROM {q(MESSAGE_TABLE)}", [])
+
+    # writes --------------------------------------------------------------------------------
+    def mark_delivered(self, group: str, topic: str,
+                       deliveries: Sequence[tuple[str, int, int]]) -> Statement:
+        """``mark_delivered``: start the visibility clock and charge an attempt, for many
+        messages in one statement (``deliveries``: (partition key, offset,
+        invisible_until), any partitions, at least one). An acked row is never touched; a
+        redelivery adds one to ``retry_count`` (the first delivery creates the row with
+        0)."""
+        q = self.quote
+        columns = (*STATE_KEY, "acked", "invisible_until", "retry_count")
+        # ``acked`` is tested and written as a truth value (FALSE, NOT acked), never
+        # compared with 0 or 1: a BOOLEAN on PostgreSQL, an integer elsewhere.
+        values = ", ".join(["(%s, %s, %s, %s, FALSE, %s, 0)"] * len(deliveries))
+        clause = self.upsert_clause(STATE_KEY, {
+            # Reads only columns this statement does not assign: order-independent.
+            "retry_count": f"CASE WHEN {q('acked')} THEN {q('retry_count')} "
+                           f"ELSE {q('retry_count')} + 1 END",
+            "invisible_until": f"CASE WHEN {q('acked')} THEN {q('invisible_until')} "
+                               f"ELSE {{new}}({q('invisible_until')}) END",
+        }, table=STATE_TABLE)
+        params: list[Any] = []
+        for partition, offset, invisible_until in deliveries:
+            params += [group, topic, partition, offset, invisible_until]
+        return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) VALUES {values} "
+                f"{clause}", params)
+
+    def write_outcomes(self, group: str, topic: str,
+                       writes: Sequence[OutcomeWrite]) -> Statement:
+        """``write_outcomes``: record handler outcomes (acks and scheduled retries) for
+        many messages in one statement (at least one); an acked row stays acked."""
+        q = self.quote
+        now = self.now_ms_sql
+        columns = (*STATE_KEY, "acked", "invisible_until", "acked_at", "last_error")
+        one = f"(%s, %s, %s, %s, %s, %s, CASE WHEN %s THEN {now} ELSE 0 END, %s)"
+        clause = self.upsert_clause(STATE_KEY, {
+            "acked_at": f"CASE WHEN {q('acked')} THEN {q('acked_at')} "
+                        f"ELSE {{new}}({q('acked_at')}) END",
+            "invisible_until": f"CASE WHEN {q('acked')} THEN {q('invisible_until')} "
+                               f"ELSE {{new}}({q('invisible_until')}) END",
+            "last_error": f"CASE WHEN {q('acked')} THEN {q('last_error')} "
+                          f"ELSE {{new}}({q('last_error')}) END",
+            # Assigned last: MySQL evaluates left to right, and the lines above must read
+            # the old value.
+            "acked": f"{q('acked')} OR {{new}}({q('acked')})",
+        }, table=STATE_TABLE)
+        params: list[Any] = []
+        for s in writes:
+            params += [group, topic, s.partition_key, s.offset, s.acked, s.invisible_until,
+                       s.acked, s.last_error]
+        return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) "
+                f"VALUES {', '.join([one] * len(writes))} {clause}", params)
+
+    def _state_key_sql(self) -> str:
+        return " AND ".join(f"{self.quote(c)} = %s" for c in STATE_KEY)
+
+    def give_back(self, group: str, topic: str, partition: str, offset: int,
+                  previous_retry_count: int | None) -> Statement:
+        """``give_back``: undo ``mark_delivered`` for a message that never reached a
+        handler (graceful shutdown): no attempt charged, visible again at once (the row
+        goes if that was its first delivery)."""
+        q = self.quote
+        key: list[Any] = [group, topic, partition, offset]
+        where = f"WHERE {self._state_key_sql()} AND NOT {q('acked')}"
+        if previous_retry_count is None:
+            return f"DELETE FROM {q(STATE_TABLE)} {where}", key
+        return (f"UPDATE {q(STATE_TABLE)} SET {q('invisible_until')} = 0, "
+                f"{q('retry_count')} = %s {where}", [previous_retry_count, *key])
+
+    def extend_visibility(self, group: str, topic: str, partition: str, offset: int,
+                          milliseconds: int) -> Statement:
+        """``extend_visibility``: invisible for ``milliseconds`` from the database's now
+        (no row changes: already acked or not delivered)."""
+        q = self.quote
+        return (
+            f"UPDATE {q(STATE_TABLE)} SET {q('invisible_until')} = {self.now_ms_sql} + %s "
+            f"WHERE {self._state_key_sql()} AND NOT {q('acked')}",
+            [milliseconds, group, topic, partition, offset],
+        )
+
+    # dead letters and replays ---------------------------------------------------------------
+    def insert_dead_letter(self, *, dead_letter_topic: str, dead_letter_id: str, offset: int,
+                           attempts: int, last_error: str, detail: str,
+                           group: str) -> Statement:
+        """``insert_dead_letter``: copy a message into its dead-letter topic for one group
+        (payload copied inside the server); dead-lettering it again updates the row."""
+        q = self.quote
+        m = "m."
+        select = (
+            f"SELECT %s, {m}{q('partition_key')}, %s, {m}{q('payload')}, {m}{q('metadata')}, "
+            f"{self.message_clock_sql}, {m}{q('published_at')}, {self.now_ms_sql}, %s, %s, "
+            f"{m}{q('topic')}, %s, "
+            f"{m}{q('priority')}, %s FROM {q(MESSAGE_TABLE)} m WHERE {m}{q('offset')} = %s"
+        )
+        clause = self.upsert_clause(MESSAGE_KEY, {
+            "failed_at": f"{{new}}({q('failed_at')})",
+            "failure_count": f"{{new}}({q('failure_count')})",
+            "last_error": f"{{new}}({q('last_error')})",
+            "failure_detail": f"{{new}}({q('failure_detail')})",
+        }, table=MESSAGE_TABLE)
+        return (
+            f"INSERT INTO {q(MESSAGE_TABLE)} ({self.names(DEAD_LETTER_COLUMNS)}) "
+            f"{select} {clause}",
+            [dead_letter_topic, dead_letter_id, attempts, last_error, detail, group, offset],
+        )
+
+    def insert_replay(self, *, dead_letter_offset: int, replay_id: str,
+                      detail: str) -> Statement:
+        """``insert_replay``: copy a dead letter back to its original topic, addressed to
+        the group that dead-lettered it (``returning_offset_sql``: the executor reads the
+        new offset)."""
+        q = self.quote
+        columns = ("topic", "partition_key", "id", "payload", "metadata", "created_at",
+                   "published_at", "priority", "consumer_group", "failure_detail")
+        return (
+            f"INSERT INTO {q(MESSAGE_TABLE)} ({self.names(columns)}) "
+            f"SELECT {q('original_topic')}, {q('partition_key')}, %s, {q('payload')}, "
+            f"{q('metadata')}, {self.message_clock_sql}, {q('published_at')}, "
+            f"{q('priority')}, {q('consumer_group')}, %s FROM {q(MESSAGE_TABLE)} "
+            f"WHERE {q('offset')} = %s{self.returning_offset_sql}",
+            [replay_id, detail, dead_letter_offset],
+        )

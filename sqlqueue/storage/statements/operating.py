@@ -1,0 +1,110 @@
+"""Named statements the operator's pages and commands read (the lag dashboard, metrics,
+``manage.py queue status``). Every one is bounded: one seek per partition, or a scan cut
+at a cap. ``sqlqueue.storage.sql.operating`` runs them on a Django connection; the
+vendors' ``partition_heads`` and ``offset_counter`` belong here too."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlqueue.storage.statements.tables import MESSAGE_TABLE, STATE_TABLE
+from sqlqueue.storage.statements.vendors import Statement, Vendor
+
+
+class OperatingStatements(Vendor):
+    """The operator's reads, for any vendor (a mixin of ``Statements``)."""
+
+    def pending_summary(self, topic: str, group: str, watermarks: Sequence[tuple[str, int]],
+                        cap: int | None) -> Statement:
+        """``pending_summary``: for each (partition, watermark) of a topic (at least
+        one), a row (partition, count, due): the messages above the watermark, counted up
+        to ``cap`` (None: not counted; replays addressed to other groups and messages the
+        group acked are counted too: the caller subtracts those), and since when the
+        group's first one is due. Each partition is a bounded range of
+        ``idx_topic_partition_offset`` (at most ``cap`` index entries) plus primary-key
+        lookups of the first rows."""
+        q = self.quote
+        offset = q("offset")
+        above = (f"FROM {q(MESSAGE_TABLE)} {self.offset_index_hint} WHERE {q('topic')} = %s "
+                 f"AND {q('partition_key')} = %s AND {offset} > %s")
+        # ORDER BY the index's last column: PostgreSQL, which takes no index hint, then
+        # reads the range of idx_topic_partition_offset and stops at the cap.
+        tally = (f"(SELECT COUNT(*) FROM (SELECT 1 AS one {above} ORDER BY {offset} "
+                 f"LIMIT %s) capped)" if cap is not None else "NULL")
+        params: list[Any] = []
+        for key, watermark in watermarks:
+            bounds = [topic, key, watermark]
+            params += [key, *([*bounds, cap] if cap is not None else []), *bounds, group,
+                       group]
+        return (" UNION ALL ".join([f"SELECT %s, {tally}, {self._first_pending_sql()}"]
+                                   * len(watermarks)), params)
+
+    def _first_pending_sql(self) -> str:
+        """The due time of the group's first message above a watermark. Skipped: replays
+        addressed to other groups, and messages the group acked whose watermark has not
+        passed them yet (the write horizon holds it back for a while, also after a
+        ``runconsumer --until-empty`` left): both are rare, so this reads one row or a
+        few. Parameters: topic, partition key, watermark, group, group."""
+        q = self.quote
+        m, offset = q("m"), q("offset")
+        due = self.greatest_sql(f"{m}.{q('created_at')}", f"{m}.{q('deliver_after')}")
+        acked = (f"SELECT 1 FROM {q(STATE_TABLE)} s WHERE s.{q('consumer_group')} = %s "
+                 f"AND s.{q('topic')} = {m}.{q('topic')} "
+                 f"AND s.{q('partition_key')} = {m}.{q('partition_key')} "
+                 f"AND s.{q('message_offset')} = {m}.{offset} AND s.{q('acked')}")
+        return (f"(SELECT {due} FROM {q(MESSAGE_TABLE)} {m} {self.offset_index_hint} "
+                f"WHERE {m}.{q('topic')} = %s AND {m}.{q('partition_key')} = %s "
+                f"AND {m}.{offset} > %s AND {m}.{q('consumer_group')} IN ('', %s) "
+                f"AND NOT EXISTS ({acked}) ORDER BY {m}.{offset} LIMIT 1)")
+
+    def first_offsets_above(self, topic: str,
+                            pairs: Sequence[tuple[str, int]]) -> Statement:
+        """``first_offsets_above``: for (partition, watermark) pairs of a topic (at least
+        one), the first stored offset above the watermark, as one row of as many
+        columns. Each is a MIN over a range of ``idx_topic_partition_offset`` with
+        constant bounds, which both databases answer with one index dive while planning
+        ("Select tables optimized away"): the cheapest probe there is, for reads that
+        cover many groups at once (the columns of one row cost less to plan than a UNION
+        of as many rows; reading the rows themselves is left to ``message_dues``, which
+        costs less than a lookup inside each probe)."""
+        q = self.quote
+        probe = (f"(SELECT MIN({q('offset')}) FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = %s "
+                 f"AND {q('partition_key')} = %s AND {q('offset')} > %s)")
+        return ("SELECT " + ", ".join([probe] * len(pairs)),
+                [value for key, watermark in pairs for value in (topic, key, watermark)])
+
+    def message_dues(self, offsets: Sequence[int]) -> Statement:
+        """``message_dues``: when each message of ``offsets`` (not empty) is due (stored,
+        and past its ``deliver_after``) and which group it is addressed to ('' for every
+        group); by primary key. The offsets are written in (integers: nothing to
+        escape): a scrape asks for thousands, and binding each costs the driver more
+        than the server."""
+        q = self.quote
+        due = self.greatest_sql(q("created_at"), q("deliver_after"))
+        return (f"SELECT {q('offset')}, {due}, {q('consumer_group')} FROM {q(MESSAGE_TABLE)} "
+                f"WHERE {q('offset')} IN ({', '.join(str(int(o)) for o in offsets)})", [])
+
+    def acked_among(self, group: str, topic: str,
+                    pairs: Sequence[tuple[str, int]]) -> Statement:
+        """``acked_among``: which of the (partition, offset) pairs (at least one) the
+        group has acked (delivery state, by primary key)."""
+        q = self.quote
+        terms = " OR ".join([f"({q('partition_key')} = %s AND {q('message_offset')} = %s)"]
+                            * len(pairs))
+        return (f"SELECT {q('partition_key')}, {q('message_offset')} FROM {q(STATE_TABLE)} "
+                f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s AND ({terms}) "
+                f"AND {q('acked')} = %s",
+                [group, topic, *(v for pair in pairs for v in pair), True])
+
+    def dead_letter_counts(self, dead_letter_topic: str, group: str, cap: int) -> Statement:
+        """``dead_letter_counts``: dead letters of one group per partition of a
+        dead-letter topic, counted over at most ``cap`` rows (``idx_topic_partition_offset``
+        range)."""
+        q = self.quote
+        return (
+            f"SELECT {q('partition_key')}, COUNT(*) FROM (SELECT {q('partition_key')} "
+            f"FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = %s AND {q('consumer_group')} = %s "
+            f"LIMIT %s) capped GROUP BY {q('partition_key')}",
+            [dead_letter_topic, group, cap],
+        )

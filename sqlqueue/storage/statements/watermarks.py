@@ -1,0 +1,84 @@
+"""Named statements of a consumer group's position (``queue_offsets``): its watermark on
+each partition, moved forward only, and the delivery state a watermark makes history.
+Both executors run them: ``sqlqueue.storage.sql.delivery`` for ``runconsumer``, and the
+Spark consumer group (``sqlqueue.integrations.spark.group``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlqueue.storage.statements.tables import GROUP_KEY, OFFSETS_TABLE, STATE_TABLE
+from sqlqueue.storage.statements.vendors import Statement, Vendor
+
+
+class WatermarkStatements(Vendor):
+    """Watermarks, for any vendor (a mixin of ``Statements``)."""
+
+    def ensure_watermarks(self, group: str, topic: str, partitions: Sequence[str],
+                          watermark: int = 0) -> Statement:
+        """``ensure_watermarks``: create the group's offsets rows that are missing, at
+        ``watermark`` (this registers the group with garbage collection and the lag
+        pages); existing rows are left alone. ``partitions`` must not be empty."""
+        one = f"(%s, %s, %s, %s, {self.now_ms_sql})"
+        params: list[Any] = []
+        for partition in partitions:
+            params += [group, topic, partition, watermark]
+        columns = (*GROUP_KEY, "offset_acked", "updated_at")
+        return (
+            f"INSERT INTO {self.quote(OFFSETS_TABLE)} ({self.names(columns)}) "
+            f"VALUES {', '.join([one] * len(partitions))} "
+            + self.insert_if_absent_suffix(GROUP_KEY),
+            params,
+        )
+
+    def group_watermarks(self, group: str, topic: str,
+                         partitions: Sequence[str] | None = None) -> Statement:
+        """``group_watermarks``: (partition, watermark) of the group on each partition of
+        a topic, or on ``partitions`` only (primary key)."""
+        q = self.quote
+        only, keys = self.partitions_filter(partitions)
+        return (
+            f"SELECT {q('partition_key')}, {q('offset_acked')} FROM {q(OFFSETS_TABLE)} "
+            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s{only}",
+            [group, topic, *keys],
+        )
+
+    def advance_watermarks(self, group: str, topic: str, upto: int, *,
+                           partition: str | None = None,
+                           first_pending: int | None = None) -> Statement:
+        """``advance_watermarks``: the group is done up to ``upto`` on ``partition`` (None:
+        on every partition of the topic); a watermark only moves forward (primary key).
+        ``first_pending``: the first offset above it still to finish, if known (a hint
+        for the lag pages, checked before use; None clears it)."""
+        q = self.quote
+        only, keys = ("", []) if partition is None else (
+            f" AND {q('partition_key')} = %s", [partition])
+        return (
+            f"UPDATE {q(OFFSETS_TABLE)} SET {q('offset_acked')} = %s, "
+            f"{q('updated_at')} = {self.now_ms_sql}, {q('first_pending')} = %s "
+            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s{only} "
+            f"AND {q('offset_acked')} < %s",
+            [upto, first_pending, group, topic, *keys, upto],
+        )
+
+    def topic_watermarks(self, topic: str) -> Statement:
+        """``topic_watermarks``: (group, partition, watermark) of every group known on a
+        topic, in one read of ``idx_topic_partition``."""
+        q = self.quote
+        return (
+            f"SELECT {q('consumer_group')}, {q('partition_key')}, {q('offset_acked')} "
+            f"FROM {q(OFFSETS_TABLE)} WHERE {q('topic')} = %s",
+            [topic],
+        )
+
+    def delete_states_upto(self, group: str, topic: str, partition: str,
+                           upto: int) -> Statement:
+        """``delete_states_upto``: drop delivery state the watermark covers (primary-key
+        range). Run only after ``advance_watermarks`` committed."""
+        q = self.quote
+        return (
+            f"DELETE FROM {q(STATE_TABLE)} WHERE {q('consumer_group')} = %s AND "
+            f"{q('topic')} = %s AND {q('partition_key')} = %s AND {q('message_offset')} <= %s",
+            [group, topic, partition, upto],
+        )
