@@ -20,14 +20,15 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from sqlqueue.conf import QueueSettings, validate
 from sqlqueue.storage.sql import SUPPORTED_VENDORS, dialect_for
-
-QUEUE_TABLES = (
-    "queue_messages",
-    "queue_delivery_state",
-    "queue_partition_leases",
-    "queue_offsets",
-    "queue_subscriber_heartbeats",
+from sqlqueue.storage.statements.tables import (
+    HEARTBEATS_TABLE,
+    LEASES_TABLE,
+    MESSAGE_TABLE,
+    OFFSETS_TABLE,
+    STATE_TABLE,
 )
+
+QUEUE_TABLES = (MESSAGE_TABLE, STATE_TABLE, LEASES_TABLE, OFFSETS_TABLE, HEARTBEATS_TABLE)
 MIN_MYSQL = (8, 0)
 MIN_MARIADB = (10, 11)
 MIN_SQLITE = (3, 35)

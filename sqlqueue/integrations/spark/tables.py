@@ -11,6 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlqueue.integrations.spark.errors import InvalidOption
+from sqlqueue.storage.statements.tables import (
+    GROUP_KEY,
+    HEARTBEAT_KEY,
+    HEARTBEATS_TABLE,
+    LEASES_TABLE,
+    MESSAGE_TABLE,
+    OFFSETS_TABLE,
+    STATE_KEY,
+    STATE_TABLE,
+)
 
 #: Column kinds and their Spark types.
 SPARK_TYPES = {
@@ -74,28 +84,28 @@ class Table:
 TABLES = {
     table.option: table
     for table in (
-        Table("messages", "queue_messages", MESSAGE_COLUMNS, ("offset",), by_offset=True),
+        Table("messages", MESSAGE_TABLE, MESSAGE_COLUMNS, ("offset",), by_offset=True),
         # Dead letters are rows of the log too (their dead-letter topic); the topic
         # option names the topic they came from.
-        Table("dead_letters", "queue_messages", MESSAGE_COLUMNS, ("offset",), by_offset=True,
+        Table("dead_letters", MESSAGE_TABLE, MESSAGE_COLUMNS, ("offset",), by_offset=True,
               topic_column="original_topic"),
-        Table("delivery_state", "queue_delivery_state", _columns(
+        Table("delivery_state", STATE_TABLE, _columns(
             "consumer_group:text topic:text partition_key:text message_offset:long "
             "acked:bool invisible_until:ms0 retry_count:int postponed:bool acked_at:ms0 "
             "last_error:text"
-        ), ("consumer_group", "topic", "partition_key", "message_offset")),
-        Table("offsets", "queue_offsets", _columns(
+        ), STATE_KEY),
+        Table("offsets", OFFSETS_TABLE, _columns(
             "consumer_group:text topic:text partition_key:text offset_acked:long "
             "updated_at:ms"
-        ), ("consumer_group", "topic", "partition_key")),
-        Table("leases", "queue_partition_leases", _columns(
+        ), GROUP_KEY),
+        Table("leases", LEASES_TABLE, _columns(
             "consumer_group:text topic:text partition_key:text leased_by:text leased_at:ms "
             "lease_renewed_at:ms generation:long"
-        ), ("consumer_group", "topic", "partition_key")),
-        Table("heartbeats", "queue_subscriber_heartbeats", _columns(
+        ), GROUP_KEY),
+        Table("heartbeats", HEARTBEATS_TABLE, _columns(
             "consumer_group:text topic:text subscriber_name:text heartbeat_at:ms "
             "deregistered_at:ms0"
-        ), ("consumer_group", "topic", "subscriber_name")),
+        ), HEARTBEAT_KEY),
     )
 }
 

@@ -10,7 +10,7 @@ from django.db import IntegrityError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.horizon import WriteHorizon
-from sqlqueue.storage.sql.base import Dialect
+from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect
 from sqlqueue.storage.statements.vendors import SQLiteVendor
 
 
@@ -37,6 +37,6 @@ class SQLiteDialect(Dialect):
     def is_duplicate_message(self, error: IntegrityError) -> bool:
         return (
             "UNIQUE constraint failed" in str(error)
-            and "queue_messages.partition_key, queue_messages.id" in str(error)
+            and f"{MESSAGE_TABLE}.partition_key, {MESSAGE_TABLE}.id" in str(error)
         )
 
