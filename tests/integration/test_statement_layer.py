@@ -27,6 +27,7 @@ from sqlqueue.storage.statements import (
     statements_for,
 )
 from sqlqueue.storage.statements.delivery import OutcomeWrite
+from sqlqueue.storage.statements.publishing import WAKEUP_CHANNEL, MessageRow
 from sqlqueue.storage.statements.schedules import PublishedTick
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -210,8 +211,9 @@ def test_fetch_messages_and_offsets(executor: Executor) -> None:
     assert [r[10:] for r in rows] == [(None, None, None)] * 2  # never delivered
     at = executor.rows(sql.fetch_messages_at("g", "t", "k", [sent[3], sent[0]]))
     assert [int(r[0]) for r in at] == [sent[0], sent[3]]
-    assert [int(r[0]) for r in executor.rows(
-        sql.list_offsets("t", "k", sent[0], sent[2], 10))] == sent[1:3]
+    assert [(int(r[0]), r[1]) for r in executor.rows(sql.partition_rows(
+        ("offset", "partition_key"), "t", "k", sent[0], sent[2], 10))] == [
+        (sent[1], "k"), (sent[2], "k")]
     head, server = executor.rows(sql.head_offset(with_server="'here'"))[0]
     assert (int(head), server) == (newest, "here")
 
@@ -281,8 +283,8 @@ def test_garbage_collection(executor: Executor) -> None:
     assert counter and int(counter[0][0]) >= sent[-1]
     assert executor.run(sql.delete_messages_upto("t", "k", sent[3], 2)) == 2
     assert executor.run(sql.delete_messages_upto("t", "k", sent[3], 10)) == 2
-    assert [int(r[0]) for r in executor.rows(sql.list_offsets("t", "k", 0, 10**12, 10))] == [
-        sent[4]]
+    assert [int(r[0]) for r in executor.rows(
+        sql.partition_rows(("offset",), "t", "k", 0, 10**12, 10))] == [sent[4]]
     executor.run(("INSERT INTO queue_idempotency_keys (key_high, key_low, message_offset, "
                   "expires_at) VALUES (1, 1, 1, 0), (2, 2, 2, 0), (3, 3, 3, %s)", [1 << 60]))
     assert executor.run(sql.delete_expired_idempotency_keys(1)) == 1
@@ -325,3 +327,73 @@ def test_schedules(executor: Executor) -> None:
     assert row[8] is not None
     assert executor.run(sql.delete_schedule("b")) == 1
     assert executor.run(sql.delete_schedule("b")) == 0
+
+
+# -- publishing (sqlqueue.storage.statements.publishing) ---------------------------------------
+def message(key: str, mid: str, delay_ms: int | None = None) -> MessageRow:
+    return MessageRow("t", key, mid, b'{"n": 1}', None, 1000, 0, delay_ms, 0)
+
+
+def test_store_and_find_messages(executor: Executor) -> None:
+    sql = executor.sql
+    if connection.vendor == "postgresql":
+        stored = executor.rows(sql.store_messages([message("k", "a"), message("k", "b", 50)]))
+        offsets = {r[2]: int(r[0]) for r in stored}
+    else:
+        executor.run(sql.store_messages([message("k", "a"), message("k", "b", 50)]))
+        offsets = {r[2]: int(r[0]) for r in executor.rows(
+            sql.select_message_offsets("t", [("k", "a"), ("k", "b")]))}
+    found = executor.rows(sql.select_message_offsets("t", [("k", "b"), ("k", "z"),
+                                                           ("x", "a")], lock=True))
+    assert [(int(r[0]), r[1], r[2]) for r in found] == [(offsets["b"], "k", "b")]
+    (created, due), = executor.rows((
+        "SELECT created_at, deliver_after FROM queue_messages WHERE id = 'b'", []))
+    assert int(due) == int(created) + 50
+
+
+def test_idempotency_keys(executor: Executor) -> None:
+    sql = executor.sql
+    executor.run(sql.remember_idempotency_keys([(1, 2, 10), (3, 4, 11)], 60_000))
+    executor.run(sql.remember_idempotency_keys([(1, 2, 12)], 60_000))  # replaced
+    assert sorted(executor.rows(sql.select_idempotency_keys([1, 3, 5], lock=False))) == [
+        (1, 2, 12), (3, 4, 11)]
+    executor.run(sql.remember_idempotency_keys([(5, 6, 13)], -1))  # its window passed
+    assert executor.rows(sql.select_idempotency_keys([5], lock=True)) == []
+    assert executor.run(sql.delete_expired_idempotency_keys(10)) == 1
+
+
+def test_postgresql_publishing() -> None:
+    """PostgreSQL's own: skip stored keys and take back, COPY with reserved offsets,
+    NOTIFY heard by a LISTEN, the horizon's privileges."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's own statements")
+    from django.db import transaction
+
+    sql = DjangoExecutor().sql
+    assert isinstance(sql, PostgreSQLStatements)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(*sql.store_messages([message("k", "a")]))
+        cursor.execute(*sql.store_messages([message("k", "a"), message("k", "b")],
+                                           skip_stored=True))
+        ((offset, _, mid),) = cursor.fetchall()
+        assert mid == "b"
+        cursor.execute(*sql.delete_inserted_messages([offset]))
+        assert cursor.rowcount == 1
+        cursor.execute(*sql.reserve_offsets(2))
+        now_ms, reserved = cursor.fetchone()
+        with cursor.cursor.copy(sql.copy_messages()[0]) as copy:
+            for n, reserved_offset in enumerate(reserved):
+                copy.write_row((reserved_offset, "t", "k", f"c{n}", b"{}", None, now_ms, 1,
+                                0, 0))
+        cursor.execute("SELECT COUNT(*) FROM queue_messages WHERE id LIKE 'c%%'")
+        assert cursor.fetchone()[0] == 2
+        cursor.execute(*sql.horizon_privileges())
+        assert cursor.fetchone()[0] in (True, False)
+    listen, args = sql.listen_wakeups()
+    assert (listen, args) == (f'LISTEN "{WAKEUP_CHANNEL}"', [])
+    with connection.cursor() as cursor:
+        cursor.execute(listen)
+        cursor.execute(*sql.notify_wakeup("orders"))
+        heard = next(connection.connection.notifies(timeout=5, stop_after=1))
+        cursor.execute(f'UNLISTEN "{WAKEUP_CHANNEL}"')
+    assert (heard.channel, heard.payload) == (WAKEUP_CHANNEL, "orders")

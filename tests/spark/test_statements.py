@@ -81,13 +81,14 @@ def test_load_messages_and_stored_keys(db: Connection, mysql_only: None) -> None
         assert db.run(db.sql.load_messages(infile.name, "t")) == 1  # the duplicate skipped
     assert infile.served and not infile.refused
     assert bytes(QueueMessage.objects.get(id="a").payload).decode() == rows[0][2]
-    found = db.rows(db.sql.stored_keys("t", [("k", "a"), ("k", "b"), ("k", "z")]))
-    assert sorted(found) == [("k", "a"), ("k", "b")]
+    found = db.rows(db.sql.select_message_offsets("t", [("k", "a"), ("k", "b"), ("k", "z")]))
+    assert sorted(r[1:] for r in found) == [("k", "a"), ("k", "b")]
 
 
-def test_stored_keys_on_sqlite(db: Connection) -> None:
+def test_select_message_offsets_on_sqlite(db: Connection) -> None:
     db.run(db.sql.insert_messages("t", [row("k", "a")]))
-    assert db.rows(db.sql.stored_keys("t", [("k", "a"), ("x", "a")])) == [("k", "a")]
+    assert [r[1:] for r in db.rows(db.sql.select_message_offsets(
+        "t", [("k", "a"), ("x", "a")]))] == [("k", "a")]
 
 
 def test_log_bounds_rows_in_range_and_table_rows(db: Connection) -> None:
@@ -161,7 +162,7 @@ def test_write_horizon_sees_an_open_writing_transaction(db_url: str, db: Connect
 
 def test_partition_rows_and_partition_states(db: Connection) -> None:
     sent = [send_message("t", {"n": n}, partition_key=f"k{n % 2}").offset for n in range(6)]
-    columns = MESSAGES.columns[:3]
+    columns = [c.name for c in MESSAGES.columns[:3]]
     rows = db.rows(db.sql.partition_rows(columns, "t", "k0", sent[0], sent[4], 10))
     assert [r[0] for r in rows] == [sent[2], sent[4]]  # (after, upto] of k0 only
     assert len(db.rows(db.sql.partition_rows(columns, "t", "k0", 0, sent[4], 1))) == 1

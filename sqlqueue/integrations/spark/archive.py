@@ -67,7 +67,8 @@ ARCHIVE_GROUP = "sqlqueue:archive"
 READ_CHUNK = 10_000
 MESSAGE_COLUMNS = TABLES["messages"].columns
 STATE_COLUMNS = TABLES["delivery_state"].columns
-CREATED_AT = [c.name for c in MESSAGE_COLUMNS].index("created_at")
+MESSAGE_NAMES = [c.name for c in MESSAGE_COLUMNS]
+CREATED_AT = MESSAGE_NAMES.index("created_at")
 ACKED_AT = [c.name for c in STATE_COLUMNS].index("acked_at")
 
 
@@ -209,7 +210,7 @@ class Archiver:
         """Rows of (archived, finished], in pieces of at most a batch."""
         after = archived
         while after < finished:
-            rows = db.rows(db.sql.partition_rows(MESSAGE_COLUMNS, topic, partition, after,
+            rows = db.rows(db.sql.partition_rows(MESSAGE_NAMES, topic, partition, after,
                                                  finished, self.batch_rows))
             reaches = finished if len(rows) < self.batch_rows else int(rows[-1][0])
             states = [state for group in sorted(groups) for state in db.rows(
@@ -225,7 +226,7 @@ class Archiver:
         for (partition,) in db.rows(db.sql.discover_partitions(topic)):
             after = int(positions.get(topic, {}).get(partition, 0))
             while True:
-                rows = db.rows(db.sql.partition_rows(MESSAGE_COLUMNS, topic, partition,
+                rows = db.rows(db.sql.partition_rows(MESSAGE_NAMES, topic, partition,
                                                      after, 1 << 62, self.batch_rows))
                 settled = []
                 for row in rows:

@@ -141,7 +141,7 @@ class ChunkPublisher:
         keys = sorted({(row[0], row[1]) for row in rows})
         stored = 0
         for first in range(0, len(keys), KEYS_PER_LOOKUP):
-            stored += len(db.rows(db.sql.stored_keys(
+            stored += len(db.rows(db.sql.select_message_offsets(
                 self.topic, keys[first:first + KEYS_PER_LOOKUP])))
         if stored != len(keys):
             raise BulkLoadMismatch(

@@ -31,6 +31,7 @@ from sqlqueue.storage.sql.tables import (
     VendorHooks,
 )
 from sqlqueue.storage.statements import statements_for
+from sqlqueue.storage.statements.publishing import INSERT_COLUMNS, message_params
 from sqlqueue.storage.statements.tables import (
     FLOW_CONTROL_TABLE,
     GROUP_KEY,
@@ -42,6 +43,9 @@ from sqlqueue.storage.statements.tables import (
     STATE_KEY,
     STATE_TABLE,
 )
+
+#: a row to build an ``insert_messages`` statement's text with (its values are unused)
+SAMPLE_ROW = MessageRow("", "", "", b"", None, 0, 0, None, 0)
 
 
 class ConsumingStatements(DeliveryStatements, LeaseStatements):
@@ -78,22 +82,13 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
     def select_idempotency_keys(
         self, cursor: CursorWrapper, digests: Sequence[IdempotencyDigest], *, lock: bool
     ) -> dict[IdempotencyDigest, int]:
-        """``select_idempotency_keys``: which of ``digests`` were published within their
-        window, with the offset of that first publish. Seeks the primary key by its first
-        column (64 bits of a digest: practically unique), the rest is checked here;
-        ``lock``: a locking read, which sees keys committed after this transaction's
-        snapshot."""
+        """``select_idempotency_keys`` (sqlqueue.storage.statements.publishing): which of
+        ``digests`` were published within their window, with the offset of that first
+        publish."""
         if not digests:
             return {}
-        q = self.quote
-        highs = sorted({high for high, _ in digests})
-        cursor.execute(
-            f"SELECT {q('key_high')}, {q('key_low')}, {q('message_offset')} "
-            f"FROM {q(IDEMPOTENCY_TABLE)} WHERE {q('key_high')} IN "
-            f"({', '.join(['%s'] * len(highs))}) AND {q('expires_at')} > {self.now_ms_sql}"
-            + (self.locking_read_suffix if lock else ""),
-            highs,
-        )
+        cursor.execute(*self.sql.select_idempotency_keys(sorted({h for h, _ in digests}),
+                                                         lock=lock))
         wanted = set(digests)
         return {(int(h), int(lo)): int(o) for h, lo, o in cursor.fetchall()
                 if (int(h), int(lo)) in wanted}
@@ -102,21 +97,9 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
         self, cursor: CursorWrapper, keys: Sequence[tuple[int, int, int]], window_ms: int
     ) -> None:
         """``remember_idempotency_keys``: store (key_high, key_low, offset) of messages
-        just published, until the database clock's now + ``window_ms``. A key still
-        present but expired (not yet collected) is replaced."""
-        if not keys:
-            return
-        q = self.quote
-        columns = ("key_high", "key_low", "message_offset", "expires_at")
-        one_row = f"(%s, %s, %s, {self.now_ms_sql} + %s)"
-        upsert = self.upsert_clause(("key_high", "key_low"), {
-            "message_offset": "{new}(message_offset)", "expires_at": "{new}(expires_at)"},
-            table=IDEMPOTENCY_TABLE)
-        cursor.execute(
-            f"INSERT INTO {q(IDEMPOTENCY_TABLE)} ({', '.join(q(c) for c in columns)}) "
-            f"VALUES {', '.join([one_row] * len(keys))} {upsert}",
-            [value for high, low, offset in keys for value in (high, low, offset, window_ms)],
-        )
+        just published, until the database clock's now + ``window_ms``."""
+        if keys:
+            cursor.execute(*self.sql.remember_idempotency_keys(keys, window_ms))
 
     def delete_expired_idempotency_keys_sql(self) -> str:
         """``delete_expired_idempotency_keys`` (sqlqueue.storage.statements.vendors)."""
@@ -131,27 +114,15 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
     # -- insert_messages ---------------------------------------------------------------
     #: rows per publishing INSERT; also bounded by the driver's parameter limit
     max_rows_per_insert = 500
-    insert_verb = "INSERT INTO"
-    _INSERT_COLUMNS = (
-        "topic", "partition_key", "id", "payload", "metadata", "created_at",
-        "published_at", "priority", "deliver_after",
-    )
+    _INSERT_COLUMNS = INSERT_COLUMNS
 
     def insert_messages_sql(self, count: int) -> str:
-        """``insert_messages``: a multi-row INSERT; a duplicate key fails the statement."""
-        columns = ", ".join(self.quote(c) for c in self._INSERT_COLUMNS)
-        now = self.now_ms_sql
-        one_row = f"(%s, %s, %s, %s, %s, {now}, %s, %s, COALESCE({now} + %s, %s))"
-        values = ", ".join([one_row] * count)
-        return f"{self.insert_verb} {self.quote(MESSAGE_TABLE)} ({columns}) VALUES {values}"
+        """``insert_messages`` of ``count`` rows (sqlqueue.storage.statements.publishing)."""
+        return self.sql.store_messages([SAMPLE_ROW] * count)[0]
 
     @staticmethod
     def insert_messages_params(rows: Sequence[MessageRow]) -> list[Any]:
-        params: list[Any] = []
-        for r in rows:
-            params += [r.topic, r.partition_key, r.id, r.payload, r.metadata,
-                       r.published_at, r.priority, r.delay_ms, r.deliver_at_ms]
-        return params
+        return message_params(rows)
 
     def insert_messages(
         self, cursor: CursorWrapper, rows: Sequence[MessageRow]
@@ -162,7 +133,7 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
         Raises ``IntegrityError`` if any row's (topic, partition_key, id) exists; the
         statement is then rolled back as a whole and the transaction stays usable.
         """
-        cursor.execute(self.insert_messages_sql(len(rows)), self.insert_messages_params(rows))
+        cursor.execute(*self.sql.store_messages(rows))
         return self.inserted_offsets(cursor, len(rows))
 
     def inserted_offsets(self, cursor: CursorWrapper, count: int) -> list[int] | None:
@@ -171,18 +142,8 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
 
     # -- select_message_offsets --------------------------------------------------------
     def select_message_offsets_sql(self, count: int, *, lock: bool) -> str:
-        """``select_message_offsets``: offsets of (partition_key, id) pairs of one topic.
-
-        An OR of full-key equalities, which every vendor turns into ``count`` point
-        lookups on ``idx_topic_partition_id`` (SQLite needs the topic in every term).
-        """
-        q = self.quote
-        term = f"({q('topic')} = %s AND {q('partition_key')} = %s AND {q('id')} = %s)"
-        suffix = self.locking_read_suffix if lock else ""
-        return (
-            f"SELECT {q('offset')}, {q('partition_key')}, {q('id')} "
-            f"FROM {q(MESSAGE_TABLE)} WHERE {' OR '.join([term] * count)}{suffix}"
-        )
+        """``select_message_offsets`` of ``count`` keys, for EXPLAIN."""
+        return self.sql.select_message_offsets("", [("", "")] * count, lock=lock)[0]
 
     def select_message_offsets(
         self, cursor: CursorWrapper, topic: str, keys: Iterable[MessageKey], *, lock: bool
@@ -190,16 +151,13 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
         wanted = list(dict.fromkeys(keys))
         if not wanted:
             return {}
-        params: list[Any] = []
-        for partition_key, message_id in wanted:
-            params += [topic, partition_key, message_id]
-        cursor.execute(self.select_message_offsets_sql(len(wanted), lock=lock), params)
+        cursor.execute(*self.sql.select_message_offsets(topic, wanted, lock=lock))
         return {(pk, mid): int(offset) for offset, pk, mid in cursor.fetchall()}
 
     # -- database_now_ms ---------------------------------------------------------------
     def database_now_ms(self, cursor: CursorWrapper) -> int:
         """``database_now_ms``: the database clock, epoch milliseconds."""
-        cursor.execute(f"SELECT {self.now_ms_sql}")
+        cursor.execute(*self.sql.database_now_ms())
         row = cursor.fetchone()
         assert row is not None
         return int(row[0])

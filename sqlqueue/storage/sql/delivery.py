@@ -58,14 +58,17 @@ class DeliveryStatements(VendorHooks):
 
     # list_offsets -------------------------------------------------------------------------
     def list_offsets_sql(self) -> str:
-        """``list_offsets`` (sqlqueue.storage.statements.delivery), for EXPLAIN."""
-        return self.sql.list_offsets("", "", 0, 0, 0)[0]
+        """``list_offsets``: ``partition_rows`` of the offsets alone, for EXPLAIN."""
+        return self.sql.partition_rows(("offset",), "", "", 0, 0, 0)[0]
 
     def list_offsets(
         self, cursor: CursorWrapper, topic: str, partition: str, after: int, upto: int,
         limit: int,
     ) -> list[int]:
-        cursor.execute(*self.sql.list_offsets(topic, partition, after, upto, limit))
+        """``list_offsets``: offsets stored in (after, upto] of a partition; index-only on
+        ``idx_topic_partition_offset``. Used to find late-committed rows."""
+        cursor.execute(*self.sql.partition_rows(("offset",), topic, partition, after, upto,
+                                                limit))
         return [int(r[0]) for r in cursor.fetchall()]
 
     # head_offset -----------------------------------------------------------------------

@@ -24,25 +24,25 @@ from django.db import IntegrityError, transaction
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.horizon import WriteHorizon
-from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
+from sqlqueue.storage.sql.base import SAMPLE_ROW, Dialect, MessageRow
 from sqlqueue.storage.statements import PostgreSQLStatements
+from sqlqueue.storage.statements.publishing import WAKEUP_CHANNEL as WAKEUP_CHANNEL
 from sqlqueue.storage.statements.vendors import PostgreSQLVendor
 
 #: SQLSTATEs of a lock wait given up: lock_not_available (lock_timeout),
 #: deadlock_detected, serialization_failure
 LOCK_WAIT_STATES = frozenset({"55P03", "40P01", "40001"})
 UNIQUE_VIOLATION = "23505"
-#: The NOTIFY channel of wake-ups (sqlqueue.wakeups); its payload is the topic. NOTIFY
-#: stays within one database, so the channel needs no database name.
-WAKEUP_CHANNEL = "sqlqueue_wakeups"
 #: rows from which ``insert_messages`` writes with COPY rather than a multi-row INSERT:
 #: below it its three more round trips (a savepoint, the offsets) outweigh what COPY saves
 #: (docs/benchmarks.md, "PostgreSQL")
 COPY_MIN_ROWS = 50
+
+
 def listen_wakeups_sql() -> str:
-    """``listen_wakeups``: subscribe a session to the wake-up channel (the listener's own
-    connection, in autocommit; a plain module function: it has no Django connection)."""
-    return f'LISTEN "{WAKEUP_CHANNEL}"'
+    """``listen_wakeups`` (sqlqueue.storage.statements.publishing): a plain module
+    function, for the listener's own connection (it has no dialect)."""
+    return PostgreSQLStatements().listen_wakeups()[0]
 
 
 class DuplicateMessage(IntegrityError):
@@ -77,50 +77,22 @@ class PostgreSQLDialect(Dialect):
 
     # -- insert_messages ---------------------------------------------------------------
     def insert_messages_sql(self, count: int, *, skip_stored: bool = False) -> str:
-        """``insert_messages`` for PostgreSQL: a multi-row INSERT returning the offset
-        and key of each row it stored. A row whose (topic, partition_key, id) is stored
-        fails the statement, or with ``skip_stored`` (``insert_new_messages``) is skipped
-        (``ON CONFLICT DO NOTHING`` on ``idx_topic_partition_id``). The clock is read
-        once for the statement (``created_at``, and ``deliver_after`` of a delay, from
-        the same reading) and after the transaction has its id (``write_horizon``)."""
-        q = self.quote
-        names = ("topic", "partition_key", "id", "payload", "metadata", "published_at",
-                 "priority", "delay", "deliver_at")
-        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s)"] * count)
-        v = {name: f"v.{name}" for name in names}
-        select = ", ".join([
-            v["topic"], v["partition_key"], v["id"], f"{v['payload']}::bytea",
-            f"{v['metadata']}::jsonb", "c.now_ms", f"{v['published_at']}::bigint",
-            f"{v['priority']}::smallint",
-            f"COALESCE(c.now_ms + {v['delay']}::bigint, {v['deliver_at']}::bigint)",
-        ])
-        columns = ", ".join(q(c) for c in self._INSERT_COLUMNS)
-        skip = (f"ON CONFLICT ({q('topic')}, {q('partition_key')}, {q('id')}) DO NOTHING "
-                if skip_stored else "")
-        return (
-            f"INSERT INTO {q(MESSAGE_TABLE)} ({columns}) SELECT {select} "
-            f"FROM (VALUES {values}) v({', '.join(names)}) "
-            f"CROSS JOIN (SELECT {self.message_clock_sql} AS now_ms) c "
-            f"{skip}RETURNING {q('offset')}, {q('partition_key')}, {q('id')}"
-        )
+        """``insert_messages`` for PostgreSQL (sqlqueue.storage.statements.publishing)."""
+        return self.sql.store_messages([SAMPLE_ROW] * count, skip_stored=skip_stored)[0]
 
     # -- wake-ups -----------------------------------------------------------------------
     notifies_wakeups = True
 
     def notify_wakeup_sql(self) -> str:
-        """``notify_wakeup``: queued by the server and delivered to the listeners only when
-        the transaction commits (never if it rolls back); identical notifications of one
-        transaction are delivered once."""
-        return "SELECT pg_notify(%s, %s)"
+        """``notify_wakeup`` (sqlqueue.storage.statements.publishing)."""
+        return self.sql.notify_wakeup("")[0]
 
     def notify_wakeup(self, cursor: CursorWrapper, topic: str) -> None:
-        cursor.execute(self.notify_wakeup_sql(), [WAKEUP_CHANNEL, topic])
+        cursor.execute(*self.sql.notify_wakeup(topic))
 
     def delete_inserted_messages_sql(self) -> str:
-        """``delete_inserted_messages``: take back the rows an ``insert_new_messages`` of
-        this transaction stored when another of its rows was a duplicate (primary key)."""
-        q = self.quote
-        return f"DELETE FROM {q(MESSAGE_TABLE)} WHERE {q('offset')} = ANY(%s)"
+        """``delete_inserted_messages`` (sqlqueue.storage.statements.publishing)."""
+        return self.sql.delete_inserted_messages([])[0]
 
     # COPY has no parameter limit: a chunk is bounded by max_statement_bytes, and the
     # rows of a chunk smaller than COPY_MIN_ROWS fit one INSERT's parameters.
@@ -140,17 +112,16 @@ class PostgreSQLDialect(Dialect):
         (no reader ever sees them) and raises ``DuplicateMessage``."""
         if len(rows) >= COPY_MIN_ROWS:
             return self.copy_messages(cursor, rows)
-        params = self.insert_messages_params(rows)
         if self.connection.get_autocommit():
-            cursor.execute(self.insert_messages_sql(len(rows)), params)
+            cursor.execute(*self.sql.store_messages(rows))
             stored = cursor.fetchall()
         else:
-            cursor.execute(self.insert_messages_sql(len(rows), skip_stored=True), params)
+            cursor.execute(*self.sql.store_messages(rows, skip_stored=True))
             stored = cursor.fetchall()
             if len(stored) < len(rows):
                 if stored:
-                    cursor.execute(self.delete_inserted_messages_sql(),
-                                   [[int(offset) for offset, _, _ in stored]])
+                    cursor.execute(*self.sql.delete_inserted_messages(
+                        [int(offset) for offset, _, _ in stored]))
                 raise DuplicateMessage("a message id is stored already")
         # By key, not by position: RETURNING promises no order.
         offsets = {(str(pk), str(mid)): int(offset) for offset, pk, mid in stored}
@@ -158,18 +129,13 @@ class PostgreSQLDialect(Dialect):
 
     # -- copy_messages -----------------------------------------------------------------
     def reserve_offsets_sql(self) -> str:
-        """``reserve_offsets``: the clock a ``copy_messages`` stamps ``created_at`` with,
-        read after the transaction has its id (``message_clock_sql``, as the INSERT's
-        clock is: the exact ``write_horizon`` rests on it), and the next offsets of
-        queue_messages' identity sequence, as many as the rows to copy."""
-        return (f"SELECT {self.message_clock_sql}, ARRAY(SELECT nextval("
-                f"pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s))")
+        """``reserve_offsets`` (sqlqueue.storage.statements.publishing); parameters: the
+        table, its identity column, how many offsets."""
+        return self.sql.reserve_offsets(0)[0]
 
     def copy_messages_sql(self) -> str:
-        """``copy_messages``: COPY FROM STDIN (text format) into queue_messages, offsets
-        and clock included. A duplicate (topic, partition_key, id) fails it whole."""
-        columns = ", ".join(self.quote(c) for c in ("offset", *self._INSERT_COLUMNS))
-        return f"COPY {self.quote(MESSAGE_TABLE)} ({columns}) FROM STDIN"
+        """``copy_messages`` (sqlqueue.storage.statements.publishing)."""
+        return self.sql.copy_messages()[0]
 
     def copy_messages(self, cursor: CursorWrapper, rows: Sequence[MessageRow]) -> list[int]:
         """``insert_messages`` of a large batch: the offsets and the clock are read first
@@ -183,7 +149,7 @@ class PostgreSQLDialect(Dialect):
         the other rows again. Offsets taken from the sequence are never given back (a
         failed INSERT leaves the same gap)."""
         with transaction.atomic(using=self.connection.alias):
-            cursor.execute(self.reserve_offsets_sql(), [MESSAGE_TABLE, "offset", len(rows)])
+            cursor.execute(*self.sql.reserve_offsets(len(rows)))
             reserved = cursor.fetchone()
             assert reserved is not None
             now_ms, offsets = int(reserved[0]), sorted(int(o) for o in reserved[1])
@@ -252,9 +218,8 @@ class PostgreSQLDialect(Dialect):
         return self.sql.parse_write_horizon(cursor.fetchone())
 
     def horizon_privileges_sql(self) -> str:
-        """``horizon_privileges``: may this role see every session's transaction start
-        (superuser, or member of pg_read_all_stats)?"""
-        return "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')"
+        """``horizon_privileges`` (sqlqueue.storage.statements.publishing)."""
+        return self.sql.horizon_privileges()[0]
 
     def max_statement_bytes(self) -> int:
         # Far below PostgreSQL's 1 GB limit on a statement's text: the size of one

@@ -6,48 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.statements import Statements
 from sqlqueue.storage.statements.delivery import OutcomeWrite as OutcomeWrite
-
-MessageKey = tuple[str, str]  # (partition_key, id) within one topic
-#: (key_high, key_low): the 128-bit digest of (topic, partition_key, id), see
-#: sqlqueue.publishing.messages.idempotency_digest
-IdempotencyDigest = tuple[int, int]
-
-
-class MessageRow(NamedTuple):
-    """One validated message, ready for ``INSERT`` (see sqlqueue.publishing).
-
-    A named tuple rather than a dataclass: publishing makes one per message, and a
-    tuple is built several times faster."""
-
-    topic: str
-    partition_key: str
-    id: str
-    payload: bytes
-    metadata: str | None  # JSON text, or None for an empty map (the RFC stores NULL)
-    published_at: int  # epoch ms, publisher's clock
-    priority: int
-    delay_ms: int | None  # deliver_after = database now + delay_ms ...
-    deliver_at_ms: int  # ... or this absolute epoch ms when delay_ms is None (0 = at once)
-    #: the id is a fresh UUID4 made by sqlqueue, so it cannot already be stored
-    fresh_id: bool = False
-
-    @property
-    def key(self) -> MessageKey:
-        return (self.partition_key, self.id)
-
-
-# =========================================================================================
-# Consuming: the statements a subscriber runs. Each is named after what it does; the
-# method docstrings say which index serves it.
-# =========================================================================================
-
+from sqlqueue.storage.statements.publishing import IdempotencyDigest as IdempotencyDigest
+from sqlqueue.storage.statements.publishing import MessageKey as MessageKey
+from sqlqueue.storage.statements.publishing import MessageRow as MessageRow
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from sqlqueue.storage.statements.delivery import DeliveryStatements
 from sqlqueue.storage.statements.membership import MembershipStatements
 from sqlqueue.storage.statements.operating import OperatingStatements
+from sqlqueue.storage.statements.publishing import PostgreSQLPublishing, PublishingStatements
 from sqlqueue.storage.statements.schedules import ScheduleStatements
 from sqlqueue.storage.statements.vendors import (
     MySQLVendor,
@@ -24,8 +25,8 @@ from sqlqueue.storage.statements.vendors import (
 from sqlqueue.storage.statements.watermarks import WatermarkStatements
 
 
-class Statements(DeliveryStatements, WatermarkStatements, MembershipStatements,
-                 OperatingStatements, ScheduleStatements):
+class Statements(PublishingStatements, DeliveryStatements, WatermarkStatements,
+                 MembershipStatements, OperatingStatements, ScheduleStatements):
     """Every shared statement; a vendor's hooks come first in its subclass's bases."""
 
 
@@ -37,7 +38,7 @@ class SQLiteStatements(SQLiteVendor, Statements):
     pass
 
 
-class PostgreSQLStatements(PostgreSQLVendor, Statements):
+class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLVendor, Statements):
     pass
 
 

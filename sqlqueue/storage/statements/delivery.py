@@ -77,13 +77,15 @@ class DeliveryStatements(Vendor):
         return (self._fetch_sql(f"m.{self.quote('offset')} IN ({self.marks(len(offsets))})"),
                 [group, topic, partition, *offsets])
 
-    def list_offsets(self, topic: str, partition: str, after: int, upto: int,
-                     limit: int) -> Statement:
-        """``list_offsets``: offsets stored in (after, upto] of a partition; index-only on
-        ``idx_topic_partition_offset``. Used to find late-committed rows."""
+    def partition_rows(self, columns: Sequence[str], topic: str, partition: str,
+                       after: int, upto: int, limit: int) -> Statement:
+        """``partition_rows``: ``columns`` of a partition's rows with after < offset <=
+        upto, in offset order, at most ``limit`` (a range of
+        ``idx_topic_partition_offset``; index-only for the offsets alone, which is how
+        ``list_offsets`` finds late-committed rows)."""
         q = self.quote
         return (
-            f"SELECT {q('offset')} FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = %s "
+            f"SELECT {self.names(columns)} FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = %s "
             f"AND {q('partition_key')} = %s AND {q('offset')} > %s AND {q('offset')} <= %s "
             f"ORDER BY {q('offset')} LIMIT %s",
             [topic, partition, after, upto, limit],

@@ -1,8 +1,9 @@
 """Statement shapes of the data source shared by the vendors; ``mysql.py`` and
 ``sqlite.py`` fill in the rest.
 
-The statements every executor runs (membership, watermarks, the head of the log,
-partition discovery, the write horizon, the vendors' upserts) come from the shared,
+The statements every executor runs (membership, watermarks, the head of the log, a
+partition's rows, the offsets of stored keys, partition discovery, the write horizon, the
+vendors' upserts) come from the shared,
 Django-free layer (``sqlqueue.storage.statements``); what only the data source reads and
 writes is built here. Every method is a named statement (the name is what tests and docs
 refer to) returning ``(sql, params)``. Identifiers are always quoted: ``offset`` is
@@ -92,18 +93,6 @@ class Statements(SharedStatements):
             params,
         )
 
-    def partition_rows(self, columns: Sequence[Column], topic: str, partition: str,
-                       after: int, upto: int, limit: int) -> Statement:
-        """``partition_rows``: rows of one partition with after < offset <= upto, in
-        offset order, at most ``limit`` (a range of ``idx_topic_partition_offset``)."""
-        q = self.quote
-        return (
-            f"SELECT {self.names([c.name for c in columns])} FROM {q(MESSAGE_TABLE)} "
-            f"WHERE {q('topic')} = %s AND {q('partition_key')} = %s AND {q('offset')} > %s "
-            f"AND {q('offset')} <= %s ORDER BY {q('offset')} LIMIT %s",
-            [topic, partition, after, upto, limit],
-        )
-
     def partition_states(self, columns: Sequence[Column], group: str, topic: str,
                          partition: str, after: int, upto: int) -> Statement:
         """``partition_states``: a group's delivery state of one partition's offsets in
@@ -155,20 +144,6 @@ class Statements(SharedStatements):
     def load_messages(self, path: str, topic: str) -> Statement:
         """``load_messages``: bulk-load a CSV file (MySQL/MariaDB only)."""
         raise NotImplementedError(f"{self.vendor} has no LOAD DATA")
-
-    def stored_keys(self, topic: str, keys: Sequence[tuple[str, str]]) -> Statement:
-        """``stored_keys``: which (partition_key, id) pairs of a topic are stored; point
-        lookups on ``idx_topic_partition_id``."""
-        q = self.quote
-        term = f"({q('topic')} = %s AND {q('partition_key')} = %s AND {q('id')} = %s)"
-        params: list[Any] = []
-        for partition_key, message_id in keys:
-            params += [topic, partition_key, message_id]
-        return (
-            f"SELECT {q('partition_key')}, {q('id')} FROM {q(MESSAGE_TABLE)} "
-            f"WHERE {' OR '.join([term] * len(keys))}",
-            params,
-        )
 
     # -- a consumer group's position (its watermarks: the shared layer's) -------------------
     def drop_open_states(self, group: str, topic: str, upto: int) -> Statement:

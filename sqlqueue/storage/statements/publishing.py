@@ -1,0 +1,191 @@
+"""Named statements of publishing: storing messages, finding the offsets of stored ones,
+and the idempotency window's keys; PostgreSQL's own (its INSERT returning offsets, COPY
+with reserved offsets, wake-ups by ``NOTIFY``) in ``PostgreSQLPublishing``. Each returns
+a ``Statement``; ``sqlqueue.storage.sql`` runs them on a Django connection (MySQL's
+INSERT, whose values the live connection escapes, stays there), and the Spark writer
+reads ``select_message_offsets`` to check what a bulk load stored."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from sqlqueue.storage.statements.tables import IDEMPOTENCY_TABLE, MESSAGE_KEY, MESSAGE_TABLE
+from sqlqueue.storage.statements.vendors import Statement, Vendor
+
+MessageKey = tuple[str, str]  # (partition_key, id) within one topic
+#: (key_high, key_low): the 128-bit digest of (topic, partition_key, id), see
+#: sqlqueue.publishing.messages.idempotency_digest
+IdempotencyDigest = tuple[int, int]
+#: the columns a published row sets (``created_at``: the database clock)
+INSERT_COLUMNS = (
+    "topic", "partition_key", "id", "payload", "metadata", "created_at",
+    "published_at", "priority", "deliver_after",
+)
+#: The NOTIFY channel of wake-ups (sqlqueue.wakeups); its payload is the topic. NOTIFY
+#: stays within one database, so the channel needs no database name.
+WAKEUP_CHANNEL = "sqlqueue_wakeups"
+
+
+class MessageRow(NamedTuple):
+    """One validated message, ready for ``INSERT`` (see sqlqueue.publishing).
+
+    A named tuple rather than a dataclass: publishing makes one per message, and a
+    tuple is built several times faster."""
+
+    topic: str
+    partition_key: str
+    id: str
+    payload: bytes
+    metadata: str | None  # JSON text, or None for an empty map (the RFC stores NULL)
+    published_at: int  # epoch ms, publisher's clock
+    priority: int
+    delay_ms: int | None  # deliver_after = database now + delay_ms ...
+    deliver_at_ms: int  # ... or this absolute epoch ms when delay_ms is None (0 = at once)
+    #: the id is a fresh UUID4 made by sqlqueue, so it cannot already be stored
+    fresh_id: bool = False
+
+    @property
+    def key(self) -> MessageKey:
+        return (self.partition_key, self.id)
+
+
+def message_params(rows: Sequence[MessageRow]) -> list[Any]:
+    """Nine parameters a row: the values of ``store_messages``."""
+    params: list[Any] = []
+    for r in rows:
+        params += [r.topic, r.partition_key, r.id, r.payload, r.metadata,
+                   r.published_at, r.priority, r.delay_ms, r.deliver_at_ms]
+    return params
+
+
+class PublishingStatements(Vendor):
+    """Publishing, for any vendor (a mixin of ``Statements``)."""
+
+    def store_messages(self, rows: Sequence[MessageRow]) -> Statement:
+        """``insert_messages``: a multi-row INSERT (at least one row); a duplicate key
+        fails the statement."""
+        now = self.now_ms_sql
+        one_row = f"(%s, %s, %s, %s, %s, {now}, %s, %s, COALESCE({now} + %s, %s))"
+        return (f"INSERT INTO {self.quote(MESSAGE_TABLE)} ({self.names(INSERT_COLUMNS)}) "
+                f"VALUES {', '.join([one_row] * len(rows))}", message_params(rows))
+
+    def select_message_offsets(self, topic: str, keys: Iterable[MessageKey], *,
+                               lock: bool = False) -> Statement:
+        """``select_message_offsets``: (offset, partition_key, id) of the stored ones of
+        (partition_key, id) pairs of one topic (at least one). An OR of full-key
+        equalities, which every vendor turns into point lookups on
+        ``idx_topic_partition_id`` (SQLite needs the topic in every term)."""
+        q = self.quote
+        term = f"({q('topic')} = %s AND {q('partition_key')} = %s AND {q('id')} = %s)"
+        params: list[Any] = []
+        for partition_key, message_id in keys:
+            params += [topic, partition_key, message_id]
+        return (
+            f"SELECT {q('offset')}, {q('partition_key')}, {q('id')} FROM {q(MESSAGE_TABLE)} "
+            f"WHERE {' OR '.join([term] * (len(params) // 3))}"
+            + (self.locking_read_suffix if lock else ""),
+            params,
+        )
+
+    # the idempotency window (SPEC §9) ----------------------------------------------------
+    def select_idempotency_keys(self, highs: Sequence[int], *, lock: bool) -> Statement:
+        """``select_idempotency_keys``: (key_high, key_low, offset) of the keys still in
+        their window whose first column is one of ``highs`` (at least one): the primary
+        key sought by its first column (64 bits of a digest: practically unique; the
+        caller checks the rest). ``lock``: a locking read, which sees keys committed
+        after this transaction's snapshot."""
+        q = self.quote
+        return (
+            f"SELECT {q('key_high')}, {q('key_low')}, {q('message_offset')} "
+            f"FROM {q(IDEMPOTENCY_TABLE)} WHERE {q('key_high')} IN ({self.marks(len(highs))}) "
+            f"AND {q('expires_at')} > {self.now_ms_sql}"
+            + (self.locking_read_suffix if lock else ""),
+            list(highs),
+        )
+
+    def remember_idempotency_keys(self, keys: Sequence[tuple[int, int, int]],
+                                  window_ms: int) -> Statement:
+        """``remember_idempotency_keys``: store (key_high, key_low, offset) of messages
+        just published (at least one), until the database clock's now + ``window_ms``.
+        A key still present but expired (not yet collected) is replaced."""
+        columns = ("key_high", "key_low", "message_offset", "expires_at")
+        one_row = f"(%s, %s, %s, {self.now_ms_sql} + %s)"
+        upsert = self.upsert_clause(("key_high", "key_low"), {
+            "message_offset": "{new}(message_offset)", "expires_at": "{new}(expires_at)"},
+            table=IDEMPOTENCY_TABLE)
+        return (
+            f"INSERT INTO {self.quote(IDEMPOTENCY_TABLE)} ({self.names(columns)}) "
+            f"VALUES {', '.join([one_row] * len(keys))} {upsert}",
+            [value for high, low, offset in keys for value in (high, low, offset, window_ms)],
+        )
+
+
+class PostgreSQLPublishing(Vendor):
+    """PostgreSQL's own publishing statements (a mixin of ``PostgreSQLStatements``)."""
+
+    def store_messages(self, rows: Sequence[MessageRow], *,
+                       skip_stored: bool = False) -> Statement:
+        """``insert_messages`` for PostgreSQL: a multi-row INSERT returning the offset
+        and key of each row it stored. A row whose (topic, partition_key, id) is stored
+        fails the statement, or with ``skip_stored`` (``insert_new_messages``) is skipped
+        (``ON CONFLICT DO NOTHING`` on ``idx_topic_partition_id``). The clock is read
+        once for the statement (``created_at``, and ``deliver_after`` of a delay, from
+        the same reading) and after the transaction has its id (``write_horizon``)."""
+        q = self.quote
+        names = ("topic", "partition_key", "id", "payload", "metadata", "published_at",
+                 "priority", "delay", "deliver_at")
+        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
+        v = {name: f"v.{name}" for name in names}
+        select = ", ".join([
+            v["topic"], v["partition_key"], v["id"], f"{v['payload']}::bytea",
+            f"{v['metadata']}::jsonb", "c.now_ms", f"{v['published_at']}::bigint",
+            f"{v['priority']}::smallint",
+            f"COALESCE(c.now_ms + {v['delay']}::bigint, {v['deliver_at']}::bigint)",
+        ])
+        skip = f"{self.insert_if_absent_suffix(MESSAGE_KEY)} " if skip_stored else ""
+        return (
+            f"INSERT INTO {q(MESSAGE_TABLE)} ({self.names(INSERT_COLUMNS)}) SELECT {select} "
+            f"FROM (VALUES {values}) v({', '.join(names)}) "
+            f"CROSS JOIN (SELECT {self.message_clock_sql} AS now_ms) c "
+            f"{skip}RETURNING {q('offset')}, {q('partition_key')}, {q('id')}",
+            message_params(rows),
+        )
+
+    def delete_inserted_messages(self, offsets: Sequence[int]) -> Statement:
+        """``delete_inserted_messages``: take back the rows an ``insert_new_messages`` of
+        this transaction stored when another of its rows was a duplicate (primary key)."""
+        q = self.quote
+        return f"DELETE FROM {q(MESSAGE_TABLE)} WHERE {q('offset')} = ANY(%s)", [list(offsets)]
+
+    def reserve_offsets(self, count: int) -> Statement:
+        """``reserve_offsets``: the clock a ``copy_messages`` stamps ``created_at`` with,
+        read after the transaction has its id (``message_clock_sql``, as the INSERT's
+        clock is: the exact ``write_horizon`` rests on it), and the next ``count``
+        offsets of queue_messages' identity sequence."""
+        return (f"SELECT {self.message_clock_sql}, ARRAY(SELECT nextval("
+                f"pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s))",
+                [MESSAGE_TABLE, "offset", count])
+
+    def copy_messages(self) -> Statement:
+        """``copy_messages``: COPY FROM STDIN (text format) into queue_messages, offsets
+        and clock included (the executor streams the rows). A duplicate (topic,
+        partition_key, id) fails it whole."""
+        return (f"COPY {self.quote(MESSAGE_TABLE)} ({self.names(('offset', *INSERT_COLUMNS))}) "
+                f"FROM STDIN", [])
+
+    def notify_wakeup(self, topic: str) -> Statement:
+        """``notify_wakeup``: queued by the server and delivered to the listeners only
+        when the transaction commits (never if it rolls back); identical notifications
+        of one transaction are delivered once."""
+        return "SELECT pg_notify(%s, %s)", [WAKEUP_CHANNEL, topic]
+
+    def listen_wakeups(self) -> Statement:
+        """``listen_wakeups``: subscribe a session to the wake-up channel (the listener's
+        own connection, in autocommit)."""
+        return f"LISTEN {self.quote(WAKEUP_CHANNEL)}", []
+
+    def horizon_privileges(self) -> Statement:
+        """``horizon_privileges``: may this role see every session's transaction start
+        (superuser, or member of pg_read_all_stats)?"""
+        return "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')", []
