@@ -8,7 +8,6 @@ outside one, it commits at once. Input is validated completely before any SQL ru
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from datetime import datetime, timedelta
@@ -30,6 +29,8 @@ from sqlqueue.publishing.messages import (
     prepare,
 )
 from sqlqueue.publishing.wakeups import announce
+from sqlqueue.storage.chunks import statement_chunks
+from sqlqueue.storage.retry import retry_victims
 from sqlqueue.storage.sql import Dialect, MessageRow, dialect_for
 
 # A duplicate-key error means another transaction stored the same id between our read
@@ -61,17 +62,14 @@ def _retried_alone(publish: _Publish, *, items_first: bool = False) -> _Publish:
             args = (list(args[0]), *args[1:])
         elif items_first and not isinstance(kwargs.get("messages", []), list):
             kwargs["messages"] = list(kwargs["messages"])
-        pause = ALONE_FIRST_PAUSE
-        for attempt in range(ALONE_TRIES):
-            try:
-                return publish(topic, *args, using=using, **kwargs)
-            except DatabaseError as error:
-                if (attempt == ALONE_TRIES - 1 or connection.in_atomic_block
-                        or not dialect_for(connection).is_lock_wait(error)):
-                    raise
-            time.sleep(pause)
-            pause *= 2
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        def is_victim(error: Exception) -> bool:
+            return (isinstance(error, DatabaseError) and not connection.in_atomic_block
+                    and dialect_for(connection).is_lock_wait(error))
+
+        return retry_victims(lambda: publish(topic, *args, using=using, **kwargs),
+                             tries=ALONE_TRIES, is_victim=is_victim,
+                             pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** (tried - 1))
 
     return publish_alone  # type: ignore[return-value]
 
@@ -301,18 +299,10 @@ def _chunks(rows: Sequence[MessageRow], dialect: Dialect) -> Iterable[Sequence[M
     """Split ``rows`` so each statement stays under the row, parameter and byte limits."""
     max_params = dialect.connection.features.max_query_params or 65_535
     max_rows = max(1, min(dialect.max_rows_per_insert, max_params // 10))
-    max_bytes = dialect.max_statement_bytes()
-    chunk: list[MessageRow] = []
-    size = 0
-    for row in rows:
-        row_bytes = dialect.literal_bytes(row.payload, row.metadata) + 1024
-        if chunk and (len(chunk) >= max_rows or size + row_bytes > max_bytes):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(row)
-        size += row_bytes
-    if chunk:
-        yield chunk
+    literal_bytes = dialect.literal_bytes
+    return statement_chunks(
+        rows, max_rows=max_rows, max_bytes=dialect.max_statement_bytes(),
+        size_of=lambda row: literal_bytes(row.payload, row.metadata) + 1024)
 
 
 def _connection(using: str | None, conf: QueueSettings, topic: str) -> BaseDatabaseWrapper:

@@ -92,7 +92,7 @@ def test_every_shared_statement_is_tested() -> None:
 
 
 def test_the_layer_imports_no_django() -> None:
-    code = ("import sys, sqlqueue.storage.statements; "
+    code = ("import sys, sqlqueue.storage.statements, sqlqueue.storage.retry; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'django'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).resolve().parents[2]).stdout

@@ -269,8 +269,9 @@ class DeadlockingDatabase:
 def test_a_chunk_rolled_back_by_a_deadlock_is_sent_again_in_key_order(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from sqlqueue.integrations.spark import writer
+    from sqlqueue.storage import retry
 
-    monkeypatch.setattr(writer.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(retry.time, "sleep", lambda seconds: None)
     options = SourceOptions.parse({"url": "sqlite:////tmp/x", "topic": "t"})
     db = DeadlockingDatabase()
     publisher = writer.ChunkPublisher(options, db)  # type: ignore[arg-type]

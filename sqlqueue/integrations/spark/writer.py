@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -37,6 +36,8 @@ from sqlqueue.integrations.spark.infile import BulkLoadUnavailable, MemoryInfile
 from sqlqueue.integrations.spark.options import SourceOptions
 from sqlqueue.integrations.spark.rows import Prepared, RowPreparer
 from sqlqueue.literals import escaped_length
+from sqlqueue.storage.chunks import statement_chunks
+from sqlqueue.storage.retry import retry_victims
 
 logger = logging.getLogger("sqlqueue.spark")
 
@@ -56,6 +57,11 @@ CSV_SCHEMA = pa.schema([
     ("metadata", pa.string()), ("published_at", pa.int64()), ("priority", pa.int32()),
     ("deliver_after", pa.int64()),
 ])
+
+
+def _log_retry(exc: Exception, tried: int) -> None:
+    logger.info("Chunk rolled back by the server (%s); attempt %s of %s.", exc, tried + 1,
+                ATTEMPTS)
 
 
 @dataclass
@@ -80,16 +86,10 @@ class ChunkPublisher:
     def publish(self, rows: Sequence[Prepared]) -> None:
         """One chunk, in its own transaction; sent again after a deadlock."""
         ordered = sorted(rows, key=lambda row: (row[0], row[1]))
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                self._publish(ordered)
-                break
-            except Exception as exc:
-                if _error_code(exc) not in TRANSIENT or attempt == ATTEMPTS:
-                    raise
-                logger.info("Chunk rolled back by the server (%s); attempt %s of %s.", exc,
-                            attempt + 1, ATTEMPTS)
-                time.sleep(random.uniform(0.05, 0.1) * 2 ** attempt)
+        retry_victims(lambda: self._publish(ordered), tries=ATTEMPTS,
+                      is_victim=lambda exc: _error_code(exc) in TRANSIENT,
+                      pause=lambda tried: random.uniform(0.05, 0.1) * 2 ** tried,
+                      on_retry=_log_retry)
         self.report.sent += len(rows)
 
     def _publish(self, rows: Sequence[Prepared]) -> None:
@@ -155,19 +155,14 @@ def _error_code(exc: BaseException) -> int | None:
 
 
 def _statement_chunks(rows: Sequence[Prepared]) -> Iterator[Sequence[Prepared]]:
-    chunk: list[Prepared] = []
-    size = 0
-    for row in rows:
-        # Escaped bytes (mysqlclient inlines the parameters): a payload of quotes doubles.
-        row_bytes = (escaped_length(row[2].encode("utf-8")) + 2048
-                     + (escaped_length(row[3].encode("utf-8")) if row[3] else 0))
-        if chunk and (len(chunk) >= ROWS_PER_INSERT or size + row_bytes > BYTES_PER_INSERT):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(row)
-        size += row_bytes
-    if chunk:
-        yield chunk
+    return statement_chunks(rows, max_rows=ROWS_PER_INSERT, max_bytes=BYTES_PER_INSERT,
+                            size_of=_row_bytes)
+
+
+def _row_bytes(row: Prepared) -> int:
+    # Escaped bytes (mysqlclient inlines the parameters): a payload of quotes doubles.
+    return (escaped_length(row[2].encode("utf-8")) + 2048
+            + (escaped_length(row[3].encode("utf-8")) if row[3] else 0))
 
 
 def _csv_bytes(rows: Sequence[Prepared]) -> bytes:
