@@ -53,10 +53,6 @@ class WriteHorizon(NamedTuple):
 #: transaction open on another node would commit below a watermark that passed it).
 UNKNOWN = WriteHorizon(None, None)
 
-#: ``galera``: 1 on a node of a Galera cluster (MariaDB's ``wsrep_on``); an error where
-#: the variable does not exist (MySQL), which means no.
-GALERA_SQL = "SELECT @@wsrep_on"
-
 
 def settled_before(seen: WriteHorizon, now_ms: int, max_transaction_age_ms: int,
                    previous_ms: int | None = None) -> int:

@@ -29,6 +29,7 @@ from sqlqueue.storage.statements import (
 from sqlqueue.storage.statements.delivery import OutcomeWrite
 from sqlqueue.storage.statements.publishing import WAKEUP_CHANNEL, MessageRow
 from sqlqueue.storage.statements.schedules import PublishedTick
+from sqlqueue.storage.statements.sessions import MySQLSessions, PostgreSQLSessions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -397,3 +398,28 @@ def test_postgresql_publishing() -> None:
         heard = next(connection.connection.notifies(timeout=5, stop_after=1))
         cursor.execute(f'UNLISTEN "{WAKEUP_CHANNEL}"')
     assert (heard.channel, heard.payload) == (WAKEUP_CHANNEL, "orders")
+
+
+# -- sessions (sqlqueue.storage.statements.sessions) --------------------------------------------
+def test_session_statements(executor: Executor) -> None:
+    sql = executor.sql
+    bound, galera = sql.bound_lock_waits(7), sql.galera()
+    if connection.vendor == "sqlite":
+        assert (bound, galera) == (None, None)  # the busy timeout; no cluster
+        return
+    assert bound is not None
+    executor.run(bound)
+    if connection.vendor == "postgresql":
+        assert executor.rows(("SHOW lock_timeout", [])) == [("7s",)]
+        assert isinstance(sql, PostgreSQLSessions)
+        assert executor.rows(sql.horizon_privileges())[0][0] in (True, False)
+        return
+    assert isinstance(sql, MySQLSessions) and galera is not None
+    assert int(executor.rows(("SELECT @@innodb_lock_wait_timeout", []))[0][0]) == 7
+    try:
+        executor.rows(galera)  # MariaDB: 0 off a cluster; MySQL: no such variable
+    except Exception as error:
+        assert "wsrep_on" in str(error)
+    assert executor.rows(sql.connection_charset()) == [("utf8mb4",)]
+    assert int(executor.rows(sql.autoinc_lock_mode())[0][0]) in (0, 1, 2)
+    executor.run(sql.created_at_default())  # as migration 0006 left it

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from sqlqueue.horizon import GALERA_SQL, UNKNOWN, WriteHorizon, refresh_delay, settled_before
+from sqlqueue.horizon import UNKNOWN, WriteHorizon, refresh_delay, settled_before
 from sqlqueue.integrations.spark.connect import Connection
 
 
@@ -46,7 +46,8 @@ def _galera(db: Connection) -> bool:
     known: bool | None = getattr(db, "_sqlqueue_galera", None)
     if known is None:
         try:
-            row = db.one((GALERA_SQL, []))
+            statement = db.sql.galera()
+            row = db.one(statement) if statement is not None else None
             known = bool(row and row[0] and int(row[0]))
         except Exception:  # MySQL: no such variable
             known = False

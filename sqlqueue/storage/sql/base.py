@@ -171,7 +171,11 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
     def bound_lock_waits(self, cursor: CursorWrapper, seconds: int) -> None:
         """``bound_lock_waits``: give up a row-lock wait of this session after
         ``seconds`` (an error ``is_lock_wait`` recognises) instead of the server's
-        default. Nothing to do where the connection's own busy timeout applies."""
+        default. Nothing to do where the connection's own busy timeout applies. Called
+        outside a transaction, so no rollback undoes it."""
+        statement = self.sql.bound_lock_waits(seconds)
+        if statement is not None:
+            cursor.execute(*statement)
 
     def is_lock_wait(self, error: BaseException) -> bool:
         """Did ``error`` end a wait for a lock (timeout, or chosen as a deadlock victim)?

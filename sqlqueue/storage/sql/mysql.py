@@ -15,7 +15,7 @@ from django.db import DatabaseError, IntegrityError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.exceptions import ConfigurationError
-from sqlqueue.horizon import GALERA_SQL, WriteHorizon
+from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
 from sqlqueue.storage.statements import MySQLStatements
 from sqlqueue.storage.statements.vendors import MySQLVendor
@@ -42,7 +42,10 @@ class MySQLDialect(Dialect):
     server_identity_sql = MySQLVendor.server_identity_sql
 
     # -- connection_charset --------------------------------------------------------------
-    connection_charset_sql = "SELECT @@character_set_connection"
+    @property
+    def connection_charset_sql(self) -> str:
+        """``connection_charset`` (sqlqueue.storage.statements.sessions)."""
+        return self.sql.connection_charset()[0]
 
     def check_connection(self) -> None:
         """A connection whose character set is not utf8mb4 would store the UTF-8 bytes of
@@ -54,7 +57,7 @@ class MySQLDialect(Dialect):
         if raw is self._checked_connection:
             return
         with self.connection.cursor() as cursor:
-            cursor.execute(self.connection_charset_sql)
+            cursor.execute(*self.sql.connection_charset())
             row = cursor.fetchone()
         charset = str(row[0]) if row else "?"
         if charset != "utf8mb4":
@@ -81,9 +84,7 @@ class MySQLDialect(Dialect):
     def created_at_default_sql(self, *, drop: bool = False) -> str:
         """``created_at_default`` (migration 0006): stamp ``created_at`` with the
         database clock when an INSERT leaves it out (``drop``: undo that)."""
-        change = "DROP DEFAULT" if drop else f"SET DEFAULT ({self.now_ms_sql})"
-        return (f"ALTER TABLE {self.quote(MESSAGE_TABLE)} ALTER COLUMN "
-                f"{self.quote('created_at')} {change}")
+        return self.sql.created_at_default(drop=drop)[0]
 
     def insert_messages_statement(self, rows: Sequence[MessageRow]) -> bytes:
         """``insert_messages`` for MySQL: a multi-row INSERT with the values inlined, as
@@ -161,7 +162,7 @@ class MySQLDialect(Dialect):
 
     def _consecutive_autoinc(self, cursor: CursorWrapper) -> bool:
         if self._autoinc_lock_mode is None:
-            cursor.execute("SELECT @@innodb_autoinc_lock_mode")
+            cursor.execute(*self.sql.autoinc_lock_mode())
             row = cursor.fetchone()
             self._autoinc_lock_mode = int(row[0]) if row else 2
         return self._autoinc_lock_mode <= 1
@@ -187,9 +188,6 @@ class MySQLDialect(Dialect):
             raise
         return self.sql.parse_write_horizon(cursor.fetchone())
 
-    def bound_lock_waits(self, cursor: CursorWrapper, seconds: int) -> None:
-        cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [seconds])
-
     def is_lock_wait(self, error: BaseException) -> bool:
         # 1205 ER_LOCK_WAIT_TIMEOUT, 1213 ER_LOCK_DEADLOCK
         return bool(error.args) and error.args[0] in (1205, 1213)
@@ -199,7 +197,7 @@ class MySQLDialect(Dialect):
         per connection."""
         if self._galera is None:
             try:
-                cursor.execute(GALERA_SQL)
+                cursor.execute(*self.sql.galera())
                 row = cursor.fetchone()
                 self._galera = bool(row and row[0] and int(row[0]))
             except DatabaseError:

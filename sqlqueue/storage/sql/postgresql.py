@@ -190,11 +190,6 @@ class PostgreSQLDialect(Dialect):
         return 2 * len(data) + len(text) + text.count(b"'")
 
     # -- the rest of the vendor hooks --------------------------------------------------
-    def bound_lock_waits(self, cursor: CursorWrapper, seconds: int) -> None:
-        # set_config, not SET: SET takes no parameters. Session-wide (is_local false);
-        # called outside a transaction, so no rollback undoes it.
-        cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{seconds}s"])
-
     def is_lock_wait(self, error: BaseException) -> bool:
         return _sqlstate(error) in LOCK_WAIT_STATES
 
@@ -218,7 +213,7 @@ class PostgreSQLDialect(Dialect):
         return self.sql.parse_write_horizon(cursor.fetchone())
 
     def horizon_privileges_sql(self) -> str:
-        """``horizon_privileges`` (sqlqueue.storage.statements.publishing)."""
+        """``horizon_privileges`` (sqlqueue.storage.statements.sessions)."""
         return self.sql.horizon_privileges()[0]
 
     def max_statement_bytes(self) -> int:

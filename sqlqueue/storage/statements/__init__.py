@@ -15,6 +15,11 @@ from sqlqueue.storage.statements.membership import MembershipStatements
 from sqlqueue.storage.statements.operating import OperatingStatements
 from sqlqueue.storage.statements.publishing import PostgreSQLPublishing, PublishingStatements
 from sqlqueue.storage.statements.schedules import ScheduleStatements
+from sqlqueue.storage.statements.sessions import (
+    MySQLSessions,
+    PostgreSQLSessions,
+    SessionStatements,
+)
 from sqlqueue.storage.statements.vendors import (
     MySQLVendor,
     PostgreSQLVendor,
@@ -26,11 +31,12 @@ from sqlqueue.storage.statements.watermarks import WatermarkStatements
 
 
 class Statements(PublishingStatements, DeliveryStatements, WatermarkStatements,
-                 MembershipStatements, OperatingStatements, ScheduleStatements):
+                 MembershipStatements, OperatingStatements, ScheduleStatements,
+                 SessionStatements):
     """Every shared statement; a vendor's hooks come first in its subclass's bases."""
 
 
-class MySQLStatements(MySQLVendor, Statements):
+class MySQLStatements(MySQLSessions, MySQLVendor, Statements):
     pass
 
 
@@ -38,7 +44,8 @@ class SQLiteStatements(SQLiteVendor, Statements):
     pass
 
 
-class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLVendor, Statements):
+class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLSessions, PostgreSQLVendor,
+                           Statements):
     pass
 
 

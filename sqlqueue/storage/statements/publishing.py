@@ -184,8 +184,3 @@ class PostgreSQLPublishing(Vendor):
         """``listen_wakeups``: subscribe a session to the wake-up channel (the listener's
         own connection, in autocommit)."""
         return f"LISTEN {self.quote(WAKEUP_CHANNEL)}", []
-
-    def horizon_privileges(self) -> Statement:
-        """``horizon_privileges``: may this role see every session's transaction start
-        (superuser, or member of pg_read_all_stats)?"""
-        return "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')", []

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from sqlqueue.integrations.spark.sql.base import INSERT_COLUMNS, Statements
 from sqlqueue.storage.statements import Statement
+from sqlqueue.storage.statements.sessions import MySQLSessions
 from sqlqueue.storage.statements.tables import MESSAGE_TABLE
 from sqlqueue.storage.statements.vendors import MySQLVendor
 
 
-class MySQLStatements(MySQLVendor, Statements):
+class MySQLStatements(MySQLSessions, MySQLVendor, Statements):
     begin_sql = "START TRANSACTION"
     # A plain START TRANSACTION starts InnoDB's transaction only at the first table read.
     begin_snapshot_sql = "START TRANSACTION WITH CONSISTENT SNAPSHOT"

@@ -1,0 +1,64 @@
+"""Named statements about a database session rather than the queue's rows: what a
+connection is (its character set, a Galera node?), how it waits for locks, and the
+schema change that lets MySQL stamp ``created_at`` itself. Each returns a ``Statement``,
+or None where the vendor needs none; the Django dialects and the Spark executors run
+them."""
+
+from __future__ import annotations
+
+from sqlqueue.storage.statements.tables import MESSAGE_TABLE
+from sqlqueue.storage.statements.vendors import Statement, Vendor
+
+
+class SessionStatements(Vendor):
+    """What every vendor answers (a mixin of ``Statements``)."""
+
+    def bound_lock_waits(self, seconds: int) -> Statement | None:
+        """``bound_lock_waits``: give up a row-lock wait of this session after
+        ``seconds`` (None: the connection's own busy timeout applies)."""
+        return None
+
+    def galera(self) -> Statement | None:
+        """``galera``: 1 on a node of a Galera cluster (MariaDB's ``wsrep_on``), whose
+        open transactions one node cannot see; an error where the variable does not
+        exist (MySQL), which means no. None: no such cluster for this vendor."""
+        return None
+
+
+class MySQLSessions(SessionStatements):
+    """MySQL's and MariaDB's (a mixin of ``MySQLStatements``)."""
+
+    def bound_lock_waits(self, seconds: int) -> Statement:
+        return "SET SESSION innodb_lock_wait_timeout = %s", [seconds]
+
+    def galera(self) -> Statement:
+        return "SELECT @@wsrep_on", []
+
+    def connection_charset(self) -> Statement:
+        """``connection_charset``: the character set of this connection (sqlqueue needs
+        utf8mb4)."""
+        return "SELECT @@character_set_connection", []
+
+    def autoinc_lock_mode(self) -> Statement:
+        """``autoinc_lock_mode``: 0 or 1: a multi-row INSERT gets consecutive offsets."""
+        return "SELECT @@innodb_autoinc_lock_mode", []
+
+    def created_at_default(self, *, drop: bool = False) -> Statement:
+        """``created_at_default`` (migration 0006): stamp ``created_at`` with the
+        database clock when an INSERT leaves it out (``drop``: undo that)."""
+        change = "DROP DEFAULT" if drop else f"SET DEFAULT ({self.now_ms_sql})"
+        return (f"ALTER TABLE {self.quote(MESSAGE_TABLE)} ALTER COLUMN "
+                f"{self.quote('created_at')} {change}", [])
+
+
+class PostgreSQLSessions(SessionStatements):
+    """PostgreSQL's (a mixin of ``PostgreSQLStatements``)."""
+
+    def bound_lock_waits(self, seconds: int) -> Statement:
+        # set_config, not SET: SET takes no parameters. Session-wide (is_local false).
+        return "SELECT set_config('lock_timeout', %s, false)", [f"{seconds}s"]
+
+    def horizon_privileges(self) -> Statement:
+        """``horizon_privileges``: may this role see every session's transaction start
+        (superuser, or member of pg_read_all_stats)?"""
+        return "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')", []
