@@ -1,6 +1,9 @@
 """Storage: the models' tables and the hand-written SQL that runs against them.
 
-``sqlqueue.storage.sql`` holds one module per database vendor; every statement that
-the ORM cannot express (conditional upserts, database-clock arithmetic, index-fitted
-reads) is named there and covered by tests/integration/test_sql_statements.py.
+``sqlqueue.storage.statements`` builds every statement, named, once and without Django
+(tests/integration/test_statement_layer.py runs each on every database);
+``sqlqueue.storage.sql`` runs them on a Django connection, one module per database vendor
+(tests/integration/test_sql_statements.py, with the EXPLAIN checks). ``retry`` and
+``chunks``: the deadlock-victim retry loop and the statement chunker publishing and the
+Spark writer share.
 """

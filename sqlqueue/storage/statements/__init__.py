@@ -1,5 +1,6 @@
-"""The statement layer: every statement that more than one executor runs, built once,
-without Django and without a connection.
+"""The statement layer: every hand-written statement the dialects and the Spark data
+source run, built once, without Django and without a connection (but what needs the live
+connection: MySQL's values escaped inline, PostgreSQL's COPY stream).
 
 Each statement is a named builder returning a ``Statement`` (SQL with ``%s``
 placeholders, and its parameters) for one vendor. Two thin executors run them: the
