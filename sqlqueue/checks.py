@@ -20,6 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from sqlqueue.conf import QueueSettings, validate
 from sqlqueue.storage.sql import SUPPORTED_VENDORS, dialect_for
+from sqlqueue.storage.statements import MySQLStatements, PostgreSQLStatements
 from sqlqueue.storage.statements.tables import (
     HEARTBEATS_TABLE,
     LEASES_TABLE,
@@ -159,16 +160,15 @@ def _check_mysql(connection: BaseDatabaseWrapper, conf: QueueSettings) -> list[C
             id="sqlqueue.E102",
         ))
     with connection.cursor() as cursor:
-        cursor.execute("SELECT @@character_set_connection, @@max_allowed_packet")
+        dialect = dialect_for(connection)
+        sql = dialect.sql
+        assert isinstance(sql, MySQLStatements)
+        cursor.execute(*sql.server_settings())
         charset, max_packet = cursor.fetchone()
-        isolation = _isolation_level(cursor)
-        cursor.execute(
-            "SELECT TABLE_NAME, TABLE_COLLATION FROM information_schema.TABLES "
-            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (%s, %s, %s, %s, %s)",
-            list(QUEUE_TABLES),
-        )
+        isolation = _isolation_level(cursor, sql)
+        cursor.execute(*sql.table_collations(QUEUE_TABLES))
         collations = dict(cursor.fetchall())
-        galera = dialect_for(connection).is_galera(cursor)
+        galera = dialect.is_galera(cursor)
     if galera:
         messages.append(Warning(
             f"Database {conf.DATABASE!r} is a Galera cluster node: a node's "
@@ -239,11 +239,11 @@ def _binary_collation(connection: BaseDatabaseWrapper) -> str:
     return "utf8mb4_bin"
 
 
-def _isolation_level(cursor: Any) -> str:
+def _isolation_level(cursor: Any, sql: MySQLStatements) -> str:
     # MySQL 8 and MariaDB >= 11.1 call it transaction_isolation; older MariaDB tx_isolation.
     for variable in ("transaction_isolation", "tx_isolation"):
         try:
-            cursor.execute(f"SELECT @@SESSION.{variable}")
+            cursor.execute(*sql.isolation_level(variable))
         except DatabaseError:
             continue
         return str(cursor.fetchone()[0]).upper().replace(" ", "-")
@@ -263,8 +263,9 @@ def _check_postgresql(connection: BaseDatabaseWrapper,
         ))
     dialect = dialect_for(connection)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('server_encoding'), "
-                       "current_setting('default_transaction_isolation')")
+        sql = dialect.sql
+        assert isinstance(sql, PostgreSQLStatements)
+        cursor.execute(*sql.server_settings())
         encoding, server_isolation = cursor.fetchone()
         cursor.execute(dialect.horizon_privileges_sql())  # type: ignore[attr-defined]
         (sees_every_session,) = cursor.fetchone()

@@ -423,3 +423,27 @@ def test_session_statements(executor: Executor) -> None:
     assert executor.rows(sql.connection_charset()) == [("utf8mb4",)]
     assert int(executor.rows(sql.autoinc_lock_mode())[0][0]) in (0, 1, 2)
     executor.run(sql.created_at_default())  # as migration 0006 left it
+
+
+def test_system_check_statements(executor: Executor) -> None:
+    sql = executor.sql
+    if isinstance(sql, PostgreSQLSessions):
+        encoding, isolation = executor.rows(sql.server_settings())[0]
+        assert (encoding, isolation) == ("UTF8", "read committed")
+    elif isinstance(sql, MySQLSessions):
+        charset, max_packet = executor.rows(sql.server_settings())[0]
+        assert charset == "utf8mb4" and int(max_packet) > 0
+        levels = []
+        for variable in ("transaction_isolation", "tx_isolation"):
+            try:
+                levels += executor.rows(sql.isolation_level(variable))
+            except Exception as error:
+                assert "isolation" in str(error)  # one of the two is unknown
+        assert levels
+        with pytest.raises(ValueError):
+            sql.isolation_level("x; DROP TABLE y")
+        collations = dict(executor.rows(sql.table_collations(["queue_messages", "nothing"])))
+        assert list(collations) == ["queue_messages"]
+        assert str(collations["queue_messages"]).endswith("_bin")
+    else:
+        pytest.skip("SQLite has no server to check")

@@ -6,6 +6,8 @@ them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlqueue.storage.statements.tables import MESSAGE_TABLE
 from sqlqueue.storage.statements.vendors import Statement, Vendor
 
@@ -39,6 +41,25 @@ class MySQLSessions(SessionStatements):
         utf8mb4)."""
         return "SELECT @@character_set_connection", []
 
+    def server_settings(self) -> Statement:
+        """``server_settings`` (system checks): the connection's character set and the
+        largest packet the server takes."""
+        return "SELECT @@character_set_connection, @@max_allowed_packet", []
+
+    def isolation_level(self, variable: str) -> Statement:
+        """``isolation_level`` (system checks): this session's, by the name of its
+        variable (``transaction_isolation``; older MariaDB ``tx_isolation``)."""
+        if not variable.isidentifier():
+            raise ValueError(f"not a variable name: {variable!r}")
+        return f"SELECT @@SESSION.{variable}", []
+
+    def table_collations(self, tables: Sequence[str]) -> Statement:
+        """``table_collations`` (system checks): (table, collation) of ``tables`` (at
+        least one) in the connection's database."""
+        return ("SELECT TABLE_NAME, TABLE_COLLATION FROM information_schema.TABLES "
+                f"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN ({self.marks(len(tables))})",
+                list(tables))
+
     def autoinc_lock_mode(self) -> Statement:
         """``autoinc_lock_mode``: 0 or 1: a multi-row INSERT gets consecutive offsets."""
         return "SELECT @@innodb_autoinc_lock_mode", []
@@ -57,6 +78,12 @@ class PostgreSQLSessions(SessionStatements):
     def bound_lock_waits(self, seconds: int) -> Statement:
         # set_config, not SET: SET takes no parameters. Session-wide (is_local false).
         return "SELECT set_config('lock_timeout', %s, false)", [f"{seconds}s"]
+
+    def server_settings(self) -> Statement:
+        """``server_settings`` (system checks): the database's encoding and the server's
+        default transaction isolation."""
+        return ("SELECT current_setting('server_encoding'), "
+                "current_setting('default_transaction_isolation')", [])
 
     def horizon_privileges(self) -> Statement:
         """``horizon_privileges``: may this role see every session's transaction start
