@@ -236,6 +236,32 @@ class OnConflictVendor(Vendor):
     def insert_if_absent_suffix(self, key: Sequence[str]) -> str:
         return f"ON CONFLICT ({self.names(key)}) DO NOTHING"
 
+    # Garbage collection without DELETE ... LIMIT (SQLite builds usually lack it,
+    # PostgreSQL has none): a subquery chooses at most LIMIT rows, in ``gc_order`` (the
+    # oldest messages of a partition) or by expiry (idempotency keys, by ``row_address``).
+    chosen_rows_sql = "{column} IN ({select})"
+    row_address = "rowid"
+    gc_order: tuple[str, ...] = ("offset",)
+
+    def _delete_chosen(self, table: str, column: str, where: str, order: str,
+                       params: list[Any]) -> Statement:
+        select = f"SELECT {column} FROM {table} WHERE {where} ORDER BY {order} LIMIT %s"
+        return (f"DELETE FROM {table} WHERE "
+                + self.chosen_rows_sql.format(column=column, select=select), params)
+
+    def delete_messages_upto(self, topic: str, partition: str, upto: int,
+                             limit: int) -> Statement:
+        q = self.quote
+        return self._delete_chosen(
+            q(MESSAGE_TABLE), q("offset"),
+            f"{q('topic')} = %s AND {q('partition_key')} = %s AND {q('offset')} <= %s",
+            self.names(self.gc_order), [topic, partition, upto, limit])
+
+    def delete_expired_idempotency_keys(self, limit: int) -> Statement:
+        expires = self.quote("expires_at")
+        return self._delete_chosen(self.quote(IDEMPOTENCY_TABLE), self.row_address,
+                                   f"{expires} <= {self.now_ms_sql}", expires, [limit])
+
     def partition_keys_cte(self) -> str:
         """A recursive query makes the loose index scan: each step seeks the next key
         after the previous one in idx_topic_partition_offset (a MIN over an index prefix
@@ -275,24 +301,6 @@ class SQLiteVendor(OnConflictVendor):
     def greatest_sql(a: str, b: str) -> str:
         return f"MAX({a}, {b})"  # the scalar max of its arguments
 
-    def delete_messages_upto(self, topic: str, partition: str, upto: int,
-                             limit: int) -> Statement:
-        # DELETE ... LIMIT needs a compile-time option SQLite builds usually lack.
-        q = self.quote
-        table, offset = q(MESSAGE_TABLE), q("offset")
-        return (
-            f"DELETE FROM {table} WHERE {offset} IN (SELECT {offset} FROM {table} WHERE "
-            f"{q('topic')} = %s AND {q('partition_key')} = %s AND {offset} <= %s "
-            f"ORDER BY {offset} LIMIT %s)",
-            [topic, partition, upto, limit],
-        )
-
-    def delete_expired_idempotency_keys(self, limit: int) -> Statement:
-        q = self.quote
-        table, expires = q(IDEMPOTENCY_TABLE), q("expires_at")
-        return (f"DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE "
-                f"{expires} <= {self.now_ms_sql} ORDER BY {expires} LIMIT %s)", [limit])
-
     def offset_counter(self) -> Statement:
         # The last offset AUTOINCREMENT handed out.
         return "SELECT seq FROM sqlite_sequence WHERE name = %s", [MESSAGE_TABLE]
@@ -313,6 +321,14 @@ class PostgreSQLVendor(OnConflictVendor):
     now_ms_sql = f"({epoch_ms('statement_timestamp()')})"
     # Waits for a concurrent writer of the row, then reads its newest committed version.
     locking_read_suffix = " FOR SHARE"
+    # = ANY of an array: index lookups, where IN (subquery) may be planned as a join
+    # against the whole table. The oldest offsets of a partition are chosen in
+    # idx_topic_partition_offset's order, so that the planner takes that index and stops
+    # at the limit; expired keys by their physical address (a TID scan of at most LIMIT
+    # rows; a key renewed meanwhile has a new address and stays).
+    chosen_rows_sql = "{column} = ANY(ARRAY({select}))"
+    row_address = "ctid"
+    gc_order = ("topic", "partition_key", "offset")
     # The address and port the server answered on, and when it started: a promoted
     # replica behind the same address (a moved virtual IP) started at another time.
     server_identity_sql = (
@@ -329,31 +345,6 @@ class PostgreSQLVendor(OnConflictVendor):
         # its id (if it has none yet) before the clock is read.
         return (f"(CASE WHEN pg_current_xact_id() IS NOT NULL THEN "
                 f"{epoch_ms('clock_timestamp()')} END)")
-
-    def delete_messages_upto(self, topic: str, partition: str, upto: int,
-                             limit: int) -> Statement:
-        # No DELETE ... LIMIT: the oldest offsets of the partition are read first, in
-        # idx_topic_partition_offset's order (so the planner takes that index and stops at
-        # the limit), then deleted by primary key (= ANY of an array: index lookups, where
-        # IN (subquery) may be planned as a join against the whole table).
-        q = self.quote
-        table, offset, topic_, key = (q(MESSAGE_TABLE), q("offset"), q("topic"),
-                                      q("partition_key"))
-        return (
-            f"DELETE FROM {table} WHERE {offset} = ANY(ARRAY(SELECT {offset} FROM {table} "
-            f"WHERE {topic_} = %s AND {key} = %s AND {offset} <= %s "
-            f"ORDER BY {topic_}, {key}, {offset} LIMIT %s))",
-            [topic, partition, upto, limit],
-        )
-
-    def delete_expired_idempotency_keys(self, limit: int) -> Statement:
-        # No DELETE ... LIMIT: the rows are chosen by their physical address (a TID scan
-        # of at most LIMIT rows). A key renewed meanwhile has a new address and stays.
-        q = self.quote
-        table, expires = q(IDEMPOTENCY_TABLE), q("expires_at")
-        return (f"DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} "
-                f"WHERE {expires} <= {self.now_ms_sql} ORDER BY {expires} LIMIT %s))",
-                [limit])
 
     def offset_counter(self) -> Statement:
         # The last offset the identity's sequence handed out (NULL before the first).
