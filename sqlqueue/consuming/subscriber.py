@@ -7,30 +7,27 @@ the outcomes that came back (in one statement per partition), and moves watermar
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from django.db import connections, transaction
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events
-from sqlqueue.conf import MAX_NAME_BYTES, QueueSettings
-from sqlqueue.consuming.backoff import retry_delay
+from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming import recording
 from sqlqueue.consuming.delivering import RESTAMP_AFTER_MS, Delivering
 from sqlqueue.consuming.handlers import Delivery, Outcome, published_id
 from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
+from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, give_back, write_acks
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.watermarks import Watermarks
 from sqlqueue.storage.sql import Dialect, dialect_for
-from sqlqueue.storage.sql.base import OutcomeWrite
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -41,28 +38,6 @@ logger = logging.getLogger("sqlqueue.consumer")
 MIN_DISCOVERY_INTERVAL = 0.1
 DISCOVERY_COST_FACTOR = 20
 DISCOVERY_IDLE_INTERVAL = 30.0  # ... and while it does not grow, now and then
-
-
-@dataclass(frozen=True)
-class _Retry:
-    """A handler asked for (or earned) another attempt after ``delay_ms``."""
-
-    delivery: Delivery
-    delay_ms: int
-    error: str
-
-    def outcome_write(self, now_ms: int) -> OutcomeWrite:
-        return OutcomeWrite(self.delivery.partition_key, self.delivery.row.offset, acked=False,
-                          invisible_until=now_ms + self.delay_ms, last_error=self.error)
-
-
-def dead_letter_id(original_id: str, group: str) -> str:
-    """The id of a group's dead letter: unique per (message id, group) in the dead-letter
-    topic, so two groups can dead-letter the same message (SPEC I6)."""
-    candidate = f"{original_id}@{group}"
-    if len(candidate.encode("utf-8")) <= MAX_NAME_BYTES:
-        return candidate
-    return "sha256:" + hashlib.sha256(f"{original_id}\x00{group}".encode()).hexdigest()
 
 
 class Subscriber(Delivering, Watermarks):
@@ -250,100 +225,69 @@ class Subscriber(Delivering, Watermarks):
 
     # -- outcomes -----------------------------------------------------------------------
     def record(self, cursor: CursorWrapper, outcomes: Iterable[Outcome]) -> None:
-        """Write what the handlers did: acks and retries of every partition in one
-        statement, and one short transaction per dead letter."""
-        acks: list[OutcomeWrite] = []
-        finished: list[Delivery] = []
-        retries: list[_Retry] = []
-        for outcome in outcomes:
-            delivery = outcome.delivery
-            # Looked up, not removed: until the caller's transaction commits (and calls
-            # ``recorded``), a failed write is retried as the owner's, not dropped as
-            # a stranger's (the ack would be lost, the message run again).
-            if id(delivery) not in self.outstanding:
-                # Made on a server this subscriber no longer talks to (forget_server).
-                self.stats["abandoned"] += 1
-                continue
-            key, offset = delivery.partition_key, delivery.row.offset
-            state = self.partitions.get(key)
-            if state is None or state.generation != delivery.generation:
-                # The lease went elsewhere (or came back under a new generation): the
-                # owner redelivers this message once its visibility timeout is over (at
-                # least once, never acked by a stranger).
-                self.stats["abandoned"] += 1
-                continue
-            entry = self.partitions[key].entries.get(offset)
-            if entry is not None and entry.attempt > delivery.attempt and outcome.kind != "ack":
-                continue  # a late word from an attempt that was overtaken by a redelivery
-            if outcome.kind == "not_started":
-                self.give_back(cursor, delivery)
-                continue
-            if outcome.kind == "ack":
-                acks.append(OutcomeWrite(key, offset, acked=True, invisible_until=0))
-                finished.append(delivery)
-            elif outcome.kind == "acked":
-                finished.append(delivery)  # an atomic handler wrote its ack already
-            elif outcome.kind == "reject" or delivery.attempt >= self.options.max_attempts:
-                reason = "rejected" if outcome.kind == "reject" else "max_attempts"
-                self._dead_letter(cursor, self.partitions.get(key), delivery, reason,
-                                  outcome.error)
-            else:
-                delay = outcome.delay
-                if delay is None:
-                    delay = retry_delay(delivery.attempt, self.options.min_backoff,
-                                        self.options.max_backoff)
-                retries.append(_Retry(delivery, round(1000 * delay), outcome.error))
-        stamped_at = self._write_outcomes(cursor, acks, retries)
-        self.stats["acked"] += len(finished)
+        """Write what the handlers did: ``recording.plan`` decides, ``write`` writes.
+        Deliveries stay ``outstanding`` until the caller's transaction commits (and calls
+        ``recorded``): a failed write is retried as the owner's, not dropped as a
+        stranger's (the ack would be lost, the message run again)."""
+        self.write(cursor, recording.plan(outcomes, outstanding=self.outstanding,
+                                          partitions=self.partitions, options=self.options,
+                                          now_ms=self.clock()))
+
+    def write(self, cursor: CursorWrapper, plan: recording.Plan) -> None:
+        """Give-backs, then one short transaction per dead letter, then the acks and
+        retries of every partition in one statement; then the in-memory view follows."""
+        self.stats["abandoned"] += plan.abandoned
+        for give in plan.give_backs:
+            delivery = give.delivery
+            give_back(cursor, self.dialect, self.group, self.topic,
+                      delivery.partition_key, delivery.row.offset, give.previous_retry_count)
+            self.partitions[delivery.partition_key].given_back(delivery.row.offset)
+        for dead in plan.dead_letters:
+            self._dead_letter(cursor, self.partitions.get(dead.delivery.partition_key),
+                              dead.delivery, dead.reason, dead.error)
+        retries = self._write_outcomes(cursor, plan.ack_writes(), plan.retries)
+        self.stats["acked"] += len(plan.finished)
         self.stats["retried"] += len(retries)
-        for delivery in finished:
-            state = self.partitions.get(delivery.partition_key)
-            if state is not None:
-                state.finished(delivery.row.offset)
+        for delivery in plan.finished:
+            self.partitions[delivery.partition_key].finished(delivery.row.offset)
         for retry in retries:
-            state = self.partitions.get(retry.delivery.partition_key)
-            if state is not None:
-                state.retry_at(retry.delivery.row.offset, stamped_at + retry.delay_ms)
+            self.partitions[retry.delivery.partition_key].retry_at(
+                retry.delivery.row.offset, retry.invisible_until)
 
     def recorded(self, outcomes: Iterable[Outcome]) -> None:
         """The transaction that recorded ``outcomes`` committed: they are settled."""
         for outcome in outcomes:
             self.outstanding.pop(id(outcome.delivery), None)
 
-    def _write_outcomes(self, cursor: CursorWrapper, acks: list[OutcomeWrite],
-                retries: list[_Retry]) -> int:
-        """Acks and retries in one statement; returns the time the backoffs start from.
-        If the statement waited for a lock, the backoffs are stamped again from a fresh
-        reading (the locks are held by now), so that no wait cuts one short (SPEC I9)."""
-        stamped_at = self.clock()
-        self.dialect.write_outcomes(cursor, self.group, self.topic,
-                            acks + [r.outcome_write(stamped_at) for r in retries])
+    def _write_outcomes(self, cursor: CursorWrapper, acks: list[Ack],
+                        retries: list[recording.Retry]) -> list[recording.Retry]:
+        """Acks and retries in one statement; returns the retries as written. Their
+        backoffs start from a reading of the clock taken just before; if the statement
+        waited for a lock, they are stamped again from a fresh one (the locks are held by
+        now), so that no wait cuts one short (SPEC I9)."""
         now = self.clock()
+        retries = [retry.stamped(now) for retry in retries]
+        write_acks(cursor, self.dialect, self.group, self.topic, acks,
+                   [retry.write() for retry in retries])
+        stamped_at, now = now, self.clock()
         if retries and now - stamped_at > RESTAMP_AFTER_MS:
-            self.dialect.write_outcomes(cursor, self.group, self.topic,
-                                [r.outcome_write(now) for r in retries])
-            stamped_at = now
-        return stamped_at
+            retries = [retry.stamped(now) for retry in retries]
+            write_acks(cursor, self.dialect, self.group, self.topic, [],
+                       [retry.write() for retry in retries])
+        return retries
 
     def _dead_letter(
         self, cursor: CursorWrapper, state: PartitionState | None, delivery: Delivery,
         reason: str, error: str,
     ) -> None:
         row = delivery.row
-        message_id = published_id(row)
-        detail = json.dumps({"id": message_id, "offset": row.offset, "group": self.group,
-                             "reason": reason})
         with transaction.atomic(using=self.alias):
-            self.dialect.insert_dead_letter(
-                cursor,
-                dead_letter_topic=self.topic + self.conf.DLQ_SUFFIX,
-                dead_letter_id=dead_letter_id(message_id, self.group),
-                offset=row.offset, attempts=delivery.attempt, last_error=error,
-                detail=detail, group=self.group,
-            )
-            self.dialect.write_outcomes(cursor, self.group, self.topic, [
-                OutcomeWrite(delivery.partition_key, row.offset, acked=True, invisible_until=0)
-            ])
+            copy_to_dead_letters(
+                cursor, self.dialect, dead_letter_topic=self.topic + self.conf.DLQ_SUFFIX,
+                group=self.group, message_id=published_id(row), offset=row.offset,
+                attempts=delivery.attempt, error=error, reason=reason)
+            write_acks(cursor, self.dialect, self.group, self.topic,
+                       [Ack(delivery.partition_key, row.offset)])
         logger.error("Dead-lettered %s/%s@%s for group %r after %s attempt(s) (%s).",
                      self.topic, delivery.partition_key, row.offset, self.group,
                      delivery.attempt, reason,
@@ -354,19 +298,6 @@ class Subscriber(Delivering, Watermarks):
         self.stats["dead_lettered"] += 1
         if state is not None:
             state.finished(row.offset)
-
-    def give_back(self, cursor: CursorWrapper, delivery: Delivery) -> None:
-        """A delivery no handler started: undo its attempt (graceful shutdown)."""
-        state = self.partitions.get(delivery.partition_key)
-        entry = state.entries.get(delivery.row.offset) if state else None
-        # The attempt before this delivery: none at all for a first delivery.
-        previous = entry.previous_retry_count if entry else (
-            None if delivery.attempt == 1 else delivery.attempt - 2
-        )
-        self.dialect.give_back(cursor, self.group, self.topic, delivery.partition_key,
-                               delivery.row.offset, previous)
-        if state is not None:
-            state.given_back(delivery.row.offset)
 
     # -- status -------------------------------------------------------------------------
     def busy(self) -> bool:
