@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -36,6 +35,7 @@ class Delivering:
     options: ConsumerOptions
     alias: str
     clock: Callable[[], int]
+    hold_clock: Callable[[], int]
     leases: LeaseKeeper
     limits: Limits | None
     partitions: dict[str, PartitionState]
@@ -156,11 +156,11 @@ class Delivering:
             count += 1
         self.stats["delivered"] += count
 
-    @staticmethod
-    def _hold(entry: Entry) -> Callable[[float], None]:
-        """extend_visibility() also tells this process not to deliver it again yet."""
+    def _hold(self, entry: Entry) -> Callable[[float], None]:
+        """extend_visibility() also tells this process not to deliver it again yet (on a
+        handler thread: the clock's estimate, never a query)."""
         def hold(seconds: float) -> None:
-            entry.held_until = time.monotonic() + seconds
+            entry.held_until_ms = self.hold_clock() + round(seconds * 1000)
 
         return hold
 

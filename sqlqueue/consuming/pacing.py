@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.db import DatabaseError, connections
 
 from sqlqueue.conf import QueueSettings
-from sqlqueue.consuming.clock import DatabaseClock
+from sqlqueue.consuming.clock import Clock
 from sqlqueue.consuming.handlers import Outcome
 from sqlqueue.consuming.subscriber import Subscriber
 from sqlqueue.horizon import UNKNOWN, refresh_delay, settled_before
@@ -63,7 +63,7 @@ class Pacing:
 
     conf: QueueSettings
     alias: str
-    clock: DatabaseClock
+    clock: Clock
     subscribers: list[Subscriber]
     timers: list[Timer]
     max_messages: int | None

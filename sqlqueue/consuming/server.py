@@ -13,7 +13,7 @@ from django.db import Error as AnyDatabaseError
 from django.db import connections
 
 from sqlqueue.conf import QueueSettings
-from sqlqueue.consuming.clock import DatabaseClock
+from sqlqueue.consuming.clock import Clock
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.subscriber import Subscriber
 from sqlqueue.storage.sql import dialect_for
@@ -43,7 +43,7 @@ class ServerWatch:
 
     conf: QueueSettings
     alias: str
-    clock: DatabaseClock
+    clock: Clock
     subscribers: list[Subscriber]
     instruments: Instruments
     _horizon_value: int | None

@@ -42,12 +42,15 @@ DISCOVERY_IDLE_INTERVAL = 30.0  # ... and while it does not grow, now and then
 
 class Subscriber(Delivering, Watermarks):
     def __init__(self, consumer: Consumer, conf: QueueSettings, alias: str,
-                 name: str = "subscriber", *, clock: Callable[[], int]) -> None:
+                 name: str = "subscriber", *, clock: Callable[[], int],
+                 hold_clock: Callable[[], int] | None = None) -> None:
         self.consumer = consumer
         # The database clock (epoch ms), read at each decision rather than once a cycle: a
         # statement can wait seconds for a lock, and a reading from before the wait would
         # stamp visibility, backoff and covered_at_ms that far in the past (SPEC I4, I10).
         self.clock = clock
+        # The same clock read on handler threads (extend_visibility): never a query.
+        self.hold_clock = hold_clock or clock
         self.options = consumer.options(conf)
         self.conf = conf
         self.alias = alias
