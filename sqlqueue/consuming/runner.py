@@ -41,6 +41,7 @@ from sqlqueue.wakeups import Doorbell
 
 logger = logging.getLogger("sqlqueue.consumer")
 
+
 def _refuse_routed_elsewhere(consumers: Sequence[Consumer], conf: QueueSettings) -> None:
     """A consumer whose topic SQLQUEUE["ROUTES"] sends to another database would wait on
     an empty table here: say so instead."""

@@ -1,8 +1,10 @@
 """One subscription: a consumer group's view of one topic, across its partitions.
 
 Runs on the runner's main thread and owns its database connection there. Each poll it
-reads new rows of its partitions, hands deliverable ones to the handler pool, records
-the outcomes that came back (in one statement per partition), and moves watermarks.
+reads new rows of its partitions and marks the deliverable ones delivered for the handler
+pool (``delivering``), records the outcomes that came back (``recording`` decides what to
+write, ``outcomes`` writes it), and moves watermarks (``watermarks``). Here: its
+partitions and leases, the fence, its limits, and recording's thin write.
 """
 
 from __future__ import annotations
