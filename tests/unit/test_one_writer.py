@@ -17,10 +17,12 @@ STATEMENTS = PACKAGE / "storage"
 
 def calls(path: Path, method: str) -> list[int]:
     """Lines of ``<anything>.method(...)`` calls with arguments: a dialect's statement
-    takes a cursor first (``Delivery.give_back()``, the in-memory claim, takes none)."""
+    takes a cursor first (``Delivery.give_back()``, the in-memory claim, takes none).
+    ``outcomes.give_back(...)``, the writer's own function, is not one of them."""
     return [node.lineno for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr == method and (node.args or node.keywords)]
+            and node.func.attr == method and (node.args or node.keywords)
+            and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "outcomes")]
 
 
 def callers(method: str) -> dict[str, list[int]]:
