@@ -1,8 +1,7 @@
 """The shared statement layer (sqlqueue.storage.statements): every builder, on the real
 database, through both executors: Django's cursor, and the Spark data source's own
-Django-free DB-API connection (MySQL/MariaDB and SQLite; the Spark executor speaks
-PostgreSQL from issue 20 on). A builder without a test here fails
-``test_every_shared_statement_is_tested``."""
+Django-free DB-API connection (mysqlclient, psycopg, sqlite3). A builder without a test
+here fails ``test_every_shared_statement_is_tested``."""
 
 from __future__ import annotations
 
@@ -57,8 +56,6 @@ def executor(request: pytest.FixtureRequest) -> Iterator[Executor]:
     if request.param == "django":
         yield DjangoExecutor()
         return
-    if connection.vendor == "postgresql":
-        pytest.skip("the Spark executor's connections speak MySQL/MariaDB and SQLite")
     from sqlqueue.integrations.spark.connect import Database
     from sqlqueue.spark import database_url
 

@@ -26,7 +26,7 @@ from django.db.backends.utils import CursorWrapper
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
 from sqlqueue.storage.statements import PostgreSQLStatements
-from sqlqueue.storage.statements.vendors import PostgreSQLVendor, epoch_ms
+from sqlqueue.storage.statements.vendors import PostgreSQLVendor
 
 #: SQLSTATEs of a lock wait given up: lock_not_available (lock_timeout),
 #: deadlock_detected, serialization_failure
@@ -80,10 +80,7 @@ class PostgreSQLDialect(Dialect):
 
     @property
     def message_clock_sql(self) -> str:
-        # CASE evaluates its condition first: pg_current_xact_id() gives the transaction
-        # its id (if it has none yet) before the clock is read.
-        return (f"(CASE WHEN pg_current_xact_id() IS NOT NULL THEN "
-                f"{epoch_ms('clock_timestamp()')} END)")
+        return self.sql.message_clock_sql
 
     @property
     def returning_offset_sql(self) -> str:  # type: ignore[override]

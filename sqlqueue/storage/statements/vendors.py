@@ -34,6 +34,12 @@ class Vendor:
     #: appended to a read that must see the newest commits and hold them until commit
     locking_read_suffix = ""
 
+    @property
+    def message_clock_sql(self) -> str:
+        """The clock a row of queue_messages is stamped with (``created_at``), which the
+        write horizon compares with the oldest open transaction."""
+        return self.now_ms_sql
+
     def quote(self, name: str) -> str:
         return f"{self.quote_char}{name}{self.quote_char}"
 
@@ -220,6 +226,14 @@ class PostgreSQLVendor(OnConflictVendor):
     now_ms_sql = f"({epoch_ms('statement_timestamp()')})"
     # Waits for a concurrent writer of the row, then reads its newest committed version.
     locking_read_suffix = " FOR SHARE"
+
+    @property
+    def message_clock_sql(self) -> str:
+        # CASE evaluates its condition first: pg_current_xact_id() gives the transaction
+        # its id (if it has none yet) before the clock is read, the order the exact
+        # write horizon rests on (sqlqueue.storage.sql.postgresql).
+        return (f"(CASE WHEN pg_current_xact_id() IS NOT NULL THEN "
+                f"{epoch_ms('clock_timestamp()')} END)")
 
     def stored_columns(self, expression: str, table: str) -> str:
         # In ON CONFLICT DO UPDATE a bare column is ambiguous (the stored row's, or
