@@ -23,6 +23,11 @@ from sqlqueue.storage.statements.tables import (
 )
 
 
+#: UNION members of one ``fetch_partitions`` statement (5 parameters each: within
+#: SQLite's oldest limit of 999, and a statement of a few dozen KB)
+FETCH_PARTITIONS_PER_STATEMENT = 64
+
+
 class DeliveryStatements(VendorHooks):
     """Mixin for ``Dialect``: the subscriber's reads and writes of messages and state."""
 
@@ -32,12 +37,13 @@ class DeliveryStatements(VendorHooks):
         "deliver_after", "consumer_group", "failure_detail",
     )
 
-    def _fetch_sql(self, where: str) -> str:
+    def _fetch_sql(self, where: str, *, with_partition: bool = False) -> str:
         q = self.quote
         columns = ", ".join(f"m.{q(c)}" for c in self._FETCH_COLUMNS)
+        partition = f", m.{q('partition_key')}" if with_partition else ""
         return (
             f"SELECT {columns}, s.{q('acked')}, s.{q('invisible_until')}, "
-            f"s.{q('retry_count')} "
+            f"s.{q('retry_count')}{partition} "
             f"FROM {q(MESSAGE_TABLE)} m LEFT JOIN {q(STATE_TABLE)} s "
             f"ON s.{q('consumer_group')} = %s AND s.{q('topic')} = m.{q('topic')} "
             f"AND s.{q('partition_key')} = m.{q('partition_key')} "
@@ -58,6 +64,41 @@ class DeliveryStatements(VendorHooks):
     ) -> list[FetchedRow]:
         cursor.execute(self.fetch_messages_sql(), [group, topic, partition, after, limit])
         return [self._fetched(r) for r in cursor.fetchall()]
+
+    def fetch_partitions_sql(self, count: int) -> str:
+        """``fetch_partitions``: ``fetch_messages`` of ``count`` partitions in one
+        statement, each its own range of ``idx_topic_partition_offset`` with its own
+        limit (a UNION ALL), the partition key last. One round trip where a poll after
+        new rows in one partition of many would make one per partition."""
+        one = self._fetch_sql(f"m.{self.quote('offset')} > %s", with_partition=True)
+        return " UNION ALL ".join([self.union_member(one + " LIMIT %s")] * count)
+
+    def union_member(self, select: str) -> str:
+        """A SELECT with its own ORDER BY and LIMIT as a member of a UNION."""
+        return f"({select})"
+
+    def fetch_partitions(
+        self, cursor: CursorWrapper, group: str, topic: str,
+        positions: Sequence[tuple[str, int]], limit: int,
+    ) -> dict[str, list[FetchedRow]]:
+        """The next rows above each (partition, offset) of ``positions``, at most
+        ``limit`` per partition, by partition."""
+        found: dict[str, list[FetchedRow]] = {partition: [] for partition, _ in positions}
+        if len(positions) == 1:
+            ((partition, after),) = positions
+            found[partition] = self.fetch_messages(cursor, group, topic, partition, after, limit)
+            return found
+        for first in range(0, len(positions), FETCH_PARTITIONS_PER_STATEMENT):
+            some = positions[first:first + FETCH_PARTITIONS_PER_STATEMENT]
+            params: list[object] = []
+            for partition, after in some:
+                params += [group, topic, partition, after, limit]
+            cursor.execute(self.fetch_partitions_sql(len(some)), params)
+            for r in cursor.fetchall():
+                found[r[13]].append(self._fetched(r))
+        for rows in found.values():
+            rows.sort(key=lambda row: row.offset)  # a UNION promises no order
+        return found
 
     def fetch_messages_at(
         self, cursor: CursorWrapper, group: str, topic: str, partition: str,
