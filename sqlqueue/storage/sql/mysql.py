@@ -16,19 +16,13 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.exceptions import ConfigurationError
 from sqlqueue.horizon import GALERA_SQL, WriteHorizon
+from sqlqueue.literals import escaped_length
 from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
 from sqlqueue.storage.statements import MySQLStatements
 from sqlqueue.storage.statements.vendors import MySQLVendor
 
 ER_DUP_ENTRY = 1062
 
-
-_ESCAPED = (b"\0", b"\n", b"\r", b"\\", b"'", b'"', b"\x1a")
-
-
-def _escaped_size(value: bytes | str) -> int:
-    data = value.encode("utf-8") if isinstance(value, str) else value
-    return len(data) + sum(data.count(special) for special in _ESCAPED)
 
 
 class MySQLDialect(Dialect):
@@ -237,7 +231,8 @@ class MySQLDialect(Dialect):
         """Rows are inlined as escaped literals: every byte mysql_real_escape_string
         escapes (NUL, newline, return, backslash, quotes, Ctrl-Z) counts twice, so that
         a payload of quotes cannot make a statement twice the size it was cut for."""
-        return sum(_escaped_size(value) for value in (payload, metadata or ""))
+        return sum(escaped_length(value.encode("utf-8") if isinstance(value, str) else value)
+                   for value in (payload, metadata or ""))
 
     def offset_counter_sql(self) -> str:
         """``offset_counter``: the next offset AUTO_INCREMENT hands out. (MySQL 8 may
