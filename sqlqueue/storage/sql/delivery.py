@@ -22,7 +22,6 @@ from sqlqueue.storage.statements.tables import (
     STATE_TABLE,
 )
 
-
 #: UNION members of one ``fetch_partitions`` statement (5 parameters each: within
 #: SQLite's oldest limit of 999, and a statement of a few dozen KB)
 FETCH_PARTITIONS_PER_STATEMENT = 64
@@ -90,7 +89,7 @@ class DeliveryStatements(VendorHooks):
             return found
         for first in range(0, len(positions), FETCH_PARTITIONS_PER_STATEMENT):
             some = positions[first:first + FETCH_PARTITIONS_PER_STATEMENT]
-            params: list[object] = []
+            params: list[Any] = []
             for partition, after in some:
                 params += [group, topic, partition, after, limit]
             cursor.execute(self.fetch_partitions_sql(len(some)), params)
