@@ -525,6 +525,26 @@ def test_fetch_partitions_reads_each_partition_by_its_own_range() -> None:
         assert plan.count("USING INDEX idx_topic_partition_offset") == 2, plan
 
 
+def test_mark_delivered_and_write_outcomes_store_every_value_as_given() -> None:
+    """Values of many rows go in as given, whatever they hold (on MySQL they are inlined
+    as literals: quotes, backslashes and percent signs must survive)."""
+    from sqlqueue.storage.sql.base import OutcomeWrite
+
+    dialect = dialect_for(connection)
+    nasty = "it's a \\ \"quoted\" 100% %s ✓ 😀"
+    with connection.cursor() as cursor:
+        dialect.mark_delivered(cursor, "g'", "t", [(nasty, 1, 10), ("k", 2, 20)])
+        dialect.write_outcomes(cursor, "g'", "t", [
+            OutcomeWrite(nasty, 1, acked=False, invisible_until=99, last_error=nasty),
+            OutcomeWrite("k", 2, acked=True, invisible_until=0),
+        ])
+    states = {s.message_offset: s for s in DeliveryState.objects.filter(consumer_group="g'")}
+    assert (states[1].partition_key, states[1].last_error) == (nasty, nasty)
+    assert (states[1].acked, states[1].invisible_until, states[1].retry_count) == (False, 99, 0)
+    assert (states[2].acked, states[2].last_error) == (True, "")
+    assert states[2].acked_at > 0
+
+
 def test_acked_among_by_primary_key() -> None:
     dialect = dialect_for(connection)
     for key, offset, acked in (("a", 1, True), ("a", 2, False), ("b", 3, True), ("c", 4, True)):

@@ -92,7 +92,7 @@ class DeliveryStatements(VendorHooks):
             params: list[Any] = []
             for partition, after in some:
                 params += [group, topic, partition, after, limit]
-            cursor.execute(self.fetch_partitions_sql(len(some)), params)
+            self.execute_rows(cursor, self.fetch_partitions_sql(len(some)), params)
             for r in cursor.fetchall():
                 found[r[13]].append(self._fetched(r))
         for rows in found.values():
@@ -195,7 +195,7 @@ class DeliveryStatements(VendorHooks):
         params: list[Any] = []
         for partition, offset, invisible_until in deliveries:
             params += [group, topic, partition, offset, invisible_until]
-        cursor.execute(self.mark_delivered_sql(len(deliveries)), params)
+        self.execute_rows(cursor, self.mark_delivered_sql(len(deliveries)), params)
 
     # write_outcomes --------------------------------------------------------------------
     def write_outcomes_sql(self, count: int) -> str:
@@ -230,7 +230,7 @@ class DeliveryStatements(VendorHooks):
         for s in writes:
             params += [group, topic, s.partition_key, s.offset, s.acked, s.invisible_until,
                        s.acked, s.last_error]
-        cursor.execute(self.write_outcomes_sql(len(writes)), params)
+        self.execute_rows(cursor, self.write_outcomes_sql(len(writes)), params)
 
     # give_back ---------------------------------------------------------------------------
     def give_back(

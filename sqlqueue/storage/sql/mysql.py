@@ -107,6 +107,31 @@ class MySQLDialect(Dialect):
                 r.published_at, r.priority, deliver_after))
         return self._insert_head + b",".join(values)
 
+    def execute_rows(self, cursor: CursorWrapper, sql: str, params: Sequence[Any]) -> None:
+        """With the values inlined: mysqlclient escapes parameter by parameter in Python,
+        which took an eighth of a draining runconsumer's main thread. Numbers are
+        formatted, and each distinct string (the group, the topic, a partition key:
+        they repeat on every row) is escaped once, by the live connection."""
+        self.connection.ensure_connection()  # the escaping is the live connection's
+        escape = self.connection.connection.string_literal
+        escaped: dict[str, bytes] = {}
+
+        def literal(value: Any) -> bytes:
+            if value is None:
+                return b"NULL"
+            if isinstance(value, bool):
+                return b"1" if value else b"0"
+            if isinstance(value, int):
+                return b"%d" % value
+            if isinstance(value, str):
+                found = escaped.get(value)
+                if found is None:
+                    found = escaped[value] = escape(value.encode("utf-8"))
+                return found
+            return bytes(self.connection.connection.literal(value))
+
+        cursor.execute(sql.encode("utf-8") % tuple(literal(v) for v in params))
+
     def first_offsets_above_statement(
         self, topic: str, pairs: Sequence[tuple[str, int]]
     ) -> tuple[str | bytes, list[Any] | None]:
