@@ -130,7 +130,7 @@ class MySQLDialect(Dialect):
                 return found
             return bytes(self.connection.connection.literal(value))
 
-        cursor.execute(sql.encode("utf-8") % tuple(literal(v) for v in params))
+        cursor.execute(sql.encode("utf-8") % tuple(literal(v) for v in params))  # type: ignore[arg-type]
 
     def first_offsets_above_statement(
         self, topic: str, pairs: Sequence[tuple[str, int]]
