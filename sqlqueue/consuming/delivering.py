@@ -65,20 +65,11 @@ class Delivering:
         if allowance is not None:
             budget = allowance if budget is None else min(budget, allowance)
         batch = self.options.batch_size
+        held = [state for key, state in self.partitions.items()
+                if self.leases.holds(key)]  # not those being released or near their end
+        self._fetch(cursor, [s for s in held if s.wants_fetch(batch, head)], head)
         chosen: list[tuple[PartitionState, Entry]] = []
-        for key, state in self.partitions.items():
-            if not self.leases.holds(key):
-                continue  # being released, or the lease is too close to its end
-            if state.wants_fetch(batch, head):
-                rows = self.dialect.fetch_messages(
-                    cursor, self.group, self.topic, state.partition_key, state.cursor, batch
-                )
-                state.absorb(rows, self.group)
-                # The head first, the clock after it: covered_at_ms must not be earlier
-                # than the read that found the head, or a later write horizon could close
-                # the window over a publisher still open (SPEC I4).
-                head()
-                state.fetched(len(rows), batch, head, self.clock())
+        for state in held:
             ready = state.ready(self.clock(), batch, self.consumer.ordered)
             if budget is not None:
                 ready = ready[: max(0, budget - len(chosen))]
@@ -88,6 +79,27 @@ class Delivering:
         if self.limits is not None:
             self.limits.spend(len(chosen))
         return self._deliver(cursor, chosen)
+
+    def _fetch(self, cursor: CursorWrapper, wanted: list[PartitionState],
+               head: Callable[[], int]) -> None:
+        """Read the next rows of every partition in ``wanted``, in one statement (one
+        per partition made a poll after a publish cost a round trip per held
+        partition)."""
+        if not wanted:
+            return
+        batch = self.options.batch_size
+        found = self.dialect.fetch_partitions(
+            cursor, self.group, self.topic,
+            [(state.partition_key, state.cursor) for state in wanted], batch)
+        # The head first, the clock after it: covered_at_ms must not be earlier than the
+        # read that found the head, or a later write horizon could close the window over
+        # a publisher still open (SPEC I4).
+        head()
+        now_ms = self.clock()
+        for state in wanted:
+            rows = found[state.partition_key]
+            state.absorb(rows, self.group)
+            state.fetched(len(rows), batch, head, now_ms)
 
     def _deliver(
         self, cursor: CursorWrapper, chosen: list[tuple[PartitionState, Entry]]

@@ -22,6 +22,10 @@ from sqlqueue.storage.statements.tables import (
     STATE_TABLE,
 )
 
+#: UNION members of one ``fetch_partitions`` statement (5 parameters each: within
+#: SQLite's oldest limit of 999, and a statement of a few dozen KB)
+FETCH_PARTITIONS_PER_STATEMENT = 64
+
 
 class DeliveryStatements(VendorHooks):
     """Mixin for ``Dialect``: the subscriber's reads and writes of messages and state."""
@@ -32,12 +36,13 @@ class DeliveryStatements(VendorHooks):
         "deliver_after", "consumer_group", "failure_detail",
     )
 
-    def _fetch_sql(self, where: str) -> str:
+    def _fetch_sql(self, where: str, *, with_partition: bool = False) -> str:
         q = self.quote
         columns = ", ".join(f"m.{q(c)}" for c in self._FETCH_COLUMNS)
+        partition = f", m.{q('partition_key')}" if with_partition else ""
         return (
             f"SELECT {columns}, s.{q('acked')}, s.{q('invisible_until')}, "
-            f"s.{q('retry_count')} "
+            f"s.{q('retry_count')}{partition} "
             f"FROM {q(MESSAGE_TABLE)} m LEFT JOIN {q(STATE_TABLE)} s "
             f"ON s.{q('consumer_group')} = %s AND s.{q('topic')} = m.{q('topic')} "
             f"AND s.{q('partition_key')} = m.{q('partition_key')} "
@@ -58,6 +63,38 @@ class DeliveryStatements(VendorHooks):
     ) -> list[FetchedRow]:
         cursor.execute(self.fetch_messages_sql(), [group, topic, partition, after, limit])
         return [self._fetched(r) for r in cursor.fetchall()]
+
+    def fetch_partitions_sql(self, count: int) -> str:
+        """``fetch_partitions``: ``fetch_messages`` of ``count`` partitions in one
+        statement, each its own range of ``idx_topic_partition_offset`` with its own
+        limit (a UNION ALL), the partition key last. One round trip where a poll after
+        new rows in one partition of many would make one per partition."""
+        one = self._fetch_sql(f"m.{self.quote('offset')} > %s", with_partition=True)
+        return " UNION ALL ".join([self.union_member(one + " LIMIT %s")] * count)
+
+    def union_member(self, select: str) -> str:  # with its own ORDER BY and LIMIT
+        return f"({select})"
+
+    def fetch_partitions(
+        self, cursor: CursorWrapper, group: str, topic: str,
+        positions: Sequence[tuple[str, int]], limit: int,
+    ) -> dict[str, list[FetchedRow]]:
+        """The next rows above each (partition, offset), at most ``limit`` each."""
+        found: dict[str, list[FetchedRow]] = {partition: [] for partition, _ in positions}
+        if len(positions) == 1:
+            return {p: self.fetch_messages(cursor, group, topic, p, after, limit)
+                    for p, after in positions}
+        for first in range(0, len(positions), FETCH_PARTITIONS_PER_STATEMENT):
+            some = positions[first:first + FETCH_PARTITIONS_PER_STATEMENT]
+            params: list[Any] = []
+            for partition, after in some:
+                params += [group, topic, partition, after, limit]
+            self.execute_rows(cursor, self.fetch_partitions_sql(len(some)), params)
+            for r in cursor.fetchall():
+                found[r[13]].append(self._fetched(r))
+        for rows in found.values():
+            rows.sort(key=lambda row: row.offset)  # a UNION promises no order
+        return found
 
     def fetch_messages_at(
         self, cursor: CursorWrapper, group: str, topic: str, partition: str,
@@ -155,7 +192,7 @@ class DeliveryStatements(VendorHooks):
         params: list[Any] = []
         for partition, offset, invisible_until in deliveries:
             params += [group, topic, partition, offset, invisible_until]
-        cursor.execute(self.mark_delivered_sql(len(deliveries)), params)
+        self.execute_rows(cursor, self.mark_delivered_sql(len(deliveries)), params)
 
     # write_outcomes --------------------------------------------------------------------
     def write_outcomes_sql(self, count: int) -> str:
@@ -190,7 +227,7 @@ class DeliveryStatements(VendorHooks):
         for s in writes:
             params += [group, topic, s.partition_key, s.offset, s.acked, s.invisible_until,
                        s.acked, s.last_error]
-        cursor.execute(self.write_outcomes_sql(len(writes)), params)
+        self.execute_rows(cursor, self.write_outcomes_sql(len(writes)), params)
 
     # give_back ---------------------------------------------------------------------------
     def give_back(

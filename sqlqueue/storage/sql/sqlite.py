@@ -30,6 +30,10 @@ class SQLiteDialect(Dialect):
     def greatest_sql(self, a: str, b: str) -> str:
         return f"MAX({a}, {b})"  # the scalar max of its arguments
 
+    def union_member(self, select: str) -> str:
+        # SQLite allows ORDER BY and LIMIT only at the end of a whole compound SELECT.
+        return f"SELECT * FROM ({select})"
+
     def delete_messages_upto_sql(self) -> str:
         # DELETE ... LIMIT needs a compile-time option SQLite builds usually lack.
         q = self.quote

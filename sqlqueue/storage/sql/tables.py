@@ -108,6 +108,11 @@ class VendorHooks:
         database clock read as the vendor's write horizon needs it (sqlqueue.horizon)."""
         return self.now_ms_sql
 
+    def execute_rows(self, cursor: CursorWrapper, sql: str, params: Sequence[Any]) -> None:
+        """Execute a statement of many rows' values (a subscriber's marks and outcomes,
+        its fetches): the driver's own parameter binding, but on MySQL."""
+        cursor.execute(sql, params)
+
     def last_inserted_offset(self, cursor: CursorWrapper) -> int:
         """The offset the INSERT just run (with ``returning_offset_sql``) allocated."""
         return int(cursor.lastrowid)
