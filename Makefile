@@ -48,13 +48,13 @@ test-sqlite: bootstrap
 test-mysql: bootstrap
 	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
 
-# The Spark tests skip themselves on PostgreSQL (their SQL layer does not speak it yet).
 test-postgres: bootstrap
-	SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
+	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
 
-# Only the Spark pipeline's tests (local-mode PySpark), on MariaDB/MySQL and on SQLite.
+# Only the Spark pipeline's tests (local-mode PySpark), on MariaDB/MySQL, PostgreSQL and SQLite.
 test-spark: bootstrap
 	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m spark $(PYTEST_ARGS)
+	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m spark $(PYTEST_ARGS)
 	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m spark $(PYTEST_ARGS)
 
 # The admin screenshots the guides show (docs/images/admin-13..18), taken again by the

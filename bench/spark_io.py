@@ -3,6 +3,7 @@ alternative (docs/guides/spark.md, "Throughput").
 
     .venv/bin/python -m bench.spark_io                      # MariaDB, 200,000 rows
     .venv/bin/python -m bench.spark_io --rows 50000 --url mysql://root@127.0.0.1:3306/x
+    .venv/bin/python -m bench.spark_io --url postgres://postgres@127.0.0.1:5432/x
 
 Write: the same DataFrame (200-byte JSON payloads, 16 partition keys, ids given) published
 by ``df.write.format("sqlqueue")`` through LOAD DATA and through INSERT; against it, the
@@ -48,6 +49,18 @@ def setup_django(url: str) -> None:
         server.cursor().execute(f"CREATE DATABASE IF NOT EXISTS `{database.name}` "
                                 "CHARACTER SET utf8mb4")
         server.close()
+    elif url.startswith("postgres"):
+        import psycopg
+
+        from sqlqueue.integrations.spark.connect import Database
+
+        database = Database.from_url(url)
+        with psycopg.connect(host=database.host, port=database.port, user=database.user,
+                             password=database.password or None, dbname="postgres",
+                             autocommit=True) as server:
+            if not server.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                                  [database.name]).fetchone():
+                server.execute(f'CREATE DATABASE "{database.name}" ENCODING \'UTF8\'')
     import django
 
     django.setup()
@@ -147,8 +160,11 @@ def main() -> None:
                             .save())
 
         write("on")()  # warm-up: workers started, table pages cached
-        results["write: source, LOAD DATA"] = rows / best(repeat, write("on"), empty_log)
-        results["write: source, INSERT"] = rows / best(repeat, write("off"), empty_log)
+        if url.startswith("postgres"):  # one path: COPY, then INSERT ... SELECT
+            results["write: source, COPY"] = rows / best(repeat, write("off"), empty_log)
+        else:
+            results["write: source, LOAD DATA"] = rows / best(repeat, write("on"), empty_log)
+            results["write: source, INSERT"] = rows / best(repeat, write("off"), empty_log)
         parquet_in = work / "in.parquet"
         results["write: Spark -> Parquet (ceiling)"] = rows / best(
             repeat, lambda: frame.coalesce(1).write.mode("overwrite").parquet(str(parquet_in)))

@@ -8,10 +8,11 @@ those bytes doubles, so a statement must be sized by its escaped bytes, not its 
 
 from __future__ import annotations
 
-_ESCAPED = (b"\0", b"\n", b"\r", b"\x1a", b"'", b'"', b"\\")
+_ESCAPED = b"\0\n\r\x1a'\"\\"
 
 
 def escaped_length(data: bytes) -> int:
     """Bytes of ``data`` inside a MySQL string literal (an upper bound under every
-    sql_mode); each ``count`` runs in C."""
-    return len(data) + sum(data.count(byte) for byte in _ESCAPED)
+    sql_mode). One pass in C: what ``translate`` deletes is what gets a backslash (a
+    count per special byte made this a quarter of a bulk publish's time)."""
+    return 2 * len(data) - len(data.translate(None, _ESCAPED))

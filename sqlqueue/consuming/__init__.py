@@ -2,6 +2,8 @@
 
 Layout: ``registry`` (the decorator and autodiscovery), ``message`` (what handlers get and
 raise), ``partition`` (in-memory bookkeeping of one partition, no I/O), ``subscriber``
-(the SQL a (group, topic) subscription runs), ``handlers`` (running one handler call),
-``runner`` (the process loop behind ``manage.py runconsumer``).
+(a (group, topic) subscription, with ``delivering`` and ``watermarks``), ``recording``
+(what to write for outcomes, no I/O), ``outcomes`` (the one writer of acks and
+give-backs), ``handlers`` (running one handler call), ``runner`` (the process loop behind
+``manage.py runconsumer``, with ``handoff``, ``pacing`` and ``server``), ``clock``.
 """

@@ -14,14 +14,35 @@ stamped after a read (``covered_at_ms``, SPEC I4) is never earlier than the read
 It is cheap to read (no query between re-anchors), so callers read it again after any
 statement that may have waited for a lock instead of carrying one reading through a
 whole cycle (a reading taken before a wait is seconds stale after it).
+
+The runner takes any ``Clock`` (``Runner(clock=...)``): tests drive visibility timeouts
+with one that moves only when told, instead of sleeping past real ones.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 REANCHOR_SECONDS = 5.0
+
+
+class Clock(Protocol):
+    """Database time, in epoch milliseconds."""
+
+    def now_ms(self) -> int:
+        """Now, on the runner's main thread (may ask the database, on its connection)."""
+        ...
+
+    def estimate_ms(self) -> int:
+        """Now, on any thread and never asking the database (a handler's
+        ``extend_visibility``): extrapolated from the last reading."""
+        ...
+
+    def invalidate(self) -> None:
+        """Ask the database again at the next ``now_ms`` (a reconnect, another server)."""
+        ...
 
 
 class DatabaseClock:
@@ -29,18 +50,24 @@ class DatabaseClock:
                  reanchor_seconds: float = REANCHOR_SECONDS) -> None:
         self._read = read_database_ms
         self._every = reanchor_seconds
-        self._anchor_ms = 0
-        self._anchor_mono = -float("inf")
+        # (database ms, monotonic seconds when it was asked), replaced as one value so
+        # that another thread never sees half of a new anchor
+        self._anchor = (0, -float("inf"))
+        self._stale = True
 
     def now_ms(self) -> int:
-        elapsed = time.monotonic() - self._anchor_mono
-        if elapsed >= self._every:
+        anchor_ms, anchor_mono = self._anchor
+        if self._stale or time.monotonic() - anchor_mono >= self._every:
             asked_at = time.monotonic()
-            self._anchor_ms = self._read()
-            self._anchor_mono = asked_at
-            elapsed = time.monotonic() - asked_at
-        return self._anchor_ms + int(elapsed * 1000)
+            self._anchor = anchor_ms, anchor_mono = self._read(), asked_at
+            self._stale = False
+        return anchor_ms + int((time.monotonic() - anchor_mono) * 1000)
+
+    def estimate_ms(self) -> int:
+        anchor_ms, anchor_mono = self._anchor
+        if anchor_mono == -float("inf"):
+            return int(time.time() * 1000)  # never read yet: this host's clock
+        return anchor_ms + int((time.monotonic() - anchor_mono) * 1000)
 
     def invalidate(self) -> None:
-        """Re-read the database on the next call (after a reconnect)."""
-        self._anchor_mono = -float("inf")
+        self._stale = True

@@ -18,8 +18,9 @@ from django.db import connections, transaction
 
 from sqlqueue import events, tracing
 from sqlqueue.consuming.message import Message, Reject, Retry
+from sqlqueue.consuming.outcomes import ack
 from sqlqueue.storage.sql import dialect_for
-from sqlqueue.storage.sql.base import FetchedRow, OutcomeWrite
+from sqlqueue.storage.sql.base import FetchedRow
 
 if TYPE_CHECKING:
     from sqlqueue.consuming.registry import Consumer
@@ -198,14 +199,10 @@ async def _awaited(awaitable: Any) -> Any:
 def _run_atomic(delivery: Delivery, message: Message) -> None:
     """The handler's writes and the ack commit together, or not at all (SPEC I13)."""
     consumer = delivery.consumer
-    connection = connections[delivery.alias]
     with transaction.atomic(using=delivery.alias):
         call_handler(consumer.handler, message)
-        with connection.cursor() as cursor:
-            dialect_for(connection).write_outcomes(cursor, consumer.group, consumer.topic, [
-                OutcomeWrite(delivery.partition_key, delivery.row.offset, acked=True,
-                           invisible_until=0),
-            ])
+        ack(delivery.alias, consumer.group, consumer.topic, delivery.partition_key,
+            delivery.row.offset)
 
 
 def _extend_visibility(delivery: Delivery, seconds: float) -> None:

@@ -16,7 +16,6 @@ Offsets of the partition fall in three zones::
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -32,7 +31,7 @@ class Entry:
     done: bool = False
     in_flight: bool = False
     visible_again_ms: int = 0  # while in flight: its visibility timeout, database time
-    held_until: float = 0.0  # ... pushed back by extend_visibility (monotonic time)
+    held_until_ms: int = 0  # ... pushed back by extend_visibility (database time)
     due_ms: int = 0  # not delivered before this database time
     retry_count: int | None = None  # the state row's, None while never delivered
     previous_retry_count: int | None = None  # before the current delivery (give-back)
@@ -121,7 +120,7 @@ class PartitionState:
         """In flight past its visibility timeout (and not extended): its handler hangs or
         died, and the message may be delivered again (at least once, SPEC I10)."""
         return (entry.in_flight and 0 < entry.visible_again_ms <= now_ms
-                and time.monotonic() >= entry.held_until)
+                and now_ms >= entry.held_until_ms)
 
     def _first_open(self) -> Entry | None:
         open_offsets = [o for o, e in self.entries.items() if not e.done]
@@ -135,7 +134,7 @@ class PartitionState:
     def dispatched(self, entry: Entry, visible_again_ms: int = 0) -> None:
         entry.in_flight = True
         entry.visible_again_ms = visible_again_ms
-        entry.held_until = 0.0
+        entry.held_until_ms = 0
         entry.previous_retry_count = entry.retry_count
         entry.retry_count = 0 if entry.retry_count is None else entry.retry_count + 1
 

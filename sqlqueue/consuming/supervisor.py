@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlqueue.consuming.runner import EXIT_STUCK
+from sqlqueue.consuming.handoff import EXIT_STUCK
 
 logger = logging.getLogger("sqlqueue.supervisor")
 

@@ -14,20 +14,18 @@ now is not pending, and is left alone (it is reported as skipped).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.db import connections, transaction
 
 from sqlqueue.conf import get_settings
-from sqlqueue.consuming.subscriber import dead_letter_id
+from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, write_acks
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.operations.lag import known_subscriptions
 from sqlqueue.operations.positions import _now_ms, _revoke_lease
 from sqlqueue.storage.sql import dialect_for
-from sqlqueue.storage.sql.base import OutcomeWrite
 
 CANCEL_BATCH = 1000
 CANCELLED = "cancelled"
@@ -120,13 +118,9 @@ def _cancel_partition(alias: str, group: str, topic: str, key: str,
             chosen.append((offset, message_id, retries))
         with connection.cursor() as cursor:
             for offset, message_id, retries in chosen:
-                dialect.insert_dead_letter(
-                    cursor, dead_letter_topic=topic + conf.DLQ_SUFFIX,
-                    dead_letter_id=dead_letter_id(message_id, group), offset=offset,
-                    attempts=retries, last_error=f"Cancelled by an operator. {reason}".strip(),
-                    detail=json.dumps({"id": message_id, "offset": offset, "group": group,
-                                       "reason": CANCELLED}), group=group)
-            dialect.write_outcomes(cursor, group, topic, [
-                OutcomeWrite(key, offset, acked=True, invisible_until=0)
-                for offset, _, _ in chosen])
+                copy_to_dead_letters(
+                    cursor, dialect, dead_letter_topic=topic + conf.DLQ_SUFFIX, group=group,
+                    message_id=message_id, offset=offset, attempts=retries,
+                    error=f"Cancelled by an operator. {reason}".strip(), reason=CANCELLED)
+            write_acks(cursor, dialect, group, topic, [Ack(key, offset) for offset, _, _ in chosen])
         result.cancelled += len(chosen)

@@ -7,6 +7,7 @@ import itertools
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,14 +16,19 @@ from django.test.utils import CaptureQueriesContext
 
 import sqlqueue
 from sqlqueue import Message, OutgoingMessage, send_message, send_messages
+from sqlqueue.consuming.registry import select_consumers
+from sqlqueue.consuming.runner import Runner
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.storage.sql import dialect_for
 from tests.integration.consuming_helpers import (
+    RUN_TIMEOUT,
+    ManualClock,
     drain,
     drain_until_watermarks,
     fast_settings,
     reached,
     register,
+    run_until,
     watermarks,
 )
 from tests.testapp.models import Order
@@ -485,30 +491,77 @@ def test_a_late_committed_message_is_still_delivered(
     drain_until_watermarks("g", {"k": after[-1].offset})
 
 
-def test_a_handler_past_its_visibility_timeout_is_delivered_again(register: Any) -> None:
-    calls: list[tuple[int, float]] = []
+@pytest.fixture
+def clocked() -> Iterator[Callable[[str], tuple[Runner, ManualClock]]]:
+    """A runner of one group on a clock the test moves (from the database's now), its
+    handler threads started; stopped at the end."""
+    made: list[Runner] = []
+
+    def make(group: str) -> tuple[Runner, ManualClock]:
+        clock = ManualClock(db_now_ms())
+        runner = Runner(select_consumers([group]), conf=fast_settings(), clock=clock)
+        runner.start_handler_threads()
+        made.append(runner)
+        return runner, clock
+
+    yield make
+    for runner in made:
+        runner.stop()
+        runner._shutdown()
+
+
+def test_a_handler_past_its_visibility_timeout_is_delivered_again(
+        register: Any, clocked: Callable[[str], tuple[Runner, ManualClock]]) -> None:
+    attempts: list[int] = []
+    release = threading.Event()
 
     def hangs_first(message: Message) -> None:
-        calls.append((message.attempt, time.monotonic()))
+        attempts.append(message.attempt)
         if message.attempt == 1:
-            time.sleep(1.0)
+            release.wait(RUN_TIMEOUT)
 
     register("t", "g", hangs_first, visibility_timeout=0.3)
     send_message("t", 1)
-    drain(["g"])
-    assert [attempt for attempt, _ in calls] == [1, 2]
-    assert calls[1][1] - calls[0][1] < 1.0  # while the first was still running
+    runner, clock = clocked("g")
+    delivered = runner.subscribers[0].stats
+    try:
+        run_until(runner, lambda: attempts == [1])
+        clock.advance(299)  # not yet past the visibility timeout
+        for _ in range(3):
+            runner.run_once()
+        assert delivered["delivered"] == 1
+        clock.advance(2)  # past it, while the first attempt still runs
+        run_until(runner, lambda: attempts == [1, 2])
+        assert delivered["delivered"] == 2
+    finally:
+        release.set()
+    run_until(runner, lambda: runner._in_flight == 0)
+    assert attempts == [1, 2]
 
 
-def test_extend_visibility_prevents_a_second_delivery(register: Any) -> None:
+def test_extend_visibility_prevents_a_second_delivery(
+        register: Any, clocked: Callable[[str], tuple[Runner, ManualClock]]) -> None:
     attempts: list[int] = []
+    extended, release = threading.Event(), threading.Event()
 
     def long_but_alive(message: Message) -> None:
         attempts.append(message.attempt)
         message.extend_visibility(5)
-        time.sleep(0.8)
+        extended.set()
+        release.wait(RUN_TIMEOUT)
 
     register("t", "g", long_but_alive, visibility_timeout=0.3)
     send_message("t", 1)
-    drain(["g"])
+    runner, clock = clocked("g")
+    try:
+        run_until(runner, extended.is_set)
+        clock.advance(1_000)  # past the visibility timeout, within the extension
+        for _ in range(3):
+            runner.run_once()
+        # Decided on this thread by each pass: a second delivery would be counted here
+        # before a handler thread started it.
+        assert runner.subscribers[0].stats["delivered"] == 1
+    finally:
+        release.set()
+    run_until(runner, lambda: runner._in_flight == 0)
     assert attempts == [1]

@@ -495,6 +495,56 @@ def test_first_offsets_above_is_one_index_dive_per_partition() -> None:
                 "(topic=? AND partition_key=? AND offset>?)") in plan, plan
 
 
+@pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits on MySQL
+def test_fetch_partitions_reads_each_partition_by_its_own_range() -> None:
+    """One statement for many partitions, each above its own offset and with its own
+    limit; the same rows, with the group's state, as ``fetch_messages`` one by one."""
+    offsets = _many_messages_in_ten_partitions()
+    dialect = dialect_for(connection)
+    k0, k1 = offsets[0::10], offsets[1::10]
+    DeliveryState.objects.create(consumer_group="g", topic="t", partition_key="k1",
+                                 message_offset=k1[3], acked=True, acked_at=5)
+    positions = [("k0", k0[196]), ("k1", k1[2]), ("k2", max(offsets)), ("nowhere", 0)]
+    with connection.cursor() as cursor:
+        found = dialect.fetch_partitions(cursor, "g", "t", positions, 2)
+        assert {p: [r.offset for r in rows] for p, rows in found.items()} == {
+            "k0": k0[197:199], "k1": k1[3:5], "k2": [], "nowhere": []}
+        assert [r.acked for r in found["k1"]] == [True, None]
+        assert found["k1"] == dialect.fetch_messages(cursor, "g", "t", "k1", k1[2], 2)
+        many = [(f"k{n}", 0) for n in range(10)] + [(f"x{n}", 0) for n in range(100)]
+        found = dialect.fetch_partitions(cursor, "g", "t", many, 1)  # two statements
+        assert [found[f"k{n}"][0].offset for n in range(10)] == offsets[:10]
+    plan = explain(dialect.fetch_partitions_sql(2), ["g", "t", "k0", 0, 5, "g", "t", "k1", 0, 5])
+    if connection.vendor == "mysql":
+        assert plan.count("idx_topic_partition_offset") >= 2, plan
+        assert "'type': 'ALL'" not in plan, plan
+    elif connection.vendor == "postgresql":
+        assert plan.count("Index Scan using idx_topic_partition_offset") == 2, plan
+        assert "Seq Scan" not in plan, plan
+    else:
+        assert plan.count("USING INDEX idx_topic_partition_offset") == 2, plan
+
+
+def test_mark_delivered_and_write_outcomes_store_every_value_as_given() -> None:
+    """Values of many rows go in as given, whatever they hold (on MySQL they are inlined
+    as literals: quotes, backslashes and percent signs must survive)."""
+    from sqlqueue.storage.sql.base import OutcomeWrite
+
+    dialect = dialect_for(connection)
+    nasty = "it's a \\ \"quoted\" 100% %s ✓ 😀"
+    with connection.cursor() as cursor:
+        dialect.mark_delivered(cursor, "g'", "t", [(nasty, 1, 10), ("k", 2, 20)])
+        dialect.write_outcomes(cursor, "g'", "t", [
+            OutcomeWrite(nasty, 1, acked=False, invisible_until=99, last_error=nasty),
+            OutcomeWrite("k", 2, acked=True, invisible_until=0),
+        ])
+    states = {s.message_offset: s for s in DeliveryState.objects.filter(consumer_group="g'")}
+    assert (states[1].partition_key, states[1].last_error) == (nasty, nasty)
+    assert (states[1].acked, states[1].invisible_until, states[1].retry_count) == (False, 99, 0)
+    assert (states[2].acked, states[2].last_error) == (True, "")
+    assert states[2].acked_at > 0
+
+
 def test_acked_among_by_primary_key() -> None:
     dialect = dialect_for(connection)
     for key, offset, acked in (("a", 1, True), ("a", 2, False), ("b", 3, True), ("c", 4, True)):

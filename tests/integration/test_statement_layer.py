@@ -1,8 +1,7 @@
 """The shared statement layer (sqlqueue.storage.statements): every builder, on the real
 database, through both executors: Django's cursor, and the Spark data source's own
-Django-free DB-API connection (MySQL/MariaDB and SQLite; the Spark executor speaks
-PostgreSQL from issue 20 on). A builder without a test here fails
-``test_every_shared_statement_is_tested``."""
+Django-free DB-API connection (mysqlclient, psycopg, sqlite3). A builder without a test
+here fails ``test_every_shared_statement_is_tested``."""
 
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #: the vendor hooks the builders are made of (tested through them), not statements
 HOOKS = {"quote", "names", "marks", "upsert_clause", "insert_if_absent_suffix",
          "stored_columns", "partition_keys_cte", "partitions_filter", "parse_write_horizon",
-         "message_clock_sql", "greatest_sql"}
+         "message_clock_sql", "greatest_sql", "union_member"}
 
 
 class Executor(Protocol):
@@ -67,8 +66,6 @@ def executor(request: pytest.FixtureRequest) -> Iterator[Executor]:
     if request.param == "django":
         yield DjangoExecutor()
         return
-    if connection.vendor == "postgresql":
-        pytest.skip("the Spark executor's connections speak MySQL/MariaDB and SQLite")
     from sqlqueue.integrations.spark.connect import Database
     from sqlqueue.spark import database_url
 
@@ -210,6 +207,8 @@ def test_fetch_messages_and_offsets(executor: Executor) -> None:
     rows = executor.rows(sql.fetch_messages("g", "t", "k", sent[0], 2))
     assert [int(r[0]) for r in rows] == sent[1:3]
     assert [r[10:] for r in rows] == [(None, None, None)] * 2  # never delivered
+    many = executor.rows(sql.fetch_partitions("g", "t", [("k", sent[1]), ("other", 0)], 1))
+    assert sorted((r[13], int(r[0])) for r in many) == [("k", sent[2]), ("other", newest)]
     at = executor.rows(sql.fetch_messages_at("g", "t", "k", [sent[3], sent[0]]))
     assert [int(r[0]) for r in at] == [sent[0], sent[3]]
     assert [(int(r[0]), r[1]) for r in executor.rows(sql.partition_rows(

@@ -42,23 +42,6 @@ def _spark_or_skip() -> None:
         pytest.skip("no Java runtime for Spark", allow_module_level=True)
 
 
-#: why the Spark tests cannot run on the database under test (None: they can)
-UNSUPPORTED = ("the Spark pipeline does not support PostgreSQL yet: its SQL layer "
-               "(sqlqueue.integrations.spark.sql) speaks MySQL/MariaDB and SQLite only; issue 20")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On PostgreSQL every Spark test is reported skipped, with the reason (a hook, not a
-    module-level skip, which pytest refuses in a conftest given on the command line)."""
-    from django.conf import settings
-
-    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
-        return
-    for item in items:
-        if "/tests/spark/" in str(item.path):
-            item.add_marker(pytest.mark.skip(reason=UNSUPPORTED))
-
-
 _spark_or_skip()
 
 

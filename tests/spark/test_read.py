@@ -107,7 +107,8 @@ def test_other_tables(spark: Any, db_url: str) -> None:
 
 @pytest.mark.parametrize(("options", "message"), [
     ({}, "option 'url' is required"),
-    ({"url": "postgres://x/y"}, "must start with mysql:// or sqlite://"),
+    ({"url": "redis://x/y"}, "must start with mysql://, postgres:// or sqlite://"),
+    ({"url": "postgres://x/"}, "must name the database"),
     ({"url": "sqlite://"}, "must name a file"),
     ({"numPartitions": "0"}, "'numPartitions' must be >= 1"),
     ({"numpartitions": "many"}, "must be a whole number"),

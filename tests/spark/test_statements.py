@@ -21,6 +21,7 @@ from sqlqueue.integrations.spark.connect import Connection, Database
 from sqlqueue.integrations.spark.infile import MemoryInfile
 from sqlqueue.integrations.spark.sql.base import Statements
 from sqlqueue.integrations.spark.sql.mysql import MySQLStatements
+from sqlqueue.integrations.spark.sql.postgresql import PostgreSQLStatements
 from sqlqueue.integrations.spark.sql.sqlite import SQLiteStatements
 from sqlqueue.integrations.spark.tables import TABLES
 from sqlqueue.integrations.spark.writer import _csv_bytes
@@ -49,7 +50,8 @@ def test_every_statement_is_covered_here() -> None:
     """A new statement of the data source needs a test in this file (its name appears
     below); the shared layer's have theirs in tests/integration/test_statement_layer.py."""
     source = Path(__file__).read_text()
-    names = {name for cls in (Statements, MySQLStatements, SQLiteStatements)
+    names = {name for cls in (Statements, MySQLStatements, PostgreSQLStatements,
+                              SQLiteStatements)
              for name, value in vars(cls).items()
              if inspect.isfunction(value) and not name.startswith("_")}
     assert sorted(n for n in names if f"sql.{n}(" not in source) == []
@@ -134,6 +136,18 @@ def test_write_horizon_sees_an_open_writing_transaction(db_url: str, db: Connect
         assert statement is None  # one writer at a time: nothing commits out of order
         return
     assert statement is not None
+    if connection.vendor == "postgresql":
+        with Database.from_url(db_url).connect() as writer:
+            writer.run((writer.sql.begin_sql, []))
+            writer.run(writer.sql.insert_messages("t", [row("k", "open")]))
+            (started,) = writer.one(("SELECT FLOOR(EXTRACT(EPOCH FROM now()) * 1000)", []))
+            with db.transaction(begin=db.sql.begin_snapshot_sql):
+                seen = db.sql.parse_write_horizon(db.one(statement))
+            writer.raw.rollback()
+        # Exact: the oldest writer started no later than ours, and no margin.
+        assert seen.oldest_writer_ms is not None and seen.oldest_writer_ms <= int(started)
+        assert seen.margin_ms == 0
+        return
     own = ("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
            "WHERE trx_mysql_thread_id = CONNECTION_ID()", [])
     # The server is shared: other transactions may be open; ours must show.
@@ -183,12 +197,18 @@ def test_discover_partitions_is_a_loose_index_scan(db: Connection) -> None:
         db.run(db.sql.insert_messages("u", [row("elsewhere", "x")]))
     if connection.vendor == "mysql":
         db.rows(("ANALYZE TABLE queue_messages", []))
+    elif connection.vendor == "postgresql":
+        db.run(("ANALYZE queue_messages", []))
     assert sorted(r[0] for r in db.rows(db.sql.discover_partitions("t"))) == [
         f"k{n}" for n in range(10)]
     sql, params = db.sql.discover_partitions("t")
     if connection.vendor == "mysql":
         plan = str(db.rows(("EXPLAIN " + sql, params)))
         assert "Using index for group-by" in plan, plan
+    elif connection.vendor == "postgresql":
+        plan = str(db.rows(("EXPLAIN " + sql, params)))
+        # One seek per key, in whichever index leads with (topic, partition_key).
+        assert "Index Only Scan" in plan and "Seq Scan" not in plan, plan
     else:
         plan = str(db.rows(("EXPLAIN QUERY PLAN " + sql, params)))
         assert "idx_topic_partition_offset" in plan, plan
@@ -199,6 +219,15 @@ def test_rows_in_range_reads_the_primary_key(db: Connection) -> None:
     if connection.vendor == "mysql":
         plan = str(db.rows(("EXPLAIN " + sql, params)))
         assert "PRIMARY" in plan, plan
+    elif connection.vendor == "postgresql":
+        # A table of a few pages is read whole, rightly: give the planner a real one.
+        with db.transaction():
+            for chunk in range(6):
+                db.run(db.sql.insert_messages("t", [row(f"k{n % 10}", f"{chunk}-{n}")
+                                                    for n in range(500)]))
+        db.run(("ANALYZE queue_messages", []))
+        plan = str(db.rows(("EXPLAIN " + sql, params)))
+        assert "queue_messages_pkey" in plan and "Seq Scan" not in plan, plan
     else:
         plan = str(db.rows(("EXPLAIN QUERY PLAN " + sql, params)))
         assert "INTEGER PRIMARY KEY" in plan or "rowid" in plan.lower(), plan
@@ -283,3 +312,26 @@ def test_list_pauses_reads_what_operators_paused(db: Connection) -> None:
     pause(topic="all.of.it")
     assert sorted(tuple(r) for r in db.rows(db.sql.list_pauses())) == [("", "all.of.it"),
                                                                        ("g", "t")]
+
+
+def test_postgresql_publishes_through_a_staging_table(db: Connection) -> None:
+    """COPY into a staging table of the transaction's own, then one INSERT that skips
+    stored ids; the commit (or a rollback) drops the table."""
+    if connection.vendor != "postgresql":
+        pytest.skip("COPY and the staging table are PostgreSQL's")
+    assert isinstance(db.sql, PostgreSQLStatements)
+    for ids, expected in ((["a", "b", "b"], 2), (["b", "c"], 1)):
+        with db.transaction():
+            db.run(db.sql.create_staging())
+            db.copy_rows(db.sql.copy_staging(), [
+                ("k", mid, b'{"n": 1}', '{"m": 1}', 1000, 50, 0) for mid in ids])
+            assert db.run(db.sql.publish_staged("t")) == expected
+    with pytest.raises(RuntimeError), db.transaction():
+        db.run(db.sql.create_staging())
+        raise RuntimeError("the chunk fails")
+    assert db.one(("SELECT to_regclass('pg_temp.sqlqueue_spark_staging')", [])) == (None,)
+    stored = {m.id: m for m in QueueMessage.objects.filter(topic="t")}
+    assert sorted(stored) == ["a", "b", "c"]
+    assert bytes(stored["a"].payload) == b'{"n": 1}'
+    assert stored["a"].metadata == {"m": 1}
+    assert abs(stored["a"].created_at - time.time() * 1000) < 60_000  # the database clock

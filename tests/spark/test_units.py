@@ -76,6 +76,10 @@ def test_split_offsets() -> None:
 @pytest.mark.parametrize(("url", "expected"), [
     ("mysql://u:p%40ss@db.example:3307/shop", ("mysql", "shop", "db.example", 3307, "u", "p@ss")),
     ("mysql://root@127.0.0.1/test", ("mysql", "test", "127.0.0.1", 3306, "root", "")),
+    ("postgres://u:p%2Fw@pg.example/shop", ("postgresql", "shop", "pg.example", 5432, "u",
+                                            "p/w")),
+    ("postgresql://root@127.0.0.1:6432/test", ("postgresql", "test", "127.0.0.1", 6432, "root",
+                                               "")),
     ("sqlite:////tmp/a.sqlite3", ("sqlite", "/tmp/a.sqlite3", "", 3306, "", "")),
     ("sqlite:///relative.db", ("sqlite", "relative.db", "", 3306, "", "")),
 ])
@@ -83,6 +87,17 @@ def test_urls(url: str, expected: tuple[Any, ...]) -> None:
     db = Database.from_url(url)
     assert (db.vendor, db.name, db.host, db.port, db.user, db.password) == expected
     assert not db.password or db.password not in db.describe()
+
+
+def test_a_postgresql_socket_and_tls() -> None:
+    from sqlqueue.integrations.spark.connect import Tls
+
+    db = Database.from_url("postgres://app@localhost/shop?host=/var/run/postgresql",
+                           tls=Tls("verify-identity", ca="/ca.pem"))
+    assert (db.unix_socket, db.describe()) == (
+        "/var/run/postgresql", "postgres://app@/var/run/postgresql/shop")
+    assert db.tls is not None
+    assert db.tls.libpq_kwargs() == {"sslmode": "verify-full", "sslrootcert": "/ca.pem"}
 
 
 def test_user_and_password_options_override_the_url() -> None:
@@ -282,3 +297,43 @@ def test_a_chunk_rolled_back_by_a_deadlock_is_sent_again_in_key_order(
     assert [(p[1], p[2]) for p in [db.inserts[1][i:i + 8] for i in range(0, 24, 8)]] == [
         ("a", "9"), ("b", "1"), ("b", "2")]
     assert (publisher.report.sent, publisher.report.inserted) == (3, 3)
+
+
+class PostgreSQLDeadlock(Exception):
+    sqlstate = "40P01"  # as psycopg's errors.DeadlockDetected
+
+
+class DeadlockingPostgreSQL(DeadlockingDatabase):
+    """The same, on PostgreSQL: the first COPY's transaction is rolled back."""
+
+    def __init__(self) -> None:
+        from sqlqueue.integrations.spark.sql import statements_for
+
+        self.sql = statements_for("postgresql")
+        self.inserts = []
+        self.copies: list[list[Any]] = []
+
+    def copy_rows(self, statement: tuple[str, list[Any]], rows: Any) -> None:
+        self.copies.append(list(rows))
+        if len(self.copies) == 1:
+            raise PostgreSQLDeadlock("deadlock detected")
+
+    def run(self, statement: tuple[str, list[Any]]) -> int:
+        self.inserts.append(statement[1])  # create_staging, then publish_staged
+        return len(self.copies[-1]) if statement[0].startswith("INSERT") else 0
+
+
+def test_a_postgresql_chunk_rolled_back_by_a_deadlock_is_copied_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlqueue.integrations.spark import writer
+    from sqlqueue.storage import retry
+
+    monkeypatch.setattr(retry.time, "sleep", lambda seconds: None)
+    options = SourceOptions.parse({"url": "postgres://u@h/db", "topic": "t"})
+    db = DeadlockingPostgreSQL()
+    publisher = writer.ChunkPublisher(options, db)  # type: ignore[arg-type]
+    publisher.publish([("b", "2", "{}", None, 1, 50, 0), ("a", "9", "{}", None, 1, 50, 0)])
+    assert [[(r[0], r[1]) for r in copy] for copy in db.copies] == [
+        [("a", "9"), ("b", "2")], [("a", "9"), ("b", "2")]]
+    assert db.copies[1][0][2] == b"{}"  # payloads go in as bytes (bytea)
+    assert (publisher.report.sent, publisher.report.inserted) == (2, 2)

@@ -16,9 +16,9 @@ from sqlqueue.consuming.leases import (
     LeaseKeeper,
     fair_share,
 )
+from sqlqueue.consuming.outcomes import dead_letter_id
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
-from sqlqueue.consuming.subscriber import dead_letter_id
 from sqlqueue.storage.sql.base import FetchedRow
 
 

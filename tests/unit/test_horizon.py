@@ -9,7 +9,7 @@ import pytest
 from django.db import DatabaseError
 
 from sqlqueue.conf import QueueSettings
-from sqlqueue.consuming import runner as runner_module
+from sqlqueue.consuming import pacing as pacing_module
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.horizon import (
     MARGIN_MS,
@@ -99,7 +99,7 @@ class FakeDialect:
 def runner(monkeypatch: pytest.MonkeyPatch) -> Any:
     def with_dialect(*seen: WriteHorizon | Exception | None) -> Runner:
         dialect = FakeDialect(*seen)
-        monkeypatch.setattr(runner_module, "dialect_for", lambda connection: dialect)
+        monkeypatch.setattr(pacing_module, "dialect_for", lambda connection: dialect)
         return Runner([], conf=QueueSettings(MAX_TRANSACTION_AGE=AGE / 1000))
 
     return with_dialect
@@ -123,7 +123,7 @@ def test_the_runner_keeps_its_last_horizon_through_stale_snapshots(runner: Any) 
 def test_the_runner_reuses_a_horizon_until_its_refresh_is_due(runner: Any) -> None:
     r = runner(WriteHorizon(None, NOW))
     assert {r._settled_before(None, NOW) for _ in range(20)} == {NOW - MARGIN_MS}  # one read
-    assert REFRESH * 0.99 <= r._horizon_expires - runner_module.time.monotonic() <= 1.5 * REFRESH
+    assert REFRESH * 0.99 <= r._horizon_expires - pacing_module.time.monotonic() <= 1.5 * REFRESH
 
 
 def test_the_runner_without_the_process_privilege(runner: Any) -> None:

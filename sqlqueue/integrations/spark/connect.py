@@ -2,15 +2,16 @@
 
 Spark runs the data source's methods in fresh Python processes that know nothing of the
 project's settings, so the database is named by a URL in the ``DATABASE_URL`` form
-(``mysql://user:pass@host:3306/db``, ``sqlite:////abs/path/db.sqlite3``), parsed into a
-picklable ``Database``. Connections are opened inside the methods that need them and
-never pickled (Spark ships reader and writer objects to executors by pickling them).
+(``mysql://user:pass@host:3306/db``, ``postgres://user:pass@host:5432/db``,
+``sqlite:////abs/path/db.sqlite3``), parsed into a picklable ``Database``. Connections
+are opened inside the methods that need them and never pickled (Spark ships reader and
+writer objects to executors by pickling them).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,6 +21,7 @@ from sqlqueue.integrations.spark.errors import InvalidOption
 from sqlqueue.integrations.spark.sql import Statement, Statements, statements_for
 
 MYSQL_SCHEMES = ("mysql", "mariadb", "mysql2")
+POSTGRESQL_SCHEMES = ("postgres", "postgresql", "pgsql")
 SQLITE_TIMEOUT = 30.0  # seconds a writer waits for SQLite's lock
 
 
@@ -27,14 +29,14 @@ SQLITE_TIMEOUT = 30.0  # seconds a writer waits for SQLite's lock
 class Database:
     """Where the queue tables are; picklable, secret-bearing (never printed whole)."""
 
-    vendor: str  # "mysql" or "sqlite"
+    vendor: str  # "mysql", "postgresql" or "sqlite"
     name: str  # database name, or the SQLite file
     host: str = ""
     port: int = 3306
     user: str = ""
     password: str = field(default="", repr=False)
-    unix_socket: str = ""
-    tls: Tls | None = None  # TLS settings of MySQL connections (sslMode, sslCa, ...)
+    unix_socket: str = ""  # MySQL: the socket file; PostgreSQL: the socket's directory
+    tls: Tls | None = None  # TLS settings of server connections (sslMode, sslCa, ...)
 
     @classmethod
     def from_url(cls, url: str, *, user: str | None = None,
@@ -47,16 +49,18 @@ class Database:
         if parts.scheme == "sqlite":
             database = cls._sqlite(parts.path)
         elif parts.scheme in MYSQL_SCHEMES:
-            database = cls._mysql(url)
+            database = cls._server(url, "mysql", 3306)
+        elif parts.scheme in POSTGRESQL_SCHEMES:
+            database = cls._server(url, "postgresql", 5432)
         else:
             raise InvalidOption(
-                f"option 'url' must start with mysql:// or sqlite:// (got "
+                f"option 'url' must start with mysql://, postgres:// or sqlite:// (got "
                 f"{parts.scheme or 'no scheme'}://...)")
         if user is not None:
             database = replace(database, user=user)
         if password is not None:
             database = replace(database, password=password)
-        if tls is not None and database.vendor == "mysql":
+        if tls is not None and database.vendor != "sqlite":
             database = replace(database, tls=tls)
         return database
 
@@ -70,7 +74,9 @@ class Database:
         return cls("sqlite", name)
 
     @classmethod
-    def _mysql(cls, url: str) -> Database:
+    def _server(cls, url: str, vendor: str, default_port: int) -> Database:
+        """A MySQL/MariaDB or PostgreSQL url. A socket is given in the query:
+        ``?unix_socket=/run/mysqld/mysqld.sock``, ``?host=/var/run/postgresql``."""
         parts = urlsplit(url)
         # A '/', '?' or '#' left raw in the password ends the host part early: the rest
         # of the password would land in the port, the database name and the messages
@@ -81,24 +87,29 @@ class Database:
                 "(%2F, %3F, %23), or pass the password with the 'password' option")
         name = unquote(parts.path.lstrip("/"))
         if not name:
-            raise InvalidOption("a MySQL url must name the database: mysql://user@host/NAME")
+            raise InvalidOption(f"a {vendor} url must name the database: "
+                                f"{parts.scheme}://user@host/NAME")
         try:
-            port = parts.port or 3306
+            port = parts.port or default_port
         except ValueError:
             raise InvalidOption("the url's port is not a number from 1 to 65535") from None
         query = parse_qs(parts.query)
+        socket = query.get("unix_socket", [""])[0]
+        if vendor == "postgresql" and query.get("host", [""])[0].startswith("/"):
+            socket = query["host"][0]
         return cls(
-            "mysql", name, host=parts.hostname or "127.0.0.1", port=port,
+            vendor, name, host=parts.hostname or "127.0.0.1", port=port,
             user=unquote(parts.username or ""), password=unquote(parts.password or ""),
-            unix_socket=query.get("unix_socket", [""])[0],
+            unix_socket=socket,
         )
 
     def describe(self) -> str:
         """For messages and logs: no password."""
         if self.vendor == "sqlite":
             return f"sqlite:///{self.name}"
+        scheme = "postgres" if self.vendor == "postgresql" else "mysql"
         where = self.unix_socket or f"{self.host}:{self.port}"
-        return f"mysql://{self.user}@{where}/{self.name}"
+        return f"{scheme}://{self.user}@{where}/{self.name}"
 
     def connect(self, *, bulk_load: bool = False) -> Connection:
         """A new connection in autocommit mode (every read sees the newest commits).
@@ -110,6 +121,8 @@ class Database:
         a handler that serves only its own data (``sqlqueue.integrations.spark.infile``)."""
         if self.vendor == "sqlite":
             raw: Any = sqlite3.connect(self.name, timeout=SQLITE_TIMEOUT, isolation_level=None)
+        elif self.vendor == "postgresql":
+            raw = self._postgresql()
         else:
             import MySQLdb  # mysqlclient, the driver Django uses too
 
@@ -128,8 +141,27 @@ class Database:
             raw = MySQLdb.connect(**kwargs)
         return Connection(raw, statements_for(self.vendor))
 
+    def _postgresql(self) -> Any:
+        """psycopg 3 (the driver Django uses), in autocommit. ``jsonb`` is read as the
+        text it holds, as the other vendors return metadata."""
+        import psycopg
+        from psycopg.types.string import TextLoader
+
+        kwargs: dict[str, Any] = {
+            "dbname": self.name, "user": self.user, "password": self.password,
+            "host": self.unix_socket or self.host, "port": self.port, "autocommit": True,
+            "application_name": "sqlqueue-spark",
+        }
+        if self.tls is not None:
+            kwargs.update(self.tls.libpq_kwargs())
+        raw = psycopg.connect(**{k: v for k, v in kwargs.items() if v != ""})
+        raw.adapters.register_loader("jsonb", TextLoader)
+        return raw
+
 
 TLS_MODES = ("disabled", "preferred", "required", "verify-ca", "verify-identity")
+LIBPQ_SSL_MODES = {"disabled": "disable", "preferred": "prefer", "required": "require",
+                   "verify-ca": "verify-ca", "verify-identity": "verify-full"}
 
 
 @dataclass(frozen=True)
@@ -152,6 +184,15 @@ class Tls:
                                 "of the certificate authority to verify the server with")
         if bool(self.cert) != bool(self.key):
             raise InvalidOption("options 'sslCert' and 'sslKey' go together")
+
+    def libpq_kwargs(self) -> dict[str, str]:
+        """libpq's ``sslmode`` and certificate files (the same modes, libpq's names)."""
+        kwargs = {"sslmode": LIBPQ_SSL_MODES[self.mode]}
+        for name, value in (("sslrootcert", self.ca), ("sslcert", self.cert),
+                            ("sslkey", self.key)):
+            if value:
+                kwargs[name] = value
+        return kwargs
 
     def connect_kwargs(self) -> dict[str, Any]:
         """mysqlclient's ``ssl_mode`` and ``ssl`` arguments."""
@@ -196,7 +237,12 @@ class Connection:
 
     def batches(self, statement: Statement, size: int) -> Iterator[Sequence[tuple[Any, ...]]]:
         """Rows in lists of at most ``size``, streamed from the server (MySQL: an
-        unbuffered cursor, so a big range is never held in memory whole)."""
+        unbuffered cursor; PostgreSQL: a server-side cursor, in a read-only transaction
+        of its own, which holds no transaction id and so never holds back the write
+        horizon), so a big range is never held in memory whole."""
+        if self.sql.vendor == "postgresql":
+            yield from self._server_side_batches(statement, size)
+            return
         if self.sql.vendor == "mysql":
             from MySQLdb.cursors import SSCursor
 
@@ -212,6 +258,23 @@ class Connection:
                 yield chunk
         finally:
             cursor.close()
+
+    def _server_side_batches(self, statement: Statement,
+                             size: int) -> Iterator[Sequence[tuple[Any, ...]]]:
+        with self.raw.transaction(), self.raw.cursor(name="sqlqueue_spark_rows") as cursor:
+            cursor.itersize = size
+            cursor.execute(statement[0], statement[1])
+            while True:
+                chunk = cursor.fetchmany(size)
+                if not chunk:
+                    return
+                yield [tuple(row) for row in chunk]
+
+    def copy_rows(self, statement: Statement, rows: Iterable[Sequence[Any]]) -> None:
+        """PostgreSQL: stream ``rows`` into a ``COPY ... FROM STDIN`` statement."""
+        with self.raw.cursor() as cursor, cursor.copy(statement[0], statement[1]) as copy:
+            for row in rows:
+                copy.write_row(row)
 
     @contextmanager
     def transaction(self, begin: str | None = None) -> Iterator[None]:

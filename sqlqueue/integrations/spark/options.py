@@ -20,7 +20,8 @@ from sqlqueue.naming import MAX_NAME_BYTES, check_name
 #: option name -> (default, what it is); the defaults of sqlqueue's settings are those
 #: of the SQLQUEUE setting (sqlqueue.spark.options_from_settings() copies yours).
 OPTIONS: dict[str, tuple[str | None, str]] = {
-    "url": (None, "the database, as DATABASE_URL: mysql://user:pass@host:3306/db"),
+    "url": (None, "the database, as DATABASE_URL: mysql://user:pass@host:3306/db, "
+                  "postgres://user:pass@host:5432/db or sqlite:////path/db.sqlite3"),
     "user": (None, "overrides the url's user"),
     "password": (None, "overrides the url's password (Spark redacts this option)"),
     "table": ("messages", "messages, dead_letters, delivery_state, offsets, leases, "
@@ -42,12 +43,13 @@ OPTIONS: dict[str, tuple[str | None, str]] = {
     "bulkLoad": ("off", "write: off (INSERT) or on (LOAD DATA LOCAL on MySQL/MariaDB, "
                         "from memory on a connection of its own; 'auto' is the old "
                         "name of on)"),
-    "sslMode": ("preferred", "MySQL TLS: disabled, preferred, required, verify-ca or "
-                             "verify-identity (as mysql --ssl-mode)"),
-    "sslCa": (None, "MySQL TLS: the certificate authority file to verify the server"),
-    "sslCert": (None, "MySQL TLS: the client certificate file"),
-    "sslKey": (None, "MySQL TLS: the client key file"),
-    "batchSize": ("10000", "write: rows per transaction"),
+    "sslMode": ("preferred", "TLS: disabled, preferred, required, verify-ca or "
+                             "verify-identity (as mysql --ssl-mode; on PostgreSQL libpq's "
+                             "disable, prefer, require, verify-ca, verify-full)"),
+    "sslCa": (None, "TLS: the certificate authority file to verify the server"),
+    "sslCert": (None, "TLS: the client certificate file"),
+    "sslKey": (None, "TLS: the client key file"),
+    "batchSize": ("10000", "write: rows per transaction (PostgreSQL: one COPY each)"),
     "defaultPartitions": ("16", "write: SQLQUEUE['DEFAULT_PARTITIONS']"),
     "maxPayloadBytes": ("1048576", "write: SQLQUEUE['MAX_PAYLOAD_BYTES']"),
     "dlqSuffix": ("_dlq", "write: SQLQUEUE['DLQ_SUFFIX'] (topics leave room for it)"),

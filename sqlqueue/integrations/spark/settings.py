@@ -29,18 +29,22 @@ def database_url(alias: str | None = None, *, password: bool = True) -> str:
 
             name = os.path.abspath(name)
         return f"sqlite:///{name}"
-    if not engine.endswith("mysql"):
-        raise ValueError(f"sqlqueue's Spark source supports MySQL/MariaDB and SQLite, not "
-                         f"{engine}")
+    if engine.endswith("mysql"):
+        scheme, default_port, socket_option = "mysql", "3306", "unix_socket"
+    elif engine.endswith(("postgresql", "postgis")):
+        scheme, default_port, socket_option = "postgres", "5432", "host"
+    else:
+        raise ValueError(f"sqlqueue's Spark source supports MySQL/MariaDB, PostgreSQL and "
+                         f"SQLite, not {engine}")
     user = quote(str(settings.get("USER") or ""), safe="")
     secret = quote(str(settings.get("PASSWORD") or ""), safe="") if password else ""
     credentials = f"{user}:{secret}@" if secret else (f"{user}@" if user else "")
     host = str(settings.get("HOST") or "127.0.0.1")
-    port = str(settings.get("PORT") or "3306")
+    port = str(settings.get("PORT") or default_port)
     name = quote(str(settings["NAME"]), safe="")
-    if host.startswith("/"):  # a socket path
-        return f"mysql://{credentials}localhost/{name}?unix_socket={quote(host)}"
-    return f"mysql://{credentials}{host}:{port}/{name}"
+    if host.startswith("/"):  # a socket path (PostgreSQL: the socket's directory)
+        return f"{scheme}://{credentials}localhost/{name}?{socket_option}={quote(host)}"
+    return f"{scheme}://{credentials}{host}:{port}/{name}"
 
 
 def options_from_settings(alias: str | None = None) -> dict[str, str]:

@@ -1,11 +1,12 @@
 """Batch writes: ``df.write.format("sqlqueue").option("topic", T).mode("append").save()``.
 
 Each row is published as a message. Every Spark task commits its rows in transactions of
-``batchSize`` rows: by multi-row INSERTs that skip stored keys, or, with ``bulkLoad=on``
-on MySQL/MariaDB, by ``LOAD DATA LOCAL INFILE`` (the fast path; INSERT again when the
-server refuses local files). A LOAD runs on a connection opened for it, whose
-local-infile handler serves the chunk's CSV from memory under one random name and refuses
-any other file a server asks for (``infile``); no connection has ``local_infile`` on. A
+``batchSize`` rows: on PostgreSQL by COPY into a staging table and one INSERT that skips
+stored keys (``sql.postgresql``); elsewhere by multi-row INSERTs that skip stored keys,
+or, with ``bulkLoad=on`` on MySQL/MariaDB, by ``LOAD DATA LOCAL INFILE`` (the fast path;
+INSERT again when the server refuses local files). A LOAD runs on a connection opened for
+it, whose local-infile handler serves the chunk's CSV from memory under one random name
+and refuses any other file a server asks for (``infile``); no connection has ``local_infile`` on. A
 task that Spark retries publishes the same ids again (they come from the rows), and
 idempotent publish stores each once.
 
@@ -35,6 +36,7 @@ from sqlqueue.integrations.spark.errors import BulkLoadMismatch
 from sqlqueue.integrations.spark.infile import BulkLoadUnavailable, MemoryInfile
 from sqlqueue.integrations.spark.options import SourceOptions
 from sqlqueue.integrations.spark.rows import Prepared, RowPreparer
+from sqlqueue.integrations.spark.sql.postgresql import PostgreSQLStatements
 from sqlqueue.literals import escaped_length
 from sqlqueue.storage.chunks import statement_chunks
 from sqlqueue.storage.retry import retry_victims
@@ -48,8 +50,10 @@ KEYS_PER_LOOKUP = 500
 #: CR_LOAD_DATA_LOCAL_INFILE_REJECTED, 3948 ER_CLIENT_LOCAL_FILES_DISABLED, 4166 (MariaDB)
 LOCAL_INFILE_REFUSED = {1148, 2068, 3948, 4166}
 #: the server rolled the transaction back for a lock conflict: 1205 lock wait timeout,
-#: 1213 deadlock; the chunk is sent again
+#: 1213 deadlock; on PostgreSQL 40P01 deadlock, 55P03 lock not available, 40001
+#: serialization failure. The chunk is sent again.
 TRANSIENT = {1205, 1213}
+TRANSIENT_SQLSTATES = {"40P01", "55P03", "40001"}
 ATTEMPTS = 6
 CSV_OPTIONS = pa_csv.WriteOptions(include_header=False, quoting_style="all_valid")
 CSV_SCHEMA = pa.schema([
@@ -87,12 +91,15 @@ class ChunkPublisher:
         """One chunk, in its own transaction; sent again after a deadlock."""
         ordered = sorted(rows, key=lambda row: (row[0], row[1]))
         retry_victims(lambda: self._publish(ordered), tries=ATTEMPTS,
-                      is_victim=lambda exc: _error_code(exc) in TRANSIENT,
+                      is_victim=_rolled_back_for_a_lock,
                       pause=lambda tried: random.uniform(0.05, 0.1) * 2 ** tried,
                       on_retry=_log_retry)
         self.report.sent += len(rows)
 
     def _publish(self, rows: Sequence[Prepared]) -> None:
+        if isinstance(self.db.sql, PostgreSQLStatements):
+            self.report.inserted += self._copy(rows, self.db.sql)
+            return
         if self.bulk:
             try:
                 self.report.inserted += self._load(rows)
@@ -118,6 +125,16 @@ class ChunkPublisher:
             for chunk in _statement_chunks(rows):
                 inserted += self.db.run(self.db.sql.insert_messages(self.topic, chunk))
         return inserted
+
+    def _copy(self, rows: Sequence[Prepared], sql: PostgreSQLStatements) -> int:
+        """PostgreSQL: COPY into a staging table of the transaction's own, then one
+        INSERT that skips stored ids (``sql.postgresql``)."""
+        with self.db.transaction():
+            self.db.run(sql.create_staging())
+            self.db.copy_rows(sql.copy_staging(), (
+                (partition_key, message_id, payload.encode("utf-8"), *rest)
+                for partition_key, message_id, payload, *rest in rows))
+            return self.db.run(sql.publish_staged(self.topic))
 
     def _load(self, rows: Sequence[Prepared]) -> int:
         """One LOAD statement on a connection opened for it (see ``infile``)."""
@@ -147,6 +164,11 @@ class ChunkPublisher:
             raise BulkLoadMismatch(
                 f"LOAD DATA stored {inserted} of {len(rows)} rows and {len(keys) - stored} "
                 "are missing (the server dropped them with a warning)")
+
+
+def _rolled_back_for_a_lock(exc: BaseException) -> bool:
+    return (_error_code(exc) in TRANSIENT
+            or getattr(exc, "sqlstate", None) in TRANSIENT_SQLSTATES)
 
 
 def _error_code(exc: BaseException) -> int | None:

@@ -7,7 +7,7 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from sqlqueue.conf import get_settings
-from sqlqueue.consuming.subscriber import dead_letter_id
+from sqlqueue.consuming.outcomes import dead_letter_id
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.integrations.tasks.compat import (
     Task,

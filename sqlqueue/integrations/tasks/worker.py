@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from sqlqueue.conf import get_settings
 from sqlqueue.consuming.message import Message, Reject, Retry
+from sqlqueue.consuming.outcomes import ack
 from sqlqueue.consuming.runner import default_name
 from sqlqueue.integrations.tasks.compat import (
     Task,
@@ -40,8 +41,6 @@ from sqlqueue.integrations.tasks.envelope import BadEnvelope, Envelope, open_env
 from sqlqueue.integrations.tasks.models import Status, TaskRecord
 from sqlqueue.integrations.tasks.options import TaskOptions
 from sqlqueue.integrations.tasks.results import TaskNotFound, task_of, to_task_result
-from sqlqueue.storage.sql import dialect_for
-from sqlqueue.storage.sql.base import OutcomeWrite
 
 logger = logging.getLogger("sqlqueue.tasks")
 
@@ -122,12 +121,8 @@ class TaskWorker:
     def _succeed(self, record: TaskRecord, value: Any, message: Message) -> None:
         """SUCCESSFUL, and the message acked, in the caller's transaction."""
         record.succeed(value, timezone.now())
-        connection = connections[self.database]
-        with connection.cursor() as cursor:
-            dialect_for(connection).write_outcomes(cursor, message.consumer_group, message.topic, [
-                OutcomeWrite(message.partition_key, message.offset, acked=True,
-                           invisible_until=0),
-            ])
+        ack(self.database, message.consumer_group, message.topic, message.partition_key,
+            message.offset)
 
     def _record_failure(self, record: TaskRecord, exc: BaseException, *, final: bool) -> None:
         kind = type(exc)

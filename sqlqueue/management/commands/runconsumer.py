@@ -20,7 +20,8 @@ from sqlqueue.consuming import supervisor
 from sqlqueue.consuming.counter import OffsetCounterWatch
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.registry import select_consumers
-from sqlqueue.consuming.runner import RECONNECT_BACKOFF, Runner
+from sqlqueue.consuming.runner import Runner
+from sqlqueue.consuming.server import RECONNECT_BACKOFF
 from sqlqueue.exceptions import ConfigurationError
 from sqlqueue.naming import check_name
 from sqlqueue.operations.preflight import ensure_ready

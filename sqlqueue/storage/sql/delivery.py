@@ -18,6 +18,10 @@ from sqlqueue.storage.sql.tables import (
     _text,
 )
 
+#: UNION members of one ``fetch_partitions`` statement (5 parameters each: within
+#: SQLite's oldest limit of 999, and a statement of a few dozen KB)
+FETCH_PARTITIONS_PER_STATEMENT = 64
+
 
 class DeliveryStatements(VendorHooks):
     """Mixin for ``Dialect``: the subscriber's reads and writes of messages and state."""
@@ -33,6 +37,28 @@ class DeliveryStatements(VendorHooks):
     ) -> list[FetchedRow]:
         cursor.execute(*self.sql.fetch_messages(group, topic, partition, after, limit))
         return [self._fetched(r) for r in cursor.fetchall()]
+
+    def fetch_partitions_sql(self, count: int) -> str:
+        """``fetch_partitions`` of ``count`` partitions, for EXPLAIN."""
+        return self.sql.fetch_partitions("", "", [("", 0)] * count, 0)[0]
+
+    def fetch_partitions(
+        self, cursor: CursorWrapper, group: str, topic: str,
+        positions: Sequence[tuple[str, int]], limit: int,
+    ) -> dict[str, list[FetchedRow]]:
+        """The next rows above each (partition, offset), at most ``limit`` each."""
+        found: dict[str, list[FetchedRow]] = {partition: [] for partition, _ in positions}
+        if len(positions) == 1:
+            return {p: self.fetch_messages(cursor, group, topic, p, after, limit)
+                    for p, after in positions}
+        for first in range(0, len(positions), FETCH_PARTITIONS_PER_STATEMENT):
+            some = positions[first:first + FETCH_PARTITIONS_PER_STATEMENT]
+            self.execute_rows(cursor, *self.sql.fetch_partitions(group, topic, some, limit))
+            for r in cursor.fetchall():
+                found[r[13]].append(self._fetched(r))
+        for rows in found.values():
+            rows.sort(key=lambda row: row.offset)  # a UNION promises no order
+        return found
 
     def fetch_messages_at(
         self, cursor: CursorWrapper, group: str, topic: str, partition: str,
@@ -102,7 +128,7 @@ class DeliveryStatements(VendorHooks):
     ) -> None:
         """``deliveries``: (partition key, offset, invisible_until), any partitions."""
         if deliveries:
-            cursor.execute(*self.sql.mark_delivered(group, topic, deliveries))
+            self.execute_rows(cursor, *self.sql.mark_delivered(group, topic, deliveries))
 
     # write_outcomes --------------------------------------------------------------------
     def write_outcomes_sql(self, count: int) -> str:
@@ -113,7 +139,7 @@ class DeliveryStatements(VendorHooks):
         self, cursor: CursorWrapper, group: str, topic: str, writes: Sequence[OutcomeWrite]
     ) -> None:
         if writes:
-            cursor.execute(*self.sql.write_outcomes(group, topic, writes))
+            self.execute_rows(cursor, *self.sql.write_outcomes(group, topic, writes))
 
     # give_back ---------------------------------------------------------------------------
     def give_back(

@@ -16,19 +16,13 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.exceptions import ConfigurationError
 from sqlqueue.horizon import WriteHorizon
+from sqlqueue.literals import escaped_length
 from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
 from sqlqueue.storage.statements import MySQLStatements
 from sqlqueue.storage.statements.vendors import MySQLVendor
 
 ER_DUP_ENTRY = 1062
 
-
-_ESCAPED = (b"\0", b"\n", b"\r", b"\\", b"'", b'"', b"\x1a")
-
-
-def _escaped_size(value: bytes | str) -> int:
-    data = value.encode("utf-8") if isinstance(value, str) else value
-    return len(data) + sum(data.count(special) for special in _ESCAPED)
 
 
 class MySQLDialect(Dialect):
@@ -111,6 +105,31 @@ class MySQLDialect(Dialect):
                 name(r.topic), name(r.partition_key), message_id, escape(r.payload), metadata,
                 r.published_at, r.priority, deliver_after))
         return self._insert_head + b",".join(values)
+
+    def execute_rows(self, cursor: CursorWrapper, sql: str, params: Sequence[Any]) -> None:
+        """With the values inlined: mysqlclient escapes parameter by parameter in Python,
+        which took an eighth of a draining runconsumer's main thread. Numbers are
+        formatted, and each distinct string (the group, the topic, a partition key:
+        they repeat on every row) is escaped once, by the live connection."""
+        self.connection.ensure_connection()  # the escaping is the live connection's
+        escape = self.connection.connection.string_literal
+        escaped: dict[str, bytes] = {}
+
+        def literal(value: Any) -> bytes:
+            if value is None:
+                return b"NULL"
+            if isinstance(value, bool):
+                return b"1" if value else b"0"
+            if isinstance(value, int):
+                return b"%d" % value
+            if isinstance(value, str):
+                found = escaped.get(value)
+                if found is None:
+                    found = escaped[value] = escape(value.encode("utf-8"))
+                return found
+            return bytes(self.connection.connection.literal(value))
+
+        cursor.execute(sql.encode("utf-8") % tuple(literal(v) for v in params))  # type: ignore[arg-type]
 
     def first_offsets_above_statement(
         self, topic: str, pairs: Sequence[tuple[str, int]]
@@ -216,4 +235,5 @@ class MySQLDialect(Dialect):
         """Rows are inlined as escaped literals: every byte mysql_real_escape_string
         escapes (NUL, newline, return, backslash, quotes, Ctrl-Z) counts twice, so that
         a payload of quotes cannot make a statement twice the size it was cut for."""
-        return sum(_escaped_size(value) for value in (payload, metadata or ""))
+        return sum(escaped_length(value.encode("utf-8") if isinstance(value, str) else value)
+                   for value in (payload, metadata or ""))

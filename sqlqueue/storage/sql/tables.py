@@ -63,6 +63,11 @@ class VendorHooks:
         """``Vendor.message_clock_sql``: the clock of a row written into queue_messages."""
         return self.sql.message_clock_sql
 
+    def execute_rows(self, cursor: CursorWrapper, sql: str, params: Sequence[Any]) -> None:
+        """Execute a statement of many rows' values (a subscriber's marks and outcomes,
+        its fetches): the driver's own parameter binding, but on MySQL."""
+        cursor.execute(sql, params)
+
     def last_inserted_offset(self, cursor: CursorWrapper) -> int:
         """The offset the INSERT just run (with ``returning_offset_sql``) allocated."""
         return int(cursor.lastrowid)

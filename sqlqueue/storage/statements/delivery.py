@@ -48,11 +48,12 @@ class DeliveryStatements(Vendor):
     ``Statements``)."""
 
     # reads ---------------------------------------------------------------------------------
-    def _fetch_sql(self, where: str) -> str:
+    def _fetch_sql(self, where: str, *, with_partition: bool = False) -> str:
         q = self.quote
+        partition = f", m.{q('partition_key')}" if with_partition else ""
         return (
             f"SELECT {self.names(FETCH_COLUMNS, 'm.')}, s.{q('acked')}, "
-            f"s.{q('invisible_until')}, s.{q('retry_count')} "
+            f"s.{q('invisible_until')}, s.{q('retry_count')}{partition} "
             f"FROM {q(MESSAGE_TABLE)} m LEFT JOIN {q(STATE_TABLE)} s "
             f"ON s.{q('consumer_group')} = %s AND s.{q('topic')} = m.{q('topic')} "
             f"AND s.{q('partition_key')} = m.{q('partition_key')} "
@@ -69,6 +70,19 @@ class DeliveryStatements(Vendor):
         delivery state)."""
         return (self._fetch_sql(f"m.{self.quote('offset')} > %s") + " LIMIT %s",
                 [group, topic, partition, after, limit])
+
+    def fetch_partitions(self, group: str, topic: str, positions: Sequence[tuple[str, int]],
+                         limit: int) -> Statement:
+        """``fetch_partitions``: ``fetch_messages`` of several (partition, after) in one
+        statement (at least one), each its own range of ``idx_topic_partition_offset``
+        with its own limit (a UNION ALL), the partition key last. One round trip where a
+        poll after new rows in one partition of many would make one per partition."""
+        one = self._fetch_sql(f"m.{self.quote('offset')} > %s", with_partition=True)
+        params: list[Any] = []
+        for partition, after in positions:
+            params += [group, topic, partition, after, limit]
+        return (" UNION ALL ".join([self.union_member(one + " LIMIT %s")] * len(positions)),
+                params)
 
     def fetch_messages_at(self, group: str, topic: str, partition: str,
                           offsets: Sequence[int]) -> Statement:

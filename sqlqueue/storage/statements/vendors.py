@@ -45,14 +45,18 @@ class Vendor:
 
     @property
     def message_clock_sql(self) -> str:
-        """``created_at`` of a row copied into queue_messages (dead letter, replay): the
-        database clock read as the vendor's write horizon needs it (sqlqueue.horizon)."""
+        """The clock a row of queue_messages is stamped with (``created_at``), which the
+        write horizon compares with the oldest open transaction (sqlqueue.horizon)."""
         return self.now_ms_sql
 
     @staticmethod
     def greatest_sql(a: str, b: str) -> str:
         """The larger of two expressions."""
         return f"GREATEST({a}, {b})"
+
+    @staticmethod
+    def union_member(select: str) -> str:  # with its own ORDER BY and LIMIT, in a UNION
+        return f"({select})"
 
     def quote(self, name: str) -> str:
         return f"{self.quote_char}{name}{self.quote_char}"
@@ -301,6 +305,11 @@ class SQLiteVendor(OnConflictVendor):
     def greatest_sql(a: str, b: str) -> str:
         return f"MAX({a}, {b})"  # the scalar max of its arguments
 
+    @staticmethod
+    def union_member(select: str) -> str:
+        # SQLite allows ORDER BY and LIMIT only at the end of a whole compound SELECT.
+        return f"SELECT * FROM ({select})"
+
     def offset_counter(self) -> Statement:
         # The last offset AUTOINCREMENT handed out.
         return "SELECT seq FROM sqlite_sequence WHERE name = %s", [MESSAGE_TABLE]
@@ -339,17 +348,18 @@ class PostgreSQLVendor(OnConflictVendor):
     # per-partition probes by itself (tests/integration/test_sql_statements.py, EXPLAIN).
     returning_offset_sql = ' RETURNING "offset"'
 
-    @property
-    def message_clock_sql(self) -> str:
-        # CASE evaluates its condition first: pg_current_xact_id() gives the transaction
-        # its id (if it has none yet) before the clock is read.
-        return (f"(CASE WHEN pg_current_xact_id() IS NOT NULL THEN "
-                f"{epoch_ms('clock_timestamp()')} END)")
-
     def offset_counter(self) -> Statement:
         # The last offset the identity's sequence handed out (NULL before the first).
         return ("SELECT pg_sequence_last_value(pg_get_serial_sequence(%s, 'offset')"
                 "::regclass)", [MESSAGE_TABLE])
+
+    @property
+    def message_clock_sql(self) -> str:
+        # CASE evaluates its condition first: pg_current_xact_id() gives the transaction
+        # its id (if it has none yet) before the clock is read, the order the exact
+        # write horizon rests on (sqlqueue.storage.sql.postgresql).
+        return (f"(CASE WHEN pg_current_xact_id() IS NOT NULL THEN "
+                f"{epoch_ms('clock_timestamp()')} END)")
 
     def stored_columns(self, expression: str, table: str) -> str:
         # In ON CONFLICT DO UPDATE a bare column is ambiguous (the stored row's, or

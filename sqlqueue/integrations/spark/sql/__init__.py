@@ -21,7 +21,12 @@ def statements_for(vendor: str) -> Statements:
         from sqlqueue.integrations.spark.sql.sqlite import SQLiteStatements
 
         return SQLiteStatements()
-    raise ValueError(f"sqlqueue's Spark source supports mysql and sqlite, not {vendor!r}")
+    if vendor == "postgresql":
+        from sqlqueue.integrations.spark.sql.postgresql import PostgreSQLStatements
+
+        return PostgreSQLStatements()
+    raise ValueError(
+        f"sqlqueue's Spark source supports mysql, postgresql and sqlite, not {vendor!r}")
 
 
 __all__ = ["Statement", "Statements", "statements_for"]

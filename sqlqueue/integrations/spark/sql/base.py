@@ -129,7 +129,7 @@ class Statements(SharedStatements):
         partition_key, id) is stored (idempotent publish: a retried Spark task inserts
         nothing twice). ``rows``: (partition_key, id, payload (str), metadata,
         published_at, priority, deliver_after)."""
-        one = f"(%s, %s, %s, %s, %s, %s, %s, %s, {self.now_ms_sql})"
+        one = f"(%s, %s, %s, %s, %s, %s, %s, %s, {self.message_clock_sql})"
         params: list[Any] = []
         for partition_key, message_id, payload, *rest in rows:
             # Bytes: SQLite would store a str in the BLOB column as TEXT.

@@ -1,0 +1,185 @@
+"""A subscriber's deliveries: reading what is new in its partitions, choosing what may
+start now, and marking it delivered (the visibility timeout starts) before it is handed to
+the handler pool. A mixin of ``Subscriber``; runs on the runner's main thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from django.db.backends.utils import CursorWrapper
+
+from sqlqueue.consuming.handlers import Delivery
+from sqlqueue.consuming.leases import LeaseKeeper
+from sqlqueue.consuming.limits import Limits
+from sqlqueue.consuming.partition import Entry, PartitionState
+from sqlqueue.consuming.registry import Consumer, ConsumerOptions
+from sqlqueue.storage.sql import Dialect
+
+logger = logging.getLogger("sqlqueue.consumer")
+
+#: A write stamped with a time (visibility, backoff) that took longer than this waited for
+#: a lock: its time is stamped again from a fresh reading of the clock.
+RESTAMP_AFTER_MS = 250
+_sequence = itertools.count()
+
+
+class Delivering:
+    """``Subscriber``'s deliveries (it provides what is declared here)."""
+
+    consumer: Consumer
+    options: ConsumerOptions
+    alias: str
+    clock: Callable[[], int]
+    hold_clock: Callable[[], int]
+    leases: LeaseKeeper
+    limits: Limits | None
+    partitions: dict[str, PartitionState]
+    outstanding: dict[int, Delivery]
+    stats: Counter[str]
+    if TYPE_CHECKING:
+        @property
+        def group(self) -> str: ...
+        @property
+        def topic(self) -> str: ...
+        @property
+        def dialect(self) -> Dialect: ...
+        def allowance(self) -> int | None: ...
+        def _dead_letter(self, cursor: CursorWrapper, state: PartitionState | None,
+                         delivery: Delivery, reason: str, error: str) -> None: ...
+
+    def poll(
+        self, cursor: CursorWrapper, head: Callable[[], int], budget: int | None
+    ) -> list[Delivery]:
+        """Read what is new and return the deliveries to hand out now (marked delivered).
+
+        ``budget`` caps the number of deliveries (``--max-messages``); None: no cap. The
+        consumer's limits cap it too: what they hold back is not marked delivered (no
+        attempt charged), and waits in the buffer.
+        """
+        allowance = self.allowance()
+        if allowance is not None:
+            budget = allowance if budget is None else min(budget, allowance)
+        batch = self.options.batch_size
+        held = [state for key, state in self.partitions.items()
+                if self.leases.holds(key)]  # not those being released or near their end
+        self._fetch(cursor, [s for s in held if s.wants_fetch(batch, head)], head)
+        chosen: list[tuple[PartitionState, Entry]] = []
+        for state in held:
+            ready = state.ready(self.clock(), batch, self.consumer.ordered)
+            if budget is not None:
+                ready = ready[: max(0, budget - len(chosen))]
+            chosen += [(state, entry) for entry in ready]
+        if not chosen:
+            return []
+        if self.limits is not None:
+            self.limits.spend(len(chosen))
+        return self._deliver(cursor, chosen)
+
+    def _fetch(self, cursor: CursorWrapper, wanted: list[PartitionState],
+               head: Callable[[], int]) -> None:
+        """Read the next rows of every partition in ``wanted``, in one statement (one
+        per partition made a poll after a publish cost a round trip per held
+        partition)."""
+        if not wanted:
+            return
+        batch = self.options.batch_size
+        found = self.dialect.fetch_partitions(
+            cursor, self.group, self.topic,
+            [(state.partition_key, state.cursor) for state in wanted], batch)
+        # The head first, the clock after it: covered_at_ms must not be earlier than the
+        # read that found the head, or a later write horizon could close the window over
+        # a publisher still open (SPEC I4).
+        head()
+        now_ms = self.clock()
+        for state in wanted:
+            rows = found[state.partition_key]
+            state.absorb(rows, self.group)
+            state.fetched(len(rows), batch, head, now_ms)
+
+    def _deliver(
+        self, cursor: CursorWrapper, chosen: list[tuple[PartitionState, Entry]]
+    ) -> list[Delivery]:
+        """Mark every chosen message delivered, all partitions in one statement.
+
+        Returned deliveries are not yet ``outstanding``: the caller hands them out (and
+        calls ``handed_out``) only once the transaction that marked them has committed."""
+        invisible_until = self._mark_delivered(cursor, chosen)
+        deliveries = []
+        for state, entry in chosen:
+            if entry.in_flight:
+                logger.warning(
+                    "%s/%s@%s: the handler of attempt %s outlived the visibility timeout "
+                    "(%ss); delivering it again.", self.topic, state.partition_key,
+                    entry.offset, entry.attempt, self.options.visibility_timeout)
+            state.dispatched(entry, invisible_until)
+            assert entry.row is not None
+            delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
+                                entry.attempt, next(_sequence),
+                                lease_valid=self._lease_check(state.partition_key,
+                                                              state.generation),
+                                on_extend=self._hold(entry), generation=state.generation)
+            if entry.attempt > self.options.max_attempts:
+                # Attempts were charged but never reported (a worker died mid-handler, or
+                # gave up past the visibility timeout): the retry budget is spent.
+                self._dead_letter(cursor, state, delivery, "crashed", (
+                    f"Gave up after {entry.attempt - 1} attempt(s) that never completed "
+                    "(the worker stopped or the visibility timeout ran out)."
+                ))
+                continue
+            deliveries.append(delivery)
+        return deliveries
+
+    def _mark_delivered(
+        self, cursor: CursorWrapper, chosen: list[tuple[PartitionState, Entry]]
+    ) -> int:
+        """Start the visibility timeouts; returns when they end in this process's view.
+
+        If the statement waited for a lock, the time it stamped is already partly spent:
+        the rows are stamped again (with the locks now held, at once), so that no other
+        owner redelivers early and no ordered run overlaps the one starting now (I5, I10).
+        """
+        timeout_ms = round(self.options.visibility_timeout * 1000)
+        stamped_at = self.clock()
+        self.dialect.mark_delivered(cursor, self.group, self.topic, [
+            (state.partition_key, entry.offset, stamped_at + timeout_ms)
+            for state, entry in chosen
+        ])
+        now = self.clock()
+        if now - stamped_at > RESTAMP_AFTER_MS:
+            logger.warning("%s/%s: marking %s message(s) delivered waited %.1fs; stamping "
+                           "their visibility timeout again.", self.group, self.topic,
+                           len(chosen), (now - stamped_at) / 1000)
+            for state, entry in chosen:
+                self.dialect.extend_visibility(cursor, self.group, self.topic,
+                                               state.partition_key, entry.offset, timeout_ms)
+            now = self.clock()
+        return now + timeout_ms
+
+    def handed_out(self, deliveries: Iterable[Delivery]) -> None:
+        """The transaction that marked ``deliveries`` committed: they are the handlers'."""
+        count = 0
+        for delivery in deliveries:
+            self.outstanding[id(delivery)] = delivery
+            count += 1
+        self.stats["delivered"] += count
+
+    def _hold(self, entry: Entry) -> Callable[[float], None]:
+        """extend_visibility() also tells this process not to deliver it again yet (on a
+        handler thread: the clock's estimate, never a query)."""
+        def hold(seconds: float) -> None:
+            entry.held_until_ms = self.hold_clock() + round(seconds * 1000)
+
+        return hold
+
+    def _lease_check(self, partition: str, generation: int | None) -> Callable[[], bool]:
+        def valid() -> bool:
+            return (self.leases.holds(partition)
+                    and self.leases.generation(partition) == generation)
+
+        return valid
+

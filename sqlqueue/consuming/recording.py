@@ -1,0 +1,117 @@
+"""Deciding what to write for the outcomes handlers sent back: no database, no cursor.
+
+``plan`` turns outcomes into a ``Plan``: acks, retries (with their backoff and the time
+they become visible again, SPEC I9), dead letters (rejected, or out of attempts, SPEC I7)
+and give-backs (a delivery no handler started: no attempt charged). Outcomes of
+deliveries this subscriber no longer trusts are dropped: made on another server, or on a
+partition whose lease went elsewhere or came back under a new generation (the owner
+delivers them again after their visibility timeout: at least once, never acked by a
+stranger). ``Subscriber.record`` writes the plan (sqlqueue.consuming.outcomes).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from sqlqueue.consuming.backoff import retry_delay
+from sqlqueue.consuming.handlers import Delivery, Outcome
+from sqlqueue.consuming.outcomes import Ack, RetryAt
+from sqlqueue.consuming.partition import PartitionState
+from sqlqueue.consuming.registry import ConsumerOptions
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Another attempt after ``delay_ms``: not visible before ``invisible_until``."""
+
+    delivery: Delivery
+    delay_ms: int
+    error: str
+    invisible_until: int
+
+    def stamped(self, now_ms: int) -> Retry:
+        """The same retry with its delay counted from ``now_ms``."""
+        return replace(self, invisible_until=now_ms + self.delay_ms)
+
+    def write(self) -> RetryAt:
+        return RetryAt(self.delivery.partition_key, self.delivery.row.offset,
+                       self.invisible_until, self.error)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    delivery: Delivery
+    reason: str  # "rejected", "max_attempts" (and "crashed", decided at delivery)
+    error: str
+
+
+@dataclass(frozen=True)
+class GiveBack:
+    delivery: Delivery
+    previous_retry_count: int | None  # the attempt before this delivery (None: none)
+
+
+@dataclass
+class Plan:
+    acks: list[Delivery] = field(default_factory=list)  # to ack now
+    acked: list[Delivery] = field(default_factory=list)  # an atomic handler acked already
+    retries: list[Retry] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    give_backs: list[GiveBack] = field(default_factory=list)
+    abandoned: int = 0  # outcomes dropped: this subscriber no longer trusts the delivery
+
+    @property
+    def finished(self) -> list[Delivery]:
+        """Done for good once written (not the dead letters: counted on their own)."""
+        return self.acks + self.acked
+
+    def ack_writes(self) -> list[Ack]:
+        return [Ack(d.partition_key, d.row.offset) for d in self.acks]
+
+
+def plan(outcomes: Iterable[Outcome], *, outstanding: Container[int],
+         partitions: Mapping[str, PartitionState], options: ConsumerOptions, now_ms: int,
+         rng: random.Random | None = None) -> Plan:
+    """What to write for ``outcomes``. ``outstanding``: ids of the deliveries this
+    subscriber handed out and still answers for; ``partitions``: the partitions it holds
+    (with their lease's generation); ``now_ms``: the database clock; ``rng``: the backoff's
+    jitter."""
+    decided = Plan()
+    for outcome in outcomes:
+        delivery = outcome.delivery
+        if id(delivery) not in outstanding:
+            # Made on a server this subscriber no longer talks to (forget_server).
+            decided.abandoned += 1
+            continue
+        key, offset = delivery.partition_key, delivery.row.offset
+        state = partitions.get(key)
+        if state is None or state.generation != delivery.generation:
+            # The lease went elsewhere (or came back under a new generation).
+            decided.abandoned += 1
+            continue
+        entry = state.entries.get(offset)
+        if entry is not None and entry.attempt > delivery.attempt and outcome.kind != "ack":
+            continue  # a late word from an attempt that was overtaken by a redelivery
+        if outcome.kind == "not_started":
+            # The attempt before this delivery: none at all for a first delivery.
+            previous = entry.previous_retry_count if entry else (
+                None if delivery.attempt == 1 else delivery.attempt - 2
+            )
+            decided.give_backs.append(GiveBack(delivery, previous))
+        elif outcome.kind == "ack":
+            decided.acks.append(delivery)
+        elif outcome.kind == "acked":
+            decided.acked.append(delivery)
+        elif outcome.kind == "reject" or delivery.attempt >= options.max_attempts:
+            reason = "rejected" if outcome.kind == "reject" else "max_attempts"
+            decided.dead_letters.append(DeadLetter(delivery, reason, outcome.error))
+        else:
+            delay = outcome.delay
+            if delay is None:
+                delay = retry_delay(delivery.attempt, options.min_backoff, options.max_backoff,
+                                    rng)
+            delay_ms = round(1000 * delay)
+            decided.retries.append(Retry(delivery, delay_ms, outcome.error, now_ms + delay_ms))
+    return decided

@@ -1,0 +1,100 @@
+"""The database server the runner talks to: bounded lock waits, its identity (a failover,
+or a proxy that moved the connection, is noticed at no extra statement), its clock, and
+starting again after a lost connection. A mixin of ``Runner``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from django.db import Error as AnyDatabaseError
+from django.db import connections
+
+from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.clock import Clock
+from sqlqueue.consuming.instruments import Instruments
+from sqlqueue.consuming.subscriber import Subscriber
+from sqlqueue.storage.sql import dialect_for
+
+RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)  # seconds, after a lost connection
+
+
+def lock_wait_seconds(conf: QueueSettings) -> int:
+    """How long the main thread's statements wait for a row lock before giving up: a
+    quarter of the renew interval (1 to 5 s), so that a peer paused while holding one
+    (inside its cycle transaction) delays a lease tick or a cycle by that much at most,
+    never past the renewal (the server's default is 50 s)."""
+    return max(1, min(5, round(conf.LEASE_RENEW_INTERVAL / 4)))
+
+
+class ServerChanged(Exception):
+    """The connection reached another database server than before."""
+
+    def __init__(self, before: str, now: str) -> None:
+        super().__init__(f"the database server changed from {before!r} to {now!r}")
+        self.before = before
+        self.now = now
+
+
+class ServerWatch:
+    """``Runner``'s server (it provides what is declared here)."""
+
+    conf: QueueSettings
+    alias: str
+    clock: Clock
+    subscribers: list[Subscriber]
+    instruments: Instruments
+    _horizon_value: int | None
+    _horizon_expires: float
+
+    def __init__(self) -> None:
+        self._server: str | None = None  # which database server this process talks to
+        self._bounded_connection: object = None
+
+    def _head(self, dialect: Any, cursor: Any) -> int:
+        head, server = dialect.head_and_server(cursor)
+        self._check_server(server)
+        return int(head)
+
+        return int(head)
+
+    def _check_server(self, server: str) -> None:
+        """Raise ServerChanged if ``server`` is not the one this process talked to."""
+        if self._server is None:
+            self._server = server
+        elif server != self._server:
+            raise ServerChanged(self._server, server)
+
+    def _forget_server(self, server: str) -> None:
+        self._server = server
+        self._horizon_value = None  # a horizon of the old server says nothing here
+        self._horizon_expires = 0.0
+        self.clock.invalidate()
+        for subscriber in self.subscribers:
+            subscriber.forget_server()
+
+    def _count_statement(self, execute: Callable[..., Any], sql: str, params: Any,
+                         many: bool, context: Any) -> Any:
+        self.instruments.statement()
+        return execute(sql, params, many, context)
+
+    def _bound_lock_waits(self, connection: Any, cursor: Any) -> None:
+        """Once per database connection (a new one after a reconnect)."""
+        if connection.connection is not self._bounded_connection:
+            dialect_for(connection).bound_lock_waits(cursor, lock_wait_seconds(self.conf))
+            self._bounded_connection = connection.connection
+
+    def _database_now(self) -> int:
+        connection = connections[self.alias]
+        with connection.cursor() as cursor:
+            return dialect_for(connection).database_now_ms(cursor)
+
+    def _reset_connection(self) -> None:
+        with contextlib.suppress(AnyDatabaseError):
+            connections[self.alias].close()
+        self.clock.invalidate()
+        for subscriber in self.subscribers:
+            subscriber.reset()
+

@@ -1,0 +1,117 @@
+"""A subscriber's watermarks: moving each partition's watermark over settled, done rows,
+after sweeping the window for rows committed late (SPEC I4), and noticing one that went
+back. A mixin of ``Subscriber``; runs on the runner's main thread, in its transactions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from django.db.backends.utils import CursorWrapper
+
+from sqlqueue import events
+from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.partition import PartitionState
+from sqlqueue.storage.sql import Dialect
+
+logger = logging.getLogger("sqlqueue.consumer")
+
+SWEEP_INTERVAL = 2.0  # seconds between sweeps of a window for late-committed rows
+SWEEP_LIMIT = 5000  # offsets read per sweep
+WATERMARK_STEP = 0.5  # seconds between watermark writes of a partition, at most
+
+
+class Watermarks:
+    """``Subscriber``'s watermarks (it provides what is declared here)."""
+
+    conf: QueueSettings
+    partitions: dict[str, PartitionState]
+    if TYPE_CHECKING:
+        @property
+        def group(self) -> str: ...
+        @property
+        def topic(self) -> str: ...
+        @property
+        def dialect(self) -> Dialect: ...
+
+    def __init__(self) -> None:
+        self._last_sweep: dict[str, float] = {}
+        self._last_advance: dict[str, float] = {}
+        # The highest watermark of each partition this process has read or written: a
+        # lower one later is worth an ERROR (_check_not_back).
+        self._seen_watermarks: dict[str, int] = {}
+
+    def advance(
+        self, cursor: CursorWrapper, settled_before: int | None, force: bool = False
+    ) -> None:
+        """Move each partition's watermark over settled, done rows (created before
+        ``settled_before``; None: all are), after checking the window for late-committed
+        rows; then drop the delivery state it covers."""
+        now = time.monotonic()
+        for key, state in self.partitions.items():
+            if not state.window_open:
+                continue  # idle and settled: nothing to check, no query
+            candidate = state.advance_candidate(settled_before)
+            sweep_due = force or now - self._last_sweep.get(key, 0.0) >= SWEEP_INTERVAL
+            if candidate <= state.watermark and not sweep_due:
+                continue
+            recently = now - self._last_advance.get(key, 0.0) < WATERMARK_STEP
+            if candidate > state.watermark and recently and not sweep_due:
+                continue  # batch watermark writes: at most one per partition per step
+            candidate = self._sweep(cursor, state, candidate, settled_before)
+            self._last_sweep[key] = now
+            if candidate > state.watermark:
+                first_open = state.first_open()
+                self.dialect.advance_watermark(
+                    cursor, self.group, self.topic, key, candidate,
+                    first_open if first_open is not None and first_open > candidate else None)
+                # Only now that the watermark is durable may the state behind it go
+                # (or, with KEEP_DELIVERY_STATE, with its message, at garbage collection).
+                if not self.conf.KEEP_DELIVERY_STATE:
+                    self.dialect.delete_states_upto(cursor, self.group, self.topic, key,
+                                                    candidate)
+                state.moved_watermark(candidate)
+                self._seen_watermarks[key] = candidate
+                self._last_advance[key] = now
+
+    def _sweep(
+        self, cursor: CursorWrapper, state: PartitionState, candidate: int,
+        settled_before: int | None,
+    ) -> int:
+        """Look for rows in the window that were committed after the fetch passed them."""
+        upto = max(candidate, state.covered)
+        stored = self.dialect.list_offsets(
+            cursor, self.topic, state.partition_key, state.watermark, upto, SWEEP_LIMIT
+        )
+        unknown = [o for o in stored if o not in state.entries]
+        if unknown:
+            rows = self.dialect.fetch_messages_at(
+                cursor, self.group, self.topic, state.partition_key, unknown
+            )
+            for entry in state.absorb(rows, self.group):
+                logger.info("Found late-committed message %s/%s@%s for group %r.",
+                            self.topic, state.partition_key, entry.offset, self.group)
+            candidate = state.advance_candidate(settled_before)
+        if len(stored) == SWEEP_LIMIT:
+            candidate = min(candidate, stored[-1])  # only checked up to there
+        return candidate
+
+
+    def _check_not_back(self, key: str, watermark: int) -> None:
+        """A watermark only moves forward, but for an operator's reset-position or writes
+        the database lost (a failover to a replica that was behind, a restore): say so,
+        as the messages in between are delivered again."""
+        seen = self._seen_watermarks.get(key, 0)
+        if watermark < seen:
+            logger.error(
+                "The watermark of %s on %s/%s went back from %d to %d: an operator reset it "
+                "(queue reset-position), or the database lost writes (a failover to a "
+                "replica that was behind, a restore). Messages in between are delivered "
+                "again.", self.group, self.topic, key, seen, watermark,
+                extra=events.fields(events.WATERMARK_WENT_BACK, group=self.group,
+                                    topic=self.topic, partition=key, seen=seen,
+                                    now=watermark))
+        self._seen_watermarks[key] = watermark
+
