@@ -17,8 +17,8 @@ from sqlqueue.consuming.handlers import Delivery
 from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.partition import Entry, PartitionState
+from sqlqueue.consuming.parts import SubscriberPart
 from sqlqueue.consuming.registry import Consumer, ConsumerOptions
-from sqlqueue.storage.sql import Dialect
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -28,7 +28,7 @@ RESTAMP_AFTER_MS = 250
 _sequence = itertools.count()
 
 
-class Delivering:
+class Delivering(SubscriberPart):
     """``Subscriber``'s deliveries (it provides what is declared here)."""
 
     consumer: Consumer
@@ -38,16 +38,9 @@ class Delivering:
     hold_clock: Callable[[], int]
     leases: LeaseKeeper
     limits: Limits | None
-    partitions: dict[str, PartitionState]
     outstanding: dict[int, Delivery]
     stats: Counter[str]
     if TYPE_CHECKING:
-        @property
-        def group(self) -> str: ...
-        @property
-        def topic(self) -> str: ...
-        @property
-        def dialect(self) -> Dialect: ...
         def allowance(self) -> int | None: ...
         def _dead_letter(self, cursor: CursorWrapper, state: PartitionState | None,
                          delivery: Delivery, reason: str, error: str) -> None: ...

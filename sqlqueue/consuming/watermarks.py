@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.partition import PartitionState
-from sqlqueue.storage.sql import Dialect
+from sqlqueue.consuming.parts import SubscriberPart
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -23,18 +22,10 @@ SWEEP_LIMIT = 5000  # offsets read per sweep
 WATERMARK_STEP = 0.5  # seconds between watermark writes of a partition, at most
 
 
-class Watermarks:
+class Watermarks(SubscriberPart):
     """``Subscriber``'s watermarks (it provides what is declared here)."""
 
     conf: QueueSettings
-    partitions: dict[str, PartitionState]
-    if TYPE_CHECKING:
-        @property
-        def group(self) -> str: ...
-        @property
-        def topic(self) -> str: ...
-        @property
-        def dialect(self) -> Dialect: ...
 
     def __init__(self) -> None:
         self._last_sweep: dict[str, float] = {}
