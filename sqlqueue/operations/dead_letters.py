@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from django.db import connections, transaction
+from django.db.models import QuerySet
 
 from sqlqueue.conf import MAX_NAME_BYTES, get_settings
 from sqlqueue.exceptions import SqlqueueError
@@ -32,6 +33,18 @@ class Replayed:
     topic: str
     partition_key: str
     offset: int  # of the new message in the original topic
+
+
+def matching_dead_letters(*, using: str, group: str | None = None,
+                          topic: str | None = None) -> QuerySet[DeadLetter]:
+    """The dead letters of one database, of ``group`` and from ``topic`` if given, newest
+    first (a lazy query: slice it)."""
+    rows = DeadLetter.objects.using(using).all()
+    if group:
+        rows = rows.filter(consumer_group=group)
+    if topic:
+        rows = rows.filter(original_topic=topic)
+    return rows.order_by("-offset")
 
 
 def replay_dead_letter(offset: int, *, using: str | None = None) -> Replayed:

@@ -24,6 +24,8 @@ FORBIDDEN = {
     "sqlqueue.scheduling": ("sqlqueue.operations", "sqlqueue.admin", "sqlqueue.management",
                             "sqlqueue.consuming"),
     "sqlqueue.operations": ("sqlqueue.admin", "sqlqueue.management"),
+    # Commands act through sqlqueue.operations (runconsumer runs the engine itself).
+    "sqlqueue.management": ("sqlqueue.models", "sqlqueue.storage"),
     # Wake-ups sit below both sides: the publisher rings, the runner listens.
     "sqlqueue.wakeups": ("sqlqueue.models", "sqlqueue.publishing", "sqlqueue.consuming",
                          "sqlqueue.scheduling", "sqlqueue.operations", "sqlqueue.admin",

@@ -9,9 +9,12 @@ from django.core.management.base import CommandError, OutputWrapper
 
 from sqlqueue.conf import get_settings
 from sqlqueue.management.queue_verbs.common import alias_of, checked_alias
-from sqlqueue.models import DeadLetter
 from sqlqueue.naming import escape_controls
-from sqlqueue.operations.dead_letters import discard_dead_letters, replay_dead_letters
+from sqlqueue.operations.dead_letters import (
+    discard_dead_letters,
+    matching_dead_letters,
+    replay_dead_letters,
+)
 
 
 def dead_letters(out: OutputWrapper, options: dict[str, Any]) -> None:
@@ -76,9 +79,5 @@ def replay_or_discard(out: OutputWrapper, options: dict[str, Any]) -> None:
 
 def _matching(options: dict[str, Any], alias: str) -> Any:
     """The dead letters in ``alias`` matching ``--group``/``--topic``, newest first."""
-    rows = DeadLetter.objects.using(alias).all()
-    if options.get("group"):
-        rows = rows.filter(consumer_group=options["group"])
-    if options.get("topic"):
-        rows = rows.filter(original_topic=options["topic"])
-    return rows.order_by("-offset")
+    return matching_dead_letters(using=alias, group=options.get("group"),
+                                 topic=options.get("topic"))
