@@ -22,7 +22,9 @@ at least that one, and a stale snapshot yields an older, still safe, horizon.
 from __future__ import annotations
 
 import random
-from typing import NamedTuple
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 #: ``trx_started`` has whole seconds, truncated (which only makes the horizon earlier).
 #: The margin covers the time between the start of an INSERT, which gives ``created_at``,
@@ -78,3 +80,30 @@ def refresh_delay() -> float:
     """Seconds until a process reads INNODB_TRX again: ``REFRESH`` and up to half as much
     again, at random, so that many processes do not read in step."""
     return REFRESH * random.uniform(1.0, 1.5)
+
+
+class SettledCache:
+    """A process's last ``settled_before``, read again at most every ``refresh_delay()``
+    seconds and kept meanwhile: what was settled then still is, so the last value is
+    safe to reuse and is the floor of the next read. The consumer engine and the Spark
+    stream each keep one."""
+
+    def __init__(self) -> None:
+        self.value: int | None = None
+        self.expires = 0.0  # time.monotonic() of the next read
+
+    def get(self, read: Callable[[int | None], int | None]) -> int | None:
+        """The kept value, or, when a read is due, ``read(the kept value)``'s."""
+        if time.monotonic() >= self.expires:
+            self.value = read(self.value)
+            self.expires = time.monotonic() + refresh_delay()
+        return self.value
+
+    def forget(self) -> None:
+        """Read afresh at the next use, without a floor (a horizon read on another
+        server says nothing about this one)."""
+        self.value, self.expires = None, 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled along with a Spark stream reader: read afresh where it lands.
+        return {"value": self.value, "expires": 0.0}

@@ -10,7 +10,6 @@ settled, sqlqueue.horizon) is read at most every ``refresh_delay()`` seconds. A 
 from __future__ import annotations
 
 import queue
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,7 +19,7 @@ from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.clock import Clock
 from sqlqueue.consuming.handlers import Outcome
 from sqlqueue.consuming.subscriber import Subscriber
-from sqlqueue.horizon import UNKNOWN, refresh_delay, settled_before
+from sqlqueue.horizon import UNKNOWN, SettledCache, settled_before
 from sqlqueue.storage.sql import dialect_for
 
 #: Adaptive polling: after a pass that saw new messages the next poll comes this soon,
@@ -77,8 +76,7 @@ class Pacing:
         self._quiet_passes = 0  # passes in a row that saw no new message (adaptive polling)
         self._last_head = -1
         self._dispatched_before = 0
-        self._horizon_value: int | None = None
-        self._horizon_expires = 0.0
+        self._horizon = SettledCache()
 
     if TYPE_CHECKING:
         def _paused(self, subscriber: Subscriber) -> bool: ...
@@ -133,12 +131,9 @@ class Pacing:
         could pass a writer that committed in between: no longer listed as open, yet
         invisible to this transaction's check of the window (SPEC I4). A horizon cached
         from an earlier transaction was read before this snapshot: safe too."""
-        if time.monotonic() >= self._horizon_expires:
-            self._horizon_value = self._read_horizon(cursor, now_ms)
-            self._horizon_expires = time.monotonic() + refresh_delay()
-        return self._horizon_value
+        return self._horizon.get(lambda previous: self._read_horizon(cursor, now_ms, previous))
 
-    def _read_horizon(self, cursor: Any, now_ms: int) -> int | None:
+    def _read_horizon(self, cursor: Any, now_ms: int, previous: int | None) -> int | None:
         try:
             seen = dialect_for(connections[self.alias]).write_horizon(cursor)
         except DatabaseError:
@@ -146,5 +141,5 @@ class Pacing:
         if seen is None:
             return None  # one writer at a time: nothing can commit out of order
         return settled_before(seen, now_ms, round(self.conf.MAX_TRANSACTION_AGE * 1000),
-                              self._horizon_value)
+                              previous)
 

@@ -16,6 +16,7 @@ from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.clock import Clock
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.subscriber import Subscriber
+from sqlqueue.horizon import SettledCache
 from sqlqueue.storage.sql import dialect_for
 
 RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)  # seconds, after a lost connection
@@ -46,8 +47,7 @@ class ServerWatch:
     clock: Clock
     subscribers: list[Subscriber]
     instruments: Instruments
-    _horizon_value: int | None
-    _horizon_expires: float
+    _horizon: SettledCache
 
     def __init__(self) -> None:
         self._server: str | None = None  # which database server this process talks to
@@ -69,8 +69,7 @@ class ServerWatch:
 
     def _forget_server(self, server: str) -> None:
         self._server = server
-        self._horizon_value = None  # a horizon of the old server says nothing here
-        self._horizon_expires = 0.0
+        self._horizon.forget()  # a horizon of the old server says nothing here
         self.clock.invalidate()
         for subscriber in self.subscribers:
             subscriber.forget_server()

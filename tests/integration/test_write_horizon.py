@@ -25,8 +25,8 @@ import pytest
 from django.db import connection, connections, transaction
 from django.db.backends.utils import CursorWrapper
 
+from sqlqueue import horizon as horizon_module
 from sqlqueue import send_message
-from sqlqueue.consuming import pacing as pacing_module
 from sqlqueue.horizon import MARGIN_MS, WriteHorizon, settled_before
 from sqlqueue.models import QueueMessage
 from sqlqueue.storage.sql import dialect_for
@@ -312,7 +312,7 @@ def test_the_runner_reads_inside_a_started_transaction(
 
     monkeypatch.setattr(dialect_class, "write_horizon", spy)
     monkeypatch.setattr(CursorWrapper, "execute", remember)
-    monkeypatch.setattr(pacing_module, "refresh_delay", lambda: 0.0)  # read at every use
+    monkeypatch.setattr(horizon_module, "refresh_delay", lambda: 0.0)  # read at every use
     register("t", "g", lambda message: None)
     send_message("t", "a", partition_key="k")
     drain(["g"])  # --until-empty: the new row is not settled yet, so shutdown advances

@@ -255,7 +255,7 @@ def test_the_horizon_keeps_its_last_value_through_a_stale_snapshot() -> None:
     db.now_ms, db.snapshot = 1_030_000, (None, 990_000)  # stale: taken 40 s ago
     assert horizon(db) == 1_000_000 - MARGIN_MS  # type: ignore[arg-type]
     db.now_ms, db.snapshot = 1_031_000, (1_010_000, 1_031_000)  # fresh, with a writer
-    horizon._expires = 0.0
+    horizon.cache.expires = 0.0
     assert horizon(db) == 1_010_000 - MARGIN_MS  # type: ignore[arg-type]
     assert db.horizon_reads == 3
 

@@ -3,6 +3,7 @@ rows are settled, from a snapshot of the open transactions that may be stale (SP
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -106,7 +107,7 @@ def runner(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def horizon_now(runner: Runner) -> int | None:
-    runner._horizon_expires = 0.0  # due for a read
+    runner._horizon.expires = 0.0  # due for a read
     return runner._settled_before(None, NOW)
 
 
@@ -123,7 +124,7 @@ def test_the_runner_keeps_its_last_horizon_through_stale_snapshots(runner: Any) 
 def test_the_runner_reuses_a_horizon_until_its_refresh_is_due(runner: Any) -> None:
     r = runner(WriteHorizon(None, NOW))
     assert {r._settled_before(None, NOW) for _ in range(20)} == {NOW - MARGIN_MS}  # one read
-    assert REFRESH * 0.99 <= r._horizon_expires - pacing_module.time.monotonic() <= 1.5 * REFRESH
+    assert REFRESH * 0.99 <= r._horizon.expires - time.monotonic() <= 1.5 * REFRESH
 
 
 def test_the_runner_without_the_process_privilege(runner: Any) -> None:
@@ -133,3 +134,27 @@ def test_the_runner_without_the_process_privilege(runner: Any) -> None:
 
 def test_the_runner_on_sqlite_settles_every_visible_row(runner: Any) -> None:
     assert horizon_now(runner(None)) is None
+
+
+def test_the_settled_cache_reads_when_due_with_the_last_value_as_floor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    from sqlqueue import horizon as horizon_module
+
+    cache = horizon_module.SettledCache()
+    floors: list[int | None] = []
+
+    def read(previous: int | None) -> int:
+        floors.append(previous)
+        return len(floors) * 10
+
+    assert [cache.get(read) for _ in range(3)] == [10, 10, 10]  # one read, then kept
+    monkeypatch.setattr(horizon_module, "refresh_delay", lambda: 0.0)
+    cache.expires = 0.0
+    assert cache.get(read) == 20 and cache.get(read) == 30
+    assert floors == [None, 10, 20]  # each read gets the last value as its floor
+    cache.forget()
+    assert cache.get(read) == 40 and floors[-1] is None  # another server: no floor
+    copy = pickle.loads(pickle.dumps(cache))
+    assert (copy.value, copy.expires) == (40, 0.0)  # due at once where it lands

@@ -18,9 +18,7 @@ and the last horizon is kept: what was settled then still is.
 
 from __future__ import annotations
 
-import time
-
-from sqlqueue.horizon import UNKNOWN, WriteHorizon, refresh_delay, settled_before
+from sqlqueue.horizon import UNKNOWN, SettledCache, WriteHorizon, settled_before
 from sqlqueue.integrations.spark.connect import Connection
 
 
@@ -72,24 +70,17 @@ def database_now_ms(db: Connection) -> int:
 
 
 class Horizon:
-    """``settled_before_ms``, read at most every ``refresh_delay()`` seconds; the last
-    value is kept, for reuse and as the earliest next one."""
+    """``settled_before_ms``, read at most every ``refresh_delay()`` seconds (a
+    ``SettledCache``, as the consumer engine keeps); the last value is kept, for reuse
+    and as the earliest next one."""
 
     def __init__(self, max_transaction_age_ms: int) -> None:
         self.max_transaction_age_ms = max_transaction_age_ms
-        self._value: int | None = None
-        self._expires = 0.0
+        self.cache = SettledCache()
 
     def __call__(self, db: Connection) -> int | None:
-        if time.monotonic() >= self._expires:
-            self._value = settled_before_ms(db, database_now_ms(db),
-                                            self.max_transaction_age_ms, self._value)
-            self._expires = time.monotonic() + refresh_delay()
-        return self._value
-
-    # Pickled along with a stream reader: start afresh where it lands.
-    def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "_expires": 0.0}
+        return self.cache.get(lambda previous: settled_before_ms(
+            db, database_now_ms(db), self.max_transaction_age_ms, previous))
 
 
 def settled_end(db: Connection, start: int, max_rows: int | None, horizon: Horizon,
