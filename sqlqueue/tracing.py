@@ -20,17 +20,33 @@ except ImportError:  # pragma: no cover - the extra is missing
 TRACER = "sqlqueue"
 
 
-def inject(metadata: Mapping[str, str] | None) -> Mapping[str, str] | None:
-    """``metadata`` plus the current trace context; unchanged outside a valid span, or
-    when the caller set a ``traceparent`` of its own."""
+#: ``inject``'s default: read the current trace context
+CURRENT: Any = object()
+
+
+def current_context() -> dict[str, str] | None:
+    """The current trace context as propagation headers (W3C ``traceparent``, or what
+    the application's propagator writes); None outside a valid span."""
     if trace is None or not trace.get_current_span().get_span_context().is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def inject(metadata: Mapping[str, str] | None,
+           context: Mapping[str, str] | None = CURRENT) -> Mapping[str, str] | None:
+    """``metadata`` plus the trace ``context`` (by default the current one; a batch reads
+    ``current_context()`` once for all its messages); unchanged without one, or when the
+    caller set a ``traceparent`` of its own."""
+    if context is CURRENT:
+        context = current_context()
+    if not context:
         return metadata
     if metadata is not None and (not isinstance(metadata, Mapping)
                                  or "traceparent" in metadata):
         return metadata  # a bad value is reported by the metadata's validation
-    carrier: dict[str, str] = dict(metadata or {})
-    propagate.inject(carrier)
-    return carrier
+    return {**(metadata or {}), **context}
 
 
 def consumer_span(topic: str, group: str, partition: str, offset: int, message_id: str,

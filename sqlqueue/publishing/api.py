@@ -17,6 +17,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connectio
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.connection import ConnectionDoesNotExist
 
+from sqlqueue import tracing
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.exceptions import InvalidMessage
 from sqlqueue.publishing.messages import (
@@ -179,8 +180,9 @@ def send_messages(
     conf = get_settings()
     topic = check_topic(topic, conf)
     published_at = now_ms()
+    trace_context = tracing.current_context()  # one span for the whole batch
     rows = [
-        _prepare_item(topic, index, item, conf, published_at)
+        _prepare_item(topic, index, item, conf, published_at, trace_context)
         for index, item in enumerate(messages)
     ]
     if not rows:
@@ -232,11 +234,12 @@ send_messages = _retried_alone(send_messages, items_first=True)
 
 
 def _prepare_item(
-    topic: str, index: int, item: Any, conf: QueueSettings, published_at: int
+    topic: str, index: int, item: Any, conf: QueueSettings, published_at: int,
+    trace_context: dict[str, str] | None,
 ) -> MessageRow:
     message = item if isinstance(item, OutgoingMessage) else OutgoingMessage(item)
     try:
-        return prepare(topic, message, conf, published_at)
+        return prepare(topic, message, conf, published_at, trace_context)
     except InvalidMessage as exc:
         raise InvalidMessage(f"message {index}: {exc}") from exc
 

@@ -198,10 +198,24 @@ def schedule(delay: Any, deliver_at: Any) -> tuple[int | None, int]:
 _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
+#: random bytes for this many ids are read from the OS at once
+_IDS_PER_READ = 256
+_random_hex: list[str] = []  # 32 hex digits each, popped by new_message_id
+# A forked child must never hand out the ids its parent still holds.
+os.register_at_fork(after_in_child=_random_hex.clear)
+
+
 def new_message_id() -> str:
     """A random UUID version 4 as text, as ``str(uuid.uuid4())`` makes it, in a fifth of
-    the time (publishing makes one per message that has no id)."""
-    h = os.urandom(16).hex()
+    the time (publishing makes one per message that has no id): the OS's random bytes
+    are read for 256 ids at a time."""
+    while True:
+        try:
+            h = _random_hex.pop()
+            break
+        except IndexError:  # empty (or emptied by another thread): read more
+            block = os.urandom(16 * _IDS_PER_READ).hex()
+            _random_hex.extend(block[i:i + 32] for i in range(0, len(block), 32))
     return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
 
 
@@ -215,8 +229,9 @@ def unkeyed_partition(message_id: str, partitions: int) -> str:
 
 
 def prepare(topic: str, message: OutgoingMessage, conf: QueueSettings,
-            published_at: int) -> MessageRow:
-    """Validate one message for an already checked topic and turn it into a row."""
+            published_at: int, trace_context: Any = tracing.CURRENT) -> MessageRow:
+    """Validate one message for an already checked topic and turn it into a row.
+    ``trace_context``: the trace context to carry (``tracing.inject``)."""
     fresh_id = message.id is None
     message_id = new_message_id() if fresh_id else check_name("id", message.id)
     if message.partition_key is None:
@@ -229,7 +244,7 @@ def prepare(topic: str, message: OutgoingMessage, conf: QueueSettings,
         partition_key=partition_key,
         id=message_id,
         payload=encode_payload(message.payload, conf),
-        metadata=encode_metadata(tracing.inject(message.metadata), conf),
+        metadata=encode_metadata(tracing.inject(message.metadata, trace_context), conf),
         published_at=published_at,
         priority=check_priority(message.priority),
         delay_ms=delay_ms,

@@ -69,3 +69,24 @@ def test_a_callers_traceparent_is_kept(register: Any) -> None:
         send_message("t", 1, partition_key="k", metadata={"traceparent": given})
     drain(["g"])
     assert seen == [{"traceparent": given}]
+
+
+def test_every_message_of_a_batch_carries_the_trace(register: Any) -> None:
+    """send_messages reads the trace context once for the batch: every message gets it,
+    and one that brings its own traceparent keeps it."""
+    seen: list[dict[str, str]] = []
+    register("t", "g", lambda m: seen.append(dict(m.metadata)))
+    given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with trace.get_tracer("test").start_as_current_span("batch") as batch:
+        sqlqueue.send_messages("t", [
+            sqlqueue.OutgoingMessage(1, partition_key="k"),
+            sqlqueue.OutgoingMessage(2, partition_key="k", metadata={"who": "me"}),
+            sqlqueue.OutgoingMessage(3, partition_key="k", metadata={"traceparent": given}),
+        ])
+        trace_id = f"{batch.get_span_context().trace_id:032x}"
+    sqlqueue.send_messages("t", [sqlqueue.OutgoingMessage(4, partition_key="k")])
+    drain(["g"])
+    assert [m.get("traceparent", "").split("-")[1:2] for m in seen[:2]] == [[trace_id]] * 2
+    assert seen[1]["who"] == "me"
+    assert seen[2] == {"traceparent": given}
+    assert "traceparent" not in seen[3]

@@ -143,6 +143,25 @@ def test_new_message_ids_are_random_uuid4_text() -> None:
         assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
 
 
+def test_a_forked_child_never_repeats_its_parents_pending_ids() -> None:
+    """Random bytes are read for many ids at once; a child made by fork() must not hand
+    out the ones its parent holds (both would publish the same "unique" ids)."""
+    import os
+
+    new_message_id()  # the parent now holds unused random bytes
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.write(write, "\n".join(new_message_id() for _ in range(300)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child = set(pipe.read().split("\n"))
+    os.waitpid(pid, 0)
+    parent = {new_message_id() for _ in range(300)}
+    assert len(child) == 300 and not child & parent
+
+
 def test_prepare_fills_id_and_partition() -> None:
     row = prepare("t", OutgoingMessage({"a": 1}), CONF, published_at=123)
     assert uuid.UUID(row.id)

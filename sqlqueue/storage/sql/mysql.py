@@ -235,5 +235,5 @@ class MySQLDialect(Dialect):
         """Rows are inlined as escaped literals: every byte mysql_real_escape_string
         escapes (NUL, newline, return, backslash, quotes, Ctrl-Z) counts twice, so that
         a payload of quotes cannot make a statement twice the size it was cut for."""
-        return sum(escaped_length(value.encode("utf-8") if isinstance(value, str) else value)
-                   for value in (payload, metadata or ""))
+        size = escaped_length(payload.encode("utf-8") if isinstance(payload, str) else payload)
+        return size + escaped_length(metadata.encode("utf-8")) if metadata else size
