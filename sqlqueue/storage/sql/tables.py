@@ -57,33 +57,6 @@ class VendorHooks:
     server_identity_sql = "''"
     locking_read_suffix: str
 
-    # Vendor hooks -------------------------------------------------------------------
-    # The vendor's hooks, as the dialect named them before they moved into the shared
-    # layer (sqlqueue.storage.statements.vendors).
-    @property
-    def message_clock_sql(self) -> str:
-        """``Vendor.message_clock_sql``: the clock of a row written into queue_messages."""
-        return self.sql.message_clock_sql
-
-    @property
-    def returning_offset_sql(self) -> str:
-        return self.sql.returning_offset_sql
-
-    @property
-    def offset_index_hint(self) -> str:
-        return self.sql.offset_index_hint
-
-    def greatest_sql(self, a: str, b: str) -> str:
-        return self.sql.greatest_sql(a, b)
-
-    def union_member(self, select: str) -> str:
-        return self.sql.union_member(select)
-
-    def insert_if_absent(self, table: str, columns: Sequence[str], key: Sequence[str]) -> str:
-        """An INSERT of one row (``{values}``: its value list) that skips a stored ``key``."""
-        return (f"INSERT INTO {self.sql.quote(table)} ({self.sql.names(columns)}) "
-                f"VALUES ({{values}}) {self.sql.insert_if_absent_suffix(key)}")
-
     def execute_rows(self, cursor: CursorWrapper, sql: str, params: Sequence[Any]) -> None:
         """Execute a statement of many rows' values (a subscriber's marks and outcomes,
         its fetches): the driver's own parameter binding, but on MySQL."""
