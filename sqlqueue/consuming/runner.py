@@ -96,6 +96,7 @@ class Runner(HandOff, Pacing, ServerWatch):
                             for c in consumers]
         for subscriber in self.subscribers:
             subscriber.check_server = self._check_server
+            subscriber.watch_when_idle = until_empty
         HandOff.__init__(self)
         Pacing.__init__(self)
         ServerWatch.__init__(self)

@@ -71,6 +71,10 @@ class Subscriber(Delivering, Watermarks):
         # Told which server each fenced transaction ran on (the runner raises if another).
         self.check_server: Callable[[str], None] = lambda server: None
         self.stats: Counter[str] = Counter()
+        # An --until-empty runner: an idle subscriber that waits for partitions another
+        # member holds watches the membership too, so that it takes over what a member
+        # that finished released within a second, not at its next renewal.
+        self.watch_when_idle = False
         self._discovered_at_head = -1
         self._next_discovery = 0.0
         Watermarks.__init__(self)
@@ -129,8 +133,10 @@ class Subscriber(Delivering, Watermarks):
         """The lease tick, when due: heartbeat, renew, rebalance; then start or stop
         working on the partitions gained or lost. Returns the queued deliveries of
         partitions being handed over that were taken back from the pool."""
-        if not self.leases.due() and self.outstanding and self.leases.membership_check_due():
-            # Busy: at most one cheap read a second (idle polls stay at one statement).
+        if (not self.leases.due() and (self.outstanding or self.watch_when_idle)
+                and self.leases.membership_check_due()):
+            # Busy (or told to watch): at most one cheap read a second (a worker's idle
+            # polls stay at one statement).
             self.leases.check_membership(cursor, self.dialect, self.discovered)
         if not self.leases.due():
             return []

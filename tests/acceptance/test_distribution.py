@@ -14,6 +14,7 @@ from django.db import connection
 
 from sqlqueue import OutgoingMessage, send_messages
 from sqlqueue.models import PartitionLease, QueueMessage, SubscriberHeartbeat
+from sqlqueue.storage.sql import dialect_for
 from tests.acceptance.processes import FAST_LEASES, runconsumer, wait_for
 from tests.testapp.models import HandlerCall
 
@@ -97,6 +98,44 @@ def test_a_busy_holder_hands_a_newcomer_its_share_before_its_renewal(
     wait_for(lambda: shares() == [4, 4], timeout=30, what="4/4")
     # From the newcomer's first heartbeat; the holder's renewal could be 10 s away.
     assert time.monotonic() - joined <= 5
+
+
+def test_an_idle_until_empty_worker_takes_over_a_leaving_members_partitions_at_once(
+        processes: list) -> None:
+    """Leases renewed only every 60 s. An ``--until-empty`` worker shares a group with a
+    member (played by the test) that holds 4 of 16 partitions: the worker takes its share,
+    8, and drains them; 4 partitions nobody holds are left, so it is not done. Idle, it
+    waits for them. When the member leaves (releases its leases and deregisters, as
+    ``runconsumer`` does on SIGTERM), the worker takes the 12 within seconds, drains
+    them, and exits: not at its renewal a minute away. (An idle worker looked at the
+    membership only at its renewal: two ``--until-empty`` workers draining 20,000
+    messages took 12 s, not 2, when one left between the other's ticks.)"""
+    settings = {"LEASE_DURATION": 180, "LEASE_RENEW_INTERVAL": 60, "POLL_INTERVAL": 0.05}
+    offsets = publish(16, per_partition=2)
+    member = {"consumer_group": "workers", "topic": TOPIC}
+    with connection.cursor() as cursor:
+        now = dialect_for(connection).database_now_ms(cursor)
+    SubscriberHeartbeat.objects.create(**member, subscriber_name="a-member", heartbeat_at=now)
+    for n in range(4):
+        PartitionLease.objects.create(**member, partition_key=f"p{n:04d}", leased_by="a-member",
+                                      leased_at=now, lease_renewed_at=now, generation=1)
+    worker = runconsumer("--group", "workers", "--name", "b-worker", "--until-empty",
+                         settings=settings)
+    processes.append(worker)
+    wait_for(lambda: shares() == [8, 4], timeout=30, what="the worker to take its share")
+    mine = set(PartitionLease.objects.filter(leased_by="b-worker")
+               .values_list("partition_key", flat=True))
+    wait_for(lambda: {offsets[n] for n in range(32) if f"p{n % 16:04d}" in mine}
+             <= set(finished_offsets("workers")), what="the worker to drain its 8")
+    assert worker.poll() is None  # 4 partitions nobody holds: not done
+    PartitionLease.objects.filter(leased_by="a-member").delete()
+    SubscriberHeartbeat.objects.filter(subscriber_name="a-member").delete()
+    left = time.monotonic()
+    assert worker.wait(30) == 0
+    assert time.monotonic() - left <= 10  # its renewal would come a minute after it began
+    finished = Counter(finished_offsets("workers"))
+    assert set(finished) == set(offsets)
+    assert max(finished.values()) == 1
 
 
 def test_a_killed_subscriber_loses_nothing(processes: list) -> None:
