@@ -437,18 +437,18 @@ def test_fetch_uses_the_partition_offset_index(register: Any) -> None:
         if connection.vendor == "mysql":
             cursor.execute("ANALYZE TABLE queue_messages")
             cursor.fetchall()
-            cursor.execute("EXPLAIN " + sql, ["g", "t", "k1", 0, 100])
+            cursor.execute("EXPLAIN " + sql, ["g", 0, "t", "k1", 0, 100])
             plan = str(cursor.fetchall())
         elif connection.vendor == "postgresql":
             # A table of a few pages is read whole, rightly: give the planner a real one.
             send_messages("t", [OutgoingMessage(n, partition_key=f"other{n % 20}")
                                 for n in range(3000)])
             cursor.execute("ANALYZE queue_messages")
-            cursor.execute("EXPLAIN " + sql, ["g", "t", "k1", 0, 100])
+            cursor.execute("EXPLAIN " + sql, ["g", 0, "t", "k1", 0, 100])
             plan = str(cursor.fetchall())
             assert "Seq Scan on queue_messages" not in plan, plan
         else:
-            cursor.execute("EXPLAIN QUERY PLAN " + sql, ["g", "t", "k1", 0, 100])
+            cursor.execute("EXPLAIN QUERY PLAN " + sql, ["g", 0, "t", "k1", 0, 100])
             plan = str(cursor.fetchall())
     assert "idx_topic_partition_offset" in plan
 

@@ -11,7 +11,7 @@ tests/integration/test_statement_layer.py runs every builder against every datab
 
 from __future__ import annotations
 
-from sqlqueue.storage.statements.delivery import DeliveryStatements
+from sqlqueue.storage.statements.delivery import DeliveryStatements, PostgreSQLDelivery
 from sqlqueue.storage.statements.membership import MembershipStatements
 from sqlqueue.storage.statements.operating import OperatingStatements
 from sqlqueue.storage.statements.publishing import PostgreSQLPublishing, PublishingStatements
@@ -45,8 +45,8 @@ class SQLiteStatements(SQLiteVendor, Statements):
     pass
 
 
-class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLSessions, PostgreSQLVendor,
-                           Statements):
+class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLDelivery, PostgreSQLSessions,
+                           PostgreSQLVendor, Statements):
     pass
 
 

@@ -48,16 +48,25 @@ class DeliveryStatements(Vendor):
     ``Statements``)."""
 
     # reads ---------------------------------------------------------------------------------
-    def _fetch_sql(self, where: str, *, with_partition: bool = False) -> str:
+    def _fetch_sql(self, where: str, *, with_partition: bool = False,
+                   after: bool = False) -> str:
+        """``after``: the rows read are above an offset (the first parameter after the
+        group, then again in ``where``). The state's side of the join is bounded by it
+        too: a tautology, given the join on the offset, that keeps its index range to the
+        partition's rows above the cursor whichever plan the planner picks. (PostgreSQL,
+        its statistics taken while the state table was nearly empty, joined on the first
+        three columns of the key alone and filtered the offset: every fetched row read
+        every state row of its partition, 100 ms a fetch in a 20,000-message drain.)"""
         q = self.quote
         partition = f", m.{q('partition_key')}" if with_partition else ""
+        bound = f"AND s.{q('message_offset')} > %s " if after else ""
         return (
             f"SELECT {self.names(FETCH_COLUMNS, 'm.')}, s.{q('acked')}, "
             f"s.{q('invisible_until')}, s.{q('retry_count')}{partition} "
             f"FROM {q(MESSAGE_TABLE)} m LEFT JOIN {q(STATE_TABLE)} s "
             f"ON s.{q('consumer_group')} = %s AND s.{q('topic')} = m.{q('topic')} "
             f"AND s.{q('partition_key')} = m.{q('partition_key')} "
-            f"AND s.{q('message_offset')} = m.{q('offset')} "
+            f"AND s.{q('message_offset')} = m.{q('offset')} {bound}"
             f"WHERE m.{q('topic')} = %s AND m.{q('partition_key')} = %s AND {where} "
             f"ORDER BY m.{q('offset')}"
         )
@@ -68,8 +77,8 @@ class DeliveryStatements(Vendor):
         group's state (``FETCH_COLUMNS``, then acked, invisible_until, retry_count); a
         range on ``idx_topic_partition_offset``, then primary-key lookups (message row,
         delivery state)."""
-        return (self._fetch_sql(f"m.{self.quote('offset')} > %s") + " LIMIT %s",
-                [group, topic, partition, after, limit])
+        return (self._fetch_sql(f"m.{self.quote('offset')} > %s", after=True) + " LIMIT %s",
+                [group, after, topic, partition, after, limit])
 
     def fetch_partitions(self, group: str, topic: str, positions: Sequence[tuple[str, int]],
                          limit: int) -> Statement:
@@ -77,10 +86,11 @@ class DeliveryStatements(Vendor):
         statement (at least one), each its own range of ``idx_topic_partition_offset``
         with its own limit (a UNION ALL), the partition key last. One round trip where a
         poll after new rows in one partition of many would make one per partition."""
-        one = self._fetch_sql(f"m.{self.quote('offset')} > %s", with_partition=True)
+        one = self._fetch_sql(f"m.{self.quote('offset')} > %s", with_partition=True,
+                              after=True)
         params: list[Any] = []
         for partition, after in positions:
-            params += [group, topic, partition, after, limit]
+            params += [group, after, topic, partition, after, limit]
         return (" UNION ALL ".join([self.union_member(one + " LIMIT %s")] * len(positions)),
                 params)
 
@@ -126,28 +136,40 @@ class DeliveryStatements(Vendor):
         # ``acked`` is tested and written as a truth value (FALSE, NOT acked), never
         # compared with 0 or 1: a BOOLEAN on PostgreSQL, an integer elsewhere.
         values = ", ".join(["(%s, %s, %s, %s, FALSE, %s, 0)"] * len(deliveries))
-        clause = self.upsert_clause(STATE_KEY, {
+        params: list[Any] = []
+        for partition, offset, invisible_until in deliveries:
+            params += [group, topic, partition, offset, invisible_until]
+        return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) VALUES {values} "
+                f"{self._mark_delivered_clause()}", params)
+
+    def _mark_delivered_clause(self) -> str:
+        q = self.quote
+        return self.upsert_clause(STATE_KEY, {
             # Reads only columns this statement does not assign: order-independent.
             "retry_count": f"CASE WHEN {q('acked')} THEN {q('retry_count')} "
                            f"ELSE {q('retry_count')} + 1 END",
             "invisible_until": f"CASE WHEN {q('acked')} THEN {q('invisible_until')} "
                                f"ELSE {{new}}({q('invisible_until')}) END",
         }, table=STATE_TABLE)
-        params: list[Any] = []
-        for partition, offset, invisible_until in deliveries:
-            params += [group, topic, partition, offset, invisible_until]
-        return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) VALUES {values} "
-                f"{clause}", params)
 
     def write_outcomes(self, group: str, topic: str,
                        writes: Sequence[OutcomeWrite]) -> Statement:
         """``write_outcomes``: record handler outcomes (acks and scheduled retries) for
         many messages in one statement (at least one); an acked row stays acked."""
         q = self.quote
-        now = self.now_ms_sql
         columns = (*STATE_KEY, "acked", "invisible_until", "acked_at", "last_error")
-        one = f"(%s, %s, %s, %s, %s, %s, CASE WHEN %s THEN {now} ELSE 0 END, %s)"
-        clause = self.upsert_clause(STATE_KEY, {
+        one = f"(%s, %s, %s, %s, %s, %s, CASE WHEN %s THEN {self.now_ms_sql} ELSE 0 END, %s)"
+        params: list[Any] = []
+        for s in writes:
+            params += [group, topic, s.partition_key, s.offset, s.acked, s.invisible_until,
+                       s.acked, s.last_error]
+        return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) "
+                f"VALUES {', '.join([one] * len(writes))} {self._write_outcomes_clause()}",
+                params)
+
+    def _write_outcomes_clause(self) -> str:
+        q = self.quote
+        return self.upsert_clause(STATE_KEY, {
             "acked_at": f"CASE WHEN {q('acked')} THEN {q('acked_at')} "
                         f"ELSE {{new}}({q('acked_at')}) END",
             "invisible_until": f"CASE WHEN {q('acked')} THEN {q('invisible_until')} "
@@ -158,12 +180,6 @@ class DeliveryStatements(Vendor):
             # the old value.
             "acked": f"{q('acked')} OR {{new}}({q('acked')})",
         }, table=STATE_TABLE)
-        params: list[Any] = []
-        for s in writes:
-            params += [group, topic, s.partition_key, s.offset, s.acked, s.invisible_until,
-                       s.acked, s.last_error]
-        return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) "
-                f"VALUES {', '.join([one] * len(writes))} {clause}", params)
 
     def _state_key_sql(self) -> str:
         return " AND ".join(f"{self.quote(c)} = %s" for c in STATE_KEY)
@@ -234,3 +250,35 @@ class DeliveryStatements(Vendor):
             f"WHERE {q('offset')} = %s{self.returning_offset_sql}",
             [replay_id, detail, dead_letter_offset],
         )
+
+
+class PostgreSQLDelivery(DeliveryStatements):
+    """PostgreSQL's many-row delivery writes (a mixin of ``PostgreSQLStatements``): the
+    values of every row travel as one array per column, read back with ``unnest``. The
+    statement's text is the same for any number of rows: planned in a fraction of a
+    millisecond (a VALUES list of 1,000 rows took the planner 9 ms) and sent without
+    psycopg formatting one placeholder per value (it spent more than the server did)."""
+
+    def mark_delivered(self, group: str, topic: str,
+                       deliveries: Sequence[tuple[str, int, int]]) -> Statement:
+        q = self.quote
+        columns = (*STATE_KEY, "acked", "invisible_until", "retry_count")
+        partitions, offsets, invisible = (list(c) for c in zip(*deliveries, strict=True))
+        return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) "
+                f"SELECT %s, %s, d.p, d.o, FALSE, d.i, 0 "
+                f"FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS d(p, o, i) "
+                f"{self._mark_delivered_clause()}",
+                [group, topic, partitions, offsets, invisible])
+
+    def write_outcomes(self, group: str, topic: str,
+                       writes: Sequence[OutcomeWrite]) -> Statement:
+        q = self.quote
+        columns = (*STATE_KEY, "acked", "invisible_until", "acked_at", "last_error")
+        return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) "
+                f"SELECT %s, %s, w.p, w.o, w.a, w.i, "
+                f"CASE WHEN w.a THEN {self.now_ms_sql} ELSE 0 END, w.e "
+                f"FROM unnest(%s::text[], %s::bigint[], %s::boolean[], %s::bigint[], "
+                f"%s::text[]) AS w(p, o, a, i, e) {self._write_outcomes_clause()}",
+                [group, topic, [s.partition_key for s in writes], [s.offset for s in writes],
+                 [s.acked for s in writes], [s.invisible_until for s in writes],
+                 [s.last_error for s in writes]])
