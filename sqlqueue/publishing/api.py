@@ -29,7 +29,7 @@ from sqlqueue.publishing.messages import (
     now_ms,
     prepare,
 )
-from sqlqueue.publishing.wakeups import announce
+from sqlqueue.publishing.wakeups import announce, notification_to_send
 from sqlqueue.storage.chunks import statement_chunks
 from sqlqueue.storage.retry import retry_victims
 from sqlqueue.storage.sql import Dialect, MessageRow, dialect_for
@@ -112,9 +112,11 @@ def send_message(
     dialect = dialect_for(connection)
     dialect.check_connection()  # a latin1 MySQL connection is refused before any write
     if row.fresh_id or conf.IDEMPOTENCY_WINDOW <= 0:
-        sent = _insert_one(connection, dialect, topic, row)  # one INSERT
+        # One INSERT (on PostgreSQL carrying the wake-up's NOTIFY).
+        wake = notification_to_send(connection, dialect, topic, conf)
+        sent = _insert_one(connection, dialect, topic, row, wake)
         if sent.created:
-            announce(connection, dialect, topic, conf)
+            announce(connection, dialect, topic, conf, notified=wake is not None)
         return sent
     # An id of the caller's: remembered for IDEMPOTENCY_WINDOW, also once its message is
     # collected. The key and the message are stored together or not at all.
@@ -126,11 +128,12 @@ def send_message(
         if digest in remembered:
             return SentMessage(topic, row.partition_key, row.id, remembered[digest],
                                created=False)
-        sent = _insert_one(connection, dialect, topic, row)
+        wake = notification_to_send(connection, dialect, topic, conf)
+        sent = _insert_one(connection, dialect, topic, row, wake)
         if sent.created:
             with connection.cursor() as cursor:
                 dialect.remember_idempotency_keys(cursor, [(*digest, sent.offset)], window_ms)
-            announce(connection, dialect, topic, conf)
+            announce(connection, dialect, topic, conf, notified=wake is not None)
         return sent
 
 
@@ -143,13 +146,15 @@ def _together(connection: BaseDatabaseWrapper) -> Any:
 
 
 def _insert_one(
-    connection: BaseDatabaseWrapper, dialect: Dialect, topic: str, row: MessageRow
+    connection: BaseDatabaseWrapper, dialect: Dialect, topic: str, row: MessageRow,
+    wake: str | None = None,
 ) -> SentMessage:
-    """INSERT one message; an id still stored in its partition is a dedup hit."""
+    """INSERT one message; an id still stored in its partition is a dedup hit. ``wake``:
+    ``Dialect.insert_messages``'s (sent only if the row is stored)."""
     for round_ in range(MAX_DEDUP_ROUNDS):
         with connection.cursor() as cursor:
             try:
-                offsets = dialect.insert_messages(cursor, [row])
+                offsets = dialect.insert_messages(cursor, [row], wake=wake)
             except IntegrityError as error:
                 if not dialect.is_duplicate_message(error) or round_ == MAX_DEDUP_ROUNDS - 1:
                     raise

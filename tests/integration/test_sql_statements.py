@@ -48,14 +48,16 @@ def test_insert_messages_returns_the_offset_and_fails_on_duplicates() -> None:
         ) == {("k", "i"): offset}
 
 
-def test_insert_messages_computes_deliver_after() -> None:
+@pytest.mark.parametrize("alone", [False, True], ids=["one statement", "one row each"])
+def test_insert_messages_computes_deliver_after(alone: bool) -> None:
+    """A delay counts from the clock reading that stamps ``created_at`` (one row alone
+    is a statement of another shape on PostgreSQL)."""
     dialect = dialect_for(connection)
+    rows = [row(mid="delayed", delay_ms=5000), row(mid="at", deliver_at_ms=1234),
+            row(mid="now")]
     with connection.cursor() as cursor:
-        dialect.insert_messages(cursor, [
-            row(mid="delayed", delay_ms=5000),
-            row(mid="at", deliver_at_ms=1234),
-            row(mid="now"),
-        ])
+        for some in ([[r] for r in rows] if alone else [rows]):
+            dialect.insert_messages(cursor, some)
         cursor.execute(
             "SELECT id, created_at, deliver_after FROM queue_messages ORDER BY id"
         )

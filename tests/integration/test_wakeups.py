@@ -232,6 +232,22 @@ def test_postgresql_listener_hears_commits_not_rollbacks(
     assert heard.get(timeout=10) == "wk.a"
 
 
+def test_postgresql_a_dedup_hit_notifies_nothing(
+        listener: tuple[PostgreSQLListener, queue.SimpleQueue[str]]) -> None:
+    """One message's pg_notify rides in its INSERT, run only for a row stored: a second
+    publish of a stored id (in a transaction: ON CONFLICT skips it) wakes nobody."""
+    _, heard = listener
+    with override_settings(SQLQUEUE={"IDEMPOTENCY_WINDOW": 0}):
+        send_message("wk.a", {"n": 1}, partition_key="k", id="once")
+        assert heard.get(timeout=10) == "wk.a"
+        with transaction.atomic():
+            assert send_message("wk.a", {"n": 1}, partition_key="k", id="once").created \
+                is False
+        send_message("wk.b", {"n": 2})
+    # In commit order: had the dedup hit notified, wk.a came first.
+    assert heard.get(timeout=10) == "wk.b"
+
+
 def test_postgresql_listener_survives_its_session_being_terminated(
         listener: tuple[PostgreSQLListener, queue.SimpleQueue[str]]) -> None:
     started, heard = listener

@@ -125,10 +125,12 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
         return message_params(rows)
 
     def insert_messages(
-        self, cursor: CursorWrapper, rows: Sequence[MessageRow]
+        self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None
     ) -> list[int] | None:
         """Insert ``rows``; return their offsets in order, or None if they cannot be known
-        without reading them back.
+        without reading them back. ``wake``: a topic to ``notify_wakeup`` for with the
+        rows, where the database notifies (``notifies_wakeups``; PostgreSQL does it in
+        the INSERT itself); elsewhere nothing.
 
         Raises ``IntegrityError`` if any row's (topic, partition_key, id) exists; the
         statement is then rolled back as a whole and the transaction stays usable.

@@ -99,7 +99,7 @@ class PostgreSQLDialect(Dialect):
     max_rows_per_insert = 5000
 
     def insert_messages(
-        self, cursor: CursorWrapper, rows: Sequence[MessageRow]
+        self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None
     ) -> list[int] | None:
         """Raises ``IntegrityError`` with nothing stored if any row is a duplicate, and
         the caller's transaction stays usable, as on the other vendors. From
@@ -111,20 +111,23 @@ class PostgreSQLDialect(Dialect):
         skipped any, deletes the rows it stored beside them in the same transaction
         (no reader ever sees them) and raises ``DuplicateMessage``."""
         if len(rows) >= COPY_MIN_ROWS:
-            return self.copy_messages(cursor, rows)
+            copied = self.copy_messages(cursor, rows)
+            if wake is not None:
+                self.notify_wakeup(cursor, wake)
+            return copied
         if self.connection.get_autocommit():
-            cursor.execute(*self.sql.store_messages(rows))
+            cursor.execute(*self.sql.store_messages(rows, wake=wake))
             stored = cursor.fetchall()
         else:
-            cursor.execute(*self.sql.store_messages(rows, skip_stored=True))
+            cursor.execute(*self.sql.store_messages(rows, skip_stored=True, wake=wake))
             stored = cursor.fetchall()
             if len(stored) < len(rows):
                 if stored:
                     cursor.execute(*self.sql.delete_inserted_messages(
-                        [int(offset) for offset, _, _ in stored]))
+                        [int(stored_row[0]) for stored_row in stored]))
                 raise DuplicateMessage("a message id is stored already")
         # By key, not by position: RETURNING promises no order.
-        offsets = {(str(pk), str(mid)): int(offset) for offset, pk, mid in stored}
+        offsets = {(str(pk), str(mid)): int(offset) for offset, pk, mid, *_ in stored}
         return [offsets[row.key] for row in rows]
 
     # -- copy_messages -----------------------------------------------------------------

@@ -124,19 +124,29 @@ class PublishingStatements(Vendor):
 class PostgreSQLPublishing(Vendor):
     """PostgreSQL's own publishing statements (a mixin of ``PostgreSQLStatements``)."""
 
-    def store_messages(self, rows: Sequence[MessageRow], *,
-                       skip_stored: bool = False) -> Statement:
+    def store_messages(self, rows: Sequence[MessageRow], *, skip_stored: bool = False,
+                       wake: str | None = None) -> Statement:
         """``insert_messages`` for PostgreSQL: a multi-row INSERT returning the offset
         and key of each row it stored. A row whose (topic, partition_key, id) is stored
         fails the statement, or with ``skip_stored`` (``insert_new_messages``) is skipped
         (``ON CONFLICT DO NOTHING`` on ``idx_topic_partition_id``). The clock is read
         once for the statement (``created_at``, and ``deliver_after`` of a delay, from
-        the same reading) and after the transaction has its id (``write_horizon``)."""
+        the same reading) and after the transaction has its id (``write_horizon``).
+
+        ``wake``: a topic to ``notify_wakeup`` for with each row stored, in the same
+        statement (a skipped row notifies nothing); one round trip fewer for a message
+        published alone. One row is a plain SELECT of its values: a VALUES list cost the
+        planner a quarter of a one-message publish."""
         q = self.quote
         names = ("topic", "partition_key", "id", "payload", "metadata", "published_at",
                  "priority", "delay", "deliver_at")
-        values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
-        v = {name: f"v.{name}" for name in names}
+        if len(rows) == 1:
+            v = dict.fromkeys(names, "%s")
+            source = ""
+        else:
+            v = {name: f"v.{name}" for name in names}
+            values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(rows))
+            source = f"(VALUES {values}) v({', '.join(names)}) CROSS JOIN "
         select = ", ".join([
             v["topic"], v["partition_key"], v["id"], f"{v['payload']}::bytea",
             f"{v['metadata']}::jsonb", "c.now_ms", f"{v['published_at']}::bigint",
@@ -144,12 +154,13 @@ class PostgreSQLPublishing(Vendor):
             f"COALESCE(c.now_ms + {v['delay']}::bigint, {v['deliver_at']}::bigint)",
         ])
         skip = f"{self.insert_if_absent_suffix(MESSAGE_KEY)} " if skip_stored else ""
+        notify, wake_params = ((", pg_notify(%s, %s)", [WAKEUP_CHANNEL, wake])
+                               if wake is not None else ("", []))
         return (
             f"INSERT INTO {q(MESSAGE_TABLE)} ({self.names(INSERT_COLUMNS)}) SELECT {select} "
-            f"FROM (VALUES {values}) v({', '.join(names)}) "
-            f"CROSS JOIN (SELECT {self.message_clock_sql} AS now_ms) c "
-            f"{skip}RETURNING {q('offset')}, {q('partition_key')}, {q('id')}",
-            message_params(rows),
+            f"FROM {source}(SELECT {self.message_clock_sql} AS now_ms) c "
+            f"{skip}RETURNING {q('offset')}, {q('partition_key')}, {q('id')}{notify}",
+            message_params(rows) + wake_params,
         )
 
     def delete_inserted_messages(self, offsets: Sequence[int]) -> Statement:
