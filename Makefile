@@ -12,7 +12,7 @@ DOCS_SITE ?= site
 # Material for MkDocs prints a notice about MkDocs 2.0 on every run: not a problem of ours.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo spark-demo test bootstrap lint docs docs-build test-sqlite test-mysql test-postgres test-spark test-wheel soak topologies bench bench-quick docs-images
+.PHONY: demo spark-demo test bootstrap lint docs docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-spark test-wheel soak topologies bench bench-quick docs-images
 
 bootstrap:
 	@./.ci/bootstrap
@@ -51,6 +51,12 @@ test-mysql: bootstrap
 test-postgres: bootstrap
 	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
 
+# The integration tier again on PostgreSQL with Django's server-side parameter binding
+# (OPTIONS {"server_side_binding": True}): psycopg then prepares statements, and every
+# statement must give the server the types it cannot infer.
+test-postgres-server-binding: bootstrap
+	SQLQUEUE_TEST_SERVER_SIDE_BINDING=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m "not soak" tests/integration $(PYTEST_ARGS)
+
 # Only the Spark pipeline's tests (local-mode PySpark), on MariaDB/MySQL, PostgreSQL and SQLite.
 test-spark: bootstrap
 	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m spark $(PYTEST_ARGS)
@@ -67,7 +73,7 @@ docs-images: bootstrap
 test-wheel: bootstrap
 	./.ci/test-wheel
 
-test: lint docs-build test-sqlite test-mysql test-postgres test-wheel
+test: lint docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-wheel
 
 # The topology report's runs (docs/guides/topologies.md), the soak ones included, with
 # their figures printed: servers of the tests' own (MariaDB replicas, a Galera cluster).

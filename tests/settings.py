@@ -39,6 +39,11 @@ elif _database["ENGINE"] == "django.db.backends.sqlite3":
     # IMMEDIATE: a transaction takes the write lock at BEGIN, so two publishers queue up
     # instead of failing with "database is locked" when one upgrades a read lock.
     _database.setdefault("OPTIONS", {}).update({"timeout": 20, "transaction_mode": "IMMEDIATE"})
+elif _database["ENGINE"] == "django.db.backends.postgresql" and env.bool(
+        "SQLQUEUE_TEST_SERVER_SIDE_BINDING", default=False):
+    # Django's server-side parameter binding (psycopg prepares a statement run 5 times):
+    # every statement must state the types the server cannot infer.
+    _database.setdefault("OPTIONS", {}).update({"server_side_binding": True})
 # "routes": the same database under a second alias (a test mirror), to check that
 # SQLQUEUE["ROUTES"] and runconsumer --database pick the alias they name.
 DATABASES = {"default": _database,
