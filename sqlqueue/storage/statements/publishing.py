@@ -135,8 +135,8 @@ class PostgreSQLPublishing(Vendor):
 
         ``wake``: a topic to ``notify_wakeup`` for with each row stored, in the same
         statement (a skipped row notifies nothing); one round trip fewer for a message
-        published alone. One row is a plain SELECT of its values: a VALUES list cost the
-        planner a quarter of a one-message publish."""
+        published alone. One row is a plain SELECT of its values, cheaper to plan than a
+        VALUES list."""
         q = self.quote
         names = ("topic", "partition_key", "id", "payload", "metadata", "published_at",
                  "priority", "delay", "deliver_at")
