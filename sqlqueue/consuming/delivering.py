@@ -25,6 +25,10 @@ logger = logging.getLogger("sqlqueue.consumer")
 #: A write stamped with a time (visibility, backoff) that took longer than this waited for
 #: a lock: its time is stamped again from a fresh reading of the clock.
 RESTAMP_AFTER_MS = 250
+#: The widest range of offsets a poll asks ``partitions_with_rows`` about (dialects that
+#: ``narrows_fetches``): past it (a partition read to its end while the log grew by more)
+#: the poll fetches every partition that may have rows, as the other dialects do.
+NARROWING_SPAN = 5000
 _sequence = itertools.count()
 
 
@@ -78,6 +82,7 @@ class Delivering(SubscriberPart):
         """Read the next rows of every partition in ``wanted``, in one statement (one
         per partition made a poll after a publish cost a round trip per held
         partition)."""
+        wanted = self._narrowed(cursor, wanted, head)
         if not wanted:
             return
         batch = self.options.batch_size
@@ -93,6 +98,30 @@ class Delivering(SubscriberPart):
             rows = found[state.partition_key]
             state.absorb(rows, self.group)
             state.fetched(len(rows), batch, head, now_ms)
+
+    def _narrowed(self, cursor: CursorWrapper, wanted: list[PartitionState],
+                  head: Callable[[], int]) -> list[PartitionState]:
+        """Of ``wanted``, those worth a fetch, where the dialect asks first
+        (``narrows_fetches``). A partition read to its end at an earlier head
+        (``covered``) with no row between there and the head now is done with as an
+        empty fetch would be: covered up to the head, at a clock read after the question.
+        Rows committed late below that are the sweep's, as after an empty fetch."""
+        exhausted = [state for state in wanted if state.exhausted]
+        if len(exhausted) < 2 or not self.dialect.narrows_fetches:
+            return wanted
+        upto = head()
+        after = min(state.covered for state in exhausted)
+        if upto - after > NARROWING_SPAN:
+            return wanted
+        with_rows = self.dialect.partitions_with_rows(cursor, self.topic, after, upto)
+        idle = {state.partition_key for state in exhausted
+                if state.partition_key not in with_rows}
+        if idle:
+            now_ms = self.clock()
+            for state in exhausted:
+                if state.partition_key in idle:
+                    state.fetched(0, self.options.batch_size, head, now_ms)
+        return [state for state in wanted if state.partition_key not in idle]
 
     def _deliver(
         self, cursor: CursorWrapper, chosen: list[tuple[PartitionState, Entry]]

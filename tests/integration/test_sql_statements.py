@@ -555,6 +555,30 @@ def test_a_fetch_reads_the_state_above_the_cursor_only(postgresql_only: None) ->
     assert re.search(r"queue_delivery_state s \(actual rows=0 loops=(1|50)\)", plan), plan
 
 
+@pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits on MySQL
+def test_partitions_with_rows_reads_a_range_of_the_primary_key() -> None:
+    """The partitions of a topic with a row in (after, upto]: the rows published since a
+    poll, read by their offsets, never the topic's whole index."""
+    offsets = _many_messages_in_ten_partitions()
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        assert dialect.partitions_with_rows(cursor, "t", offsets[11], offsets[14]) == {
+            "k2", "k3", "k4"}
+        assert dialect.partitions_with_rows(cursor, "t", max(offsets), max(offsets) + 5) \
+            == set()
+        assert dialect.partitions_with_rows(cursor, "elsewhere", 0, max(offsets)) == set()
+    plan = explain(dialect.partitions_with_rows_sql(), [offsets[-20], offsets[-1], "t"])
+    if connection.vendor == "mysql":
+        assert "'key': 'PRIMARY'" in plan and "'type': 'range'" in plan, plan
+    elif connection.vendor == "postgresql":
+        assert re.search(r"Index Scan using queue_messages_pkey on queue_messages "
+                         r"\(actual rows=19 loops=1\)", plan), plan
+    else:
+        # SQLite, which polls without asking (``narrows_fetches`` is PostgreSQL's), reads
+        # the topic's entries of an index: a search, not a scan of the table.
+        assert "SEARCH queue_messages USING" in plan and "SCAN" not in plan, plan
+
+
 def test_mark_delivered_and_write_outcomes_store_every_value_as_given() -> None:
     """Values of many rows go in as given, whatever they hold (on MySQL they are inlined
     as literals: quotes, backslashes and percent signs must survive)."""

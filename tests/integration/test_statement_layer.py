@@ -209,6 +209,9 @@ def test_fetch_messages_and_offsets(executor: Executor) -> None:
     assert [r[10:] for r in rows] == [(None, None, None)] * 2  # never delivered
     many = executor.rows(sql.fetch_partitions("g", "t", [("k", sent[1]), ("other", 0)], 1))
     assert sorted((r[13], int(r[0])) for r in many) == [("k", sent[2]), ("other", newest)]
+    assert {r[0] for r in executor.rows(sql.partitions_with_rows("t", sent[2], newest))} \
+        == {"k", "other"}
+    assert executor.rows(sql.partitions_with_rows("t", newest, newest + 1)) == []
     at = executor.rows(sql.fetch_messages_at("g", "t", "k", [sent[3], sent[0]]))
     assert [int(r[0]) for r in at] == [sent[0], sent[3]]
     assert [(int(r[0]), r[1]) for r in executor.rows(sql.partition_rows(

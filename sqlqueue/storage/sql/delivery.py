@@ -38,6 +38,21 @@ class DeliveryStatements(VendorHooks):
         cursor.execute(*self.sql.fetch_messages(group, topic, partition, after, limit))
         return [self._fetched(r) for r in cursor.fetchall()]
 
+    #: Whether a poll asks first which partitions have new rows (``partitions_with_rows``)
+    #: and fetches only those: where planning a ``fetch_partitions`` of many partitions
+    #: costs more than the round trip (PostgreSQL: 3-5 ms for 16; MySQL and SQLite plan
+    #: it in well under one).
+    narrows_fetches = False
+
+    def partitions_with_rows_sql(self) -> str:
+        """``partitions_with_rows`` (sqlqueue.storage.statements.delivery), for EXPLAIN."""
+        return self.sql.partitions_with_rows("", 0, 0)[0]
+
+    def partitions_with_rows(self, cursor: CursorWrapper, topic: str, after: int,
+                             upto: int) -> set[str]:
+        cursor.execute(*self.sql.partitions_with_rows(topic, after, upto))
+        return {str(row[0]) for row in cursor.fetchall()}
+
     def fetch_partitions_sql(self, count: int) -> str:
         """``fetch_partitions`` of ``count`` partitions, for EXPLAIN."""
         return self.sql.fetch_partitions("", "", [("", 0)] * count, 0)[0]

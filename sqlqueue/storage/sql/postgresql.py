@@ -82,6 +82,7 @@ class PostgreSQLDialect(Dialect):
 
     # -- wake-ups -----------------------------------------------------------------------
     notifies_wakeups = True
+    narrows_fetches = True  # planning a UNION ALL of 16 fetches took 3-5 ms
 
     def notify_wakeup_sql(self) -> str:
         """``notify_wakeup`` (sqlqueue.storage.statements.publishing)."""

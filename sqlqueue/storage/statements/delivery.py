@@ -94,6 +94,15 @@ class DeliveryStatements(Vendor):
         return (" UNION ALL ".join([self.union_member(one + " LIMIT %s")] * len(positions)),
                 params)
 
+    def partitions_with_rows(self, topic: str, after: int, upto: int) -> Statement:
+        """``partitions_with_rows``: the partitions of ``topic`` with a visible row whose
+        offset is in (after, upto]: a range of the primary key, read across topics (the
+        caller keeps the range short: the rows published since its last poll)."""
+        q = self.quote
+        return (f"SELECT DISTINCT {q('partition_key')} FROM {q(MESSAGE_TABLE)} "
+                f"WHERE {q('offset')} > %s AND {q('offset')} <= %s AND {q('topic')} = %s",
+                [after, upto, topic])
+
     def fetch_messages_at(self, group: str, topic: str, partition: str,
                           offsets: Sequence[int]) -> Statement:
         """``fetch_messages_at``: the same, for given offsets (late commits found by a
