@@ -20,6 +20,12 @@ logger = logging.getLogger("sqlqueue.consumer")
 SWEEP_INTERVAL = 2.0  # seconds between sweeps of a window for late-committed rows
 SWEEP_LIMIT = 5000  # offsets read per sweep
 WATERMARK_STEP = 0.5  # seconds between watermark writes of a partition, at most
+#: Partitions whose watermark one pass moves, at most (all of them when forced, at a
+#: stop): each costs a sweep, the write and the state's delete. When the write horizon
+#: moves, every partition's watermark may move at once, and 16 partitions' 48 statements
+#: held the new messages fetched in the same pass for 18 ms; the rest go in the next
+#: passes, the longest unswept first.
+ADVANCES_PER_PASS = 4
 
 
 class Watermarks(SubscriberPart):
@@ -39,8 +45,10 @@ class Watermarks(SubscriberPart):
     ) -> None:
         """Move each partition's watermark over settled, done rows (created before
         ``settled_before``; None: all are), after checking the window for late-committed
-        rows; then drop the delivery state it covers."""
+        rows; then drop the delivery state it covers. At most ``ADVANCES_PER_PASS``
+        partitions, but with ``force`` (a stop: every partition)."""
         now = time.monotonic()
+        due: list[tuple[float, str, PartitionState]] = []
         for key, state in self.partitions.items():
             if not state.window_open:
                 continue  # idle and settled: nothing to check, no query
@@ -51,6 +59,11 @@ class Watermarks(SubscriberPart):
             recently = now - self._last_advance.get(key, 0.0) < WATERMARK_STEP
             if candidate > state.watermark and recently and not sweep_due:
                 continue  # batch watermark writes: at most one per partition per step
+            due.append((self._last_sweep.get(key, 0.0), key, state))
+        if not force:
+            due = sorted(due, key=lambda item: item[0])[:ADVANCES_PER_PASS]
+        for _, key, state in due:
+            candidate = state.advance_candidate(settled_before)
             candidate = self._sweep(cursor, state, candidate, settled_before)
             self._last_sweep[key] = now
             if candidate > state.watermark:

@@ -429,6 +429,40 @@ def test_an_idle_subscriber_polls_with_one_query(register: Any) -> None:
     runner._shutdown()
 
 
+def test_a_pass_moves_a_few_watermarks_and_the_next_passes_the_rest(register: Any) -> None:
+    """Twelve partitions whose messages are done: their watermarks move over the next
+    passes, at most ADVANCES_PER_PASS a pass (each costs a sweep, the write and the
+    state's delete, and the pass's new deliveries wait for its commit)."""
+    from sqlqueue.consuming.watermarks import ADVANCES_PER_PASS
+
+    journal = register("t", "g", Journal())
+    sent = send_messages("t", [OutgoingMessage(n, partition_key=f"k{n:02d}")
+                               for n in range(12)])
+    conf = fast_settings(LEASE_DURATION=300, LEASE_RENEW_INTERVAL=100)
+    runner = Runner(select_consumers(["g"]), conf=conf)
+    runner.start_handler_threads()
+    writes: list[int] = []
+
+    def one_pass() -> None:
+        with CaptureQueriesContext(connection) as queries:
+            runner.run_once()
+        writes.append(sum('UPDATE "queue_offsets"' in q["sql"].replace("`", '"')
+                          for q in queries))
+
+    try:
+        deadline = time.monotonic() + 30
+        while not reached("g", {f"k{n:02d}": sent[n].offset for n in range(12)}):
+            assert time.monotonic() < deadline, watermarks("g")
+            one_pass()
+            time.sleep(0.02)
+    finally:
+        runner.stop()
+        runner._shutdown()
+    assert len(journal.calls) == 12
+    assert max(writes) <= ADVANCES_PER_PASS < 12, writes
+    assert sum(writes) >= 12  # every partition's watermark written
+
+
 @pytest.fixture
 def narrowing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Polls ask which partitions have new rows first (``narrows_fetches``: PostgreSQL's
