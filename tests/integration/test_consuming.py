@@ -463,6 +463,39 @@ def test_a_pass_moves_a_few_watermarks_and_the_next_passes_the_rest(register: An
     assert sum(writes) >= 12  # every partition's watermark written
 
 
+class OpenPublish:
+    """A thread that publishes "late" to one partition in a transaction it keeps open
+    until ``commit()``: its offset is taken, its row not visible yet (a late commit)."""
+
+    def __init__(self, topic: str, partition_key: str) -> None:
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self.offset = 0
+        self.thread = threading.Thread(target=self._publish, args=(topic, partition_key))
+
+    def _publish(self, topic: str, partition_key: str) -> None:
+        from django.db import connections
+
+        try:
+            with transaction.atomic():
+                self.offset = send_message(topic, "late", partition_key=partition_key).offset
+                self.held.set()
+                self.release.wait(30)
+        finally:
+            connections.close_all()
+
+    def start(self) -> int:
+        """Start it; the offset its message holds, once it holds one."""
+        self.thread.start()
+        assert self.held.wait(30)
+        return self.offset
+
+    def commit(self) -> None:
+        self.release.set()
+        if self.thread.is_alive():
+            self.thread.join(30)
+
+
 @pytest.fixture
 def narrowing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Polls ask which partitions have new rows first (``narrows_fetches``: PostgreSQL's
@@ -515,39 +548,22 @@ def test_a_late_commit_in_a_partition_a_poll_passed_over_is_delivered(
                                 OutgoingMessage("k1 first", partition_key="k1")])
     runner = Runner(select_consumers(["g"]), conf=fast_settings())
     runner.start_handler_threads()
-    held = threading.Event()
-    release = threading.Event()
-    late: list[int] = []
-
-    def slow_publisher() -> None:
-        from django.db import connections
-
-        try:
-            with transaction.atomic():
-                late.append(send_message("t", "late", partition_key="k0").offset)
-                held.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
-
-    publisher = threading.Thread(target=slow_publisher)
+    publisher = OpenPublish("t", "k0")
     try:
         run_until(runner, lambda: len(journal.calls) == 2)
         run_until(runner, lambda: reached("g", {"k0": first[0].offset,
                                                 "k1": first[1].offset}))
-        publisher.start()
-        assert held.wait(30)
+        late = publisher.start()
         after = send_messages("t", [OutgoingMessage(n, partition_key="k1") for n in range(3)])
         with CaptureQueriesContext(connection) as queries:
             run_until(runner, lambda: len(journal.calls) == 5)
         assert any("DISTINCT" in q["sql"] for q in queries)  # k0 was passed over
-        release.set()
-        publisher.join(30)
+        publisher.commit()
         run_until(runner, lambda: len(journal.calls) == 6)
         assert journal.calls[-1][3] == "late"
-        run_until(runner, lambda: reached("g", {"k0": late[0], "k1": after[-1].offset}))
+        run_until(runner, lambda: reached("g", {"k0": late, "k1": after[-1].offset}))
     finally:
-        release.set()
+        publisher.commit()
         runner.stop()
         runner._shutdown()
 
@@ -584,31 +600,14 @@ def test_a_late_committed_message_is_still_delivered(
     """A publishing transaction takes an offset, stays open while later messages are
     published and consumed, then commits: its message must still be delivered."""
     journal = register("t", "g", Journal())
-    held = threading.Event()
-    release = threading.Event()
-    late: list[int] = []
-
-    def slow_publisher() -> None:
-        from django.db import connections
-
-        try:
-            with transaction.atomic():
-                late.append(send_message("t", "late", partition_key="k").offset)
-                held.set()
-                release.wait(30)
-        finally:
-            connections.close_all()
-
-    publisher = threading.Thread(target=slow_publisher)
-    publisher.start()
-    assert held.wait(30)
+    publisher = OpenPublish("t", "k")
+    late = publisher.start()
     after = send_messages("t", [OutgoingMessage(n, partition_key="k") for n in range(3)])
     drain(["g"])
     assert [c[3] for c in journal.calls] == [0, 1, 2]
     watermark = PartitionOffset.objects.get(consumer_group="g", partition_key="k").offset_acked
-    assert watermark < late[0] < after[0].offset  # the watermark waits below the open one
-    release.set()
-    publisher.join(30)
+    assert watermark < late < after[0].offset  # the watermark waits below the open one
+    publisher.commit()
     drain(["g"])
     assert sorted(c[3] for c in journal.calls if isinstance(c[3], str)) == ["late"]
     drain_until_watermarks("g", {"k": after[-1].offset})
