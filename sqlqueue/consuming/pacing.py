@@ -2,9 +2,10 @@
 
 Adaptive polling: after a pass that saw new messages the next poll comes
 ``FIRST_QUICK_POLL`` later, then twice as late after each quiet one, up to POLL_INTERVAL;
-sooner if a message, a retry or a timer is due earlier. The write horizon (which rows are
-settled, sqlqueue.horizon) is read at most every ``refresh_delay()`` seconds. A mixin of
-``Runner``.
+sooner if a message, a retry or a timer is due earlier. Not while a wake-up channel hears
+other processes' publishes (``Wakeups.cover_other_processes``): each commit rings then.
+The write horizon (which rows are settled, sqlqueue.horizon) is read at most every
+``refresh_delay()`` seconds. A mixin of ``Runner``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.clock import Clock
 from sqlqueue.consuming.handlers import Outcome
 from sqlqueue.consuming.subscriber import Subscriber
+from sqlqueue.consuming.wakeups import Wakeups
 from sqlqueue.horizon import UNKNOWN, SettledCache, settled_before
 from sqlqueue.storage.sql import dialect_for
 
@@ -65,6 +67,7 @@ class Pacing:
     clock: Clock
     subscribers: list[Subscriber]
     timers: list[Timer]
+    wakeups: Wakeups | None
     max_messages: int | None
     until_empty: bool
     _dispatched: int
@@ -109,7 +112,14 @@ class Pacing:
 
     def _polling_delay(self, head: Callable[[], int]) -> float:
         """FIRST_QUICK_POLL after a pass that saw new messages (the head moved, or work was
-        handed out), doubling with every quiet pass up to POLL_INTERVAL."""
+        handed out), doubling with every quiet pass up to POLL_INTERVAL.
+
+        While a wake-up channel hears every publish (``LISTEN``, Redis), POLL_INTERVAL:
+        a quick poll would find nothing the channel does not ring for, and each one held
+        the main thread for a pass (a fence, the head) that a message committing
+        meanwhile waited behind: at 100 messages/s one pass in three was such a poll.
+        Rows written without a wake-up (the Spark writer, dead letters) are found at
+        the next POLL_INTERVAL poll, as when idle."""
         seen = head.known() if isinstance(head, _Once) else None
         moved = seen is not None and seen != self._last_head
         if seen is not None:
@@ -117,6 +127,8 @@ class Pacing:
         active = moved or self._dispatched != self._dispatched_before
         self._dispatched_before = self._dispatched
         self._quiet_passes = 0 if active else min(self._quiet_passes + 1, 30)
+        if self.wakeups is not None and self.wakeups.cover_other_processes():
+            return float(self.conf.POLL_INTERVAL)
         return float(min(self.conf.POLL_INTERVAL, FIRST_QUICK_POLL * 2.0 ** self._quiet_passes))
 
     def _settled_before(self, cursor: Any, now_ms: int) -> int | None:

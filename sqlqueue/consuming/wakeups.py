@@ -30,6 +30,12 @@ class Wakeups:
         for listener in self.listeners:
             listener.start()
 
+    def cover_other_processes(self) -> bool:
+        """Is a channel that hears other processes' publishes subscribed now (PostgreSQL
+        ``LISTEN``, Redis)? Then each of their commits rings the runner, and quick polls
+        after traffic would only cost passes (``Pacing._polling_delay``)."""
+        return any(listener.connected.is_set() for listener in self.listeners)
+
     def stop(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()

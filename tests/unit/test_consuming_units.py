@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from typing import Any
 
 import pytest
@@ -268,3 +269,39 @@ def test_polling_adapts_to_traffic_and_falls_back_to_the_poll_interval() -> None
     assert delay_after_a_pass_that_saw(6) == FIRST_QUICK_POLL  # a new message
     runner._dispatched += 1  # work handed out
     assert delay_after_a_pass_that_saw(6) == FIRST_QUICK_POLL
+
+
+def test_no_quick_polls_while_a_wake_up_channel_hears_other_processes() -> None:
+    """With LISTEN (or Redis) subscribed, every publish rings the runner at its commit:
+    after traffic it polls once per POLL_INTERVAL, as when idle; once the channel drops,
+    quick polls come back."""
+    import dataclasses
+
+    from sqlqueue.conf import QueueSettings
+    from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, _Once
+    from sqlqueue.consuming.runner import Runner
+    from sqlqueue.consuming.wakeups import Wakeups
+
+    class Channel:  # a Listener's state, without its thread
+        def __init__(self) -> None:
+            self.connected = threading.Event()
+
+    conf = dataclasses.replace(QueueSettings(), POLL_INTERVAL=0.1)
+    runner = Runner([], conf=conf)
+    wakeups = Wakeups(conf, "default", [], lambda topic: None)  # no topic: no listener
+    wakeups.listeners = [Channel()]  # type: ignore[list-item]
+    runner.wakeups = wakeups
+    heads = iter(range(10, 100))
+
+    def delay_after_a_pass_that_saw_a_new_message() -> float:
+        seen = _Once(lambda: next(heads))
+        seen()
+        return runner._polling_delay(seen)
+
+    assert delay_after_a_pass_that_saw_a_new_message() == FIRST_QUICK_POLL  # not subscribed
+    wakeups.listeners[0].connected.set()
+    assert delay_after_a_pass_that_saw_a_new_message() == 0.1
+    runner._dispatched += 1  # work handed out: still no quick poll
+    assert delay_after_a_pass_that_saw_a_new_message() == 0.1
+    wakeups.listeners[0].connected.clear()  # the channel dropped: polling carries it
+    assert delay_after_a_pass_that_saw_a_new_message() == FIRST_QUICK_POLL
