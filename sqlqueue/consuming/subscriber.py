@@ -77,6 +77,7 @@ class Subscriber(Delivering, Watermarks):
         self.watch_when_idle = False
         self._discovered_at_head = -1
         self._next_discovery = 0.0
+        self._discovery_deferred = False
         Watermarks.__init__(self)
 
     @property
@@ -114,7 +115,12 @@ class Subscriber(Delivering, Watermarks):
         next lease tick, which comes at once when nobody holds them."""
         now = time.monotonic()
         if now < self._next_discovery:
+            # Looked too recently: look again as soon as allowed (``next_due_ms``), not at
+            # the next poll, however far: the message that woke this pass may be a new
+            # partition's first.
+            self._discovery_deferred = True
             return
+        self._discovery_deferred = False
         # A new head may mean a new partition: look again soon (see
         # MIN_DISCOVERY_INTERVAL); with no new message anywhere, only now and then.
         if head() == self._discovered_at_head and now < (
@@ -330,6 +336,18 @@ class Subscriber(Delivering, Watermarks):
         self.partitions.clear()
 
     def next_due_ms(self) -> int | None:
+        """When this subscription has work next (the database clock's epoch ms; None:
+        nothing planned): a message due, or a look for new partitions put off."""
+        dues = [d for d in (self._delivery_due_ms(), self._discovery_due_ms()) if d is not None]
+        return min(dues, default=None)
+
+    def _discovery_due_ms(self) -> int | None:
+        if not self._discovery_deferred:
+            return None
+        wait_ms = math.ceil(max(0.0, self._next_discovery - time.monotonic()) * 1000)
+        return self.hold_clock() + wait_ms
+
+    def _delivery_due_ms(self) -> int | None:
         dues = [d for d in (s.next_due_ms() for s in self.partitions.values()) if d is not None]
         if not dues:
             return None

@@ -90,6 +90,14 @@ class SleepyRunner:
                 and runner.wakeups is not None
                 and all(listener.connected.is_set() for listener in runner.wakeups.listeners))
 
+    def settled(self) -> bool:
+        """Asleep with nothing handled, subscribed everywhere, and each channel's ring on
+        subscribing (``Listener.listening``) already spent on a pass."""
+        wakeups = self.runner.wakeups
+        return (self.asleep(0) and not self.runner._wakeup.is_set()
+                and (wakeups is None or not wakeups.listeners
+                     or self.runner._wakeup.wakeups >= 1))
+
     def __enter__(self) -> SleepyRunner:
         self.thread.start()
         return self
@@ -141,6 +149,26 @@ def test_without_wakeups_the_runner_sleeps_on(register: Any) -> None:
         assert wakeups.ring(["wk.a"]) == 0
         assert _notifies(captured) == []
         assert sleepy.runner._wakeup.wakeups == 0 and handled.empty()
+
+
+# -- new partitions ------------------------------------------------------------------------
+def test_a_new_partition_woken_for_too_soon_after_the_last_look_is_looked_for_again_soon(
+    register: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wake-up that comes less than MIN_DISCOVERY_INTERVAL after the last look for new
+    partitions finds none; the runner looks again once allowed, not at its next poll."""
+    from sqlqueue.consuming import subscriber
+
+    monkeypatch.setattr(subscriber, "MIN_DISCOVERY_INTERVAL", 1.0)
+    handled = _recorder(register, "wk.a", "explorers")
+    with SleepyRunner("wk.a", "explorers") as sleepy:
+        until(sleepy.settled, what="the runner to settle")
+        send_message("wk.a", {"n": 0}, partition_key="p")
+        assert handled.get(timeout=20) == 0  # p found: the next look waits 1 s
+        started = time.monotonic()
+        send_message("wk.a", {"n": 1}, partition_key="q")
+        assert handled.get(timeout=10) == 1
+        assert time.monotonic() - started < SLOW_POLL / 3
 
 
 # -- rings follow the commit --------------------------------------------------------------
