@@ -52,8 +52,9 @@ test-postgres: bootstrap
 	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
 
 # The integration tier again on PostgreSQL with Django's server-side parameter binding
-# (OPTIONS {"server_side_binding": True}): psycopg then prepares statements, and every
-# statement must give the server the types it cannot infer.
+# and psycopg's prepared statements (OPTIONS {"server_side_binding": True,
+# "prepare_threshold": 0}): every statement must give the server the types it cannot
+# infer, and each is prepared on its first run.
 test-postgres-server-binding: bootstrap
 	SQLQUEUE_TEST_SERVER_SIDE_BINDING=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m "not soak" tests/integration $(PYTEST_ARGS)
 

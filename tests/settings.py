@@ -41,9 +41,12 @@ elif _database["ENGINE"] == "django.db.backends.sqlite3":
     _database.setdefault("OPTIONS", {}).update({"timeout": 20, "transaction_mode": "IMMEDIATE"})
 elif _database["ENGINE"] == "django.db.backends.postgresql" and env.bool(
         "SQLQUEUE_TEST_SERVER_SIDE_BINDING", default=False):
-    # Django's server-side parameter binding (psycopg prepares a statement run 5 times):
-    # every statement must state the types the server cannot infer.
-    _database.setdefault("OPTIONS", {}).update({"server_side_binding": True})
+    # Django's server-side parameter binding with psycopg's prepared statements, which
+    # Django turns off unless OPTIONS sets "prepare_threshold": every statement must state
+    # the types the server cannot infer, and every one is prepared on its first run (0),
+    # so a statement that breaks once prepared fails here rather than on its sixth run.
+    _database.setdefault("OPTIONS", {}).update(
+        {"server_side_binding": True, "prepare_threshold": 0})
 # "routes": the same database under a second alias (a test mirror), to check that
 # SQLQUEUE["ROUTES"] and runconsumer --database pick the alias they name.
 DATABASES = {"default": _database,
