@@ -33,10 +33,14 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_DIR = ROOT / "bench" / "peers"
 PEERS_VENV = ROOT / ".venv-peers"
-ALL_PEERS = ("tasks_db", "django_q2", "celery", "dramatiq", "sqlqueue")
+#: no queue: one INSERT through Django's cursor per transaction, which only takes its turn
+#: in "enqueue one per transaction": no Django-based queue publishes faster, so its rate
+#: bounds the ratio of any two of them on the machine of the run
+REFERENCE = "django_insert"
+ALL_PEERS = ("tasks_db", "django_q2", "celery", "dramatiq", "sqlqueue", REFERENCE)
 #: the peers that run on PostgreSQL (Procrastinate runs nowhere else)
-PG_PEERS = ("tasks_db", "procrastinate", "sqlqueue")
-QUICK_PEERS = ("tasks_db", "sqlqueue")
+PG_PEERS = ("tasks_db", "procrastinate", "sqlqueue", REFERENCE)
+QUICK_PEERS = ("tasks_db", "sqlqueue", REFERENCE)
 
 
 @dataclass(frozen=True)
@@ -164,8 +168,8 @@ def peer_step(python: Path, env: dict[str, str], limit: int, *args: str) -> dict
 def peer_scenarios(sizes: Sizes, url: str, peers: list[str],
                    only_enqueue: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Every harness scenario for ``peers`` on the database of ``url`` (created if
-    missing: MariaDB/MySQL or PostgreSQL); the peers in ``only_enqueue`` run only the
-    one-message enqueue."""
+    missing: MariaDB/MySQL or PostgreSQL); the peers in ``only_enqueue`` (and
+    ``REFERENCE``, which is no queue) run only the one-message enqueue."""
     from bench.publish import ensure_database
 
     python = peers_python()
@@ -188,7 +192,7 @@ def peer_scenarios(sizes: Sizes, url: str, peers: list[str],
     for peer in peers:
         row = results[peer]
         row["enqueue_single"] = median_round(singles[peer], "msgs_per_s")
-        if peer in only_enqueue:
+        if peer in only_enqueue or peer == REFERENCE:
             continue
         log(f"peer {peer}: enqueue in bulk")
         row["enqueue_bulk"] = peer_step(python, env, 300, "enqueue_bulk", "--peer", peer,
@@ -350,6 +354,26 @@ def peer_table(peers: dict[str, Any], rounds: int) -> list[str]:
                      f"{rate(row['drain_2'], 'jobs_per_s')} | {lat} |")
     lines += ["", f"Enqueue one per transaction: the median of {rounds} interleaved "
               "round(s) per peer; the other peer figures are single runs."]
+    return lines + reference_lines(peers)
+
+
+def reference_lines(peers: dict[str, Any]) -> list[str]:
+    """What ``REFERENCE`` (no queue) says of the one-message enqueue: each queue's rate as
+    a share of it, and the most "sqlqueue vs django-tasks-db" could be on this machine."""
+    floor = (peers.get(REFERENCE) or {}).get("enqueue_single", {}).get("msgs_per_s")
+    if not floor:
+        return []
+    shares = [f"{peer} {row['enqueue_single']['msgs_per_s'] / floor:.0%}"
+              for peer, row in peers.items()
+              if peer != REFERENCE and row.get("enqueue_single", {}).get("msgs_per_s")]
+    lines = ["", f"{REFERENCE} is no queue: one INSERT through Django's cursor in each "
+             "transaction, what every Django-based queue's one-message publish pays at "
+             f"least. Each peer's rate as a share of its {floor:,.0f} msg/s: "
+             f"{', '.join(shares)}."]
+    tasks_db = (peers.get("tasks_db") or {}).get("enqueue_single", {}).get("msgs_per_s")
+    if tasks_db:
+        lines[-1] += (f" A queue publishing as fast as it would be {floor / tasks_db:.2f}x "
+                      "django-tasks-db.")
     return lines
 
 
@@ -546,7 +570,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-peers", action="store_true")
     parser.add_argument("--peers", default=None,
-                        help=f"comma-separated, from {', '.join(ALL_PEERS + PG_PEERS[1:2])}")
+                        help=f"comma-separated, from {', '.join(ALL_PEERS + PG_PEERS[1:2])} "
+                        f"({REFERENCE}: no queue, the reference for one INSERT per "
+                        "transaction)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
     sizes = QUICK if args.quick else FULL
@@ -560,7 +586,7 @@ def main() -> None:
     if "mysql" in sections:
         results["sqlqueue"] = own_scenarios(sizes, args.url, args.quick)
         if not args.no_peers:
-            default = QUICK_PEERS if args.quick else ALL_PEERS
+            default: tuple[str, ...] = QUICK_PEERS if args.quick else ALL_PEERS
             results["peers"] = peer_scenarios(
                 sizes, with_database(args.url, f"{urlsplit(args.url).path.lstrip('/')}_peers"),
                 [p for p in chosen or default if p in ALL_PEERS])

@@ -77,3 +77,18 @@ def test_postgresql_targets_are_judged_from_the_peer_figures() -> None:
         in report
     # Without the peers (--no-peers) nothing can be judged but nothing breaks either.
     assert postgresql_targets({**section, "peers": {}}) == []
+
+
+def test_the_reference_insert_bounds_the_publish_ratio_in_the_report() -> None:
+    from bench.suite import REFERENCE, peer_table
+
+    peers = {"tasks_db": {"enqueue_single": {"msgs_per_s": 800}},
+             "sqlqueue": {"enqueue_single": {"msgs_per_s": 1200}},
+             REFERENCE: {"enqueue_single": {"msgs_per_s": 1600}}}
+    report = "\n".join(peer_table(peers, rounds=3))
+    assert f"| {REFERENCE} | 1,600 |" in report
+    assert "share of its 1,600 msg/s: tasks_db 50%, sqlqueue 75%." in report
+    assert "as fast as it would be 2.00x django-tasks-db." in report
+    # A run without it (--peers chosen without the reference) adds nothing.
+    del peers[REFERENCE]
+    assert "no queue" not in "\n".join(peer_table(peers, rounds=3))

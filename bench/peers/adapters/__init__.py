@@ -8,6 +8,8 @@ PEERS = {
     "dramatiq": "adapters.dramatiq_redis:DramatiqAdapter",
     "sqlqueue": "adapters.sqlqueue:SqlQueueAdapter",
     "procrastinate": "adapters.procrastinate_pg:ProcrastinateAdapter",
+    # no queue: the reference line for one INSERT per transaction
+    "django_insert": "adapters.django_insert:DjangoInsertAdapter",
 }
 
 
