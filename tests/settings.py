@@ -51,6 +51,10 @@ elif _database["ENGINE"] == "django.db.backends.postgresql" and env.bool(
 # SQLQUEUE["ROUTES"] and runconsumer --database pick the alias they name.
 DATABASES = {"default": _database,
              "routes": {**_database, "TEST": {**_database.get("TEST", {}), "MIRROR": "default"}}}
+# "listen": a second address of the same database for the wake-up listener
+# (SQLQUEUE["WAKEUP_LISTEN_DATABASES"]), as behind PgBouncer in transaction mode.
+if os.environ.get("SQLQUEUE_TEST_LISTEN_URL"):
+    DATABASES["listen"] = env.db_url("SQLQUEUE_TEST_LISTEN_URL")
 
 INSTALLED_APPS = [
     "django.contrib.auth",

@@ -192,6 +192,74 @@ def own_postgresql() -> Iterator[PostgreSQL]:
         server.remove()
 
 
+PGBOUNCER = "/usr/sbin/pgbouncer"
+
+
+def can_start_pgbouncer() -> bool:
+    return os.path.exists(PGBOUNCER) and can_start_postgresql()
+
+
+class PgBouncer:
+    """A PgBouncer of the test's own in front of ``postgres`` (every database), in
+    ``pool_mode``, with at most ``pool_size`` server connections per database and user:
+    fewer than its clients, so that they take turns on the same server sessions. It runs
+    as the postgres user (PgBouncer refuses root), with trust authentication."""
+
+    def __init__(self, postgres: PostgreSQL, pool_mode: str, pool_size: int) -> None:
+        self.postgres = postgres
+        self.root = Path(tempfile.mkdtemp(prefix="sqlqueue-pgbouncer-"))
+        os.chown(self.root, postgres.uid, postgres.gid)
+        self.port = free_port()
+        (self.root / "users.txt").write_text('"postgres" ""\n')
+        (self.root / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host=127.0.0.1 port={postgres.port}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {self.root / 'users.txt'}\n"
+            f"pool_mode = {pool_mode}\ndefault_pool_size = {pool_size}\n"
+            "max_client_conn = 200\n"
+            f"logfile = {self.root / 'pgbouncer.log'}\n")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def url(self, database: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> PgBouncer:
+        self.process = subprocess.Popen(
+            [PGBOUNCER, str(self.root / "pgbouncer.ini")], user=self.postgres.uid,
+            group=self.postgres.gid, extra_groups=[], cwd=self.root,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(
+                    ("127.0.0.1", self.port), timeout=1):
+                return self
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("pgbouncer did not start: " + self.log()[-2000:])
+            time.sleep(0.1)
+
+    def log(self) -> str:
+        path = self.root / "pgbouncer.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def remove(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def own_pgbouncer(postgres: PostgreSQL, pool_mode: str = "transaction",
+                  pool_size: int = 3) -> Iterator[PgBouncer]:
+    bouncer = PgBouncer(postgres, pool_mode, pool_size).start()
+    try:
+        yield bouncer
+    finally:
+        bouncer.remove()
+
+
 class Forwarder:
     """127.0.0.1:<port> relayed to a backend port; ``switch`` points it elsewhere and cuts
     the connections it relays (a failover behind a virtual IP or a proxy)."""
