@@ -58,6 +58,12 @@ def table_bytes() -> dict[str, int]:
                 "TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'queue_idempotency_keys'")
             data, index = cursor.fetchone()
             return {"data": int(data), "index": int(index)}
+        if connection.vendor == "postgresql":
+            cursor.execute("VACUUM ANALYZE queue_idempotency_keys")  # the free space map
+            cursor.execute("SELECT pg_table_size('queue_idempotency_keys'), "
+                           "pg_indexes_size('queue_idempotency_keys')")
+            data, index = cursor.fetchone()
+            return {"data": int(data), "index": int(index)}
         # SQLite: the dbstat virtual table, when the library has it
         cursor.execute("SELECT name, SUM(pgsize) FROM dbstat WHERE name IN "
                        "('queue_idempotency_keys', 'idx_idempotency_expires', "
