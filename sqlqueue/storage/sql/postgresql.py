@@ -26,8 +26,8 @@ from django.db.backends.utils import CursorWrapper
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.base import SAMPLE_ROW, Dialect, MessageRow
 from sqlqueue.storage.statements import PostgreSQLStatements
+from sqlqueue.storage.statements.postgresql import PostgreSQLVendor
 from sqlqueue.storage.statements.publishing import WAKEUP_CHANNEL as WAKEUP_CHANNEL
-from sqlqueue.storage.statements.vendors import PostgreSQLVendor
 
 #: SQLSTATEs of a lock wait given up: lock_not_available (lock_timeout),
 #: deadlock_detected, serialization_failure

@@ -14,6 +14,7 @@ from __future__ import annotations
 from sqlqueue.storage.statements.delivery import DeliveryStatements, PostgreSQLDelivery
 from sqlqueue.storage.statements.membership import MembershipStatements
 from sqlqueue.storage.statements.operating import OperatingStatements
+from sqlqueue.storage.statements.postgresql import PostgreSQLVendor
 from sqlqueue.storage.statements.publishing import PostgreSQLPublishing, PublishingStatements
 from sqlqueue.storage.statements.schedules import ScheduleStatements
 from sqlqueue.storage.statements.sessions import (
@@ -23,7 +24,6 @@ from sqlqueue.storage.statements.sessions import (
 )
 from sqlqueue.storage.statements.vendors import (
     MySQLVendor,
-    PostgreSQLVendor,
     SQLiteVendor,
     Statement,
     Vendor,

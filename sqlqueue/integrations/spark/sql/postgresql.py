@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from sqlqueue.integrations.spark.sql.base import INSERT_COLUMNS, Statements
 from sqlqueue.storage.statements import Statement
+from sqlqueue.storage.statements.postgresql import PostgreSQLVendor
 from sqlqueue.storage.statements.publishing import PostgreSQLPublishing
 from sqlqueue.storage.statements.sessions import PostgreSQLSessions
 from sqlqueue.storage.statements.tables import MESSAGE_KEY, MESSAGE_TABLE
-from sqlqueue.storage.statements.vendors import PostgreSQLVendor
 
 #: a transaction's staging table (temporary: no other session sees it)
 STAGING_TABLE = "sqlqueue_spark_staging"
