@@ -285,7 +285,13 @@ class Forwarder:
                 client.close()
                 continue
             with self._lock:
-                self._open += [client, server]
+                closing = self._closed  # close() ran while this one was being connected
+                if not closing:
+                    self._open += [client, server]
+            if closing:
+                client.close()
+                server.close()
+                return
             for source, target in ((client, server), (server, client)):
                 threading.Thread(target=self._pipe, args=(source, target), daemon=True).start()
 
@@ -308,7 +314,8 @@ class Forwarder:
             end.close()
 
     def close(self) -> None:
-        self._closed = True
+        with self._lock:
+            self._closed = True
         self.listener.close()
         self.switch(self.backend)
 

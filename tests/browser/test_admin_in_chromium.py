@@ -12,7 +12,11 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models import F
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -70,6 +74,21 @@ def operator_scene(register: Callable[..., Any]) -> None:
         lease_renewed_at=F("lease_renewed_at") - 120_000)  # two minutes without renewal
 
 
+def gone(element: WebElement) -> bool:
+    """Has the page of ``element`` been replaced? (``ec.staleness_of``, plus the error
+    ChromeDriver sometimes gives instead of a stale reference while the browser swaps the
+    document: "Node with given id does not belong to the document".)"""
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as error:
+        if "does not belong to the document" in str(error):
+            return True
+        raise
+    return False
+
+
 class Admin:
     """The browser, on the live server's admin, with a screenshot per step."""
 
@@ -93,7 +112,7 @@ class Admin:
         the browser navigates, so waiting for #content alone may find the old page's."""
         old_page = self.driver.find_element(By.TAG_NAME, "html")
         element.click()
-        self.wait.until(ec.staleness_of(old_page))
+        self.wait.until(lambda driver: gone(old_page))
         self.wait.until(ec.presence_of_element_located((By.ID, "content")))
 
     def click_link(self, text: str) -> None:
