@@ -172,6 +172,7 @@ def peer_scenarios(sizes: Sizes, url: str, peers: list[str],
     ``REFERENCE``, which is no queue) run only the one-message enqueue."""
     from bench.publish import ensure_database
 
+    only_enqueue = only_enqueue | {REFERENCE}
     python = peers_python()
     env = peer_environment(url)
     ensure_database(url)
@@ -192,7 +193,7 @@ def peer_scenarios(sizes: Sizes, url: str, peers: list[str],
     for peer in peers:
         row = results[peer]
         row["enqueue_single"] = median_round(singles[peer], "msgs_per_s")
-        if peer in only_enqueue or peer == REFERENCE:
+        if peer in only_enqueue:
             continue
         log(f"peer {peer}: enqueue in bulk")
         row["enqueue_bulk"] = peer_step(python, env, 300, "enqueue_bulk", "--peer", peer,

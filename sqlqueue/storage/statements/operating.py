@@ -63,10 +63,10 @@ class OperatingStatements(Vendor):
         """``first_offsets_above``: for (partition, watermark) pairs of a topic (at least
         one), the first stored offset above the watermark, as one row of as many
         columns. Each is a ``seek_sql`` in ``idx_topic_partition_offset`` with constant
-        bounds, one index dive (MySQL's while planning): the cheapest probe there is, for reads that
-        cover many groups at once (the columns of one row cost less to plan than a UNION
-        of as many rows; reading the rows themselves is left to ``message_dues``, which
-        costs less than a lookup inside each probe)."""
+        bounds, one index dive (MySQL's while planning): the cheapest probe there is,
+        for reads that cover many groups at once (the columns of one row cost less to
+        plan than a UNION of as many rows; reading the rows themselves is left to
+        ``message_dues``, which costs less than a lookup inside each probe)."""
         q = self.quote
         probe = self.seek_sql(q("offset"), f"{q('topic')} = %s AND {q('partition_key')} = %s "
                                            f"AND {q('offset')} > %s")

@@ -274,8 +274,8 @@ class OnConflictVendor(Vendor):
 
     def partition_keys_cte(self) -> str:
         """A recursive query makes the loose index scan: each step seeks the next key
-        after the previous one in idx_topic_partition_offset (a MIN over an index prefix
-        is one seek on both databases). Takes the topic twice."""
+        after the previous one in idx_topic_partition_offset (``seek_sql``: one seek on
+        every database). Takes the topic twice."""
         q = self.quote
         topic, key = q("topic"), q("partition_key")
         return (
