@@ -64,6 +64,10 @@ class QueueSettings:
     WAKEUP_LISTEN_DATABASES: tuple[tuple[str, str], ...] = ()
     #: a Redis URL: wake-ups between processes through Redis pub/sub ("": none)
     WAKEUP_REDIS_URL: str = ""
+    #: PostgreSQL: a connection that publishes often runs ``send_message``'s INSERT as a
+    #: statement prepared in its session, unless it goes through a pooler
+    #: (sqlqueue.storage.sql.prepared)
+    PREPARED_PUBLISH: bool = True
 
     def listen_alias_for(self, alias: str) -> str:
         """The database alias the PostgreSQL wake-up listener of ``alias`` connects

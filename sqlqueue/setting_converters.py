@@ -168,6 +168,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "SCHEDULES": _schedules,
     "METRICS_TOKEN": _text,
     "WAKEUPS": _boolean,
+    "PREPARED_PUBLISH": _boolean,
     "WAKEUP_LISTEN_DATABASES": _listen_databases,
     "WAKEUP_REDIS_URL": _redis_url,
 }

@@ -114,7 +114,7 @@ def send_message(
     if row.fresh_id or conf.IDEMPOTENCY_WINDOW <= 0:
         # One INSERT (on PostgreSQL carrying the wake-up's NOTIFY).
         wake = notification_to_send(connection, dialect, topic, conf)
-        sent = _insert_one(connection, dialect, topic, row, wake)
+        sent = _insert_one(connection, dialect, topic, row, wake, conf.PREPARED_PUBLISH)
         if sent.created:
             announce(connection, dialect, topic, conf, notified=wake is not None)
         return sent
@@ -129,7 +129,7 @@ def send_message(
             return SentMessage(topic, row.partition_key, row.id, remembered[digest],
                                created=False)
         wake = notification_to_send(connection, dialect, topic, conf)
-        sent = _insert_one(connection, dialect, topic, row, wake)
+        sent = _insert_one(connection, dialect, topic, row, wake, conf.PREPARED_PUBLISH)
         if sent.created:
             with connection.cursor() as cursor:
                 dialect.remember_idempotency_keys(cursor, [(*digest, sent.offset)], window_ms)
@@ -147,14 +147,15 @@ def _together(connection: BaseDatabaseWrapper) -> Any:
 
 def _insert_one(
     connection: BaseDatabaseWrapper, dialect: Dialect, topic: str, row: MessageRow,
-    wake: str | None = None,
+    wake: str | None = None, prepared: bool = False,
 ) -> SentMessage:
-    """INSERT one message; an id still stored in its partition is a dedup hit. ``wake``:
-    ``Dialect.insert_messages``'s (sent only if the row is stored)."""
+    """INSERT one message; an id still stored in its partition is a dedup hit. ``wake``
+    and ``prepared``: ``Dialect.insert_messages``'s (``wake`` sent only if the row is
+    stored)."""
     for round_ in range(MAX_DEDUP_ROUNDS):
         with connection.cursor() as cursor:
             try:
-                offsets = dialect.insert_messages(cursor, [row], wake=wake)
+                offsets = dialect.insert_messages(cursor, [row], wake=wake, prepared=prepared)
             except IntegrityError as error:
                 if not dialect.is_duplicate_message(error) or round_ == MAX_DEDUP_ROUNDS - 1:
                     raise

@@ -82,10 +82,18 @@ def test_publish_and_consume_through_pgbouncer_in_transaction_mode(processes: li
         wait_for(looking(lambda: server_sessions(server)[1] == 2), what="both listeners")
         wait_for(looking(lambda: handled(server)[0] >= 20), what="some messages handled")
         # One transaction each (autocommit), through the pool, while the runners work.
-        manage(pooled, "shell", "-c",
-               "from sqlqueue import send_message\n"
-               f"for n in range({WHILE}): "
-               "send_message('accept.work', {'sleep': 0.005}, partition_key=f'p{n % 8}')")
+        # The publisher sees the pooler and prepares nothing: the next transaction may
+        # run on a server session that never prepared it.
+        published = manage(
+            pooled, "shell", "-c",
+            "from django.db import connection\n"
+            "from sqlqueue import send_message\n"
+            "from sqlqueue.storage.sql.prepared import session_statements\n"
+            f"for n in range({WHILE}): "
+            "send_message('accept.work', {'sleep': 0.005}, partition_key=f'p{n % 8}')\n"
+            "session = session_statements(connection.connection)\n"
+            "print(session.direct, sorted(session.prepared))")
+        assert published.split()[-2:] == ["False", "[]"], published
         wait_for(looking(lambda: handled(server)[0] >= BEFORE + WHILE), timeout=120,
                  what="every message handled")
         assert handled(server) == (BEFORE + WHILE, BEFORE + WHILE)  # each exactly once

@@ -402,6 +402,38 @@ def test_postgresql_publishing() -> None:
     assert (heard.channel, heard.payload) == (WAKEUP_CHANNEL, "orders")
 
 
+def test_postgresql_prepared_message_insert() -> None:
+    """The one-message INSERT prepared in the session: stored by EXECUTE, skipping a
+    stored key, notifying the row's topic; the session's pid is the connection's."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's own statements")
+    sql = DjangoExecutor().sql
+    assert isinstance(sql, PostgreSQLStatements)
+    with connection.cursor() as cursor:
+        cursor.execute(*sql.server_session_pid())
+        assert cursor.fetchone()[0] == connection.connection.info.backend_pid
+        cursor.execute(*sql.prepare_stored_message("t_plain", skip_stored=False, wake=False))
+        cursor.execute(*sql.prepare_stored_message("t_skip", skip_stored=True, wake=True))
+        try:
+            cursor.execute(*sql.execute_stored_message("t_plain", message("k", "p1")))
+            ((offset, key, mid),) = cursor.fetchall()
+            assert (key, mid) == ("k", "p1")
+            cursor.execute(f'LISTEN "{WAKEUP_CHANNEL}"')
+            cursor.execute(*sql.execute_stored_message("t_skip", message("k", "p1")))
+            assert cursor.fetchall() == []  # stored already: skipped, nothing notified
+            cursor.execute(*sql.execute_stored_message("t_skip", message("k", "p2")))
+            assert [(k, m) for _, k, m, _ in cursor.fetchall()] == [("k", "p2")]
+            heard = list(connection.connection.notifies(timeout=5, stop_after=1))
+            cursor.execute(f'UNLISTEN "{WAKEUP_CHANNEL}"')
+            cursor.execute("SELECT \"offset\", created_at FROM queue_messages WHERE id = 'p1'")
+            stored_offset, created_at = cursor.fetchone()
+            assert stored_offset == offset and created_at > 0  # the database's clock
+        finally:
+            cursor.execute("DEALLOCATE t_plain")
+            cursor.execute("DEALLOCATE t_skip")
+    assert [(n.channel, n.payload) for n in heard] == [(WAKEUP_CHANNEL, "t")]
+
+
 # -- sessions (sqlqueue.storage.statements.sessions) --------------------------------------------
 def test_session_statements(executor: Executor) -> None:
     sql = executor.sql

@@ -125,12 +125,15 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
         return message_params(rows)
 
     def insert_messages(
-        self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None
+        self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None,
+        prepared: bool = False,
     ) -> list[int] | None:
         """Insert ``rows``; return their offsets in order, or None if they cannot be known
         without reading them back. ``wake``: a topic to ``notify_wakeup`` for with the
         rows, where the database notifies (``notifies_wakeups``; PostgreSQL does it in
-        the INSERT itself); elsewhere nothing.
+        the INSERT itself); elsewhere nothing. ``prepared``: a connection that publishes
+        one message at a time often may run it as a statement prepared in its session
+        (PostgreSQL: ``sqlqueue.storage.sql.prepared``); elsewhere nothing changes.
 
         Raises ``IntegrityError`` if any row's (topic, partition_key, id) exists; the
         statement is then rolled back as a whole and the transaction stays usable.

@@ -165,7 +165,8 @@ class MySQLDialect(Dialect):
         return self.now_ms_sql.encode()
 
     def insert_messages(
-        self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None
+        self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None,
+        prepared: bool = False,
     ) -> list[int] | None:
         cursor.execute(self.insert_messages_statement(rows))  # type: ignore[arg-type]
         return self.inserted_offsets(cursor, len(rows))

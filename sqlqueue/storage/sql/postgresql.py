@@ -20,11 +20,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.base import SAMPLE_ROW, Dialect, MessageRow
+from sqlqueue.storage.sql.prepared import (
+    STATEMENT_GONE,
+    Variant,
+    session_statements,
+    statement_name,
+)
 from sqlqueue.storage.statements import PostgreSQLStatements
 from sqlqueue.storage.statements.postgresql import PostgreSQLVendor
 from sqlqueue.storage.statements.publishing import WAKEUP_CHANNEL as WAKEUP_CHANNEL
@@ -100,7 +106,8 @@ class PostgreSQLDialect(Dialect):
     max_rows_per_insert = 5000
 
     def insert_messages(
-        self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None
+        self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None,
+        prepared: bool = False,
     ) -> list[int] | None:
         """Raises ``IntegrityError`` with nothing stored if any row is a duplicate, and
         the caller's transaction stays usable, as on the other vendors. From
@@ -117,10 +124,12 @@ class PostgreSQLDialect(Dialect):
                 self.notify_wakeup(cursor, wake)
             return copied
         if self.connection.get_autocommit():
-            cursor.execute(*self.sql.store_messages(rows, wake=wake))
+            self._store(cursor, rows, skip_stored=False, wake=wake is not None,
+                        prepared=prepared)
             stored = cursor.fetchall()
         else:
-            cursor.execute(*self.sql.store_messages(rows, skip_stored=True, wake=wake))
+            self._store(cursor, rows, skip_stored=True, wake=wake is not None,
+                        prepared=prepared)
             stored = cursor.fetchall()
             if len(stored) < len(rows):
                 if stored:
@@ -130,6 +139,52 @@ class PostgreSQLDialect(Dialect):
         # By key, not by position: RETURNING promises no order.
         offsets = {(str(pk), str(mid)): int(offset) for offset, pk, mid, *_ in stored}
         return [offsets[row.key] for row in rows]
+
+    def _store(self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, skip_stored: bool,
+               wake: bool, prepared: bool) -> None:
+        """Run ``store_messages``; ``prepared``: for one row without a delay, as the
+        statement prepared in the session once it is run often (``prepared.py``)."""
+        name = self._prepared_insert(cursor, rows, (skip_stored, wake)) if prepared else None
+        if name is None:
+            cursor.execute(*self.sql.store_messages(rows, skip_stored=skip_stored, wake=wake))
+            return
+        try:
+            cursor.execute(*self.sql.execute_stored_message(name, rows[0]))
+        except DatabaseError as error:
+            if _sqlstate(error) != STATEMENT_GONE:
+                raise
+            session_statements(self.connection.connection).forget()
+            if not self.connection.get_autocommit():
+                raise  # the caller's transaction is aborted: theirs to retry
+            cursor.execute(*self.sql.store_messages(rows, skip_stored=skip_stored, wake=wake))
+
+    def _prepared_insert(self, cursor: CursorWrapper, rows: Sequence[MessageRow],
+                         variant: Variant) -> str | None:
+        """The name of the session's prepared one-message INSERT of ``variant``, prepared
+        now if it is due; None: run the plain statement (many rows, a delay, parameters
+        bound on the server, where psycopg prepares by its own ``prepare_threshold``,
+        a connection through a pooler, or not run often enough yet)."""
+        if (len(rows) != 1 or rows[0].delay_ms is not None
+                or self.connection.settings_dict["OPTIONS"].get("server_side_binding")):
+            return None
+        driver = self.connection.connection
+        session = session_statements(driver)
+        name = statement_name(variant)
+        if variant in session.prepared:
+            return name
+        if not session.due(variant):
+            return None
+        if session.direct is None:
+            cursor.execute(*self.sql.server_session_pid())
+            reached = cursor.fetchone()
+            session.direct = reached is not None and int(reached[0]) == driver.info.backend_pid
+            if not session.direct:
+                return None
+        skip_stored, wake = variant
+        cursor.execute(*self.sql.prepare_stored_message(name, skip_stored=skip_stored,
+                                                        wake=wake))
+        session.prepared.add(variant)
+        return name
 
     # -- copy_messages -----------------------------------------------------------------
     def reserve_offsets_sql(self) -> str:

@@ -25,6 +25,8 @@ INSERT_COLUMNS = (
 #: The NOTIFY channel of wake-ups (sqlqueue.wakeups); its payload is the topic. NOTIFY
 #: stays within one database, so the channel needs no database name.
 WAKEUP_CHANNEL = "sqlqueue_wakeups"
+#: the values of a message stored alone without a delay (``one_message_params``)
+ONE_MESSAGE_VALUES = 8
 
 
 class MessageRow(NamedTuple):
@@ -48,6 +50,13 @@ class MessageRow(NamedTuple):
     @property
     def key(self) -> MessageKey:
         return (self.partition_key, self.id)
+
+
+def one_message_params(row: MessageRow) -> list[Any]:
+    """The parameters of ``store_messages`` of one row without a delay: its eight values
+    (``ONE_MESSAGE_VALUES``)."""
+    return [row.topic, row.partition_key, row.id, row.payload, row.metadata,
+            row.published_at, row.priority, row.deliver_at_ms]
 
 
 def message_params(rows: Sequence[MessageRow]) -> list[Any]:
@@ -125,7 +134,7 @@ class PostgreSQLPublishing(Vendor):
     """PostgreSQL's own publishing statements (a mixin of ``PostgreSQLStatements``)."""
 
     def store_messages(self, rows: Sequence[MessageRow], *, skip_stored: bool = False,
-                       wake: str | None = None) -> Statement:
+                       wake: bool = False) -> Statement:
         """``insert_messages`` for PostgreSQL: a multi-row INSERT returning the offset
         and key of each row it stored. A row whose (topic, partition_key, id) is stored
         fails the statement, or with ``skip_stored`` (``insert_new_messages``) is skipped
@@ -133,26 +142,15 @@ class PostgreSQLPublishing(Vendor):
         once for the statement (``created_at``, and ``deliver_after`` of a delay, from
         the same reading) and after the transaction has its id (``write_horizon``).
 
-        ``wake``: a topic to ``notify_wakeup`` for with each row stored, in the same
-        statement (a skipped row notifies nothing); one round trip fewer for a message
-        published alone. One row without a delay reads the clock in its VALUES (used
-        once): the cheapest shape for the server, 0.04 ms a message less than selecting
-        from a clock subquery, which the other rows need to use one reading twice."""
-        q = self.quote
-        skip = f"{self.insert_if_absent_suffix(MESSAGE_KEY)} " if skip_stored else ""
-        notify, wake_params = ((", pg_notify(%s, %s)", [WAKEUP_CHANNEL, wake])
-                               if wake is not None else ("", []))
-        returning = f"{skip}RETURNING {q('offset')}, {q('partition_key')}, {q('id')}{notify}"
-        insert = f"INSERT INTO {q(MESSAGE_TABLE)} ({self.names(INSERT_COLUMNS)})"
+        ``wake``: ``notify_wakeup`` the topic of each row stored, in the same statement
+        (a skipped row notifies nothing); one round trip fewer for a message published
+        alone. One row without a delay reads the clock in its VALUES (used once): the
+        cheapest shape for the server, 0.04 ms a message less than selecting from a
+        clock subquery, which the other rows need to use one reading twice."""
         if len(rows) == 1 and rows[0].delay_ms is None:
-            row = rows[0]
-            return (
-                f"{insert} VALUES (%s, %s, %s, %s::bytea, %s::jsonb, "
-                f"{self.message_clock_sql}, %s::bigint, %s::smallint, %s::bigint) "
-                f"{returning}",
-                [row.topic, row.partition_key, row.id, row.payload, row.metadata,
-                 row.published_at, row.priority, row.deliver_at_ms, *wake_params],
-            )
+            return (self._one_message_insert(["%s"] * ONE_MESSAGE_VALUES,
+                                             skip_stored=skip_stored, wake=wake),
+                    one_message_params(rows[0]))
         names = ("topic", "partition_key", "id", "payload", "metadata", "published_at",
                  "priority", "delay", "deliver_at")
         if len(rows) == 1:
@@ -169,10 +167,54 @@ class PostgreSQLPublishing(Vendor):
             f"COALESCE(c.now_ms + {v['delay']}::bigint, {v['deliver_at']}::bigint)",
         ])
         return (
-            f"{insert} SELECT {select} "
-            f"FROM {source}(SELECT {self.message_clock_sql} AS now_ms) c {returning}",
-            message_params(rows) + wake_params,
+            f"INSERT INTO {self.quote(MESSAGE_TABLE)} ({self.names(INSERT_COLUMNS)}) "
+            f"SELECT {select} FROM {source}(SELECT {self.message_clock_sql} AS now_ms) c "
+            f"{self._returning(skip_stored=skip_stored, wake=wake)}",
+            message_params(rows),
         )
+
+    def _returning(self, *, skip_stored: bool, wake: bool) -> str:
+        """The tail of ``store_messages``: skip stored rows or not, RETURNING the key of
+        each row stored, and with ``wake`` the ``pg_notify`` of its topic (a constant
+        channel, the topic read from the row: no parameter to send)."""
+        q = self.quote
+        skip = f"{self.insert_if_absent_suffix(MESSAGE_KEY)} " if skip_stored else ""
+        notify = f", pg_notify('{WAKEUP_CHANNEL}', {q('topic')})" if wake else ""
+        return f"{skip}RETURNING {q('offset')}, {q('partition_key')}, {q('id')}{notify}"
+
+    def _one_message_insert(self, marks: Sequence[str], *, skip_stored: bool,
+                            wake: bool) -> str:
+        """``store_messages`` of one row without a delay, its parameters written as
+        ``marks`` (``%s``, or ``$1``... in ``prepare_stored_message``)."""
+        m = marks
+        return (
+            f"INSERT INTO {self.quote(MESSAGE_TABLE)} ({self.names(INSERT_COLUMNS)}) "
+            f"VALUES ({m[0]}, {m[1]}, {m[2]}, {m[3]}::bytea, {m[4]}::jsonb, "
+            f"{self.message_clock_sql}, {m[5]}::bigint, {m[6]}::smallint, {m[7]}::bigint) "
+            f"{self._returning(skip_stored=skip_stored, wake=wake)}"
+        )
+
+    # -- the one-message INSERT prepared in a session ------------------------------------
+    def prepare_stored_message(self, name: str, *, skip_stored: bool, wake: bool) -> Statement:
+        """``prepare_stored_message``: ``store_messages`` of one row without a delay,
+        prepared in the session as ``name``: parsed and planned once, after which a
+        publish sends only ``execute_stored_message``. Its parameters are the row's
+        eight values (``one_message_params``)."""
+        marks = [f"${n}" for n in range(1, ONE_MESSAGE_VALUES + 1)]
+        insert = self._one_message_insert(marks, skip_stored=skip_stored, wake=wake)
+        return f"PREPARE {self.quote(name)} AS {insert}", []
+
+    def execute_stored_message(self, name: str, row: MessageRow) -> Statement:
+        """``execute_stored_message``: run ``prepare_stored_message``'s ``name`` for
+        ``row``."""
+        marks = ", ".join(["%s"] * ONE_MESSAGE_VALUES)
+        return f"EXECUTE {self.quote(name)}({marks})", one_message_params(row)
+
+    def server_session_pid(self) -> Statement:
+        """``server_session_pid``: the process id of the server session this connection
+        reaches. A connection pooler between the two tells the client a key of its own
+        at connect time, not this (``sqlqueue.storage.sql.prepared``)."""
+        return "SELECT pg_backend_pid()", []
 
     def select_message_offsets(self, topic: str, keys: Iterable[MessageKey], *,
                                lock: bool = False) -> Statement:
