@@ -32,8 +32,9 @@ class DjangoInsertAdapter(Adapter):
     def reset(self):
         from django.db import connection
 
+        empty = "DELETE FROM" if connection.vendor == "sqlite" else "TRUNCATE TABLE"
         with connection.cursor() as c:
-            c.execute(f"DELETE FROM {TABLE}")
+            c.execute(f"{empty} {TABLE}")
 
     def enqueue_one(self, p):
         from django.db import connection

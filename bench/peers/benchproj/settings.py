@@ -120,3 +120,6 @@ elif PEER == "sqlqueue":
         SQLQUEUE["WAKEUPS"] = False
     if os.environ.get("BENCH_WAKEUP_REDIS_URL"):
         SQLQUEUE["WAKEUP_REDIS_URL"] = os.environ["BENCH_WAKEUP_REDIS_URL"]
+    # BENCH_PREPARED_PUBLISH=0: PostgreSQL runs every publish's INSERT unprepared.
+    if os.environ.get("BENCH_PREPARED_PUBLISH") == "0":
+        SQLQUEUE["PREPARED_PUBLISH"] = False
