@@ -129,8 +129,8 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
         prepared: bool = False,
     ) -> list[int] | None:
         """Insert ``rows``; return their offsets in order, or None if they cannot be known
-        without reading them back. ``wake``: a topic to ``notify_wakeup`` for with the
-        rows, where the database notifies (``notifies_wakeups``; PostgreSQL does it in
+        without reading them back. ``wake``: the rows' topic, to ``notify_wakeup`` for with
+        them, where the database notifies (``notifies_wakeups``; PostgreSQL does it in
         the INSERT itself); elsewhere nothing. ``prepared``: a connection that publishes
         one message at a time often may run it as a statement prepared in its session
         (PostgreSQL: ``sqlqueue.storage.sql.prepared``); elsewhere nothing changes.

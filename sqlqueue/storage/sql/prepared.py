@@ -1,8 +1,9 @@
 """The one-message INSERT prepared in a PostgreSQL session.
 
-Parsing and planning ``store_messages`` of one row costs the server about 0.2 ms, a
-third of what the INSERT costs it in all: the table's three indexes, checks and identity
-make even a one-row plan work. Django binds parameters on the client and never prepares
+Parsing and planning ``store_messages`` of one row costs the server about 0.2 ms, some
+40 % of what the statement costs it in all (``pgbench``, ``synchronous_commit`` off:
+0.55 ms unprepared, 0.31 prepared): the table's three indexes, checks and identity make
+even a one-row plan work. Django binds parameters on the client and never prepares
 (``prepare_threshold`` is None unless ``OPTIONS`` sets it), so a connection that
 publishes again and again would pay it every time. Here the statement is prepared with
 SQL's ``PREPARE`` once a session has run it ``PREPARE_AFTER`` times, and a publish then
