@@ -33,6 +33,14 @@ def fresh_session() -> Iterator[None]:
     connection.close()
 
 
+@pytest.fixture
+def client_side_binding() -> None:
+    """Django's default binding, where sqlqueue prepares (with server-side binding
+    psycopg prepares by its own ``prepare_threshold``)."""
+    if connection.settings_dict["OPTIONS"].get("server_side_binding"):
+        pytest.skip("sqlqueue prepares with client-side binding only")
+
+
 def sent_statements(captured: CaptureQueriesContext) -> list[str]:
     """The first word of each statement sent (BEGIN and COMMIT left out)."""
     words = [query["sql"].split(" ", 1)[0] for query in captured.captured_queries]
@@ -48,7 +56,7 @@ def publish(count: int, *, atomic: bool = True, **options: Any) -> list[int]:
     return offsets
 
 
-def test_a_connection_that_publishes_often_prepares_the_insert_once() -> None:
+def test_a_connection_that_publishes_often_prepares_the_insert_once(client_side_binding: None) -> None:
     with CaptureQueriesContext(connection) as captured:
         offsets = publish(PREPARE_AFTER + 3, partition_key="k")
     assert sent_statements(captured) == (
@@ -64,7 +72,7 @@ def test_a_connection_that_publishes_often_prepares_the_insert_once() -> None:
     assert len(stored_messages("orders")) == 2 * PREPARE_AFTER + 4
 
 
-def test_the_prepared_insert_stores_every_column_as_the_plain_one_does() -> None:
+def test_the_prepared_insert_stores_every_column_as_the_plain_one_does(client_side_binding: None) -> None:
     options: dict[str, Any] = {"partition_key": "k", "metadata": {"trace": "t-1"},
                                "priority": 7}
     plain = publish(1, **options)
@@ -79,6 +87,7 @@ def test_the_prepared_insert_stores_every_column_as_the_plain_one_does() -> None
 
 
 def test_a_duplicate_id_comes_back_with_the_stored_offset_through_the_prepared_insert(
+    client_side_binding: None,
 ) -> None:
     with override_settings(SQLQUEUE={"IDEMPOTENCY_WINDOW": 0}):  # the INSERT finds it
         first = send_message("orders", {"n": 0}, partition_key="k", id="same")
@@ -90,7 +99,7 @@ def test_a_duplicate_id_comes_back_with_the_stored_offset_through_the_prepared_i
     assert [row["payload"] for row in stored_messages("orders")] == [{"n": 0}]
 
 
-def test_the_prepared_insert_wakes_the_listeners_at_commit() -> None:
+def test_the_prepared_insert_wakes_the_listeners_at_commit(client_side_binding: None) -> None:
     listener = psycopg.connect(**connection.get_connection_params(), autocommit=True)
     try:
         listener.execute(f'LISTEN "{WAKEUP_CHANNEL}"')
@@ -105,8 +114,9 @@ def test_the_prepared_insert_wakes_the_listeners_at_commit() -> None:
     assert heard == ["orders"] * (PREPARE_AFTER + 2)
 
 
-def test_a_connection_through_a_pooler_prepares_nothing(monkeypatch: pytest.MonkeyPatch
-                                                         ) -> None:
+def test_a_connection_through_a_pooler_prepares_nothing(
+    client_side_binding: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A pooler answers the startup with a cancel key of its own: the pid it reports is
     not the server session's."""
     monkeypatch.setattr(psycopg.ConnectionInfo, "backend_pid", property(lambda info: 1))
@@ -134,7 +144,7 @@ def test_nothing_is_prepared_when_turned_off_or_bound_on_the_server(
     assert set(sent_statements(captured)) == {"INSERT"}
 
 
-def test_a_session_that_lost_its_statements_keeps_publishing_and_prepares_again() -> None:
+def test_a_session_that_lost_its_statements_keeps_publishing_and_prepares_again(client_side_binding: None) -> None:
     """``DEALLOCATE ALL`` (or ``DISCARD ALL``) by the application: inside a transaction
     the transaction is lost, as after any error; outside one the message is stored by
     the plain INSERT at once; the session prepares again after as many runs."""

@@ -407,9 +407,13 @@ def test_postgresql_prepared_message_insert() -> None:
     stored key, notifying the row's topic; the session's pid is the connection's."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's own statements")
+    import psycopg
+
     sql = DjangoExecutor().sql
     assert isinstance(sql, PostgreSQLStatements)
-    with connection.cursor() as cursor:
+    connection.ensure_connection()
+    # EXECUTE takes its values as literals: client-side binding, whichever Django uses.
+    with psycopg.ClientCursor(connection.connection) as cursor:
         cursor.execute(*sql.server_session_pid())
         assert cursor.fetchone()[0] == connection.connection.info.backend_pid
         cursor.execute(*sql.prepare_stored_message("t_plain", skip_stored=False, wake=False))
