@@ -56,7 +56,8 @@ def publish(count: int, *, atomic: bool = True, **options: Any) -> list[int]:
     return offsets
 
 
-def test_a_connection_that_publishes_often_prepares_the_insert_once(client_side_binding: None) -> None:
+@pytest.mark.usefixtures("client_side_binding")
+def test_a_connection_that_publishes_often_prepares_the_insert_once() -> None:
     with CaptureQueriesContext(connection) as captured:
         offsets = publish(PREPARE_AFTER + 3, partition_key="k")
     assert sent_statements(captured) == (
@@ -72,7 +73,8 @@ def test_a_connection_that_publishes_often_prepares_the_insert_once(client_side_
     assert len(stored_messages("orders")) == 2 * PREPARE_AFTER + 4
 
 
-def test_the_prepared_insert_stores_every_column_as_the_plain_one_does(client_side_binding: None) -> None:
+@pytest.mark.usefixtures("client_side_binding")
+def test_the_prepared_insert_stores_every_column_as_the_plain_one_does() -> None:
     options: dict[str, Any] = {"partition_key": "k", "metadata": {"trace": "t-1"},
                                "priority": 7}
     plain = publish(1, **options)
@@ -86,8 +88,8 @@ def test_the_prepared_insert_stores_every_column_as_the_plain_one_does(client_si
     assert rows[prepared]["created_at"] >= rows[plain[0]]["created_at"] > 0
 
 
+@pytest.mark.usefixtures("client_side_binding")
 def test_a_duplicate_id_comes_back_with_the_stored_offset_through_the_prepared_insert(
-    client_side_binding: None,
 ) -> None:
     with override_settings(SQLQUEUE={"IDEMPOTENCY_WINDOW": 0}):  # the INSERT finds it
         first = send_message("orders", {"n": 0}, partition_key="k", id="same")
@@ -99,7 +101,8 @@ def test_a_duplicate_id_comes_back_with_the_stored_offset_through_the_prepared_i
     assert [row["payload"] for row in stored_messages("orders")] == [{"n": 0}]
 
 
-def test_the_prepared_insert_wakes_the_listeners_at_commit(client_side_binding: None) -> None:
+@pytest.mark.usefixtures("client_side_binding")
+def test_the_prepared_insert_wakes_the_listeners_at_commit() -> None:
     listener = psycopg.connect(**connection.get_connection_params(), autocommit=True)
     try:
         listener.execute(f'LISTEN "{WAKEUP_CHANNEL}"')
@@ -114,9 +117,9 @@ def test_the_prepared_insert_wakes_the_listeners_at_commit(client_side_binding: 
     assert heard == ["orders"] * (PREPARE_AFTER + 2)
 
 
-def test_a_connection_through_a_pooler_prepares_nothing(
-    client_side_binding: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.usefixtures("client_side_binding")
+def test_a_connection_through_a_pooler_prepares_nothing(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
     """A pooler answers the startup with a cancel key of its own: the pid it reports is
     not the server session's."""
     monkeypatch.setattr(psycopg.ConnectionInfo, "backend_pid", property(lambda info: 1))
@@ -144,7 +147,8 @@ def test_nothing_is_prepared_when_turned_off_or_bound_on_the_server(
     assert set(sent_statements(captured)) == {"INSERT"}
 
 
-def test_a_session_that_lost_its_statements_keeps_publishing_and_prepares_again(client_side_binding: None) -> None:
+@pytest.mark.usefixtures("client_side_binding")
+def test_a_session_that_lost_its_statements_keeps_publishing_and_prepares_again() -> None:
     """``DEALLOCATE ALL`` (or ``DISCARD ALL``) by the application: inside a transaction
     the transaction is lost, as after any error; outside one the message is stored by
     the plain INSERT at once; the session prepares again after as many runs."""
