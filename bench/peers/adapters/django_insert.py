@@ -32,9 +32,8 @@ class DjangoInsertAdapter(Adapter):
     def reset(self):
         from django.db import connection
 
-        empty = "DELETE FROM" if connection.vendor == "sqlite" else "TRUNCATE TABLE"
         with connection.cursor() as c:
-            c.execute(f"{empty} {TABLE}")
+            c.execute(f"TRUNCATE TABLE {TABLE}")
 
     def enqueue_one(self, p):
         from django.db import connection

@@ -123,19 +123,15 @@ class PostgreSQLDialect(Dialect):
             if wake is not None:
                 self.notify_wakeup(cursor, wake)
             return copied
-        if self.connection.get_autocommit():
-            self._store(cursor, rows, skip_stored=False, wake=wake is not None,
-                        prepared=prepared)
-            stored = cursor.fetchall()
-        else:
-            self._store(cursor, rows, skip_stored=True, wake=wake is not None,
-                        prepared=prepared)
-            stored = cursor.fetchall()
-            if len(stored) < len(rows):
-                if stored:
-                    cursor.execute(*self.sql.delete_inserted_messages(
-                        [int(stored_row[0]) for stored_row in stored]))
-                raise DuplicateMessage("a message id is stored already")
+        skip_stored = not self.connection.get_autocommit()
+        self._store(cursor, rows, skip_stored=skip_stored, wake=wake is not None,
+                    prepared=prepared)
+        stored = cursor.fetchall()
+        if skip_stored and len(stored) < len(rows):
+            if stored:
+                cursor.execute(*self.sql.delete_inserted_messages(
+                    [int(stored_row[0]) for stored_row in stored]))
+            raise DuplicateMessage("a message id is stored already")
         # By key, not by position: RETURNING promises no order.
         offsets = {(str(pk), str(mid)): int(offset) for offset, pk, mid, *_ in stored}
         return [offsets[row.key] for row in rows]
