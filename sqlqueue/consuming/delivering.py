@@ -29,6 +29,13 @@ RESTAMP_AFTER_MS = 250
 #: ``narrows_fetches``): past it (a partition read to its end while the log grew by more)
 #: the poll fetches every partition that may have rows, as the other dialects do.
 NARROWING_SPAN = 5000
+#: A poll reads on through rows already done (``PartitionState.reads_on``) in up to this
+#: many fetches, each asking for twice the rows of the one before, up to
+#: ``READ_ON_WIDEST`` batches: a new holder of a partition whose previous holder acked
+#: thousands of rows above the durable watermark read them a batch a poll, a poll interval
+#: apart, and delivered nothing for a second after a rebalance.
+READ_ON_FETCHES = 6
+READ_ON_WIDEST = 16
 _sequence = itertools.count()
 
 
@@ -83,21 +90,32 @@ class Delivering(SubscriberPart):
         per partition made a poll after a publish cost a round trip per held
         partition)."""
         wanted = self._narrowed(cursor, wanted, head)
-        if not wanted:
-            return
         batch = self.options.batch_size
-        found = self.dialect.fetch_partitions(
-            cursor, self.group, self.topic,
-            [(state.partition_key, state.cursor) for state in wanted], batch)
-        # The head first, the clock after it: covered_at_ms must not be earlier than the
-        # read that found the head, or a later write horizon could close the window over
-        # a publisher still open (SPEC I4).
-        head()
-        now_ms = self.clock()
-        for state in wanted:
-            rows = found[state.partition_key]
-            state.absorb(rows, self.group)
-            state.fetched(len(rows), batch, head, now_ms)
+        limit = batch
+        for _ in range(READ_ON_FETCHES):
+            if not wanted:
+                return
+            found = self.dialect.fetch_partitions(
+                cursor, self.group, self.topic,
+                [(state.partition_key, state.cursor) for state in wanted], limit)
+            # The head first, the clock after it: covered_at_ms must not be earlier than
+            # the read that found the head, or a later write horizon could close the
+            # window over a publisher still open (SPEC I4).
+            head()
+            now_ms = self.clock()
+            for state in wanted:
+                rows = found[state.partition_key]
+                state.absorb(rows, self.group)
+                state.fetched(len(rows), limit, head, now_ms)
+            wanted = [state for state in wanted if state.reads_on(batch)]
+            limit = min(limit * 2, batch * READ_ON_WIDEST)
+
+    def reads_on(self) -> bool:
+        """Does a held partition have rows to read on through now (``_fetch`` stopped at
+        ``READ_ON_FETCHES``)? The runner then polls again at once."""
+        batch = self.options.batch_size
+        return any(state.reads_on(batch) for key, state in self.partitions.items()
+                   if self.leases.holds(key))
 
     def _narrowed(self, cursor: CursorWrapper, wanted: list[PartitionState],
                   head: Callable[[], int]) -> list[PartitionState]:

@@ -103,6 +103,8 @@ class Pacing:
             return None
         if not self._done.empty() or self._unrecorded:
             return 0.0
+        if any(s.reads_on() for s in self.subscribers if not self._paused(s)):
+            return 0.0
         delay = self._polling_delay(head)
         dues = [d for d in (s.next_due_ms() for s in self.subscribers if not self._paused(s))
                 if d is not None]

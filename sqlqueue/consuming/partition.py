@@ -90,6 +90,14 @@ class PartitionState:
             return False
         return not (self.exhausted and head() <= self.covered)
 
+    def reads_on(self, batch_size: int) -> bool:
+        """The last fetch was full yet left the buffer at most half open: its rows were
+        mostly done already (acked by the partition's previous holder, a crashed or
+        rebalanced subscriber, above the durable watermark it had not yet moved; or
+        addressed to another group). There is more behind them to read now, not at the
+        next poll."""
+        return not self.exhausted and self.open_count <= batch_size // 2
+
     def fetched(self, rows_returned: int, limit: int, head: Callable[[], int],
                 now_ms: int) -> None:
         self.exhausted = rows_returned < limit
