@@ -59,11 +59,13 @@ INSTALLED_APPS = [
     "benchjobs.apps.BenchJobsConfig",
 ]
 
+# BENCH_LOG_LEVEL=INFO: the workers' logs (.runs/logs/) say what each one did and when.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": "WARNING"},
+    "formatters": {"timed": {"format": "%(asctime)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "timed"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("BENCH_LOG_LEVEL", "WARNING")},
 }
 
 # Worker knobs passed by the driver through the environment.
