@@ -86,9 +86,13 @@ class PartitionState:
     def wants_fetch(self, batch_size: int, head: Callable[[], int]) -> bool:
         """Read more when the buffer is at most half full and there may be new rows
         (``head``, the log's newest offset, is read only when that is the question)."""
-        if self.open_count > batch_size // 2:
+        if not self.has_room(batch_size):
             return False
         return not (self.exhausted and head() <= self.covered)
+
+    def has_room(self, batch_size: int) -> bool:
+        """The buffer is at most half open: worth reading more into."""
+        return self.open_count <= batch_size // 2
 
     def reads_on(self, batch_size: int) -> bool:
         """The last fetch was full yet left the buffer at most half open: its rows were
@@ -96,7 +100,7 @@ class PartitionState:
         rebalanced subscriber, above the durable watermark it had not yet moved; or
         addressed to another group). There is more behind them to read now, not at the
         next poll."""
-        return not self.exhausted and self.open_count <= batch_size // 2
+        return not self.exhausted and self.has_room(batch_size)
 
     def fetched(self, rows_returned: int, limit: int, head: Callable[[], int],
                 now_ms: int) -> None:

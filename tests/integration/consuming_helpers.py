@@ -47,16 +47,20 @@ class ManualClock:
         self.ms += milliseconds
 
 
-def run_until(runner: Runner, condition: Callable[[], bool], timeout: float = RUN_TIMEOUT) -> None:
+def run_until(runner: Runner, condition: Callable[[], bool],
+              timeout: float = RUN_TIMEOUT) -> list[float | None]:
     """Passes of ``runner`` (``run_once``) until ``condition`` holds; fail after ``timeout``
-    seconds. Handler threads run on their own: this waits on them, never on a clock."""
+    seconds. Handler threads run on their own: this waits on them, never on a clock.
+    Returns the delay each pass asked for."""
     import time
 
+    delays: list[float | None] = []
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        runner.run_once()
+        assert time.monotonic() < deadline, f"timed out after {len(delays)} passes"
+        delays.append(runner.run_once())
         time.sleep(0.005)
+    return delays
 
 
 def drain(groups: list[str], topics: list[str] | None = None, **kwargs: Any) -> Runner:

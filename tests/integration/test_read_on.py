@@ -5,7 +5,6 @@ replayed dead letter)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from sqlqueue.consuming.delivering import READ_ON_FETCHES, READ_ON_WIDEST
 from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.models import DeliveryState, QueueMessage
-from tests.integration.consuming_helpers import RUN_TIMEOUT, fast_settings, register
+from tests.integration.consuming_helpers import fast_settings, register, run_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 __all__ = ["register"]  # the fixture
@@ -35,19 +34,6 @@ class Calls:
         self.offsets.append(message.offset)
 
 
-def passes_until(runner: Runner, delivered: Calls) -> list[float]:
-    """Passes (``run_once``) until a handler ran; the delay each pass asked for."""
-    delays: list[float] = []
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while not delivered.offsets:
-        assert time.monotonic() < deadline, delays
-        delay = runner.run_once()
-        assert delay is not None
-        delays.append(delay)
-        time.sleep(0.01)  # the handler threads
-    return delays
-
-
 def acked_above_the_watermark(done: int) -> int:
     """``done`` messages of partition k acked for group g with the watermark still at 0,
     as a holder leaves them that stopped before moving it; then one message not done.
@@ -60,10 +46,11 @@ def acked_above_the_watermark(done: int) -> int:
     return sent[-1].offset
 
 
-def run(runner: Runner, delivered: Calls) -> list[float]:
+def run(runner: Runner, delivered: Calls) -> list[float | None]:
+    """Passes until a handler ran; the delay each pass asked for."""
     runner.start_handler_threads()
     try:
-        return passes_until(runner, delivered)
+        return run_until(runner, lambda: bool(delivered.offsets))
     finally:
         runner.stop()
         runner._shutdown()
@@ -103,7 +90,6 @@ def test_a_full_buffer_of_open_rows_does_not_read_on(register: Any) -> None:
     send_messages("t", [OutgoingMessage(n, partition_key="k") for n in range(200)])
     runner = Runner(select_consumers(["g"]), conf=fast_settings(POLL_INTERVAL=POLL_INTERVAL))
     subscriber = runner.subscribers[0]
-    subscriber.leases.hurry()
     runner.run_once()  # leases, then one fetch of one batch; no handler thread runs
     [state] = subscriber.partitions.values()
     assert len(state.entries) == BATCH
