@@ -28,6 +28,7 @@ from sqlqueue.publishing.messages import (
     idempotency_digest,
     now_ms,
     prepare,
+    prepare_fields,
 )
 from sqlqueue.publishing.wakeups import announce, notification_to_send
 from sqlqueue.storage.chunks import statement_chunks
@@ -44,15 +45,12 @@ ALONE_TRIES = 5
 ALONE_FIRST_PAUSE = 0.01
 
 _Publish = TypeVar("_Publish", bound=Callable[..., Any])
+_Sent = TypeVar("_Sent")
 
 
 def _retried_alone(publish: _Publish, *, items_first: bool = False) -> _Publish:
-    """Outside a transaction of the caller's, a publish is its own transaction: when the
-    database rolls it back as a lock-wait or deadlock victim, nothing of it was stored,
-    and trying again is safe. The next try finds what the winner stored (an id it
-    published too comes back ``created=False``). Inside the caller's transaction the
-    whole transaction was rolled back: the error is the caller's to handle (retry the
-    transaction). ``items_first``: the first argument after the topic is an iterable of
+    """``publish``, retried by ``_retry_alone`` when it runs outside a transaction of the
+    caller's. ``items_first``: the first argument after the topic is an iterable of
     messages, read into a list before the first try (an iterator is read only once)."""
     @functools.wraps(publish)
     def publish_alone(topic: str, *args: Any, using: str | None = None, **kwargs: Any) -> Any:
@@ -63,16 +61,24 @@ def _retried_alone(publish: _Publish, *, items_first: bool = False) -> _Publish:
             args = (list(args[0]), *args[1:])
         elif items_first and not isinstance(kwargs.get("messages", []), list):
             kwargs["messages"] = list(kwargs["messages"])
-
-        def is_victim(error: Exception) -> bool:
-            return (isinstance(error, DatabaseError) and not connection.in_atomic_block
-                    and dialect_for(connection).is_lock_wait(error))
-
-        return retry_victims(lambda: publish(topic, *args, using=using, **kwargs),
-                             tries=ALONE_TRIES, is_victim=is_victim,
-                             pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** (tried - 1))
+        return _retry_alone(connection, lambda: publish(topic, *args, using=using, **kwargs))
 
     return publish_alone  # type: ignore[return-value]
+
+
+def _retry_alone(connection: BaseDatabaseWrapper, attempt: Callable[[], _Sent]) -> _Sent:
+    """Outside a transaction of the caller's, a publish is its own transaction: when the
+    database rolls it back as a lock-wait or deadlock victim, nothing of it was stored,
+    and trying again is safe. The next try finds what the winner stored (an id it
+    published too comes back ``created=False``). Inside the caller's transaction the
+    whole transaction was rolled back: the error is the caller's to handle (retry the
+    transaction)."""
+    def is_victim(error: Exception) -> bool:
+        return (isinstance(error, DatabaseError) and not connection.in_atomic_block
+                and dialect_for(connection).is_lock_wait(error))
+
+    return retry_victims(attempt, tries=ALONE_TRIES, is_victim=is_victim,
+                         pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** (tried - 1))
 
 
 def _alone_connection(using: str | None, topic: Any) -> BaseDatabaseWrapper | None:
@@ -86,7 +92,6 @@ def _alone_connection(using: str | None, topic: Any) -> BaseDatabaseWrapper | No
     return None if connection.in_atomic_block else connection
 
 
-@_retried_alone
 def send_message(
     topic: str,
     payload: Any,
@@ -106,11 +111,21 @@ def send_message(
     """
     conf = get_settings()
     topic = check_topic(topic, conf)
-    message = OutgoingMessage(payload, partition_key, id, metadata, priority, delay, deliver_at)
-    row = prepare(topic, message, conf, now_ms())
+    row = prepare_fields(topic, payload, partition_key, id, metadata, priority, delay,
+                         deliver_at, conf, now_ms())
     connection = _connection(using, conf, topic)
     dialect = dialect_for(connection)
     dialect.check_connection()  # a latin1 MySQL connection is refused before any write
+    if connection.in_atomic_block:
+        return _store_one(connection, dialect, topic, row, conf)
+    # Its own transaction: tried again if the database picks it as a deadlock victim
+    # (the same row: a fresh id nothing stored yet).
+    return _retry_alone(connection, lambda: _store_one(connection, dialect, topic, row, conf))
+
+
+def _store_one(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
+               row: MessageRow, conf: QueueSettings) -> SentMessage:
+    """``send_message`` of a validated ``row``."""
     if row.fresh_id or conf.IDEMPOTENCY_WINDOW <= 0:
         # One INSERT (on PostgreSQL carrying the wake-up's NOTIFY).
         wake = notification_to_send(connection, dialect, topic, conf)

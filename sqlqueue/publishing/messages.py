@@ -232,21 +232,32 @@ def prepare(topic: str, message: OutgoingMessage, conf: QueueSettings,
             published_at: int, trace_context: Any = tracing.CURRENT) -> MessageRow:
     """Validate one message for an already checked topic and turn it into a row.
     ``trace_context``: the trace context to carry (``tracing.inject``)."""
-    fresh_id = message.id is None
-    message_id = new_message_id() if fresh_id else check_name("id", message.id)
-    if message.partition_key is None:
+    return prepare_fields(topic, message.payload, message.partition_key, message.id,
+                          message.metadata, message.priority, message.delay,
+                          message.deliver_at, conf, published_at, trace_context)
+
+
+def prepare_fields(topic: str, payload: Any, partition_key: Any, message_id: Any,
+                   metadata: Any, priority: Any, delay: Any, deliver_at: Any,
+                   conf: QueueSettings, published_at: int,
+                   trace_context: Any = tracing.CURRENT) -> MessageRow:
+    """``prepare`` of a message given as its fields (``send_message``'s arguments),
+    without building an ``OutgoingMessage`` first."""
+    fresh_id = message_id is None
+    message_id = new_message_id() if fresh_id else check_name("id", message_id)
+    if partition_key is None:
         partition_key = unkeyed_partition(message_id, conf.DEFAULT_PARTITIONS)
     else:
-        partition_key = check_name("partition_key", message.partition_key)
-    delay_ms, deliver_at_ms = schedule(message.delay, message.deliver_at)
+        partition_key = check_name("partition_key", partition_key)
+    delay_ms, deliver_at_ms = schedule(delay, deliver_at)
     return MessageRow(
         topic=topic,
         partition_key=partition_key,
         id=message_id,
-        payload=encode_payload(message.payload, conf),
-        metadata=encode_metadata(tracing.inject(message.metadata, trace_context), conf),
+        payload=encode_payload(payload, conf),
+        metadata=encode_metadata(tracing.inject(metadata, trace_context), conf),
         published_at=published_at,
-        priority=check_priority(message.priority),
+        priority=check_priority(priority),
         delay_ms=delay_ms,
         deliver_at_ms=deliver_at_ms,
         fresh_id=fresh_id,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from sqlqueue import wakeups
@@ -56,6 +55,10 @@ def announce(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
     (``notification_to_send``)."""
     if not conf.WAKEUPS or _announced(connection, topic):
         return
+    if not (dialect.notifies_wakeups or conf.WAKEUP_REDIS_URL or wakeups.subscribed(topic)):
+        # No NOTIFY to remember and nobody to ring: no commit hook. A runner subscribing
+        # before the commit reads the message on its first pass anyway.
+        return
     if dialect.notifies_wakeups and not notified:
         with connection.cursor() as cursor:
             dialect.notify_wakeup(cursor, topic)
@@ -82,7 +85,7 @@ def _callbacks(connection: BaseDatabaseWrapper) -> list[tuple[set[Any], object]]
 def _announced(connection: BaseDatabaseWrapper, topic: str) -> bool:
     """Is ``topic`` announced by a callback that commits whenever this message does (one
     registered in this savepoint or an enclosing one)?"""
-    if not connection.in_atomic_block:
+    if not connection.in_atomic_block or not connection.run_on_commit:
         return False
     live = _live_savepoints(connection)
     return any(isinstance(callback, Announcement) and topic in callback.topics
@@ -97,5 +100,5 @@ def _pending(connection: BaseDatabaseWrapper, conf: QueueSettings) -> Announceme
             return callback
     announcement = Announcement(conf.WAKEUP_REDIS_URL)
     # robust: a failing wake-up must not stop the caller's other callbacks.
-    transaction.on_commit(announcement, using=connection.alias, robust=True)
+    connection.on_commit(announcement, robust=True)
     return announcement

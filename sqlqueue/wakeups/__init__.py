@@ -49,6 +49,12 @@ def subscribe(topics: Iterable[str], ring: Ring) -> Callable[[], None]:
     return unsubscribe
 
 
+def subscribed(topic: str) -> bool:
+    """Does a runner of this process wait for ``topic``? Read without the lock: a
+    subscriber added while a publish asks misses at most that ring."""
+    return topic in _by_topic
+
+
 def ring(topics: Iterable[str]) -> int:
     """Wake this process's subscribers of ``topics``; returns how many calls were made.
     A subscriber that raises is logged and skipped: publishing has committed already."""

@@ -420,13 +420,13 @@ def test_postgresql_prepared_message_insert() -> None:
         cursor.execute(*sql.prepare_stored_message("t_skip", skip_stored=True, wake=True))
         try:
             cursor.execute(*sql.execute_stored_message("t_plain", message("k", "p1")))
-            ((offset, key, mid),) = cursor.fetchall()
-            assert (key, mid) == ("k", "p1")
+            ((offset,),) = cursor.fetchall()  # one row: its offset alone
             cursor.execute(f'LISTEN "{WAKEUP_CHANNEL}"')
             cursor.execute(*sql.execute_stored_message("t_skip", message("k", "p1")))
             assert cursor.fetchall() == []  # stored already: skipped, nothing notified
             cursor.execute(*sql.execute_stored_message("t_skip", message("k", "p2")))
-            assert [(k, m) for _, k, m, _ in cursor.fetchall()] == [("k", "p2")]
+            ((second, _notified),) = cursor.fetchall()
+            assert second > offset
             heard = list(connection.connection.notifies(timeout=5, stop_after=1))
             cursor.execute(f'UNLISTEN "{WAKEUP_CHANNEL}"')
             cursor.execute("SELECT \"offset\", created_at FROM queue_messages WHERE id = 'p1'")

@@ -200,6 +200,20 @@ def test_a_savepoint_rolled_back_takes_its_ring_with_it(rung: list[str]) -> None
     assert rung == ["wk.a"]
 
 
+def test_a_publish_nobody_would_hear_adds_no_commit_hook(rung: list[str]) -> None:
+    """A topic no runner of this process consumes, without Redis: nothing to ring at
+    commit. PostgreSQL keeps the hook: it remembers the NOTIFY sent (once per topic per
+    transaction)."""
+    with transaction.atomic():
+        send_message("wk.unheard", {"n": 1})
+        unheard_hooks = len(connection.run_on_commit)
+        send_message("wk.a", {"n": 2})
+        hooks = len(connection.run_on_commit)
+    notifies = connection.vendor == "postgresql"
+    assert (unheard_hooks, hooks) == ((1, 1) if notifies else (0, 1))
+    assert rung == ["wk.a"]
+
+
 def test_a_dedup_hit_rings_nothing(rung: list[str]) -> None:
     send_message("wk.a", {"n": 1}, id="same")
     rung.clear()

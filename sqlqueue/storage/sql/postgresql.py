@@ -123,7 +123,7 @@ class PostgreSQLDialect(Dialect):
             if wake is not None:
                 self.notify_wakeup(cursor, wake)
             return copied
-        skip_stored = not self.connection.get_autocommit()
+        skip_stored = not self.connection.autocommit  # connected: the cursor is open
         self._store(cursor, rows, skip_stored=skip_stored, wake=wake is not None,
                     prepared=prepared)
         stored = cursor.fetchall()
@@ -132,6 +132,8 @@ class PostgreSQLDialect(Dialect):
                 cursor.execute(*self.sql.delete_inserted_messages(
                     [int(stored_row[0]) for stored_row in stored]))
             raise DuplicateMessage("a message id is stored already")
+        if len(rows) == 1:
+            return [int(stored[0][0])]  # the one-row statements return the offset alone
         # By key, not by position: RETURNING promises no order.
         offsets = {(str(pk), str(mid)): int(offset) for offset, pk, mid, *_ in stored}
         return [offsets[row.key] for row in rows]

@@ -136,9 +136,10 @@ class PostgreSQLPublishing(Vendor):
     def store_messages(self, rows: Sequence[MessageRow], *, skip_stored: bool = False,
                        wake: bool = False) -> Statement:
         """``insert_messages`` for PostgreSQL: a multi-row INSERT returning the offset
-        and key of each row it stored. A row whose (topic, partition_key, id) is stored
-        fails the statement, or with ``skip_stored`` (``insert_new_messages``) is skipped
-        (``ON CONFLICT DO NOTHING`` on ``idx_topic_partition_id``). The clock is read
+        and key of each row it stored (one row: its offset alone). A row whose (topic,
+        partition_key, id) is stored fails the statement, or with ``skip_stored``
+        (``insert_new_messages``) is skipped (``ON CONFLICT DO NOTHING`` on
+        ``idx_topic_partition_id``). The clock is read
         once for the statement (``created_at``, and ``deliver_after`` of a delay, from
         the same reading) and after the transaction has its id (``write_horizon``).
 
@@ -169,29 +170,32 @@ class PostgreSQLPublishing(Vendor):
         return (
             f"INSERT INTO {self.quote(MESSAGE_TABLE)} ({self.names(INSERT_COLUMNS)}) "
             f"SELECT {select} FROM {source}(SELECT {self.message_clock_sql} AS now_ms) c "
-            f"{self._returning(skip_stored=skip_stored, wake=wake)}",
+            f"{self._returning(skip_stored=skip_stored, wake=wake, keys=len(rows) > 1)}",
             message_params(rows),
         )
 
-    def _returning(self, *, skip_stored: bool, wake: bool) -> str:
-        """The tail of ``store_messages``: skip stored rows or not, RETURNING the key of
-        each row stored, and with ``wake`` the ``pg_notify`` of its topic (a constant
-        channel, the topic read from the row: no parameter to send)."""
+    def _returning(self, *, skip_stored: bool, wake: bool, keys: bool = True) -> str:
+        """The tail of ``store_messages``: skip stored rows or not, RETURNING the offset
+        of each row stored, with ``keys`` its key too (the offsets of many rows come
+        back in no promised order), and with ``wake`` the ``pg_notify`` of its topic (a
+        constant channel, the topic read from the row: no parameter to send)."""
         q = self.quote
         skip = f"{self.insert_if_absent_suffix(MESSAGE_KEY)} " if skip_stored else ""
+        key = f", {q('partition_key')}, {q('id')}" if keys else ""
         notify = f", pg_notify('{WAKEUP_CHANNEL}', {q('topic')})" if wake else ""
-        return f"{skip}RETURNING {q('offset')}, {q('partition_key')}, {q('id')}{notify}"
+        return f"{skip}RETURNING {q('offset')}{key}{notify}"
 
     def _one_message_insert(self, marks: Sequence[str], *, skip_stored: bool,
                             wake: bool) -> str:
         """``store_messages`` of one row without a delay, its parameters written as
-        ``marks`` (``%s``, or ``$1``... in ``prepare_stored_message``)."""
+        ``marks`` (``%s``, or ``$1``... in ``prepare_stored_message``). It returns the
+        offset alone: one row needs no key to say whose it is."""
         m = marks
         return (
             f"INSERT INTO {self.quote(MESSAGE_TABLE)} ({self.names(INSERT_COLUMNS)}) "
             f"VALUES ({m[0]}, {m[1]}, {m[2]}, {m[3]}::bytea, {m[4]}::jsonb, "
             f"{self.message_clock_sql}, {m[5]}::bigint, {m[6]}::smallint, {m[7]}::bigint) "
-            f"{self._returning(skip_stored=skip_stored, wake=wake)}"
+            f"{self._returning(skip_stored=skip_stored, wake=wake, keys=False)}"
         )
 
     # -- the one-message INSERT prepared in a session ------------------------------------
