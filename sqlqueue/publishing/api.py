@@ -48,18 +48,18 @@ _Publish = TypeVar("_Publish", bound=Callable[..., Any])
 _Sent = TypeVar("_Sent")
 
 
-def _retried_alone(publish: _Publish, *, items_first: bool = False) -> _Publish:
-    """``publish``, retried by ``_retry_alone`` when it runs outside a transaction of the
-    caller's. ``items_first``: the first argument after the topic is an iterable of
-    messages, read into a list before the first try (an iterator is read only once)."""
+def _retried_alone(publish: _Publish) -> _Publish:
+    """``send_messages``, retried by ``_retry_alone`` when it runs outside a transaction
+    of the caller's. Its messages (the first argument after the topic) are read into a
+    list before the first try: an iterator is read only once."""
     @functools.wraps(publish)
     def publish_alone(topic: str, *args: Any, using: str | None = None, **kwargs: Any) -> Any:
         connection = _alone_connection(using, topic)
         if connection is None:
             return publish(topic, *args, using=using, **kwargs)
-        if items_first and args and not isinstance(args[0], list):
+        if args and not isinstance(args[0], list):
             args = (list(args[0]), *args[1:])
-        elif items_first and not isinstance(kwargs.get("messages", []), list):
+        elif not isinstance(kwargs.get("messages", []), list):
             kwargs["messages"] = list(kwargs["messages"])
         return _retry_alone(connection, lambda: publish(topic, *args, using=using, **kwargs))
 
@@ -118,8 +118,8 @@ def send_message(
     dialect.check_connection()  # a latin1 MySQL connection is refused before any write
     if connection.in_atomic_block:
         return _store_one(connection, dialect, topic, row, conf)
-    # Its own transaction: tried again if the database picks it as a deadlock victim
-    # (the same row: a fresh id nothing stored yet).
+    # Its own transaction: tried again if the database picks it as a deadlock victim,
+    # with the same row (validated once; a victim stored nothing of it).
     return _retry_alone(connection, lambda: _store_one(connection, dialect, topic, row, conf))
 
 
@@ -251,7 +251,7 @@ def send_messages(
     return results
 
 
-send_messages = _retried_alone(send_messages, items_first=True)
+send_messages = _retried_alone(send_messages)
 
 
 def _prepare_item(

@@ -426,7 +426,9 @@ def test_postgresql_prepared_message_insert() -> None:
             assert cursor.fetchall() == []  # stored already: skipped, nothing notified
             cursor.execute(*sql.execute_stored_message("t_skip", message("k", "p2")))
             ((second, _notified),) = cursor.fetchall()
-            assert second > offset
+            cursor.execute("SELECT partition_key, id FROM queue_messages WHERE \"offset\" = %s",
+                           [second])
+            assert cursor.fetchone() == ("k", "p2")
             heard = list(connection.connection.notifies(timeout=5, stop_after=1))
             cursor.execute(f'UNLISTEN "{WAKEUP_CHANNEL}"')
             cursor.execute("SELECT \"offset\", created_at FROM queue_messages WHERE id = 'p1'")
