@@ -9,7 +9,10 @@ announced once the transaction commits, once per topic per transaction.
 
 The topics announced by the current transaction are those of our ``on_commit`` callbacks
 still pending in it: Django drops the callbacks of a savepoint rolled back (whose
-``pg_notify`` the server dropped too), so what remains is exactly what will commit.
+``pg_notify`` the server dropped too), so what remains is exactly what will commit. A
+callback is only registered where it has work to do or a statement to save: a ring, a
+Redis publish, or a NOTIFY sent as a statement of its own (after a multi-row INSERT). A
+NOTIFY carried by the INSERT of ``send_message`` is carried again by the next one.
 """
 
 from __future__ import annotations
@@ -55,9 +58,12 @@ def announce(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
     (``notification_to_send``)."""
     if not conf.WAKEUPS or _announced(connection, topic):
         return
-    if not (dialect.notifies_wakeups or conf.WAKEUP_REDIS_URL or wakeups.subscribed(topic)):
-        # No NOTIFY to remember and nobody to ring: no commit hook. A runner subscribing
-        # before the commit reads the message on its first pass anyway.
+    rung = bool(conf.WAKEUP_REDIS_URL) or wakeups.subscribed(topic)
+    if not rung and (notified or not dialect.notifies_wakeups):
+        # Nobody to ring, and no NOTIFY statement to remember: no commit hook. A NOTIFY
+        # the INSERT carried costs nothing to carry again, and the server delivers
+        # repeats within a transaction once. A runner subscribing before the commit
+        # reads the message on its first pass anyway.
         return
     if dialect.notifies_wakeups and not notified:
         with connection.cursor() as cursor:

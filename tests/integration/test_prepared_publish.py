@@ -65,12 +65,22 @@ def test_a_connection_that_publishes_often_prepares_the_insert_once() -> None:
     stored = stored_messages("orders")
     assert [row["offset"] for row in stored] == offsets
     assert [row["payload"] for row in stored] == [{"n": n} for n in range(PREPARE_AFTER + 3)]
-    # Outside a transaction: the variant without ON CONFLICT, counted on its own.
+    # Outside a transaction: the same variant (the ids are sqlqueue's: no ON CONFLICT).
     with CaptureQueriesContext(connection) as captured:
-        publish(PREPARE_AFTER + 1, atomic=False, partition_key="k")
+        publish(2, atomic=False, partition_key="k")
+    assert sent_statements(captured) == ["EXECUTE", "EXECUTE"]
+    # Ids of the caller's in a transaction: the variant with ON CONFLICT, counted on its
+    # own (no idempotency window: its key statements would come between).
+    with (override_settings(SQLQUEUE={"IDEMPOTENCY_WINDOW": 0}),
+          CaptureQueriesContext(connection) as captured):
+        for n in range(PREPARE_AFTER + 1):
+            with transaction.atomic():
+                send_message("orders", {"n": n}, partition_key="k", id=f"caller-{n}")
     assert sent_statements(captured) == (
         ["INSERT"] * (PREPARE_AFTER - 1) + ["PREPARE", "EXECUTE", "EXECUTE"])
-    assert len(stored_messages("orders")) == 2 * PREPARE_AFTER + 4
+    prepared = [q["sql"] for q in captured.captured_queries if q["sql"].startswith("PREPARE")]
+    assert "ON CONFLICT" in prepared[0]
+    assert len(stored_messages("orders")) == 2 * PREPARE_AFTER + 6
 
 
 @pytest.mark.usefixtures("client_side_binding")

@@ -288,19 +288,21 @@ def test_offsets_increase() -> None:
 
 def test_send_message_is_one_statement() -> None:
     """One INSERT, in autocommit or in the caller's transaction. On PostgreSQL it carries
-    the wake-up's pg_notify (once per topic per transaction: tests/integration/
-    test_wakeups.py): not a statement of its own."""
+    the wake-up's pg_notify (tests/integration/test_wakeups.py): not a statement of its
+    own. The ids are sqlqueue's: no ON CONFLICT, even in a transaction."""
     send_message("t", 0)  # a MySQL connection's character set is read once, on first use
     with CaptureQueriesContext(connection) as outside:
         send_message("t", 1)
     with transaction.atomic(), CaptureQueriesContext(connection) as inside:
         send_message("t", 2)
-        send_message("t", 3)  # the topic is announced already: no notify
+        send_message("t", 3)
     notifies = connection.vendor == "postgresql"
     assert len(outside) == 1
     assert len(inside) == 2
-    assert all(q["sql"].upper().startswith("INSERT INTO") for q in [*outside, *inside])
-    assert ["pg_notify" in q["sql"] for q in [*outside, *inside]] == [notifies, notifies, False]
+    statements = [q["sql"] for q in [*outside, *inside]]
+    assert all(sql.upper().startswith("INSERT INTO") for sql in statements)
+    assert ["pg_notify" in sql for sql in statements] == [notifies] * 3
+    assert not any("ON CONFLICT" in sql for sql in statements)
 
 
 def test_a_dedup_hit_costs_one_more_read() -> None:
