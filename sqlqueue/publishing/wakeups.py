@@ -1,8 +1,9 @@
 """Publishing's side of wake-ups: after a message is written, make sure its topic is
 announced once the transaction commits, once per topic per transaction.
 
-* PostgreSQL: one ``pg_notify`` per topic, in the publishing transaction (the server
-  delivers it at commit, and drops it with a rollback);
+* PostgreSQL: ``pg_notify`` of the topic in the publishing transaction (the server
+  delivers it at commit, once per topic however often it was sent, and drops it with a
+  rollback);
 * this process's runners (``sqlqueue.wakeups.ring``) and Redis subscribers
   (``WAKEUP_REDIS_URL``): from ``transaction.on_commit``, so nothing wakes before the
   commit and a rollback wakes nothing.
