@@ -57,14 +57,17 @@ def announce(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
     """Wake the consumers of ``topic`` when the message just written on ``connection``
     commits (at once in autocommit). ``notified``: its INSERT sent the ``pg_notify``
     (``notification_to_send``)."""
-    if not conf.WAKEUPS or _announced(connection, topic):
+    if not conf.WAKEUPS:
         return
     rung = bool(conf.WAKEUP_REDIS_URL) or wakeups.subscribed(topic)
     if not rung and (notified or not dialect.notifies_wakeups):
         # Nobody to ring, and no NOTIFY statement to remember: no commit hook. A NOTIFY
         # the INSERT carried costs nothing to carry again, and the server delivers
         # repeats within a transaction once. A runner subscribing before the commit
-        # reads the message on its first pass anyway.
+        # reads the message on its first pass anyway. Checked before the pending
+        # callbacks are searched: the common publish never searches them here.
+        return
+    if _announced(connection, topic):
         return
     if dialect.notifies_wakeups and not notified:
         with connection.cursor() as cursor:
