@@ -19,46 +19,68 @@ def ordered(message: sqlqueue.Message) -> None:
 
 @sqlqueue.consumer("bench.soak", group="soak")
 def soak(message: sqlqueue.Message) -> None:
-    """Journal every delivery, so the soak report can count losses and duplicates."""
-    _journal(message, _database_now_ms())
+    """Journal every run, so that bench.soak checks the run's history (tests/history)."""
+    _soak_run(message, seconds=0.0)
 
 
 @sqlqueue.consumer("bench.soak", group="soak-ordered", ordered=True)
 def soak_ordered(message: sqlqueue.Message) -> None:
-    """The same in offset order, taking a little time, so that the report can tell two
-    runs in one partition that overlapped (SPEC I5)."""
+    """The same in offset order, taking a little time, so that two runs in one partition
+    that overlapped would show (SPEC I5)."""
+    _soak_run(message, seconds=0.005)
+
+
+def _soak_run(message: sqlqueue.Message, seconds: float) -> None:
+    """One handler run of the soak: a first attempt of one message in 25 fails (retries
+    and backoff are checked too); the run is journalled whatever happens (its outcome,
+    its times on this machine's clock, and the visibility deadline of its delivery)."""
     import time
+    import zlib
 
-    started_ms = _database_now_ms()
-    time.sleep(0.005)
-    _journal(message, started_ms)
+    started = time.time() * 1000
+    visible_until = _visible_until(message)
+    outcome = "ok"
+    try:
+        time.sleep(seconds)
+        if message.attempt == 1 and zlib.crc32(message.id.encode()) % 25 == 0:
+            outcome = "fail"
+            raise RuntimeError(f"{message.id}: the soak's planned failure")
+    finally:
+        _journal(message, started, outcome, visible_until)
 
 
-def _database_now_ms() -> int:
+def _visible_until(message: sqlqueue.Message) -> float | None:
+    """This delivery's visibility deadline (None: acked already; 0: marked again since,
+    so its deadline had passed)."""
     from django.db import connection
-
-    from sqlqueue.storage.sql import dialect_for
-
-    with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
-
-
-def _journal(message: sqlqueue.Message, started_ms: int) -> None:
-    """One row per handler run: which delivery, in which process, from when to when
-    (database time)."""
-    import os
-
-    from django.db import connection
-
-    from sqlqueue.storage.sql import dialect_for
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO soak_journal (grp, message_offset, partition_key, attempt, pid, "
-            f"started_ms, finished_ms) VALUES (%s, %s, %s, %s, %s, %s, "
-            f"{dialect_for(connection).now_ms_sql})",
-            [message.consumer_group, message.offset, message.partition_key, message.attempt,
-             os.getpid(), started_ms])
+            "SELECT invisible_until, retry_count FROM queue_delivery_state WHERE "
+            "consumer_group = %s AND topic = %s AND partition_key = %s AND message_offset = %s",
+            [message.consumer_group, message.topic, message.partition_key, message.offset])
+        row = cursor.fetchone()
+    if not row or not row[0]:
+        return None
+    return float(row[0]) if int(row[1]) == message.attempt - 1 else 0.0
+
+
+def _journal(message: sqlqueue.Message, started_ms: float, outcome: str,
+             visible_until: float | None) -> None:
+    """One row per handler run: which delivery, in which process, from when to when."""
+    import os
+    import time
+
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO soak_journal (grp, message_offset, partition_key, msg_id, attempt, "
+            "pid, started_ms, finished_ms, outcome, visible_until) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [message.consumer_group, message.offset, message.partition_key, message.id,
+             message.attempt, os.getpid(), started_ms, time.time() * 1000, outcome,
+             visible_until])
 
 
 @sqlqueue.consumer("bench.rate", group="bench-rate",

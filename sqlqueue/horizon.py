@@ -99,6 +99,10 @@ class SettledCache:
             self.expires = time.monotonic() + refresh_delay()
         return self.value
 
+    def expire(self) -> None:
+        """Read again at the next use, the kept value still its floor."""
+        self.expires = 0.0
+
     def forget(self) -> None:
         """Read afresh at the next use, without a floor (a horizon read on another
         server says nothing about this one)."""

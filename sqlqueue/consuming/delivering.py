@@ -72,9 +72,13 @@ class Delivering(SubscriberPart):
         held = [state for key, state in self.partitions.items()
                 if self.leases.holds(key)]  # not those being released or near their end
         self._fetch(cursor, [s for s in held if s.wants_fetch(batch, head)], head)
+        self._adopt_outstanding()
+        self._keep_queued_visible(cursor)
         chosen: list[tuple[PartitionState, Entry]] = []
+        answered = self.answered_offsets()
         for state in held:
-            ready = state.ready(self.clock(), batch, self.consumer.ordered)
+            ready = state.ready(self.clock(), batch, self.consumer.ordered,
+                                answered.get(state.partition_key, ()))
             if budget is not None:
                 ready = ready[: max(0, budget - len(chosen))]
             chosen += [(state, entry) for entry in ready]
@@ -83,6 +87,52 @@ class Delivering(SubscriberPart):
         if self.limits is not None:
             self.limits.spend(len(chosen))
         return self._deliver(cursor, chosen)
+
+    def _adopt_outstanding(self) -> None:
+        """Entries read again from the database (after a lost lock wait or connection
+        the in-memory view is rebuilt) whose latest delivery is still this process's,
+        queued or running: they are in flight, as before. Read as rows, they looked
+        due once their visibility timeout ran out, and were delivered again beside a
+        delivery still queued here, or one whose handler had already answered."""
+        for delivery in self.outstanding.values():
+            if not (delivery.queued or delivery.running):
+                continue  # answered (its outcome decides), given back or refused
+            state = self.partitions.get(delivery.partition_key)
+            entry = state.entries.get(delivery.row.offset) if state else None
+            if (entry is None or entry.done or entry.in_flight
+                    or entry.retry_count is None or entry.attempt != delivery.attempt):
+                continue
+            entry.in_flight = True
+            entry.visible_again_ms = entry.due_ms
+            entry.previous_retry_count = entry.retry_count - 1 if entry.retry_count else None
+
+    def _keep_queued_visible(self, cursor: CursorWrapper) -> None:
+        """A delivery still waiting in the pool's queue when its visibility timeout runs
+        out has not reached a handler: it is still this process's, and its timeout
+        starts again rather than the message being delivered a second time (the queued
+        one would run too: two runs of one message, overlapping in an ordered partition).
+        Its timeout is stamped again from the database's now, fenced by this pass."""
+        now_ms = self.clock()
+        timeout_ms = round(self.options.visibility_timeout * 1000)
+        for delivery in self.outstanding.values():
+            state = self.partitions.get(delivery.partition_key)
+            entry = state.entries.get(delivery.row.offset) if state else None
+            if (entry is None or not delivery.queued or not entry.in_flight
+                    or entry.attempt != delivery.attempt
+                    or not PartitionState.overdue(entry, now_ms)):
+                continue
+            self.dialect.extend_visibility(cursor, self.group, self.topic,
+                                           delivery.partition_key, entry.offset, timeout_ms)
+            entry.visible_again_ms = self.clock() + timeout_ms
+
+    def answered_offsets(self) -> dict[str, set[int]]:
+        """By partition, the offsets of deliveries whose handler has answered with an
+        outcome not yet recorded (``Delivery.answered``)."""
+        answered: dict[str, set[int]] = {}
+        for delivery in self.outstanding.values():
+            if delivery.answered:
+                answered.setdefault(delivery.partition_key, set()).add(delivery.row.offset)
+        return answered
 
     def _fetch(self, cursor: CursorWrapper, wanted: list[PartitionState],
                head: Callable[[], int]) -> None:
@@ -149,6 +199,7 @@ class Delivering(SubscriberPart):
         Returned deliveries are not yet ``outstanding``: the caller hands them out (and
         calls ``handed_out``) only once the transaction that marked them has committed."""
         invisible_until = self._mark_delivered(cursor, chosen)
+        chosen = self._drop_acked_meanwhile(cursor, chosen)
         deliveries = []
         for state, entry in chosen:
             if entry.in_flight:
@@ -162,7 +213,8 @@ class Delivering(SubscriberPart):
                                 entry.attempt, next(_sequence),
                                 lease_valid=self._lease_check(state.partition_key,
                                                               state.generation),
-                                on_extend=self._hold(entry), generation=state.generation)
+                                on_extend=self._hold(entry), generation=state.generation,
+                                expired=self._expiry_check(entry, entry.attempt))
             if entry.attempt > self.options.max_attempts:
                 # Attempts were charged but never reported (a worker died mid-handler, or
                 # gave up past the visibility timeout): the retry budget is spent.
@@ -173,6 +225,29 @@ class Delivering(SubscriberPart):
                 continue
             deliveries.append(delivery)
         return deliveries
+
+    def _drop_acked_meanwhile(
+        self, cursor: CursorWrapper, chosen: list[tuple[PartitionState, Entry]]
+    ) -> list[tuple[PartitionState, Entry]]:
+        """Of the redeliveries among ``chosen`` (in flight past their visibility timeout),
+        those whose row is acked are done, not delivered again: an atomic handler's
+        transaction commits its ack itself, and one held up (a lock wait) can commit it
+        just as its timeout runs out, before its outcome reaches this thread. The marking
+        left those rows untouched; this reads them back (redeliveries only, and rare)."""
+        redelivered: dict[str, list[int]] = {}
+        for state, entry in chosen:
+            if entry.in_flight:
+                redelivered.setdefault(state.partition_key, []).append(entry.offset)
+        acked: set[tuple[str, int]] = set()
+        for key, offsets in redelivered.items():
+            rows = self.dialect.fetch_messages_at(cursor, self.group, self.topic, key, offsets)
+            acked |= {(key, row.offset) for row in rows if row.acked}
+        if not acked:
+            return chosen
+        for state, entry in chosen:
+            if (state.partition_key, entry.offset) in acked:
+                state.finished(entry.offset)
+        return [(s, e) for s, e in chosen if (s.partition_key, e.offset) not in acked]
 
     def _mark_delivered(
         self, cursor: CursorWrapper, chosen: list[tuple[PartitionState, Entry]]
@@ -215,6 +290,17 @@ class Delivering(SubscriberPart):
             entry.held_until_ms = self.hold_clock() + round(seconds * 1000)
 
         return hold
+
+    def _expiry_check(self, entry: Entry, attempt: int) -> Callable[[], bool]:
+        """On a handler thread, about to start: has the delivery's visibility timeout run
+        out (as the main thread keeps it: stamped again while queued, extended by the
+        handler), or was the message delivered again since, or finished? The clock's
+        estimate, never a query."""
+        def expired() -> bool:
+            return (entry.done or entry.attempt != attempt
+                    or PartitionState.overdue(entry, self.hold_clock()))
+
+        return expired
 
     def _lease_check(self, partition: str, generation: int | None) -> Callable[[], bool]:
         def valid() -> bool:

@@ -19,6 +19,7 @@ from django.db import connections, transaction
 from sqlqueue import events, tracing
 from sqlqueue.consuming.message import Message, Reject, Retry
 from sqlqueue.consuming.outcomes import ack
+from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.storage.sql import dialect_for
 from sqlqueue.storage.sql.base import FetchedRow
 
@@ -42,8 +43,15 @@ class Delivery:
     attempt: int
     sequence: int
     lease_valid: Callable[[], bool] = lambda: True
+    #: its visibility timeout ran out before a handler thread took it (it waited in the
+    #: queue while the main thread was held up): the message may be delivered again
+    #: already, so this one must not start too
+    expired: Callable[[], bool] = lambda: False
     on_extend: Callable[[float], None] = lambda seconds: None
     generation: int | None = None  # of the partition's lease when it was delivered
+    #: the database server that delivered it (the runner's, checked in the transaction
+    #: that marked it): an atomic handler commits its ack there or nowhere (SPEC I16)
+    server: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # queued -> started | given_back | refused; started -> finished | timed_out -> returned_late
     _state: str = "queued"
@@ -53,12 +61,13 @@ class Delivery:
         return (self.row.priority, self.sequence)
 
     def start(self) -> bool:
-        """Claim the delivery for a handler thread; False if it was given back, or if the
-        partition's lease can no longer be trusted (then nothing starts: SPEC I5)."""
+        """Claim the delivery for a handler thread; False if it was given back, if the
+        partition's lease can no longer be trusted (then nothing starts: SPEC I5), or if
+        its visibility timeout ran out while it waited (SPEC I10)."""
         with self._lock:
             if self._state != "queued":
                 return False
-            if not self.lease_valid():
+            if not self.lease_valid() or self.expired():
                 # Out of "queued" for good: the main thread, which is told it did not
                 # start, must not take it back again (counted out of flight twice, the
                 # runner's tally went below zero and a --max-messages or --until-empty
@@ -91,6 +100,18 @@ class Delivery:
     def running(self) -> bool:
         """A handler thread is in the handler (past its timeout or not)."""
         return self._state in ("started", "timed_out")
+
+    @property
+    def queued(self) -> bool:
+        """Handed to the pool, and no handler thread has taken it yet."""
+        return self._state == "queued"
+
+    @property
+    def answered(self) -> bool:
+        """Its outcome is decided (the handler returned, or ran past its timeout): the
+        message is never delivered again for having outlived its visibility timeout
+        while that outcome waits to be recorded."""
+        return self._state in ("finished", "timed_out", "returned_late")
 
     @property
     def given_back(self) -> bool:
@@ -201,8 +222,32 @@ def _run_atomic(delivery: Delivery, message: Message) -> None:
     consumer = delivery.consumer
     with transaction.atomic(using=delivery.alias):
         call_handler(consumer.handler, message)
+        _confirm_server(delivery)
         ack(delivery.alias, consumer.group, consumer.topic, delivery.partition_key,
             delivery.row.offset)
+
+
+def _confirm_server(delivery: Delivery) -> None:
+    """Inside an atomic handler's transaction, before its ack: this connection must reach
+    the server that delivered the message. After a failover a queued delivery of the old
+    primary can open a fresh connection to the promoted replica before the runner has
+    noticed; there the same offset may name another message, which the ack would mark
+    handled unseen (SPEC I16). The handler's writes are rolled back with it."""
+    if delivery.server is None:
+        return
+    connection = connections[delivery.alias]
+    with connection.cursor() as cursor:
+        now = dialect_for(connection).server_identity(cursor)
+    if now != delivery.server:
+        raise DeliveredByAnotherServer(
+            f"{delivery.consumer.topic}/{delivery.partition_key}@{delivery.row.offset} was "
+            f"delivered by the database server {delivery.server!r}, but this handler's "
+            f"connection reaches {now!r} (a failover): its transaction is rolled back and "
+            "its ack not written there (SPEC I16).")
+
+
+class DeliveredByAnotherServer(SqlqueueError):
+    """An atomic handler's connection reached another server than the delivery's."""
 
 
 def _extend_visibility(delivery: Delivery, seconds: float) -> None:
@@ -226,8 +271,6 @@ def _extend_visibility(delivery: Delivery, seconds: float) -> None:
     if changed:
         delivery.on_extend(seconds)
     else:
-        from sqlqueue.exceptions import SqlqueueError
-
         raise SqlqueueError(
             f"Cannot extend the visibility of {consumer.topic}/{delivery.partition_key}"
             f"@{delivery.row.offset}: it is no longer in flight for {consumer.group!r}."

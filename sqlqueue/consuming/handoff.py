@@ -70,8 +70,9 @@ class HandOff:
     # -- handing out ----------------------------------------------------------------------
     def start_handler_threads(self) -> None:
         for n in range(self.threads):
-            worker = threading.Thread(target=self._handler_thread, name=f"sqlqueue-handler-{n}",
-                                      daemon=True)
+            # Named after the runner too: several runners in one process (tests) apart.
+            worker = threading.Thread(target=self._handler_thread,
+                                      name=f"sqlqueue-handler-{n}@{self.name}", daemon=True)
             worker.start()
             self._workers.append(worker)
 
@@ -168,7 +169,7 @@ class HandOff:
     def _replace_handler_thread(self) -> None:
         self._timed_out += 1
         worker = threading.Thread(target=self._handler_thread, daemon=True,
-                                  name=f"sqlqueue-handler-{len(self._workers)}")
+                                  name=f"sqlqueue-handler-{len(self._workers)}@{self.name}")
         worker.start()
         self._workers.append(worker)
 

@@ -16,7 +16,7 @@ Offsets of the partition fall in three zones::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 
 from sqlqueue.storage.sql.base import FetchedRow
@@ -110,22 +110,39 @@ class PartitionState:
             self.covered_at_ms = now_ms
 
     # -- what to deliver ----------------------------------------------------------------
-    def ready(self, now_ms: int, batch_size: int, ordered: bool) -> list[Entry]:
-        """Entries to hand to handlers now, best first."""
+    def ready(self, now_ms: int, batch_size: int, ordered: bool,
+              answered: Container[int] = ()) -> list[Entry]:
+        """Entries to hand to handlers now, best first. ``answered``: offsets whose
+        handler has finished (or timed out) with an outcome not recorded yet: not
+        delivered again until it is (never because the main thread was slow to record
+        it, SPEC §10 I5)."""
         if ordered:
-            head = self._first_open()
-            if head is None or head.due_ms > now_ms:
-                return []  # one at a time, in offset order: the head holds the partition
-            if head.in_flight and not self.overdue(head, now_ms):
-                return []
-            return [head]
-        due = [e for e in self.entries.values() if not e.done and (
-            self.overdue(e, now_ms) if e.in_flight else e.due_ms <= now_ms)]
+            return self._next_in_order(now_ms, answered)
+        due = [e for e in self.entries.values() if not e.done and e.offset not in answered
+               and (self.overdue(e, now_ms) if e.in_flight else e.due_ms <= now_ms)]
         room = batch_size - self.in_flight_count + sum(1 for e in due if e.in_flight)
         if room <= 0:
             return []
         due.sort(key=lambda e: (e.priority, e.offset))
         return due[:room]
+
+    def _next_in_order(self, now_ms: int, answered: Container[int]) -> list[Entry]:
+        """One run at a time, in offset order. Nothing starts while a delivery of the
+        partition is in flight and within its visibility timeout: a message committed
+        late, below it (found by a sweep), waits for that run to end instead of running
+        beside it (SPEC §10 I5). Then the first open entry holds the partition."""
+        if any(e.in_flight and not self._redeliverable(e, now_ms, answered)
+               for e in self.entries.values()):
+            return []
+        head = self._first_open()
+        if (head is None or head.offset in answered
+                or (not head.in_flight and head.due_ms > now_ms)):
+            return []
+        return [head]
+
+    def _redeliverable(self, entry: Entry, now_ms: int, answered: Container[int]) -> bool:
+        """In flight past its visibility timeout, and its handler has not answered."""
+        return self.overdue(entry, now_ms) and entry.offset not in answered
 
     @staticmethod
     def overdue(entry: Entry, now_ms: int) -> bool:
@@ -184,6 +201,11 @@ class PartitionState:
         if horizon_ms is None or horizon_ms > self.covered_at_ms:
             candidate = max(candidate, self.covered)
         return candidate
+
+    def done_above_watermark(self) -> bool:
+        """The first row fetched above the watermark is done: the watermark can move."""
+        first = min(self.entries, default=None)
+        return first is not None and self.entries[first].done
 
     @property
     def window_open(self) -> bool:

@@ -92,8 +92,11 @@ def plan(outcomes: Iterable[Outcome], *, outstanding: Container[int],
             decided.abandoned += 1
             continue
         entry = state.entries.get(offset)
-        if entry is not None and entry.attempt > delivery.attempt and outcome.kind != "ack":
-            continue  # a late word from an attempt that was overtaken by a redelivery
+        if (entry is not None and entry.attempt > delivery.attempt
+                and outcome.kind not in ("ack", "acked")):
+            # A late word from an attempt that was overtaken by a redelivery (an ack
+            # still counts: the message was handled; an atomic one is committed).
+            continue
         if outcome.kind == "not_started":
             # The attempt before this delivery: none at all for a first delivery.
             previous = entry.previous_retry_count if entry else (
@@ -114,4 +117,43 @@ def plan(outcomes: Iterable[Outcome], *, outstanding: Container[int],
                                     rng)
             delay_ms = round(1000 * delay)
             decided.retries.append(Retry(delivery, delay_ms, outcome.error, now_ms + delay_ms))
-    return decided
+    return _one_write_per_message(decided)
+
+
+def _one_write_per_message(decided: Plan) -> Plan:
+    """At most one outcome per message: two deliveries of one message (a redelivery past
+    the visibility timeout, and the first one's late word) can both answer in one batch.
+    One statement must not write a row twice (PostgreSQL refuses: "ON CONFLICT DO UPDATE
+    command cannot affect row a second time", and the batch was retried forever, holding
+    every outcome of the runner). Done beats retrying: an ack or a dead letter wins, and
+    of two retries the later attempt's."""
+    def key(delivery: Delivery) -> tuple[str, int]:
+        return delivery.partition_key, delivery.row.offset
+
+    done: set[tuple[str, int]] = set()
+    acks, acked, dead_letters = [], [], []
+    for delivery in decided.acks:
+        if key(delivery) not in done:
+            done.add(key(delivery))
+            acks.append(delivery)
+    for delivery in decided.acked:
+        if key(delivery) not in done:
+            done.add(key(delivery))
+            acked.append(delivery)
+    for dead in decided.dead_letters:
+        if key(dead.delivery) not in done:
+            done.add(key(dead.delivery))
+            dead_letters.append(dead)
+    latest: dict[tuple[str, int], Retry] = {}
+    for retry in decided.retries:
+        seen = latest.get(key(retry.delivery))
+        if key(retry.delivery) not in done and (
+                seen is None or retry.delivery.attempt > seen.delivery.attempt):
+            latest[key(retry.delivery)] = retry
+    give_backs = [g for g in decided.give_backs
+                  if key(g.delivery) not in done and key(g.delivery) not in latest]
+    dropped = (len(decided.acks) + len(decided.acked) + len(decided.dead_letters)
+               + len(decided.retries) + len(decided.give_backs)
+               - len(acks) - len(acked) - len(dead_letters) - len(latest) - len(give_backs))
+    return Plan(acks, acked, list(latest.values()), dead_letters, give_backs,
+                decided.abandoned + dropped)

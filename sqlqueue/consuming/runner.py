@@ -55,6 +55,13 @@ def _refuse_routed_elsewhere(consumers: Sequence[Consumer], conf: QueueSettings)
             "database, selecting its consumers with --group/--topic.")
 
 
+#: At a graceful exit, how long the runner waits for the write horizon to pass the rows
+#: it acked last (MySQL's lags the clock by up to two seconds, in whole seconds), and how
+#: often it looks.
+EXIT_SETTLE_SECONDS = 3.0
+EXIT_SETTLE_STEP = 0.5
+
+
 def default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
@@ -244,7 +251,10 @@ class Runner(HandOff, Pacing, ServerWatch):
                 continue
             deliveries = self._pass(subscriber, cursor, outcomes.pop(key, []), head, budget)
             self.instruments.polled(subscriber.group, subscriber.topic, len(deliveries))
-            # Handed to the handlers only once the marks are committed.
+            # Handed to the handlers only once the marks are committed, each with the
+            # server whose fence this pass passed (an atomic handler's ack goes there).
+            for delivery in deliveries:
+                delivery.server = self._server
             subscriber.handed_out(deliveries)
             self._dispatch(deliveries)
             if budget is not None:
@@ -320,6 +330,33 @@ class Runner(HandOff, Pacing, ServerWatch):
                 raise
 
     # -- shutdown -------------------------------------------------------------------------------
+    def _advance_before_exit(self, cursor: Any) -> None:
+        """Move every watermark over what this process acked before it hands its
+        partitions over (SPEC §10 "Exit with positions"). Rows inserted in the last
+        moments are not settled yet where the write horizon trails the clock (MySQL's
+        INNODB_TRX: a second or two): the horizon is read again until it passes them,
+        for up to EXIT_SETTLE_SECONDS. Where it cannot (a publisher's transaction still
+        open, or no view of open transactions: MAX_TRANSACTION_AGE), the rest is left
+        for the partitions' next holder, as the late-commit rule requires (SPEC I4)."""
+        deadline = time.monotonic() + EXIT_SETTLE_SECONDS
+        waiting = list(self.subscribers)
+        while True:
+            for subscriber in waiting:
+                with transaction.atomic(using=self.alias):
+                    subscriber.fence(cursor)
+                    settled = self._settled_before(cursor, self.clock.now_ms())
+                    subscriber.advance(cursor, settled, force=True)
+            waiting = [s for s in waiting if s.done_above_watermarks()]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            self._horizon.expire()
+            time.sleep(EXIT_SETTLE_STEP)
+        if waiting:
+            logger.info("%s: exiting with acks above the watermark of %s (their rows are not "
+                        "settled yet: a publishing transaction may still be open); the "
+                        "partitions' next holder moves it over them.", self.name,
+                        ", ".join(s.consumer.name for s in waiting))
+
     def _shutdown(self) -> None:
         """Stop fetching; give back what no handler started; let running handlers finish
         (up to SHUTDOWN_TIMEOUT); record their outcomes; stop the threads."""
@@ -333,11 +370,8 @@ class Runner(HandOff, Pacing, ServerWatch):
                     self._wakeup.clear()
                     self._record_outcomes(cursor)
                 self._record_outcomes(cursor)
+                self._advance_before_exit(cursor)
                 for subscriber in self.subscribers:
-                    with transaction.atomic(using=self.alias):
-                        subscriber.fence(cursor)
-                        settled = self._settled_before(cursor, self.clock.now_ms())
-                        subscriber.advance(cursor, settled, force=True)
                     subscriber.stop(cursor)  # hand the partitions over, deregister
         except (AnyDatabaseError, ServerChanged) as exc:
             logger.warning("Could not record the last outcomes (%s); those messages will be "

@@ -208,11 +208,13 @@ class Subscriber(Delivering, Watermarks):
         batch = self.options.batch_size
         now_ms = self.clock()
         may_start = self.allowance() != 0
+        answered = self.answered_offsets()
         for key, state in self.partitions.items():
             if state.window_open or state.wants_fetch(batch, head):
                 return True
             if (may_start and self.leases.holds(key)
-                    and state.ready(now_ms, batch, self.consumer.ordered)):
+                    and state.ready(now_ms, batch, self.consumer.ordered,
+                                    answered.get(key, ()))):
                 return True
         return False
 
@@ -329,6 +331,11 @@ class Subscriber(Delivering, Watermarks):
                 and all(key in held for key in self.discovered)
                 and all(state.exhausted and state.covered >= head()
                         for state in self.partitions.values()))
+
+    def done_above_watermarks(self) -> bool:
+        """Does a held partition have rows done just above its watermark, which only the
+        write horizon keeps it from passing?"""
+        return any(state.done_above_watermark() for state in self.partitions.values())
 
     def stop(self, cursor: CursorWrapper) -> None:
         """Graceful stop: hand every partition over and deregister."""

@@ -385,8 +385,10 @@ def test_draining_costs_a_few_statements_per_batch_not_per_message(
     # A pass writes delivery state at most twice: one multi-row mark, one multi-row outcome write.
     assert state_writes <= 2 * len(passes)
     # Each pass: its transaction (2), the fence, the head, the write horizon. Plus, per run
-    # or per second: lease ticks, membership checks, watermark moves.
-    assert len(statements) <= 5 * len(passes) + fetches + state_writes + 40, statements
+    # or per second: lease ticks, membership checks, watermark moves; and at the exit, on
+    # MySQL, up to 7 looks (about 6 statements each) at a write horizon that trails the
+    # clock, until it passes the rows acked last (Runner._advance_before_exit).
+    assert len(statements) <= 5 * len(passes) + fetches + state_writes + 40 + 7 * 6, statements
 
 
 def drain_in_this_thread(groups: list[str]) -> Any:

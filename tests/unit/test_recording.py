@@ -150,3 +150,42 @@ def test_a_late_word_from_an_overtaken_attempt_is_ignored_but_for_an_ack() -> No
     decided = held.plan(Outcome(first, "fail"), Outcome(first, "not_started"))
     assert not (decided.retries or decided.give_backs or decided.dead_letters)
     assert held.plan(Outcome(first, "ack")).acks == [first]  # done is done
+
+
+# -- one write per message (two deliveries of one message answering in one batch) -------
+
+def redelivered(held: Held) -> tuple[Delivery, Delivery]:
+    """The first delivery of offset 1 outlived its timeout; a second went out."""
+    first = held.deliver(1)
+    state = held.partitions["k"]
+    entry = state.entries[1]
+    state.dispatched(entry, NOW + 60_000)
+    assert entry.row is not None
+    second = Delivery(CONSUMER, "default", "k", entry.row, entry.attempt, 2, generation=1)
+    held.outstanding[id(second)] = second
+    return first, second
+
+
+def test_two_acks_of_one_message_write_one() -> None:
+    """Two ack rows for one key in one upsert: PostgreSQL refused the statement ("ON
+    CONFLICT DO UPDATE command cannot affect row a second time") and the runner retried
+    the batch forever; the history checker found it (tests/history)."""
+    held = Held()
+    first, second = redelivered(held)
+    decided = held.plan(Outcome(first, "ack"), Outcome(second, "ack"))
+    assert decided.ack_writes() == [Ack("k", 1)]
+    assert decided.abandoned == 1
+
+
+def test_an_ack_beats_a_retry_of_the_same_message() -> None:
+    held = Held()
+    first, second = redelivered(held)
+    decided = held.plan(Outcome(second, "fail", error="boom"), Outcome(first, "ack"))
+    assert decided.ack_writes() == [Ack("k", 1)] and decided.retries == []
+
+
+def test_an_atomic_ack_beats_a_give_back() -> None:
+    held = Held()
+    first, second = redelivered(held)
+    decided = held.plan(Outcome(first, "acked"), Outcome(second, "not_started"))
+    assert decided.acked == [first] and decided.give_backs == []

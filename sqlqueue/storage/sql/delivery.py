@@ -126,6 +126,13 @@ class DeliveryStatements(VendorHooks):
         assert row is not None
         return (int(row[0]) if row[0] is not None else 0), str(row[1])
 
+    def server_identity(self, cursor: CursorWrapper) -> str:
+        """``server_identity``: which server this connection reaches ('' on SQLite)."""
+        cursor.execute(*self.sql.server_identity())
+        row = cursor.fetchone()
+        assert row is not None
+        return str(row[0])
+
     # discover_partitions ---------------------------------------------------------------
     def discover_partitions(self, cursor: CursorWrapper, topic: str) -> list[str]:
         """``discover_partitions`` (sqlqueue.storage.statements.vendors)."""

@@ -132,6 +132,11 @@ class DeliveryStatements(Vendor):
         return (f"SELECT MAX({q('offset')})" + (f", {with_server}" if with_server else "")
                 + f" FROM {q(MESSAGE_TABLE)}", [])
 
+    def server_identity(self) -> Statement:
+        """``server_identity``: which database server answers (``server_identity_sql``),
+        read inside an atomic handler's transaction before its ack (SPEC I16)."""
+        return f"SELECT {self.server_identity_sql}", []
+
     # writes --------------------------------------------------------------------------------
     def mark_delivered(self, group: str, topic: str,
                        deliveries: Sequence[tuple[str, int, int]]) -> Statement:

@@ -1,0 +1,336 @@
+"""Checks SPEC §7/§10's invariants on a recorded ``History``: plain Python, no database.
+
+Every workload of the test tiers (and ``make soak``) records what happened and hands it
+here, so that each run checks every invariant, not only the one its scenario was written
+for. ``check(history)`` returns the violations, each with the events around it; ``report``
+prints the first ones. The rules, and what excuses an event:
+
+* **I1** a handler only ever runs messages whose publishing transaction committed.
+* **I2** one offset per (partition, id): every publish of an id reports the same offset,
+  and only one of them says it created the row.
+* **I3/I4/I6** every committed message still stored on the surviving server is, for every
+  group, handled successfully or dead-lettered (late commits included).
+* **I5** ordered groups: two runs of one partition never overlap, unless the first had
+  outlived its visibility timeout when the second started, or a fault (kill, pause,
+  outage, failover) caught the first; and a message committed before another's commit
+  began, at a lower offset of the same partition, starts first.
+* **I7** no run of a (group, message) after its dead letter's last attempt.
+* **I9** a retry after a failure waits its backoff: min(max, min x 2^(n-1)).
+* **I10** a redelivery starts only after the visibility timeout of the run before it; and a
+  run that finished well is never run again unless a fault caught it before its outcome
+  was recorded (a slow runner, a lock stall, is no excuse: SPEC §10).
+* **I8** a committed message missing from the surviving server was collected only after
+  every group was done with it.
+* **I16** every ack on the surviving server is of a message (by id, at that offset) that
+  the group handled or dead-lettered: never a stale delivery's ack on a reused offset.
+
+Messages the database itself lost (a failover to a replica that was behind) are not
+checked for delivery; a message at an offset the new server reused is checked by id.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from tests.history.model import Fault, History, Publish, Run
+
+#: the clocks of one machine's processes, and the database's, disagree by this much
+CLOCK_SLACK_MS = 50.0
+#: after a handler returns, its outcome is recorded within this long (a pass), unless a
+#: fault stops the runner first
+RECORD_WINDOW_MS = 5_000.0
+
+Event = Publish | Run | Fault
+
+
+@dataclass
+class Violation:
+    invariant: str
+    text: str
+    events: list[Event] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"{self.invariant}: {self.text}"]
+        lines += [f"    {_describe(event)}" for event in self.events]
+        return "\n".join(lines)
+
+
+def _describe(event: Event) -> str:
+    if isinstance(event, Publish):
+        state = "committed" if event.committed else "rolled back"
+        return (f"publish {event.id} {event.partition}@{event.offset} by {event.publisher}: "
+                f"begun {event.begun_ms:.0f}, commit begun {event.commit_begun_ms:.0f}, "
+                f"{state} {event.ended_ms:.0f}{'' if event.created else ' (existed)'}")
+    if isinstance(event, Run):
+        ended = "never" if event.finished_ms is None else f"{event.finished_ms:.0f}"
+        return (f"run {event.group} {event.id} {event.partition}@{event.offset} "
+                f"attempt {event.attempt} on {event.runner}: {event.started_ms:.0f}-{ended} "
+                f"{event.outcome}"
+                + (f", visible again {event.visible_until_ms:.0f}"
+                   if event.visible_until_ms else ""))
+    return (f"{event.kind} {event.runner or 'everything'}: "
+            f"{event.began_ms:.0f}-{event.ended_ms:.0f}")
+
+
+class Checker:
+    def __init__(self, history: History) -> None:
+        self.history = history
+        self.committed = [p for p in history.publishes if p.committed]
+        self.committed_ids = {(p.partition, p.id) for p in self.committed}
+        self.runs_of: dict[tuple[str, str, str], list[Run]] = defaultdict(list)
+        for run in sorted(history.runs, key=lambda r: (r.started_ms, r.attempt)):
+            self.runs_of[(run.group, run.partition, run.id)].append(run)
+        self.dead = {(d.group, d.id): d for d in history.final.dead_letters}
+        self.stored_ids = set(history.final.stored.items())
+
+    # -- the rules -------------------------------------------------------------------------
+    def check(self) -> list[Violation]:
+        rules: list[Callable[[], Iterator[Violation]]] = [
+            self.only_committed_delivered, self.one_offset_per_id,
+            self.every_message_done, self.ordered_runs_never_overlap,
+            self.ordered_runs_follow_commits, self.nothing_after_a_dead_letter,
+            self.backoff_respected, self.no_early_redelivery,
+            self.no_redelivery_after_success, self.collected_only_when_done,
+            self.acks_match_runs,
+        ]
+        return [violation for rule in rules for violation in rule()]
+
+    def only_committed_delivered(self) -> Iterator[Violation]:
+        for run in self.history.runs:
+            if (run.partition, run.id) not in self.committed_ids:
+                yield Violation("I1", f"{run.id} ran for {run.group} but was never committed",
+                                self._around(run))
+
+    def one_offset_per_id(self) -> Iterator[Violation]:
+        by_id: dict[tuple[str, str], list[Publish]] = defaultdict(list)
+        for publish in self.committed:
+            by_id[(publish.partition, publish.id)].append(publish)
+        for (_, message_id), publishes in by_id.items():
+            offsets = {p.offset for p in publishes}
+            created = [p for p in publishes if p.created]
+            if len(offsets) > 1 or len(created) != 1:
+                yield Violation("I2", f"{message_id}: offsets {sorted(map(str, offsets))}, "
+                                f"{len(created)} publish(es) said created", publishes)
+
+    def every_message_done(self) -> Iterator[Violation]:
+        for publish in self._first_publishes():
+            if (publish.partition, publish.offset) not in self.history.final.stored:
+                continue  # lost by the database, or collected (collected_only_when_done)
+            for group in self.history.groups:
+                if not self._done(group, publish):
+                    yield Violation(
+                        "I3", f"{publish.id} ({publish.partition}@{publish.offset}) was never "
+                        f"handled nor dead-lettered by {group}", [publish, *self.runs_of[
+                            (group, publish.partition, publish.id)]])
+
+    def ordered_runs_never_overlap(self) -> Iterator[Violation]:
+        for group, partition, runs in self._ordered_partitions():
+            for before, after in self._overlapping(runs):
+                if self._outlived(before, after.started_ms) or self._faulted(before):
+                    continue
+                yield Violation("I5", f"{group} ran {after.id} in {partition} while "
+                                f"{before.id} was still running", [before, after])
+
+    def ordered_runs_follow_commits(self) -> Iterator[Violation]:
+        firsts = self._first_publishes()
+        for group, config in self.history.groups.items():
+            if not config.ordered:
+                continue
+            by_partition: dict[str, list[Publish]] = defaultdict(list)
+            for publish in firsts:
+                by_partition[publish.partition].append(publish)
+            for publishes in by_partition.values():
+                yield from self._commit_order(group, publishes)
+
+    def _commit_order(self, group: str, publishes: list[Publish]) -> Iterator[Violation]:
+        """A message committed before another's commit began, at a lower offset, starts
+        first; unless it was found late itself (a higher offset of its partition could be
+        read before it committed: SPEC §10 lets it start after the run in flight)."""
+        started = {p.id: self._first_start(group, p) for p in publishes}
+        by_commit = sorted(publishes, key=lambda p: p.ended_ms)
+        for earlier_index, earlier in enumerate(by_commit):
+            if started[earlier.id] is None or self._found_late(earlier, publishes):
+                continue
+            for later in by_commit[earlier_index + 1:]:
+                if later.commit_begun_ms <= earlier.ended_ms + CLOCK_SLACK_MS:
+                    continue
+                first_later = started[later.id]
+                assert earlier.offset is not None and later.offset is not None
+                if (earlier.offset < later.offset and first_later is not None
+                        and first_later + CLOCK_SLACK_MS < started[earlier.id]):  # type: ignore[operator]
+                    yield Violation(
+                        "I5", f"{group} started {later.id} before {earlier.id}, committed "
+                        "earlier at a lower offset", [earlier, later, *self.runs_of[
+                            (group, earlier.partition, earlier.id)][:1], *self.runs_of[
+                            (group, later.partition, later.id)][:1]])
+
+    @staticmethod
+    def _found_late(publish: Publish, partition: list[Publish]) -> bool:
+        assert publish.offset is not None
+        return any(other.offset is not None and other.offset > publish.offset
+                   and other.ended_ms < publish.ended_ms + CLOCK_SLACK_MS
+                   for other in partition)
+
+    def nothing_after_a_dead_letter(self) -> Iterator[Violation]:
+        for (group, message_id), dead in self.dead.items():
+            for (run_group, _, run_id), runs in self.runs_of.items():
+                if run_group == group and run_id == message_id:
+                    for run in runs:
+                        if run.attempt > dead.attempts:
+                            yield Violation("I7", f"{message_id} ran again for {group} after "
+                                            f"its dead letter ({dead.attempts} attempts)",
+                                            [run])
+
+    def backoff_respected(self) -> Iterator[Violation]:
+        for (group, _, _), runs in self.runs_of.items():
+            config = self.history.groups[group]
+            for before, after in itertools.pairwise(runs):
+                if (before.outcome != "fail" or before.finished_ms is None
+                        or after.attempt != before.attempt + 1 or self._faulted(before)):
+                    continue
+                backoff = min(config.max_backoff_ms,
+                              config.min_backoff_ms * 2 ** (before.attempt - 1))
+                if after.started_ms + CLOCK_SLACK_MS < before.finished_ms + backoff:
+                    yield Violation("I9", f"retry of {after.id} for {group} after "
+                                    f"{after.started_ms - before.finished_ms:.0f} ms, "
+                                    f"backoff {backoff} ms", [before, after])
+
+    def no_early_redelivery(self) -> Iterator[Violation]:
+        for (group, _, _), runs in self.runs_of.items():
+            for before, after in itertools.pairwise(runs):
+                retried = before.outcome in ("fail", "retry", "reject") and (
+                    before.finished_ms is None
+                    or after.started_ms + CLOCK_SLACK_MS >= before.finished_ms)
+                if retried:
+                    continue  # a retry: backoff_respected's, once the outcome was recorded
+                if self._outlived(before, after.started_ms) or self._faulted(before):
+                    continue
+                yield Violation("I10", f"{after.id} delivered again to {group} before the "
+                                "visibility timeout of the run before it", [before, after])
+
+    def no_redelivery_after_success(self) -> Iterator[Violation]:
+        for (group, _, _), runs in self.runs_of.items():
+            for before, after in itertools.pairwise(runs):
+                if before.outcome != "ok" or self._faulted(before):
+                    continue
+                if before.finished_ms is not None and self._outlived(
+                        before, before.finished_ms):
+                    continue  # it finished past its timeout: a redelivery was allowed
+                yield Violation("I10", f"{after.id} ran again for {group} although its run "
+                                "before had finished well within its timeout",
+                                [before, after])
+
+    def collected_only_when_done(self) -> Iterator[Violation]:
+        if self._database_lost_writes():
+            return  # a failover: what is missing was lost, not collected
+        for publish in self._first_publishes():
+            if (publish.partition, publish.offset) in self.history.final.stored:
+                continue
+            undone = [g for g in self.history.groups if not self._done(g, publish)]
+            if undone or not self.history.final.collectable:
+                yield Violation("I8", f"{publish.id} ({publish.partition}@{publish.offset}) is "
+                                f"gone, and not done by {undone or 'garbage collection'}",
+                                [publish])
+
+    def acks_match_runs(self) -> Iterator[Violation]:
+        stored = self.history.final.stored
+        for group, partition, offset in sorted(self.history.final.acked):
+            message_id = stored.get((partition, offset))
+            if message_id is None:
+                continue
+            ok = any(run.outcome == "ok" for run in self.runs_of[(group, partition,
+                                                                  message_id)])
+            if not ok and (group, message_id) not in self.dead:
+                yield Violation("I16", f"{group} acked {partition}@{offset} ({message_id}) "
+                                "without a run of it that succeeded", self.runs_of[
+                                    (group, partition, message_id)][-3:])
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _first_publishes(self) -> list[Publish]:
+        """The publish that created each committed message."""
+        return [p for p in self.committed if p.created and p.offset is not None]
+
+    def _done(self, group: str, publish: Publish) -> bool:
+        runs = self.runs_of[(group, publish.partition, publish.id)]
+        return any(r.outcome == "ok" for r in runs) or (group, publish.id) in self.dead
+
+    def _first_start(self, group: str, publish: Publish) -> float | None:
+        runs = self.runs_of[(group, publish.partition, publish.id)]
+        return runs[0].started_ms if runs else None
+
+    def _ordered_partitions(self) -> Iterator[tuple[str, str, list[Run]]]:
+        by_partition: dict[tuple[str, str], list[Run]] = defaultdict(list)
+        for run in self.history.runs:
+            if self.history.groups[run.group].ordered:
+                by_partition[(run.group, run.partition)].append(run)
+        for (group, partition), runs in by_partition.items():
+            yield group, partition, sorted(runs, key=lambda r: r.started_ms)
+
+    @staticmethod
+    def _overlapping(runs: list[Run]) -> Iterator[tuple[Run, Run]]:
+        """Pairs of runs where the second started before the first ended."""
+        for index, before in enumerate(runs):
+            end = before.finished_ms if before.finished_ms is not None else float("inf")
+            for after in runs[index + 1:]:
+                if after.started_ms >= end - CLOCK_SLACK_MS:
+                    break
+                yield before, after
+
+    @staticmethod
+    def _outlived(run: Run, at_ms: float) -> bool:
+        """Had ``run``'s visibility timeout run out by ``at_ms``?"""
+        return run.visible_until_ms is not None and at_ms + CLOCK_SLACK_MS >= \
+            run.visible_until_ms
+
+    def _faulted(self, run: Run) -> bool:
+        """Did a fault catch ``run`` before its outcome could be recorded (a kill or
+        pause of its runner, an outage, a failover)? A lock stall is not one, unless it
+        lasted long enough for leases to expire under it (``lease_at_risk_ms``)."""
+        if run.outcome == "cut":
+            return True
+        end = (run.finished_ms if run.finished_ms is not None else float("inf")) \
+            + RECORD_WINDOW_MS
+        for fault in self.history.faults:
+            if fault.runner is not None and fault.runner != run.runner:
+                continue
+            if fault.kind == "stall" and not self._long_enough_to_lose_leases(fault):
+                continue
+            if fault.began_ms <= end and fault.ended_ms >= run.started_ms - CLOCK_SLACK_MS:
+                return True
+        return False
+
+    def _long_enough_to_lose_leases(self, stall: Fault) -> bool:
+        risk = self.history.lease_at_risk_ms
+        return risk is not None and stall.ended_ms - stall.began_ms >= risk
+
+    def _database_lost_writes(self) -> bool:
+        return any(f.kind == "failover" for f in self.history.faults)
+
+    def _around(self, event: Run | Publish, count: int = 6) -> list[Event]:
+        """The events of ``event``'s partition closest to it in time."""
+        at = event.started_ms if isinstance(event, Run) else event.begun_ms
+        near: list[tuple[float, Event]] = []
+        for publish in self.history.publishes:
+            if publish.partition == event.partition:
+                near.append((abs(publish.begun_ms - at), publish))
+        for run in self.history.runs:
+            if run.partition == event.partition:
+                near.append((abs(run.started_ms - at), run))
+        return [e for _, e in sorted(near, key=lambda item: item[0])[:count]]
+
+
+def check(history: History) -> list[Violation]:
+    return Checker(history).check()
+
+
+def report(history: History, violations: Iterable[Violation], limit: int = 3) -> str:
+    """A summary line, and the first ``limit`` violations with their events."""
+    found = list(violations)
+    lines = [f"history of seed {history.seed}: {history.events} events "
+             f"({len(history.publishes)} publishes, {len(history.runs)} runs, "
+             f"{len(history.faults)} faults) checked; {len(found)} violation(s)"]
+    lines += [str(v) for v in found[:limit]]
+    return "\n".join(lines)

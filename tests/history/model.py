@@ -1,0 +1,190 @@
+"""What a run of sqlqueue under test did, as plain data: the history a checker reads.
+
+Publishers record each publish (begun, its commit begun, committed or rolled back, with
+its offset and id); handlers record each run (which message, attempt, runner, when it
+started and ended, how); the harness records the faults it made (kills, pauses,
+database outages, lock stalls, failovers) and, at the end, what the surviving database
+holds (acks, dead letters, stored messages). Times are milliseconds of one clock shared by
+every recorder of a run (the machine's ``time.time()``: every process of a run is on one
+machine), so events of different processes can be ordered.
+
+Everything here is JSON-friendly, so that a run's history is written to a file, replayed
+and checked again without a database (``History.dump`` / ``History.load``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+RunOutcome = Literal["ok", "fail", "retry", "reject", "cut"]
+FaultKind = Literal["kill", "pause", "outage", "stall", "failover"]
+
+
+def now_ms() -> float:
+    return time.time() * 1000
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """What the checker needs to know of a consumer group's options."""
+
+    ordered: bool = False
+    max_attempts: int = 5
+    min_backoff_ms: int = 0
+    max_backoff_ms: int = 0
+    visibility_ms: int = 60_000
+
+
+@dataclass(frozen=True)
+class Publish:
+    """One call of send_message in a transaction of its own (or the caller's)."""
+
+    publisher: str
+    topic: str
+    partition: str
+    id: str
+    offset: int | None  # None: the INSERT never returned (the transaction failed first)
+    begun_ms: float
+    commit_begun_ms: float
+    ended_ms: float
+    committed: bool
+    created: bool = True  # False: the id was stored already (idempotent publish)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One handler call."""
+
+    group: str
+    topic: str
+    partition: str
+    offset: int
+    id: str
+    attempt: int
+    runner: str
+    started_ms: float
+    finished_ms: float | None  # None: never returned (the process was killed)
+    outcome: RunOutcome
+    #: when this delivery's visibility timeout ends, read by the handler at its start
+    #: (None: not read)
+    visible_until_ms: float | None = None
+    server: str = ""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Something the harness did to a runner or the database. ``runner`` is None for
+    what touches every runner (a database outage, a failover, a lock stall)."""
+
+    kind: FaultKind
+    began_ms: float
+    ended_ms: float
+    runner: str | None = None
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    group: str
+    id: str
+    attempts: int
+    error: str
+
+
+@dataclass
+class FinalState:
+    """Read from the surviving database once every runner stopped."""
+
+    #: (group, partition, offset) acked in delivery state, or below the group's watermark
+    acked: set[tuple[str, str, int]] = field(default_factory=set)
+    #: (partition, offset) -> id of every message still stored
+    stored: dict[tuple[str, int], str] = field(default_factory=dict)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    #: (partition, offset)s that garbage collection may have removed (none if it did not
+    #: run): a message missing from ``stored`` is only excused if it is here
+    collectable: bool = False
+
+
+@dataclass
+class History:
+    topic: str
+    groups: dict[str, GroupConfig]
+    publishes: list[Publish] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    final: FinalState = field(default_factory=FinalState)
+    seed: int | None = None
+    #: a lock stall at least this long can make leases expire (their renewal waits on
+    #: it: LEASE_DURATION - LEASE_RENEW_INTERVAL), and partitions change hands with
+    #: outcomes unrecorded: such a stall excuses a redelivery as a pause would (None:
+    #: stalls never excuse one)
+    lease_at_risk_ms: int | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    # -- recording (thread-safe) --------------------------------------------------------
+    def published(self, publish: Publish) -> None:
+        with self._lock:
+            self.publishes.append(publish)
+
+    def ran(self, run: Run) -> None:
+        with self._lock:
+            self.runs.append(run)
+
+    def faulted(self, fault: Fault) -> None:
+        with self._lock:
+            self.faults.append(fault)
+
+    @property
+    def events(self) -> int:
+        return len(self.publishes) + len(self.runs) + len(self.faults)
+
+    # -- files ----------------------------------------------------------------------------
+    def dump(self, path: Path) -> None:
+        final = {"acked": sorted(self.final.acked),
+                 "stored": [[p, o, i] for (p, o), i in sorted(self.final.stored.items())],
+                 "dead_letters": [asdict(d) for d in self.final.dead_letters],
+                 "collectable": self.final.collectable}
+        path.write_text(json.dumps({
+            "topic": self.topic, "seed": self.seed, "lease_at_risk_ms": self.lease_at_risk_ms,
+            "groups": {g: asdict(c) for g, c in self.groups.items()},
+            "publishes": [asdict(p) for p in self.publishes],
+            "runs": [asdict(r) for r in self.runs],
+            "faults": [asdict(f) for f in self.faults],
+            "final": final,
+        }))
+
+    @classmethod
+    def load(cls, path: Path) -> History:
+        data = json.loads(path.read_text())
+        final = data["final"]
+        return cls(
+            topic=data["topic"], seed=data.get("seed"),
+            lease_at_risk_ms=data.get("lease_at_risk_ms"),
+            groups={g: GroupConfig(**c) for g, c in data["groups"].items()},
+            publishes=[Publish(**p) for p in data["publishes"]],
+            runs=[Run(**r) for r in data["runs"]],
+            faults=[Fault(**f) for f in data["faults"]],
+            final=FinalState(
+                acked={(g, p, o) for g, p, o in final["acked"]},
+                stored={(p, o): i for p, o, i in final["stored"]},
+                dead_letters=[DeadLetter(**d) for d in final["dead_letters"]],
+                collectable=final["collectable"]),
+        )
+
+
+def runs_from_lines(lines: Iterable[str]) -> list[Run]:
+    """Runs written one JSON object a line (by handlers in other processes)."""
+    return [Run(**json.loads(line)) for line in lines if line.strip()]
+
+
+def run_line(run: Run) -> str:
+    return json.dumps(asdict(run)) + "\n"
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return asdict(value)

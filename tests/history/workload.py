@@ -1,0 +1,324 @@
+"""A seeded, randomized workload in one process that records its history.
+
+Publishers commit at once, late (holding their transaction open after the INSERT), roll
+back, or publish an id twice; handlers are quick, slow, fail, or outlive their visibility
+timeout; on a database server a staller holds the queue's rows locked now and then; two
+runners (``Runner`` on threads, as ``runconsumer`` runs it) share the partitions. Every
+choice comes from the seed, so a failing run is run again with ``SQLQUEUE_HISTORY_SEED``.
+The history is checked by ``tests.history.checker`` (real processes, kills and restarts
+are ``bench/soak.py``'s: ``make soak``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError, connection, connections, transaction
+
+from sqlqueue import Message, send_message
+from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.registry import consumer, select_consumers, unregister
+from sqlqueue.consuming.runner import Runner
+from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
+from tests.history.model import (
+    DeadLetter,
+    Fault,
+    FinalState,
+    GroupConfig,
+    History,
+    Publish,
+    Run,
+    now_ms,
+)
+
+TOPIC = "history.t"
+PARTITIONS = ("p0", "p1", "p2", "p3")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How big and how hostile a run is."""
+
+    messages_per_publisher: int = 60
+    publishers: int = 2
+    runners: int = 2
+    threads: int = 3
+    late_commit_s: tuple[float, float] = (0.1, 0.6)
+    stalls: bool = True
+    stall_s: tuple[float, float] = (0.3, 1.2)
+    visibility_s: float = 1.0
+    #: atomic handlers sleep inside their transaction (slow, outliving their timeout);
+    #: not on SQLite, where that transaction holds the one write lock and stops everyone
+    atomic_sleeps: bool = True
+    drain_timeout_s: float = 120.0
+
+
+GROUPS: dict[str, dict[str, Any]] = {
+    "h-any": {},
+    "h-ordered": {"ordered": True},
+    "h-atomic": {"atomic": True},
+}
+MAX_ATTEMPTS = 3
+MIN_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 0.2
+
+
+class Workload:
+    def __init__(self, seed: int, shape: Shape, conf: QueueSettings) -> None:
+        self.seed = seed
+        self.shape = shape
+        self.conf = conf
+        self.random = random.Random(seed)
+        self.history = History(TOPIC, {
+            group: GroupConfig(ordered=bool(options.get("ordered")), max_attempts=MAX_ATTEMPTS,
+                               min_backoff_ms=round(MIN_BACKOFF_S * 1000),
+                               max_backoff_ms=round(MAX_BACKOFF_S * 1000),
+                               visibility_ms=round(shape.visibility_s * 1000))
+            for group, options in GROUPS.items()}, seed=seed)
+        self.server_database = connection.vendor != "sqlite"
+        self.stop_stalling = threading.Event()
+        self.runners: list[Runner] = []
+
+    # -- the handlers ------------------------------------------------------------------------
+    def behaviour(self, group: str, message_id: str, attempt: int) -> tuple[str, float]:
+        """What the handler does for this attempt (the same for the same seed)."""
+        rng = random.Random(zlib.crc32(f"{self.seed}/{group}/{message_id}/{attempt}".encode()))
+        roll = rng.random()
+        if roll < 0.12:
+            return "fail", rng.uniform(0.0, 0.05)
+        if roll < 0.14 and attempt == 1:
+            return "outlive", self.shape.visibility_s + rng.uniform(0.2, 0.5)
+        if roll < 0.30:
+            return "slow", rng.uniform(0.05, 0.3)
+        return "quick", 0.0
+
+    def handler(self, group: str) -> Callable[[Message], None]:
+        def handle(message: Message) -> None:
+            started = now_ms()
+            visible_until = _visible_until(group, message)
+            what, seconds = self.behaviour(group, message.id, message.attempt)
+            outcome = "ok"
+            try:
+                if group != "h-atomic" or self.shape.atomic_sleeps:
+                    time.sleep(seconds)
+                if what == "fail":
+                    outcome = "fail"
+                    raise RuntimeError(f"{message.id} fails attempt {message.attempt}")
+                if group == "h-atomic":
+                    # A write of the handler's own, committed with the ack (or not at all).
+                    send_message(TOPIC + ".out", message.id, partition_key=message.partition_key)
+            finally:
+                def record() -> None:
+                    self.history.ran(Run(
+                        group, TOPIC, message.partition_key, message.offset, message.id,
+                        message.attempt, runner, started, now_ms(),
+                        outcome, visible_until_ms=visible_until))  # type: ignore[arg-type]
+
+                runner = threading.current_thread().name
+                if group == "h-atomic" and outcome == "ok":
+                    # Done when its transaction (the ack in it) commits, which may wait.
+                    transaction.on_commit(record)
+                else:
+                    record()
+
+        return handle
+
+    # -- the publishers ----------------------------------------------------------------------
+    def publish_all(self, name: str, rng: random.Random) -> None:
+        try:
+            for n in range(self.shape.messages_per_publisher):
+                message_id = f"{name}-{n}"
+                partition = rng.choice(PARTITIONS)
+                roll = rng.random()
+                if roll < 0.10:
+                    self._publish(name, message_id, partition, rollback=True)
+                elif roll < 0.25:
+                    self._publish(name, message_id, partition,
+                                  hold=rng.uniform(*self._late_commit()))
+                else:
+                    self._publish(name, message_id, partition)
+                if roll > 0.9:  # the same id again: stored once, the first's offset
+                    self._publish(name, message_id, partition)
+                time.sleep(rng.uniform(0.0, 0.03))
+        finally:
+            connections.close_all()
+
+    def _late_commit(self) -> tuple[float, float]:
+        # SQLite's one writer: a transaction held open stops every runner's writes too.
+        return self.shape.late_commit_s if self.server_database else (0.05, 0.15)
+
+    def _publish(self, name: str, message_id: str, partition: str, *, hold: float = 0.0,
+                 rollback: bool = False) -> None:
+        for _ in range(20):  # a deadlock or a lock wait given up: the same id again
+            begun = now_ms()
+            offset, created = None, True
+            try:
+                with transaction.atomic():
+                    sent = send_message(TOPIC, message_id, partition_key=partition,
+                                        id=message_id)
+                    offset, created = sent.offset, sent.created
+                    time.sleep(hold)
+                    commit_begun = now_ms()
+                    if rollback:
+                        raise _RolledBack
+            except _RolledBack:
+                self.history.published(Publish(name, TOPIC, partition, message_id, offset,
+                                               begun, commit_begun, now_ms(), False, created))
+                return
+            except DatabaseError:
+                connection.close()
+                continue
+            self.history.published(Publish(name, TOPIC, partition, message_id, offset, begun,
+                                           commit_begun, now_ms(), True, created))
+            return
+        raise AssertionError(f"{name} could not publish {message_id}")
+
+    # -- lock stalls -------------------------------------------------------------------------
+    def stall_now_and_then(self, rng: random.Random) -> None:
+        """Hold every lease and delivery-state row locked for a while, again and again
+        (another program's long transaction, a backup's lock)."""
+        try:
+            while not self.stop_stalling.wait(rng.uniform(0.5, 1.5)):
+                seconds = rng.uniform(*self.shape.stall_s)
+                began = now_ms()
+                with contextlib.suppress(DatabaseError), transaction.atomic():
+                    list(DeliveryState.objects.select_for_update().filter(topic=TOPIC))
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT 1 FROM queue_partition_leases FOR UPDATE")
+                    time.sleep(seconds)
+                self.history.faulted(Fault("stall", began, now_ms()))
+        finally:
+            connections.close_all()
+
+    # -- the run -----------------------------------------------------------------------------
+    def run(self) -> History:
+        with registered(self):
+            self.runners = runners = [
+                Runner(select_consumers(list(GROUPS), [TOPIC]), conf=self.conf,
+                       threads=self.shape.threads, name=f"runner-{n}")
+                for n in range(self.shape.runners)]
+            threads = [_thread(lambda r=r: r.run(install_signal_handlers=False))
+                       for r in runners]
+            publishers = [_thread(lambda n=n: self.publish_all(
+                f"pub{n}", random.Random(self.random.random())))
+                for n in range(self.shape.publishers)]
+            staller = _thread(lambda: self.stall_now_and_then(
+                random.Random(self.random.random()))) if (
+                self.shape.stalls and self.server_database) else None
+            for publisher in publishers:
+                publisher.join()
+            self.stop_stalling.set()
+            if staller is not None:
+                staller.join()
+            try:
+                self._wait_until_done()
+            finally:
+                for runner in runners:
+                    runner.stop()
+                for thread in threads:
+                    thread.join(60)
+        self.history.final = final_state(self.history)
+        return self.history
+
+    def _wait_until_done(self) -> None:
+        deadline = time.monotonic() + self.shape.drain_timeout_s
+        while time.monotonic() < deadline:
+            if not undone(self.history):
+                return
+            time.sleep(0.2)
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def undone(history: History) -> list[tuple[str, str]]:
+    """(group, id) of committed messages not yet handled well nor dead-lettered."""
+    dead = {(d.group, d.id) for d in _dead_letters(history.topic)}
+    ok = {(r.group, r.id) for r in list(history.runs) if r.outcome == "ok"}
+    return [(group, p.id) for p in list(history.publishes) if p.committed and p.created
+            for group in history.groups if (group, p.id) not in ok | dead]
+
+
+def _visible_until(group: str, message: Message) -> float | None:
+    """This delivery's visibility deadline, read from its state row on a connection of
+    the reader's own (a handler's transaction must not see, nor lock, anything more)."""
+    reader = connections.create_connection("default")
+    try:
+        with reader.cursor() as cursor:
+            cursor.execute(
+                "SELECT invisible_until, retry_count FROM queue_delivery_state WHERE "
+                "consumer_group = %s AND topic = %s AND partition_key = %s AND "
+                "message_offset = %s",
+                [group, message.topic, message.partition_key, message.offset])
+            row = cursor.fetchone()
+    finally:
+        reader.close()
+    if not row or not row[0]:
+        return None  # acked already (an atomic handler's own ack)
+    if int(row[1]) != message.attempt - 1:
+        return 0.0  # marked again since: this delivery's timeout had run out already
+    return float(row[0])
+
+
+def _dead_letters(topic: str = TOPIC) -> list[DeadLetter]:
+    rows = QueueMessage.objects.filter(topic=topic + "_dlq").values_list(
+        "consumer_group", "failure_detail", "failure_count", "last_error")
+    return [DeadLetter(group, str((detail or {}).get("id")), int(count), error)
+            for group, detail, count, error in rows]
+
+
+def final_state(history: History) -> FinalState:
+    """What the database holds for ``history.topic`` now (every runner stopped): acks (in
+    delivery state, or at or below a watermark), the messages still stored, dead letters."""
+    topic = history.topic
+    stored = {(p, o): i for p, o, i in QueueMessage.objects.filter(topic=topic).values_list(
+        "partition_key", "offset", "id")}
+    acked = {(g, p, o) for g, p, o in DeliveryState.objects.filter(
+        topic=topic, acked=True).values_list("consumer_group", "partition_key",
+                                            "message_offset")}
+    for group, partition, watermark in PartitionOffset.objects.filter(topic=topic).values_list(
+            "consumer_group", "partition_key", "offset_acked"):
+        acked |= {(group, p, o) for (p, o) in stored if p == partition and o <= watermark}
+    # Runners collect garbage as they go: a message may be gone once every group is done.
+    return FinalState(acked=acked, stored=stored, dead_letters=_dead_letters(topic),
+                      collectable=True)
+
+
+@contextlib.contextmanager
+def registered(workload: Workload) -> Iterator[None]:
+    for group, options in GROUPS.items():
+        consumer(TOPIC, group=group, max_attempts=MAX_ATTEMPTS, min_backoff=MIN_BACKOFF_S,
+                 max_backoff=MAX_BACKOFF_S, visibility_timeout=workload.shape.visibility_s,
+                 **options)(workload.handler(group))
+    try:
+        yield
+    finally:
+        for group in GROUPS:
+            unregister(group, TOPIC)
+
+
+def _thread(target: Callable[[], object]) -> threading.Thread:
+    def run() -> None:
+        try:
+            target()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def settings_for(conf: QueueSettings) -> QueueSettings:
+    """Short intervals: leases renewed every second, polls every 20 ms."""
+    return dataclasses.replace(conf, POLL_INTERVAL=0.02, LEASE_DURATION=4.0,
+                               LEASE_RENEW_INTERVAL=1.0, SHUTDOWN_TIMEOUT=10)
