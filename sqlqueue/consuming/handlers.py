@@ -166,7 +166,7 @@ def run(delivery: Delivery) -> Outcome:
         return Outcome(delivery, "reject", error=reject.reason)
     except Exception as exc:
         if isinstance(exc, AnyDatabaseError):  # InterfaceError too (a dropped connection)
-            connections[delivery.alias].close()  # a fresh connection for the next handler
+            _after_database_error(delivery.alias)
         logger.warning(
             "Handler %s failed on %s/%s@%s (attempt %s): %r", consumer.name, consumer.topic,
             delivery.partition_key, delivery.row.offset, delivery.attempt, exc,
@@ -176,6 +176,18 @@ def run(delivery: Delivery) -> Outcome:
                                 error=repr(exc)),
         )
         return Outcome(delivery, "fail", error=_error_text(exc))
+
+
+def _after_database_error(alias: str) -> None:
+    """A fresh connection for the next handler. Inside a transaction of the caller's
+    (``sqlqueue.testing`` runs each handler in a savepoint of the test's transaction) the
+    connection is not ours to close: the savepoint is rolled back instead, the way back to
+    a usable transaction (PostgreSQL refuses every statement after an error)."""
+    connection = connections[alias]
+    if connection.in_atomic_block:
+        transaction.set_rollback(True, using=alias)
+    else:
+        connection.close()
 
 
 def call_handler(handler: Callable[[Message], Any], message: Message) -> Any:
