@@ -23,8 +23,8 @@ from sqlqueue.testing import (
     reset_clock,
     run_consumers,
 )
-from tests.testapp.models import Order
 from tests.settings import HAS_TASKS
+from tests.testapp.models import Order
 
 TOPIC = "toolkit.orders"
 
