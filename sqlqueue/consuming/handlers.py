@@ -48,6 +48,9 @@ class Delivery:
     # queued -> started | given_back | refused; started -> finished | timed_out -> returned_late
     _state: str = "queued"
     started_at: float = 0.0  # time.monotonic() when a handler thread started it
+    # False when the handler runs on the caller's connection, inside the caller's
+    # transaction (sqlqueue.testing): a second connection would wait on its locks.
+    own_connection: bool = True
 
     def sort_key(self) -> tuple[int, int]:
         return (self.row.priority, self.sequence)
@@ -221,7 +224,7 @@ def _extend_visibility(delivery: Delivery, seconds: float) -> None:
     consumer = delivery.consumer
     connection = connections[delivery.alias]
     side = None
-    if connection.in_atomic_block:
+    if connection.in_atomic_block and delivery.own_connection:
         # Inside an atomic handler the change would only be seen at its commit: write it
         # on a connection of its own so that it takes effect now.
         side = connections.create_connection(delivery.alias)

@@ -4,11 +4,12 @@
 
     from sqlqueue.testing import advance_clock, capture_messages, run_consumers
 
-``capture_messages()`` records what a block publishes; ``run_consumers()`` runs the
-registered consumers in this thread, on its connection and inside its transaction (a
-``django.test.TestCase`` works), through ``runconsumer``'s delivery code, until nothing is
-deliverable now; ``advance_clock()`` makes retries and scheduled messages due without
-waiting. The pytest plugin (``sqlqueue.testing.pytest_plugin``) offers them as fixtures.
+``make_message()`` builds a delivery for a handler's unit test. ``capture_messages()``
+records what a block publishes; ``run_consumers()`` runs the registered consumers in this
+thread, on its connection and inside its transaction (a ``django.test.TestCase`` works),
+through ``runconsumer``'s delivery code, until nothing is deliverable now;
+``advance_clock()`` makes retries and scheduled messages due without waiting. The pytest
+plugin (``sqlqueue.testing.pytest_plugin``) offers them as fixtures.
 
 The names are loaded on first use, like ``sqlqueue``'s: pytest imports the plugin, in
 this package, before Django's settings are configured (or in projects without Django).
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sqlqueue.testing.capture import CapturedMessage, CapturedMessages, capture_messages
     from sqlqueue.testing.clock import advance_clock, clock_offset_ms, reset_clock
+    from sqlqueue.testing.messages import make_message
     from sqlqueue.testing.runs import RunReport, run_consumers
 
 _EXPORTS = {
@@ -31,6 +33,7 @@ _EXPORTS = {
     "advance_clock": "sqlqueue.testing.clock",
     "capture_messages": "sqlqueue.testing.capture",
     "clock_offset_ms": "sqlqueue.testing.clock",
+    "make_message": "sqlqueue.testing.messages",
     "reset_clock": "sqlqueue.testing.clock",
     "run_consumers": "sqlqueue.testing.runs",
 }
@@ -42,6 +45,7 @@ __all__ = [
     "advance_clock",
     "capture_messages",
     "clock_offset_ms",
+    "make_message",
     "reset_clock",
     "run_consumers",
 ]

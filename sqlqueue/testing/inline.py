@@ -96,6 +96,7 @@ class InlineRunner(Runner):
                 if delivery.refused:  # the partition's lease is no longer trusted
                     self._done.put(Outcome(delivery, "not_started"))
                 continue
+            delivery.own_connection = False  # extend_visibility() writes on this one
             outcome = self._handle_in_savepoint(delivery)
             delivery.finish()
             self._done.put(outcome)

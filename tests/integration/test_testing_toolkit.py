@@ -73,6 +73,13 @@ def publish_next(message: sqlqueue.Message) -> None:
                           partition_key="chained")
 
 
+def take_long(message: sqlqueue.Message) -> None:
+    """A long handler that extends its visibility: inside a TestCase the write must not go
+    through a second connection, which would wait on the test's locks."""
+    calls.append(("take_long", message.payload, message.attempt))
+    message.extend_visibility(120)
+
+
 HANDLERS = [
     (TOPIC, "billing", charge, {"max_attempts": 3}),
     ("toolkit.atomic", "ledger", charge_atomic, {"atomic": True}),
@@ -80,6 +87,8 @@ HANDLERS = [
     ("toolkit.async", "asyncgroup", charge_async, {}),
     ("toolkit.duplicate", "dupes", duplicate_write, {"max_attempts": 2}),
     ("toolkit.chain", "chainers", publish_next, {}),
+    ("toolkit.long", "patient", take_long, {}),
+    ("toolkit.long", "patient-atomic", take_long, {"atomic": True}),
 ]
 
 
@@ -201,6 +210,10 @@ class ToolkitCases:
 
         self.assertEqual(Order.objects.filter(reference="taken").count(), 1)
         self.assertTrue(IntegrityError.__name__ in DeadLetter.objects.get().last_error)
+
+    def test_a_handler_may_extend_its_visibility(self) -> None:
+        sqlqueue.send_message("toolkit.long", {"ref": "long"})
+        self.assertEqual(run_consumers(topic="toolkit.long"), RunReport(acked=2))
 
     def test_a_scheduled_message_waits_for_the_clock(self) -> None:
         sqlqueue.send_message(TOPIC, {"ref": "later"}, delay=600)
