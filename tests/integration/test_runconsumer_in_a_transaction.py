@@ -4,7 +4,9 @@ locks (its handler threads, on other connections, would)."""
 
 from __future__ import annotations
 
+import re
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -14,6 +16,8 @@ from django.test.utils import CaptureQueriesContext
 
 import sqlqueue
 from sqlqueue.consuming.registry import unregister
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "testing.md"
 
 
 def refusal(**options: object) -> str:
@@ -34,6 +38,11 @@ class TestRefusedInsideATestCase(TestCase):
 
         assert "inside an open transaction on database 'default'" in message
         assert "sqlqueue.testing.run_consumers()" in message
+
+    def test_the_testing_guide_quotes_the_error(self) -> None:
+        quoted = re.search(r"```text\nCommandError: (.*?)```", GUIDE.read_text(), re.S)
+        assert quoted is not None
+        assert " ".join(quoted.group(1).split()) == refusal()
 
     def test_also_with_the_options_a_test_would_give(self) -> None:
         assert "sqlqueue.testing" in refusal(group=["tasks"], max_messages=1,
