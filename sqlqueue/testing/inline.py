@@ -32,8 +32,9 @@ from sqlqueue.storage.sql import dialect_for
 from sqlqueue.testing.clock import moved_database_clock
 
 #: A run that has not settled after this long is waiting on something no test controls
-#: (partitions leased by a real ``runconsumer``, a consumer's rate limit): it stops with
-#: an error rather than hanging the test suite.
+#: (partitions leased by a real ``runconsumer``, a consumer's rate limit), or never ends
+#: (handlers publishing for each other): it stops with an error rather than hanging the
+#: test suite.
 SETTLE_TIMEOUT = 30.0
 
 _runs = itertools.count(1)
@@ -69,13 +70,13 @@ class InlineRunner(Runner):
         deadline = time.monotonic() + SETTLE_TIMEOUT
         try:
             while True:
+                if time.monotonic() > deadline:
+                    raise SqlqueueError(self._not_settled())
                 delay = self.run_once()
                 if self._run_handed_out() or self._has_outcomes():
                     continue  # the next pass records them (and may deliver retries)
                 if delay is None or self.reached_max_messages or self._settled():
                     return
-                if time.monotonic() > deadline:
-                    raise SqlqueueError(self._not_settled())
                 self._wakeup.wait(delay)
                 self._wakeup.clear()
         finally:
@@ -103,10 +104,15 @@ class InlineRunner(Runner):
             ran += 1
 
     def _handle_in_savepoint(self, delivery: handlers.Delivery) -> Outcome:
-        """One handler call in a savepoint: a database error in the handler rolls back to
-        it (``handlers`` marks it), and the caller's transaction stays usable. A handler
-        that raises anything else keeps its writes, as it would under ``runconsumer``
-        (where they committed as it went)."""
+        """One handler call; inside the caller's transaction, in a savepoint of it: a
+        database error in the handler rolls back to it (``handlers`` marks it), and the
+        caller's transaction stays usable. A handler that raises anything else keeps its
+        writes, as it would under ``runconsumer`` (where they committed as it went).
+        Outside a transaction (a ``TransactionTestCase``) it runs as under
+        ``runconsumer``: its writes commit as it goes (on SQLite a transaction around it
+        would hold the write lock that its writes through another alias wait for)."""
+        if not connections[delivery.alias].in_atomic_block:
+            return handlers.run(delivery)
         with transaction.atomic(using=delivery.alias):
             return handlers.run(delivery)
 
@@ -135,8 +141,9 @@ class InlineRunner(Runner):
     def _not_settled(self) -> str:
         names = ", ".join(s.consumer.name for s in self.subscribers)
         return (f"run_consumers() did not settle within {SETTLE_TIMEOUT:g}s ({names}): "
-                "their partitions may be leased by a running 'manage.py runconsumer', or a "
-                "consumer's rate_limit holds the messages back.")
+                "their partitions may be leased by a running 'manage.py runconsumer', a "
+                "consumer's rate_limit may hold the messages back, or handlers keep "
+                "publishing messages for each other.")
 
     # -- what differs from runconsumer --------------------------------------------------------
     def start_handler_threads(self) -> None:

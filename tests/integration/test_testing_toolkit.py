@@ -10,8 +10,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+import pytest
+from django.db import IntegrityError, connection, connections, transaction
 from django.test import TestCase, TransactionTestCase
+from django.test.utils import CaptureQueriesContext, override_settings
 
 import sqlqueue
 from sqlqueue.consuming.registry import unregister
@@ -20,6 +22,7 @@ from sqlqueue.testing import (
     RunReport,
     advance_clock,
     capture_messages,
+    inline,
     reset_clock,
     run_consumers,
 )
@@ -69,7 +72,8 @@ def duplicate_write(message: sqlqueue.Message) -> None:
 
 def publish_next(message: sqlqueue.Message) -> None:
     calls.append(("publish_next", message.payload, message.attempt))
-    sqlqueue.send_message(TOPIC, {"ref": f"next-{message.payload['ref']}"},
+    topic = message.payload.get("to", TOPIC)
+    sqlqueue.send_message(topic, {"ref": f"next-{message.payload['ref']}"},
                           partition_key="chained")
 
 
@@ -291,3 +295,43 @@ class TestInsideATransactionTestCase(ToolkitCases, TransactionTestCase):
         self.place_order("lease")
         run_consumers(group="billing")
         self.assertEqual(list(PartitionLease.objects.all()), [])
+
+
+class TestAcrossRoutedDatabases(TransactionTestCase):
+    """SQLQUEUE["ROUTES"]: each database's consumers run on its own connection, and a
+    message a handler on one publishes for the other is handled in the same call. (The
+    "routes" alias mirrors "default" in the test settings: committed rows, hence a
+    TransactionTestCase.)"""
+
+    databases = {"default", "routes"}
+
+    def test_each_alias_runs_its_consumers(self) -> None:
+        self.addCleanup(unregister, "chainers", "toolkit.chain")
+        self.addCleanup(unregister, "billing", "routed.orders")
+        calls.clear()
+        sqlqueue.consumer("toolkit.chain", group="chainers")(publish_next)
+        sqlqueue.consumer("routed.orders", group="billing")(charge)
+        with override_settings(SQLQUEUE={"ROUTES": {"routed.*": "routes"}}), \
+                CaptureQueriesContext(connections["routes"]) as routed:
+            sqlqueue.send_message("toolkit.chain", {"ref": "r", "to": "routed.orders"})
+            with capture_messages(topic="routed.orders") as sent:
+                report = run_consumers()
+        self.assertEqual(report, RunReport(acked=2))
+        self.assertEqual(sent.payloads, [{"ref": "next-r"}])
+        self.assertEqual([name for name, _, _ in calls], ["publish_next", "charge"])
+        self.assertTrue(routed.captured_queries)
+
+
+@pytest.mark.django_db
+def test_a_run_that_never_settles_stops_with_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def publish_again(message: sqlqueue.Message) -> None:
+        sqlqueue.send_message("toolkit.loop", {"n": message.payload["n"] + 1})
+
+    sqlqueue.consumer("toolkit.loop", group="loopers")(publish_again)
+    monkeypatch.setattr(inline, "SETTLE_TIMEOUT", 0.3)
+    try:
+        sqlqueue.send_message("toolkit.loop", {"n": 0})
+        with pytest.raises(sqlqueue.SqlqueueError, match=r"did not settle within 0\.3s"):
+            run_consumers(group="loopers")
+    finally:
+        unregister("loopers", "toolkit.loop")
