@@ -73,8 +73,13 @@ class InlineRunner(Runner):
                 if time.monotonic() > deadline:
                     raise SqlqueueError(self._not_settled())
                 delay = self.run_once()
-                if self._run_handed_out() or self._has_outcomes():
-                    continue  # the next pass records them (and may deliver retries)
+                if self._run_handed_out():
+                    # The handlers may have published to partitions not seen yet.
+                    for subscriber in self.subscribers:
+                        subscriber.look_again_now()
+                    continue  # the next pass records their outcomes
+                if self._has_outcomes():
+                    continue
                 if delay is None or self.reached_max_messages or self._settled():
                     return
                 self._wakeup.wait(delay)
