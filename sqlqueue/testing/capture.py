@@ -36,6 +36,12 @@ class CapturedMessage:
     priority: int = 0
     deliver_after_ms: int = 0  # database time; 0: at once
 
+    @property
+    def created(self) -> bool:
+        """As ``SentMessage.created``: a captured message was stored by the block (a
+        publish absorbed by its id stores nothing, and is not captured)."""
+        return True
+
 
 class CapturedMessages(list[CapturedMessage]):
     """The messages published since the capture started, oldest first: read again from
