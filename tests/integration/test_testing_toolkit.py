@@ -146,6 +146,25 @@ class ToolkitCases:
         self.assertEqual([m.payload for m in everything], [{"n": 1}, {"ref": "inside"}])
         self.assertEqual(other.payloads, [{"n": 1}])
 
+    def test_a_publish_absorbed_by_its_id_is_not_captured(self) -> None:
+        first = sqlqueue.send_message(TOPIC, {"ref": "once"}, id="order-1", priority=7)
+        with capture_messages(topic=TOPIC) as sent:
+            again = sqlqueue.send_message(TOPIC, {"ref": "once"}, id="order-1")
+        self.assertEqual((again.created, again.offset, sent), (False, first.offset, []))
+        with capture_messages() as sent:
+            sqlqueue.send_message(TOPIC, {"ref": "twice"}, id="order-2", priority=7)
+        self.assertEqual((sent[0].id, sent[0].priority, sent[0].created),
+                         ("order-2", 7, True))
+
+    def test_a_paused_group_is_left_alone(self) -> None:
+        from sqlqueue.operations.flow import pause, resume
+
+        self.place_order("paused")
+        pause("billing")
+        self.assertEqual(run_consumers(group="billing"), RunReport())
+        resume("billing")
+        self.assertEqual(run_consumers(group="billing"), RunReport(acked=1))
+
     def test_a_retry_waits_for_its_backoff_until_the_clock_moves(self) -> None:
         self.place_order("o-2", fail_times=1)
 
