@@ -103,7 +103,13 @@ class InlineRunner(Runner):
                     self._done.put(Outcome(delivery, "not_started"))
                 continue
             delivery.own_connection = False  # extend_visibility() writes on this one
-            outcome = self._handle_in_savepoint(delivery)
+            try:
+                outcome = self._handle_in_savepoint(delivery)
+            except BaseException:
+                # KeyboardInterrupt, SystemExit (handlers.run turns every Exception into
+                # an outcome): no outcome will come back for the shutdown to wait for.
+                self._in_flight -= 1
+                raise
             delivery.finish()
             self._done.put(outcome)
             ran += 1
