@@ -354,3 +354,20 @@ def test_a_run_that_never_settles_stops_with_an_error(monkeypatch: pytest.Monkey
             run_consumers(group="loopers")
     finally:
         unregister("loopers", "toolkit.loop")
+
+
+@pytest.mark.django_db
+def test_a_handler_that_exits_stops_the_run_at_once() -> None:
+    def exit_now(message: sqlqueue.Message) -> None:
+        raise SystemExit(3)
+
+    sqlqueue.consumer("toolkit.exit", group="exiters")(exit_now)
+    try:
+        sqlqueue.send_message("toolkit.exit", {})
+        started = time.monotonic()
+        with pytest.raises(SystemExit):
+            run_consumers(group="exiters")
+        # Not SHUTDOWN_TIMEOUT (30 s) waiting for an outcome that never comes.
+        assert time.monotonic() - started < 5
+    finally:
+        unregister("exiters", "toolkit.exit")
