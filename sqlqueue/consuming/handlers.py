@@ -56,6 +56,9 @@ class Delivery:
     # queued -> started | given_back | refused; started -> finished | timed_out -> returned_late
     _state: str = "queued"
     started_at: float = 0.0  # time.monotonic() when a handler thread started it
+    # False when the handler runs on the caller's connection, inside the caller's
+    # transaction (sqlqueue.testing): a second connection would wait on its locks.
+    own_connection: bool = True
 
     def sort_key(self) -> tuple[int, int]:
         return (self.row.priority, self.sequence)
@@ -187,7 +190,7 @@ def run(delivery: Delivery) -> Outcome:
         return Outcome(delivery, "reject", error=reject.reason)
     except Exception as exc:
         if isinstance(exc, AnyDatabaseError):  # InterfaceError too (a dropped connection)
-            connections[delivery.alias].close()  # a fresh connection for the next handler
+            _after_database_error(delivery.alias)
         logger.warning(
             "Handler %s failed on %s/%s@%s (attempt %s): %r", consumer.name, consumer.topic,
             delivery.partition_key, delivery.row.offset, delivery.attempt, exc,
@@ -197,6 +200,18 @@ def run(delivery: Delivery) -> Outcome:
                                 error=repr(exc)),
         )
         return Outcome(delivery, "fail", error=_error_text(exc))
+
+
+def _after_database_error(alias: str) -> None:
+    """A fresh connection for the next handler. Inside a transaction of the caller's
+    (``sqlqueue.testing`` runs each handler in a savepoint of the test's transaction) the
+    connection is not ours to close: the savepoint is rolled back instead, the way back to
+    a usable transaction (PostgreSQL refuses every statement after an error)."""
+    connection = connections[alias]
+    if connection.in_atomic_block:
+        transaction.set_rollback(True, using=alias)
+    else:
+        connection.close()
 
 
 def call_handler(handler: Callable[[Message], Any], message: Message) -> Any:
@@ -254,7 +269,7 @@ def _extend_visibility(delivery: Delivery, seconds: float) -> None:
     consumer = delivery.consumer
     connection = connections[delivery.alias]
     side = None
-    if connection.in_atomic_block:
+    if connection.in_atomic_block and delivery.own_connection:
         # Inside an atomic handler the change would only be seen at its commit: write it
         # on a connection of its own so that it takes effect now.
         side = connections.create_connection(delivery.alias)

@@ -384,5 +384,10 @@ class Runner(HandOff, Pacing, ServerWatch):
         for subscriber in self.subscribers:
             self.stats.update({f"{subscriber.consumer.name}:{k}": v
                                for k, v in subscriber.stats.items()})
+        self._close_connection()
+
+    def _close_connection(self) -> None:
+        """The runner's own connection goes with it (sqlqueue.testing's runner, on the
+        caller's connection, keeps it open)."""
         connections[self.alias].close()
 

@@ -135,6 +135,12 @@ class Subscriber(Delivering, Watermarks):
         self._discovered_at_head = head()
         self._next_discovery = now + max(MIN_DISCOVERY_INTERVAL, took * DISCOVERY_COST_FACTOR)
 
+    def look_again_now(self) -> None:
+        """Look for new partitions at the next pass, however recently it looked: for a
+        caller that knows the log grew (sqlqueue.testing, after its handlers published),
+        rather than wait MIN_DISCOVERY_INTERVAL."""
+        self._next_discovery = 0.0
+
     def keep_leases(self, cursor: CursorWrapper) -> list[Delivery]:
         """The lease tick, when due: heartbeat, renew, rebalance; then start or stop
         working on the partitions gained or lost. Returns the queued deliveries of

@@ -66,6 +66,14 @@ def test_metadata_names_the_distribution_and_its_license(dist: Path) -> None:
     assert "](docs/" not in description and "](CHANGELOG" not in description
 
 
+def test_the_wheel_declares_the_pytest_plugin(dist: Path) -> None:
+    (wheel,) = dist.glob("django_sqlqueue-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (path,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
+        declared = archive.read(path).decode()
+    assert "[pytest11]\nsqlqueue = sqlqueue.testing.pytest_plugin" in declared
+
+
 def test_twine_accepts_both(dist: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "twine", "check", "--strict",
                              *map(str, sorted(dist.iterdir()))], capture_output=True, text=True)

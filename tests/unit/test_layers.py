@@ -26,6 +26,10 @@ FORBIDDEN = {
     "sqlqueue.operations": ("sqlqueue.admin", "sqlqueue.management"),
     # Commands act through sqlqueue.operations (runconsumer runs the engine itself).
     "sqlqueue.management": ("sqlqueue.models", "sqlqueue.storage"),
+    # The testing toolkit sits on top of the engine and the models: only tests import it
+    # (test_nothing_of_the_package_imports_the_testing_toolkit).
+    "sqlqueue.testing": ("sqlqueue.admin", "sqlqueue.management", "sqlqueue.operations",
+                         "sqlqueue.scheduling"),
     # Wake-ups sit below both sides: the publisher rings, the runner listens.
     "sqlqueue.wakeups": ("sqlqueue.models", "sqlqueue.publishing", "sqlqueue.consuming",
                          "sqlqueue.scheduling", "sqlqueue.operations", "sqlqueue.admin",
@@ -69,3 +73,12 @@ def test_the_check_sees_an_import() -> None:
     # The scanner itself: a real import of the runner is found where it is.
     assert "sqlqueue.consuming.runner" in imports(
         PACKAGE / "management" / "commands" / "runconsumer.py")
+
+
+def test_nothing_of_the_package_imports_the_testing_toolkit() -> None:
+    # sqlqueue.testing is for users' tests; runconsumer only names it in its refusal.
+    wrong = [f"{module_name(path)} imports {imported}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             if not inside(module_name(path), "sqlqueue.testing")
+             for imported in sorted(imports(path)) if inside(imported, "sqlqueue.testing")]
+    assert wrong == []

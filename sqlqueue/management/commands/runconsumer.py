@@ -78,6 +78,25 @@ def _python_entry() -> list[str]:
     return [sys.executable, "-m", "django"]
 
 
+def refuse_inside_a_transaction() -> None:
+    """A consumer started inside an open transaction (a ``django.test.TestCase``, an
+    ``atomic()`` block around ``call_command``) would hand messages to handler threads on
+    other connections, which wait on that transaction's locks or never see its rows:
+    refuse at once, before any statement, and say what to use instead. Only connections
+    already open are looked at (nothing connects; no setting is read: a bad one is the
+    system checks' to report)."""
+    for connection in connections.all(initialized_only=True):
+        in_transaction = connection.in_atomic_block or (
+            connection.connection is not None and not connection.autocommit)
+        if in_transaction:
+            raise CommandError(
+                f"runconsumer cannot run inside an open transaction on database "
+                f"{connection.alias!r} (a django.test.TestCase, or transaction.atomic() "
+                "around call_command): its handler threads would wait on that "
+                "transaction's locks. In tests, use sqlqueue.testing.run_consumers(), which "
+                "runs the consumers inside it (docs/guides/testing.md of django-sqlqueue).")
+
+
 class Command(BaseCommand):
     help = (
         "Run the registered sqlqueue consumers (all, or those selected with --group and "
@@ -157,6 +176,7 @@ class Command(BaseCommand):
                 time.sleep(delay)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        refuse_inside_a_transaction()
         if options.get("_run_checks", True):
             self._checks_when_reachable()
         if options["processes"] is not None:

@@ -1,0 +1,167 @@
+"""``run_consumers``' runner: ``runconsumer``'s ``Runner``, with its handlers run in this
+thread, on this thread's connection, inside the caller's transaction.
+
+A ``django.test.TestCase`` holds every row it wrote in one uncommitted transaction: a
+handler on another thread (another connection) would wait on its locks, or not see its
+rows. So nothing here starts a thread or opens a connection: each pass of the runner
+(fetch, mark delivered, record outcomes: the code ``runconsumer`` runs, in savepoints of
+the caller's transaction) is followed by the handlers of what it handed out, each in a
+savepoint of its own, and the next pass records their outcomes. The run ends when nothing
+is deliverable now: read to the end of the log, nothing due, nothing in flight. A retry
+waiting on its backoff, or a message scheduled for later, ends it too (``advance_clock``
+makes them due).
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections, transaction
+
+from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming import handlers
+from sqlqueue.consuming.handlers import Outcome
+from sqlqueue.consuming.registry import Consumer
+from sqlqueue.consuming.runner import Runner, default_name
+from sqlqueue.exceptions import SqlqueueError
+from sqlqueue.storage.sql import dialect_for
+from sqlqueue.testing.clock import moved_database_clock
+
+#: A run that has not settled after this long is waiting on something no test controls
+#: (partitions leased by a real ``runconsumer``, a consumer's rate limit), or never ends
+#: (handlers publishing for each other): it stops with an error rather than hanging the
+#: test suite.
+SETTLE_TIMEOUT = 30.0
+
+_runs = itertools.count(1)
+
+
+class _NoCollection:
+    """Garbage collection is not run inside a test: acked messages and task results stay
+    readable to the test's assertions."""
+
+    def collect(self, cursor: Any, force: bool = False) -> int:
+        return 0
+
+
+class InlineRunner(Runner):
+    def __init__(self, consumers: Sequence[Consumer], conf: QueueSettings,
+                 max_messages: int | None = None) -> None:
+        super().__init__(consumers, conf=conf, threads=1, until_empty=True,
+                         max_messages=max_messages,
+                         name=f"{default_name()}-test-{next(_runs)}",
+                         clock=moved_database_clock(conf.DATABASE))
+        self.collector = _NoCollection()  # type: ignore[assignment]
+
+    @property
+    def handled(self) -> int:
+        """Deliveries handed to a handler so far."""
+        return self._dispatched
+
+    # -- the run --------------------------------------------------------------------------
+    def run_here(self) -> None:
+        """Pass, run what was handed out, pass again (recording it), until settled; then
+        record the last outcomes, move the watermarks and release the leases, as a
+        ``runconsumer`` that exits does."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        try:
+            while True:
+                if time.monotonic() > deadline:
+                    raise SqlqueueError(self._not_settled())
+                delay = self.run_once()
+                if self._run_handed_out():
+                    # The handlers may have published to partitions not seen yet.
+                    for subscriber in self.subscribers:
+                        subscriber.look_again_now()
+                    continue  # the next pass records their outcomes
+                if self._has_outcomes():
+                    continue
+                if delay is None or self.reached_max_messages or self._settled():
+                    return
+                self._wakeup.wait(delay)
+                self._wakeup.clear()
+        finally:
+            self._shutdown()
+
+    def _run_handed_out(self) -> int:
+        """Run the handlers of every delivery the last pass handed out, best first (the
+        handler threads' order); their outcomes wait for the next pass."""
+        ran = 0
+        while True:
+            try:
+                _, delivery = self._work.get_nowait()
+            except queue.Empty:
+                return ran
+            if delivery is None:
+                continue
+            if not delivery.start():
+                if delivery.refused:  # the partition's lease is no longer trusted
+                    self._done.put(Outcome(delivery, "not_started"))
+                continue
+            delivery.own_connection = False  # extend_visibility() writes on this one
+            try:
+                outcome = self._handle_in_savepoint(delivery)
+            except BaseException:
+                # KeyboardInterrupt, SystemExit (handlers.run turns every Exception into
+                # an outcome): no outcome will come back for the shutdown to wait for.
+                self._in_flight -= 1
+                raise
+            delivery.finish()
+            self._done.put(outcome)
+            ran += 1
+
+    def _handle_in_savepoint(self, delivery: handlers.Delivery) -> Outcome:
+        """One handler call; inside the caller's transaction, in a savepoint of it: a
+        database error in the handler rolls back to it (``handlers`` marks it), and the
+        caller's transaction stays usable. A handler that raises anything else keeps its
+        writes, as it would under ``runconsumer`` (where they committed as it went).
+        Outside a transaction (a ``TransactionTestCase``) it runs as under
+        ``runconsumer``: its writes commit as it goes (on SQLite a transaction around it
+        would hold the write lock that its writes through another alias wait for)."""
+        if not connections[delivery.alias].in_atomic_block:
+            return handlers.run(delivery)
+        with transaction.atomic(using=delivery.alias):
+            return handlers.run(delivery)
+
+    def _has_outcomes(self) -> bool:
+        return self._in_flight > 0 or bool(self._unrecorded) or not self._done.empty()
+
+    def _settled(self) -> bool:
+        """Nothing deliverable now: every (unpaused) subscription has read its partitions
+        to the log's head, and none has a message due."""
+        connection = connections[self.alias]
+        with connection.cursor() as cursor:
+            head = self._head(dialect_for(connection), cursor)
+        now_ms = self.clock.now_ms()
+        for subscriber in self.subscribers:
+            if self._paused(subscriber):
+                continue
+            if not subscriber.caught_up(lambda: head):
+                return False
+            batch, ordered = subscriber.options.batch_size, subscriber.consumer.ordered
+            if any(state.ready(now_ms, batch, ordered)
+                   for key, state in subscriber.partitions.items()
+                   if subscriber.leases.holds(key)):
+                return False
+        return True
+
+    def _not_settled(self) -> str:
+        names = ", ".join(s.consumer.name for s in self.subscribers)
+        return (f"run_consumers() did not settle within {SETTLE_TIMEOUT:g}s ({names}): "
+                "their partitions may be leased by a running 'manage.py runconsumer', a "
+                "consumer's rate_limit may hold the messages back, or handlers keep "
+                "publishing messages for each other.")
+
+    # -- what differs from runconsumer --------------------------------------------------------
+    def start_handler_threads(self) -> None:
+        """No threads: ``_run_handed_out`` runs the handlers on this one."""
+
+    def _bound_lock_waits(self, connection: Any, cursor: Any) -> None:
+        """The connection is the caller's: its session settings stay as they are."""
+
+    def _close_connection(self) -> None:
+        """The connection is the caller's (and holds the test's transaction)."""

@@ -1,0 +1,37 @@
+"""The example project's own tests, which use sqlqueue.testing (issue 38), pass: with
+Django's test runner (manage.py test) and with pytest and sqlqueue's fixtures. On a SQLite
+file of their own (Django tests it in memory); the toolkit's tests cover every database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'shop.sqlite3'}",
+           "DJANGO_SETTINGS_MODULE": "example_project.settings",
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=300, check=False)
+
+
+def test_the_shop_tests_pass_under_djangos_runner(tmp_path: Path) -> None:
+    result = run(["manage.py", "test", "example_project.shop", "--noinput"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Ran 6 tests" in result.stderr
+
+
+def test_the_shop_tests_pass_under_pytest(tmp_path: Path) -> None:
+    installed = any(e.name == "sqlqueue" for e in entry_points(group="pytest11"))
+    plugin = [] if installed else ["-p", "sqlqueue.testing.pytest_plugin"]
+    result = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin,
+                  "--ds=example_project.settings", "example_project/shop/pytest_examples.py"],
+                 tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout
