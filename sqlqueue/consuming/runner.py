@@ -67,6 +67,9 @@ def default_name() -> str:
 
 
 class Runner(HandOff, Pacing, ServerWatch):
+    #: how long a graceful exit waits for the write horizon (``_advance_before_exit``)
+    exit_settle_seconds = EXIT_SETTLE_SECONDS
+
     def __init__(
         self,
         consumers: Sequence[Consumer],
@@ -338,7 +341,7 @@ class Runner(HandOff, Pacing, ServerWatch):
         for up to EXIT_SETTLE_SECONDS. Where it cannot (a publisher's transaction still
         open, or no view of open transactions: MAX_TRANSACTION_AGE), the rest is left
         for the partitions' next holder, as the late-commit rule requires (SPEC I4)."""
-        deadline = time.monotonic() + EXIT_SETTLE_SECONDS
+        deadline = time.monotonic() + self.exit_settle_seconds
         waiting = list(self.subscribers)
         while True:
             for subscriber in waiting:
