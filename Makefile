@@ -83,9 +83,13 @@ topologies: bootstrap
 		tests/acceptance/test_async_failover.py tests/acceptance/test_semisync.py \
 		tests/acceptance/test_galera.py $(PYTEST_ARGS)
 
-# Long fault run, not part of `make test` (docs/guides/operations.md); needs MariaDB.
+# Long fault run with its history checked, not part of `make test`
+# (docs/guides/operations.md): on a database server of its own (SOAK_DATABASE=mariadb or
+# postgresql), restarted half-way; never the shared one.
 soak: bootstrap
-	$(PY) -m bench.soak --minutes $(or $(SOAK_MINUTES),2) --messages $(or $(SOAK_MESSAGES),20000) --kills $(or $(SOAK_KILLS),5)
+	$(PY) -m bench.soak --database $(or $(SOAK_DATABASE),mariadb) --minutes $(or $(SOAK_MINUTES),2) \
+		--messages $(or $(SOAK_MESSAGES),20000) --kills $(or $(SOAK_KILLS),5) \
+		--pauses $(or $(SOAK_PAUSES),1) $(SOAK_ARGS)
 
 # The benchmark suite with the peers side by side (bench/README.md); needs MariaDB,
 # PostgreSQL and Redis. Results in bench/results/ (results.md, results.json, plots).

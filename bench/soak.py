@@ -47,7 +47,7 @@ PAUSE_TRIES = 60
 
 
 def log(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+    print(f"[{time.strftime('%H:%M:%S', time.gmtime())}] {text}", flush=True)
 
 
 def now_ms() -> float:
