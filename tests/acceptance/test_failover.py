@@ -85,3 +85,58 @@ def publish_on(port: int, name: str, message_id: str) -> int:
     code = ("from sqlqueue import send_message; print(send_message("
             f"'accept.failover', {{}}, partition_key='p', id={message_id!r}).offset)")
     return int(manage(f"mysql://root@127.0.0.1:{port}/{name}", "shell", "-c", code).split()[-1])
+
+
+def test_an_atomic_handler_never_acks_on_the_server_it_was_not_delivered_by(
+        processes: list, mysql_only: None, tmp_path: Path) -> None:
+    """A7 of the wave-3 report (SPEC I16): two messages of one partition delivered on the
+    old server, the second queued behind the first (one handler thread). The address
+    moves to the promoted replica, which never had them: the first handler's connection
+    is cut, and the second starts on a fresh connection, which reaches the replica while
+    the runner's own thread is still in its reconnect backoff. Before the fix its
+    transaction committed the ack there, and the new message that reuses its offset on
+    the replica was treated as handled and never delivered. Now the handler's transaction
+    finds another server than the delivery's and rolls back, its own write too."""
+    if not can_start_mariadb():
+        pytest.skip("needs mariadbd and mariadb-install-db, as root")
+    name = connection.settings_dict["NAME"]
+    journal = tmp_path / "journal"
+    topic = "accept.failover.atomic"
+    with own_mariadb(tmp_path / "replica") as replica:
+        migrated(replica, name)
+        proxy = Forwarder(int(connection.settings_dict["PORT"] or 3306))
+        try:
+            worker = runconsumer(
+                "--group", "failover-atomic", "--threads", "1",
+                settings={"VISIBILITY_TIMEOUT": 30, "POLL_INTERVAL": 0.05},
+                env={"DATABASE_URL": f"mysql://root@127.0.0.1:{proxy.port}/{name}",
+                     "SQLQUEUE_TEST_JOURNAL": str(journal)})
+            processes.append(worker)
+            first = send_message(topic, {"busy": 30}, partition_key="p", id="b-1")
+            queued = send_message(topic, {}, partition_key="p", id="b-2")
+            wait_for(lambda: journal_has(journal, f"start b-1 {first.offset}"),
+                     what="the first handler on the old server")
+            # The replica never saw b-1 and b-2: it hands their offsets out again.
+            replica.sql(f"ALTER TABLE queue_messages AUTO_INCREMENT = {first.offset}", name)
+            proxy.switch(replica.port)
+            wait_for(lambda: journal_has(journal, f"end b-2 {queued.offset}"),
+                     what="the queued delivery to run on a connection to the replica")
+            time.sleep(1.0)  # its transaction commits (before the fix) or rolls back
+            reused = [publish_atomic_on(replica.port, name, f"c-{n}") for n in (1, 2)]
+            assert reused == [first.offset, queued.offset]  # the offsets are reused
+            wait_for(lambda: journal_has(journal, f"end c-2 {queued.offset}"), timeout=30,
+                     what="the new message at b-2's offset")
+            calls = replica.sql("SELECT message_id FROM testapp_handlercall "
+                                "ORDER BY message_id", name).split()
+            assert "b-2" not in calls, calls  # rolled back with its ack
+        finally:
+            proxy.close()
+    worker.terminate()
+    _, err = worker.communicate(timeout=60)
+    assert "was delivered by the database server" in err, err
+
+
+def publish_atomic_on(port: int, name: str, message_id: str) -> int:
+    code = ("from sqlqueue import send_message; print(send_message("
+            f"'accept.failover.atomic', {{}}, partition_key='p', id={message_id!r}).offset)")
+    return int(manage(f"mysql://root@127.0.0.1:{port}/{name}", "shell", "-c", code).split()[-1])

@@ -62,6 +62,27 @@ def outlive_the_connection(message: sqlqueue.Message) -> None:
             pid=os.getpid(), at=time.monotonic())
     with open(path, "a") as journal:
         journal.write(f"end {message.id} {message.offset}\n")
+
+
+@sqlqueue.consumer("accept.failover.atomic", group="failover-atomic", atomic=True)
+def atomic_across_a_failover(message: sqlqueue.Message) -> None:
+    """An atomic handler (SPEC I13) that works in the database for ``busy`` seconds (a
+    statement every 20 ms: a cut connection fails it at once), then records its call in
+    its own transaction. Journals to SQLQUEUE_TEST_JOURNAL's file as the one above."""
+    from django.db import connection
+
+    instructions = message.payload if isinstance(message.payload, dict) else {}
+    path = os.environ["SQLQUEUE_TEST_JOURNAL"]
+    with open(path, "a") as file:
+        file.write(f"start {message.id} {message.offset}\n")
+    deadline = time.monotonic() + float(instructions.get("busy", 0))
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        time.sleep(0.02)
+    journal(message, "finished")
+    with open(path, "a") as file:
+        file.write(f"end {message.id} {message.offset}\n")
 # -- async def handlers (issue 13): awaited on an event loop, the async ORM inside -------
 
 async def ajournal(message: sqlqueue.Message, event: str) -> None:
