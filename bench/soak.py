@@ -390,6 +390,9 @@ def main() -> None:
     parser.add_argument("--json", help="also write the report here")
     parser.add_argument("--check", help="only check the history in this file")
     args = parser.parse_args()
+    # SIGTERM unwinds like ^C: the subscribers and the soak's own server are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(
+        KeyboardInterrupt()))
     if args.check:
         sys.exit(check_file(Path(args.check)))
     if args.url:
@@ -404,16 +407,27 @@ def soak(args: argparse.Namespace, server: object | None, url: str) -> int:
     log(f"seed {seed} (--seed {seed} runs the same choices again); database {url}")
     rng = random.Random(seed)
     setup_soak(url)
+    from tests.history.model import History
+
+    history = new_history(seed)
+    assert isinstance(history, History)
+    subscribers = Subscribers(args.subscribers, url, history, random.Random(rng.random()))
+    try:
+        return run_faults_and_check(args, server, history, subscribers, rng, seed)
+    finally:
+        subscribers.stop()
+
+
+def run_faults_and_check(args: argparse.Namespace, server: object | None, history: object,
+                         subscribers: Subscribers, rng: random.Random, seed: int) -> int:
     from django.db import DatabaseError, connection
 
     from tests.history.checker import check, report
     from tests.history.model import Fault, History
     from tests.history.workload import final_state, undone
 
-    history = new_history(seed)
     assert isinstance(history, History)
     seconds = args.minutes * 60
-    subscribers = Subscribers(args.subscribers, url, history, random.Random(rng.random()))
     producer = Producer(history, random.Random(rng.random()), args.messages, seconds * 0.8,
                         args.late)
     producing = threading.Thread(target=producer.run, daemon=True)

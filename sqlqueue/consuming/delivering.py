@@ -214,7 +214,8 @@ class Delivering(SubscriberPart):
                                 lease_valid=self._lease_check(state.partition_key,
                                                               state.generation),
                                 on_extend=self._hold(entry), generation=state.generation,
-                                expired=self._expiry_check(entry, entry.attempt))
+                                expired=self._expiry_check(state.partition_key,
+                                                           entry.offset, entry.attempt))
             if entry.attempt > self.options.max_attempts:
                 # Attempts were charged but never reported (a worker died mid-handler, or
                 # gave up past the visibility timeout): the retry budget is spent.
@@ -291,12 +292,22 @@ class Delivering(SubscriberPart):
 
         return hold
 
-    def _expiry_check(self, entry: Entry, attempt: int) -> Callable[[], bool]:
+    def _expiry_check(self, partition: str, offset: int, attempt: int) -> Callable[[], bool]:
         """On a handler thread, about to start: has the delivery's visibility timeout run
         out (as the main thread keeps it: stamped again while queued, extended by the
-        handler), or was the message delivered again since, or finished? The clock's
-        estimate, never a query."""
+        handler), or was the message delivered again since, or finished? Looked up in
+        the current view (rebuilt after a lost lock wait); the clock's estimate, never a
+        query. A partition or entry not read back yet is not judged here: the lease
+        check is."""
         def expired() -> bool:
+            state = self.partitions.get(partition)
+            if state is None:
+                return False
+            if offset <= state.watermark:
+                return True  # done, and the watermark passed it
+            entry = state.entries.get(offset)
+            if entry is None:
+                return False
             return (entry.done or entry.attempt != attempt
                     or PartitionState.overdue(entry, self.hold_clock()))
 
