@@ -17,6 +17,12 @@ MIN_PRIORITY, MAX_PRIORITY = 0, 255
 #: what is accepted stays far below every stack's limit.
 MAX_JSON_DEPTH = 100
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+#: Longest text (error, traceback, reason) stored for an outcome: its start and its end
+#: are kept, which say where it failed and why.
+MAX_STORED_TEXT_CHARS = 64 * 1024
+#: What no database column takes: PostgreSQL text and jsonb refuse NUL, and no UTF-8
+#: encoder takes a lone surrogate.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
@@ -73,3 +79,29 @@ def escape_controls(text: str) -> str:
     if text.isascii() and text.isprintable():
         return text
     return "".join(f"\\x{ord(ch):02x}" if _is_control(ch) else ch for ch in text)
+
+
+def storable_text(value: object, max_chars: int = MAX_STORED_TEXT_CHARS) -> str:
+    """``value`` as text every database stores (SPEC I15): NUL and lone surrogates
+    replaced by U+FFFD, at most ``max_chars`` characters (the start and the end kept).
+    Never raises: a value whose ``str()`` raises is described by its type."""
+    if type(value) is not str:
+        try:
+            value = str(value)
+        except Exception:  # a hostile __str__, a RecursionError: still an outcome
+            return f"<{_type_name(value)} whose str() failed>"
+    text = str.__str__(value)
+    if len(text) > max_chars:
+        marker = "\n[... truncated ...]\n"
+        half = (max_chars - len(marker)) // 2
+        text = text[:half] + marker + text[len(text) - half:]
+    if text.isascii() and "\x00" not in text:
+        return text
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _type_name(value: object) -> str:
+    try:
+        return type(value).__qualname__
+    except Exception:
+        return "object"

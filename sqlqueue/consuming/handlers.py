@@ -19,6 +19,7 @@ from django.db import connections, transaction
 from sqlqueue import events, tracing
 from sqlqueue.consuming.message import Message, Reject, Retry
 from sqlqueue.consuming.outcomes import ack
+from sqlqueue.naming import storable_text
 from sqlqueue.storage.sql import dialect_for
 from sqlqueue.storage.sql.base import FetchedRow
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("sqlqueue.consumer")
 
-MAX_ERROR_CHARS = 64 * 1024  # keep tracebacks readable and rows small
 OutcomeKind = Literal["ack", "acked", "retry", "fail", "reject", "not_started"]
 
 
@@ -119,12 +119,13 @@ class Outcome:
 
 
 def published_id(row: FetchedRow) -> str:
-    """The id the message was published with: a replayed dead letter keeps its own."""
+    """The id the message was published with: a replayed dead letter keeps its own. A
+    detail this cannot read (written by another program) leaves the row's id."""
     if row.failure_detail:
         try:
             replay_of = json.loads(row.failure_detail).get("replay_of") or {}
             return str(replay_of.get("id", row.id))
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, TypeError, RecursionError):
             pass
     return row.id
 
@@ -163,17 +164,18 @@ def run(delivery: Delivery) -> Outcome:
     except Retry as retry:
         return Outcome(delivery, "retry", error=_error_text(retry), delay=retry.delay)
     except Reject as reject:
-        return Outcome(delivery, "reject", error=reject.reason)
+        return Outcome(delivery, "reject", error=storable_text(reject.reason))
     except Exception as exc:
         if isinstance(exc, AnyDatabaseError):  # InterfaceError too (a dropped connection)
             connections[delivery.alias].close()  # a fresh connection for the next handler
+        described = _described(exc)
         logger.warning(
-            "Handler %s failed on %s/%s@%s (attempt %s): %r", consumer.name, consumer.topic,
-            delivery.partition_key, delivery.row.offset, delivery.attempt, exc,
+            "Handler %s failed on %s/%s@%s (attempt %s): %s", consumer.name, consumer.topic,
+            delivery.partition_key, delivery.row.offset, delivery.attempt, described,
             extra=events.fields(events.HANDLER_FAILED, group=consumer.group,
                                 topic=consumer.topic, partition=delivery.partition_key,
                                 offset=delivery.row.offset, attempt=delivery.attempt,
-                                error=repr(exc)),
+                                error=described),
         )
         return Outcome(delivery, "fail", error=_error_text(exc))
 
@@ -235,8 +237,25 @@ def _extend_visibility(delivery: Delivery, seconds: float) -> None:
 
 
 def _error_text(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception(exc))
-    if len(text) > MAX_ERROR_CHARS:
-        text = text[: MAX_ERROR_CHARS // 2] + "\n[... traceback truncated ...]\n" + text[
-            -MAX_ERROR_CHARS // 2 :]
-    return text
+    """The traceback to store: made safe and capped (``storable_text``, SPEC I15). An
+    exception that cannot even be formatted (a hostile ``__str__`` is handled by
+    ``traceback`` itself; a RecursionError on a deep chain is not) is named by its type."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:
+        text = f"{_type_path(exc)}: <the exception could not be formatted>"
+    return storable_text(text)
+
+
+def _described(exc: BaseException) -> str:
+    """``repr(exc)`` for a log line, never raising (a hostile ``__repr__``), capped."""
+    try:
+        text = repr(exc)
+    except Exception:
+        text = f"<{_type_path(exc)} whose repr() failed>"
+    return storable_text(text, max_chars=1000)
+
+
+def _type_path(exc: BaseException) -> str:
+    kind = type(exc)
+    return f"{kind.__module__}.{kind.__qualname__}"
