@@ -16,24 +16,40 @@ MIN_PRIORITY, MAX_PRIORITY = 0, 255
 #: shallow stack (the publisher's) but not in a deeper one (the admin's, a handler's), so
 #: what is accepted stays far below every stack's limit.
 MAX_JSON_DEPTH = 100
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+#: What changes the nesting or the in-string state: one character each, so scanning for
+#: them is linear in the text (a pattern for whole strings backtracks quadratically on
+#: an unterminated one made of escaped quotes).
+_JSON_STRUCTURE = re.compile(r'[\[\]{}"\\]')
 #: Longest text (error, traceback, reason) stored for an outcome: its start and its end
 #: are kept, which say where it failed and why.
 MAX_STORED_TEXT_CHARS = 64 * 1024
 #: What no database column takes: PostgreSQL text and jsonb refuse NUL, and no UTF-8
 #: encoder takes a lone surrogate.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 def json_depth(text: str) -> int:
-    """How deep lists and objects nest in the JSON ``text`` (0 for a scalar)."""
+    """How deep lists and objects nest in the JSON ``text`` (0 for a scalar), in one pass
+    over its brackets, quotes and backslashes (linear time whatever the text: brackets
+    inside strings do not count)."""
     depth = deepest = 0
-    for ch in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
-        if ch in "[{":
+    in_string = False
+    escaped_at = -1  # the position a backslash inside a string escapes
+    for match in _JSON_STRUCTURE.finditer(text):
+        position, ch = match.start(), match.group()
+        if in_string:
+            if position == escaped_at:
+                continue
+            if ch == "\\":
+                escaped_at = position + 1
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
             depth += 1
             deepest = max(deepest, depth)
-        else:
+        elif ch in "]}":
             depth -= 1
     return deepest
 
