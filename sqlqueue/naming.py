@@ -121,3 +121,28 @@ def _type_name(value: object) -> str:
         return type(value).__qualname__
     except Exception:
         return "object"
+
+
+#: Query parameters of a URL that carry a secret (Redis takes ``?password=``).
+_SECRET_PARAMETERS = ("password", "passwd", "pass", "token", "secret", "key")
+
+
+def redacted_url(url: str) -> str:
+    """``url`` fit for a log line or an error: the password (in the authority or in the
+    query) replaced by ``***``; the scheme, user, host, port, path (Redis's database) and
+    other parameters kept. Read by hand rather than by ``urlsplit``: a password holding
+    an unencoded ``/``, ``?`` or ``#`` would end the authority early and be shown as
+    the path. Everything up to the last ``@`` is credentials; showing less is safe."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return "<a URL>" if "@" in url or "password" in url.lower() else url
+    if "@" in rest:
+        userinfo, _, rest = rest.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        rest = (f"{user}:***@" if colon and user else "***@") + rest
+    location, question, query = rest.partition("?")
+    if question:
+        query = "&".join(
+            f"{key}=***" if key.lower() in _SECRET_PARAMETERS else pair
+            for pair in query.split("&") for key in [pair.partition("=")[0]])
+    return f"{scheme}://{location}{question}{query}"
