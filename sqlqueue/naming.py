@@ -4,6 +4,7 @@ publishing API and the Spark executors, which must not import Django, share it."
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any
 
 MAX_NAME_BYTES = 255  # VARCHAR(255) columns of the RFC schema
@@ -64,7 +65,10 @@ def check_json_depth(kind: str, text: str) -> str:
 
 def check_name(kind: str, value: Any, max_bytes: int = MAX_NAME_BYTES) -> str:
     """A non-empty str of printable characters, at most ``max_bytes`` in UTF-8; raises
-    ValueError naming the problem."""
+    ValueError naming the problem. Refused: control characters, and the invisible ones
+    that reorder or hide text on a terminal or a web page (format characters such as the
+    bidirectional overrides U+202A-202E and U+2066-2069 and the zero-width U+200B-200F,
+    and the line and paragraph separators U+2028/2029)."""
     if not isinstance(value, str):
         raise ValueError(f"{kind} must be a string, not {type(value).__name__}.")
     if not value:
@@ -72,9 +76,14 @@ def check_name(kind: str, value: Any, max_bytes: int = MAX_NAME_BYTES) -> str:
     if value.isascii() and value.isprintable():
         size = len(value)  # the common case, checked in C: one byte per character
     else:
-        bad = next((ch for ch in value if ord(ch) < 32 or 127 <= ord(ch) < 160), None)
+        bad = next((ch for ch in value if _is_control(ch)), None)
         if bad is not None:
             raise ValueError(f"{kind} {value[:50]!r} contains the control character {bad!r}.")
+        bad = next((ch for ch in value if _is_invisible(ch)), None)
+        if bad is not None:
+            raise ValueError(f"{kind} {value[:50]!r} contains the invisible character "
+                             f"U+{ord(bad):04X} ({unicodedata.name(bad, 'unnamed')}), "
+                             "which can reorder or hide text where it is shown.")
         try:
             size = len(value.encode("utf-8"))
         except UnicodeEncodeError:
@@ -88,13 +97,34 @@ def _is_control(ch: str) -> bool:
     return ord(ch) < 32 or 127 <= ord(ch) < 160
 
 
+#: Unicode categories shown escaped and refused in names: format characters (Cf: the
+#: bidirectional overrides and isolates, zero-width spaces and joiners, U+061C, U+FEFF)
+#: and the line and paragraph separators (Zl, Zp).
+_INVISIBLE_CATEGORIES = frozenset({"Cf", "Zl", "Zp"})
+
+
+def _is_invisible(ch: str) -> bool:
+    return ord(ch) >= 0xA0 and unicodedata.category(ch) in _INVISIBLE_CATEGORIES
+
+
 def escape_controls(text: str) -> str:
     """``text`` for a terminal: every control character (C0, DEL, C1: escape sequences
     that move the cursor, clear the screen or rewrite earlier lines) written as a
-    ``\\xNN`` escape, so stored text cannot forge or hide a command's output."""
+    ``\\xNN`` escape, and every invisible one (bidirectional overrides, zero-width and
+    other format characters, line and paragraph separators: they reorder or hide what is
+    shown) as ``\\uNNNN``, so stored text cannot forge or hide a command's output. Its
+    output is left unchanged by a second pass."""
     if text.isascii() and text.isprintable():
         return text
-    return "".join(f"\\x{ord(ch):02x}" if _is_control(ch) else ch for ch in text)
+    return "".join(_escaped(ch) for ch in text)
+
+
+def _escaped(ch: str) -> str:
+    if _is_control(ch):
+        return f"\\x{ord(ch):02x}"
+    if _is_invisible(ch):
+        return f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}"
+    return ch
 
 
 def storable_text(value: object, max_chars: int = MAX_STORED_TEXT_CHARS) -> str:

@@ -23,6 +23,7 @@ from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.consuming.server import RECONNECT_BACKOFF
 from sqlqueue.exceptions import ConfigurationError
+from sqlqueue.management.queue_verbs.common import InertOutput
 from sqlqueue.naming import check_name
 from sqlqueue.operations.preflight import ensure_ready
 from sqlqueue.scheduling import configured_schedules
@@ -157,6 +158,7 @@ class Command(BaseCommand):
                 time.sleep(delay)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        self.stdout, self.stderr = InertOutput(self.stdout), InertOutput(self.stderr)
         if options.get("_run_checks", True):
             self._checks_when_reachable()
         if options["processes"] is not None:
