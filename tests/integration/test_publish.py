@@ -524,7 +524,7 @@ def test_a_message_larger_than_the_servers_packet_is_refused_before_it_is_sent(
     settings.SQLQUEUE = {"MAX_PAYLOAD_BYTES": packet // 2}
     with pytest.raises(InvalidMessage, match="max_allowed_packet"):
         send_message("big", quotes, metadata={"k": quotes})
-    with pytest.raises(InvalidMessage, match="message 1: .*max_allowed_packet"):
+    with pytest.raises(InvalidMessage, match=r"message 1: .*max_allowed_packet"):
         send_messages("big", [OutgoingMessage(1), OutgoingMessage(quotes,
                                                                   metadata={"k": quotes})])
     assert send_message("big", "still connected").created
