@@ -337,3 +337,15 @@ def test_a_postgresql_chunk_rolled_back_by_a_deadlock_is_copied_again(
         [("a", "9"), ("b", "2")], [("a", "9"), ("b", "2")]]
     assert db.copies[1][0][2] == b"{}"  # payloads go in as bytes (bytea)
     assert (publisher.report.sent, publisher.report.inserted) == (2, 2)
+
+
+def test_only_shortened_topic_directories_hold_the_mark() -> None:
+    """N7: a ``~`` of a topic is escaped, so a full directory is never a shortened one."""
+    from sqlqueue.integrations.spark.archive_layout import is_shortened, topic_directory
+
+    long_topic = "t" * 251
+    for topic in ("a~b", "~", topic_directory(long_topic)[len("topic="):], "x" * 100):
+        assert not is_shortened(topic_directory(topic)) or len(topic.encode()) > 240
+        assert topic_directory(topic) != topic_directory(long_topic)
+    assert topic_directory("a~b") == "topic=a%7Eb"
+    assert is_shortened(topic_directory(long_topic))
