@@ -20,8 +20,9 @@ Layout (Hive-style partitions, readable by ``spark.read.parquet``)::
 A directory name never exceeds 255 bytes (NAME_MAX): ``topic=<topic>`` that would is cut
 and ends in ``~`` and 16 hex digits of the topic's SHA-256, and ``_topics.json`` maps it
 back to the topic (a ``~`` of a topic is escaped, so no two topics share a directory; each
-Parquet file names its topic in its key-value metadata too). Topics are archived one after the other, each in batches of its own;
-a topic whose files cannot be written is reported and skipped, and the others go on.
+Parquet file names its topic in its key-value metadata too). Topics are archived one
+after the other, each in batches of its own; a topic whose files cannot be written is
+reported and skipped, and the others go on.
 
 ``date`` is the UTC day the message was stored (deliveries: the day of the ack). Delivery
 state is there when the project keeps it (SQLQUEUE['KEEP_DELIVERY_STATE']).
