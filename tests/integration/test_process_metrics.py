@@ -90,3 +90,23 @@ def test_two_processes_each_serve_their_own_counters() -> None:
     finally:
         for process in processes:
             stop(process)
+
+
+@pytest.mark.parametrize(("arguments", "address"), [
+    ([], "127.0.0.1"),  # N8: this host only unless told otherwise
+    (["--metrics-host", "0.0.0.0"], "0.0.0.0"),
+    (["--metrics-address", "10.0.0.5"], "10.0.0.5"),  # the older spelling
+])
+def test_metrics_listen_on_this_host_only_by_default(
+        arguments: list[str], address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlqueue.metrics
+    from sqlqueue.management.commands.runconsumer import Command
+
+    served: list[tuple[int, str]] = []
+    monkeypatch.setattr(sqlqueue.metrics, "start_http_server",
+                        lambda port, addr, registry: served.append((port, addr)))
+    command = Command()
+    options = vars(command.create_parser("manage.py", "runconsumer").parse_args(
+        ["--metrics-port", "9101", *arguments]))
+    assert command._instruments(options) is not None
+    assert served == [(9101, address)]
