@@ -529,3 +529,21 @@ def test_a_message_larger_than_the_servers_packet_is_refused_before_it_is_sent(
                                                                   metadata={"k": quotes})])
     assert send_message("big", "still connected").created
     assert [m["payload"] for m in stored_messages("big")] == ["still connected"]
+
+
+HOSTILE_TEXT = ["x'); DROP TABLE queue_messages; --", "\\", "\\'", '"', "%s", "%(x)s", "`", "$1"]
+
+
+def test_hostile_names_and_values_are_stored_as_data() -> None:
+    """SECURITY.md, "No SQL injection": quotes, backslashes, placeholders and statement
+    text in names, payloads and metadata are stored and read back as they are."""
+    for n, text in enumerate(HOSTILE_TEXT):
+        send_message(f"t{text}", text, partition_key=text, id=f"{n}{text}",
+                     metadata={text: text})
+    send_messages("batch", [OutgoingMessage(t, partition_key=t, id=t, metadata={t: t})
+                            for t in HOSTILE_TEXT])
+    rows = stored_messages()
+    assert [(r["topic"], r["partition_key"], r["payload"], r["metadata"]) for r in rows] == [
+        *((f"t{t}", t, t, {t: t}) for t in HOSTILE_TEXT),
+        *(("batch", t, t, {t: t}) for t in HOSTILE_TEXT),
+    ]
