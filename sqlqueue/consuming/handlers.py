@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("sqlqueue.consumer")
 
+#: the longest ``Retry(delay=...)`` honoured (a year; ``inf`` means that): a delay the
+#: database's epoch-ms columns cannot hold would otherwise stop the runner
+MAX_RETRY_DELAY = 365 * 24 * 3600.0
 OutcomeKind = Literal["ack", "acked", "retry", "fail", "reject", "not_started"]
 
 
@@ -162,10 +165,11 @@ def run(delivery: Delivery) -> Outcome:
             call_handler(consumer.handler, message)
             return Outcome(delivery, "ack")
     except Retry as retry:
-        return Outcome(delivery, "retry", error=_error_text(retry), delay=retry.delay)
+        return Outcome(delivery, "retry", error=_error_text(retry), delay=_delay_of(retry))
     except Reject as reject:
-        return Outcome(delivery, "reject", error=storable_text(reject.reason))
-    except Exception as exc:
+        return Outcome(delivery, "reject",
+                       error=storable_text(getattr(reject, "reason", "rejected")))
+    except BaseException as exc:  # SystemExit, a custom BaseException: an outcome too
         if isinstance(exc, AnyDatabaseError):  # InterfaceError too (a dropped connection)
             connections[delivery.alias].close()  # a fresh connection for the next handler
         described = _described(exc)
@@ -234,6 +238,15 @@ def _extend_visibility(delivery: Delivery, seconds: float) -> None:
             f"Cannot extend the visibility of {consumer.topic}/{delivery.partition_key}"
             f"@{delivery.row.offset}: it is no longer in flight for {consumer.group!r}."
         )
+
+
+def _delay_of(retry: Retry) -> float | None:
+    """A ``Retry``'s delay, at most ``MAX_RETRY_DELAY`` (``inf`` included); None (the
+    consumer's backoff) if unusable: NaN, or whatever a subclass set."""
+    delay = getattr(retry, "delay", None)
+    if not isinstance(delay, int | float) or isinstance(delay, bool) or not delay >= 0:
+        return None
+    return float(min(delay, MAX_RETRY_DELAY))
 
 
 def _error_text(exc: BaseException) -> str:

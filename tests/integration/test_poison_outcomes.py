@@ -83,6 +83,16 @@ class StrRaises(Exception):
         raise RuntimeError("no repr either")
 
 
+class NotAnException(BaseException):
+    pass
+
+
+class NanRetry(sqlqueue.Retry):
+    def __init__(self) -> None:
+        super().__init__(reason="nan")
+        self.delay = float("nan")
+
+
 def _recurse(n: int) -> int:
     return _recurse(n + 1) + 1
 
@@ -117,6 +127,8 @@ HOSTILE_HANDLERS = {
     "reject-with-nul": (_raise(sqlqueue.Reject("no \x00 thanks")), "no \ufffd thanks"),
     "reject-not-a-str": (_raise(sqlqueue.Reject(b"\x00bytes" * 10)), "bytes"),  # type: ignore[arg-type]
     "reject-megabytes": (_raise(sqlqueue.Reject("\x00" * 3_000_000)), "[... truncated ...]"),
+    "system-exit": (_raise(SystemExit(3)), "SystemExit: 3"),
+    "a-base-exception": (_raise(NotAnException("\x00 raw")), "NotAnException: \ufffd raw"),
 }
 
 
@@ -150,6 +162,38 @@ def test_a_hostile_failure_neither_holds_the_partition_nor_stops_the_runner(
     assert len(dead.last_error) <= MAX_STORED_TEXT_CHARS
     assert dead.failure_detail["reason"] in ("max_attempts", "rejected")
     assert "never completed" not in dead.last_error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_with_an_unusable_delay_does_not_stop_the_runner(register: Any) -> None:
+    """``Retry(delay=inf)`` waits the longest delay honoured (a year), a NaN delay (set by
+    a subclass) the consumer's backoff; their reasons are stored made safe."""
+    from sqlqueue.consuming.registry import select_consumers
+    from sqlqueue.consuming.runner import Runner
+    from tests.integration.consuming_helpers import fast_settings
+
+    handled: list[int] = []
+
+    def handler(message: Message) -> None:
+        if message.payload == 0:
+            raise sqlqueue.Retry(delay=float("inf"), reason="forever \x00")
+        if message.payload == 1:
+            raise NanRetry()
+        handled.append(message.payload)
+
+    register("r", "g", handler, max_attempts=5)
+    sent = send_messages("r", [0, 1, 2])
+    runner = Runner(select_consumers(["g"]), max_messages=3, conf=fast_settings())
+    assert runner.run(install_signal_handlers=False) == 0
+    assert handled == [2]
+    states = {s.message_offset: s for s in DeliveryState.objects.filter(consumer_group="g")}
+    forever, nan = states[sent[0].offset], states[sent[1].offset]
+    with connection.cursor() as cursor:
+        now = dialect_for(connection).database_now_ms(cursor)
+    a_year = 365 * 24 * 3600  # the longest delay honoured (handlers.MAX_RETRY_DELAY)
+    assert forever.invisible_until > now + 1000 * (a_year - 3600)
+    assert "forever \ufffd" in forever.last_error and "\x00" not in forever.last_error
+    assert nan.invisible_until < now + 60_000 and "NanRetry" in nan.last_error
 
 
 @pytest.mark.django_db(transaction=True)
