@@ -110,3 +110,15 @@ def test_metrics_listen_on_this_host_only_by_default(
         ["--metrics-port", "9101", *arguments]))
     assert command._instruments(options) is not None
     assert served == [(9101, address)]
+
+
+def test_a_supervisor_passes_the_metrics_host_to_its_workers() -> None:
+    from sqlqueue.management.commands.runconsumer import Command
+
+    command = Command()
+    parser = command.create_parser("manage.py", "runconsumer")
+    options = vars(parser.parse_args(["--processes", "2", "--metrics-port", "9101"]))
+    worker = command._worker_command(options, slot=1, lifeline=3)
+    at = worker.index("runconsumer") + 1
+    parsed = vars(parser.parse_args(worker[at:]))
+    assert (parsed["metrics_port"], parsed["metrics_address"]) == (9102, "127.0.0.1")
