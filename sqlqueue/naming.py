@@ -127,6 +127,13 @@ def _escaped(ch: str) -> str:
     return ch
 
 
+def has_unstorable_text(text: str) -> bool:
+    """Whether ``text`` holds what no database stores as text: a NUL or a lone surrogate."""
+    if text.isascii():
+        return "\x00" in text
+    return _UNSTORABLE.search(text) is not None
+
+
 def storable_text(value: object, max_chars: int = MAX_STORED_TEXT_CHARS) -> str:
     """``value`` as text every database stores (SPEC I15): NUL and lone surrogates
     replaced by U+FFFD, at most ``max_chars`` characters (the start and the end kept).

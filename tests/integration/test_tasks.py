@@ -182,6 +182,16 @@ def test_reject_fails_at_once_and_a_bad_return_value_is_a_failure() -> None:
     assert "Unsupported type" in unsupported.errors[-1].traceback
 
 
+def test_a_return_value_no_database_stores_is_a_named_failure() -> None:
+    """I15 for tasks: a NUL in the return value fails the attempt with an error that says
+    so, alike on every database (PostgreSQL raised a bare DataError)."""
+    result = tasks.returns_text_with_a_nul.enqueue()
+    run_tasks()
+    failed = tasks.returns_text_with_a_nul.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert "contains a NUL (U+0000)" in failed.errors[-1].traceback
+
+
 def test_a_dead_lettered_task_can_be_replayed_and_then_succeed() -> None:
     result = tasks.needs_order.enqueue("ORD-1")
     run_tasks()

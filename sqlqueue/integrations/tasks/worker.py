@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import Error as AnyDatabaseError
@@ -46,6 +46,7 @@ from sqlqueue.integrations.tasks.results import (
     task_of,
     to_task_result,
 )
+from sqlqueue.naming import has_unstorable_text
 
 logger = logging.getLogger("sqlqueue.tasks")
 
@@ -123,10 +124,10 @@ class TaskWorker:
         if self.options.atomic:
             # The task's writes, its result and the ack commit together, or not at all.
             with transaction.atomic(using=self.database):
-                value = normalize_json(_call(task, result))
+                value = _storable_result(_call(task, result))
                 self._succeed(record, value, message)
             return
-        value = normalize_json(_call(task, result))
+        value = _storable_result(_call(task, result))
         with transaction.atomic(using=self.database):
             self._succeed(record, value, message)
 
@@ -182,6 +183,31 @@ class TaskWorker:
             message_offset=message.offset, args=envelope.args, kwargs=envelope.kwargs,
             enqueued_at=message.published_at, updated_at=timezone.now(),
         )
+
+
+def _storable_result(value: Any) -> Any:
+    """The task's return value as JSON to store; a ``ValueError`` (the attempt's failure,
+    named) for text no database stores (a NUL, a lone surrogate: PostgreSQL's jsonb
+    refused it with a bare DataError, and MariaDB stored it), on every database alike."""
+    value = normalize_json(value)
+    if any(has_unstorable_text(text) for text in _texts(value)):
+        raise ValueError("The task's return value contains a NUL (U+0000) or a lone "
+                         "surrogate, which cannot be stored as its result.")
+    return value
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """Every string in a JSON value, keys included (with a stack: no recursion)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _call(task: Task[Any, Any], result: TaskResult[Any, Any]) -> Any:
