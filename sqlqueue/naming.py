@@ -164,6 +164,20 @@ def _type_name(value: object) -> str:
 _SECRET_PARAMETERS = ("password", "passwd", "pass", "token", "secret", "key")
 
 
+def url_has_secret(url: str) -> bool:
+    """Whether ``url`` carries a password: in its authority (read as ``redacted_url``
+    reads it: up to the last ``@``) or as a secret query parameter."""
+    _, separator, rest = url.partition("://")
+    if not separator:
+        return False
+    userinfo = rest.rpartition("@")[0]
+    if ":" in userinfo:
+        return True
+    query = rest.rpartition("@")[2].partition("?")[2]
+    return any(pair.partition("=")[0].lower() in _SECRET_PARAMETERS
+               for pair in query.split("&"))
+
+
 def redacted_url(url: str) -> str:
     """``url`` fit for a log line or an error: the password (in the authority or in the
     query) replaced by ``***``; the scheme, user, host, port, path (Redis's database) and
