@@ -1,5 +1,7 @@
-"""The rule for names (topics, partition keys, ids, groups), without Django: the
-publishing API and the Spark executors, which must not import Django, share it."""
+"""The rule for names (topics, partition keys, ids, groups), and text made safe where it
+is stored (``storable_text``), shown (``escape_controls``) or logged (``redacted_url``),
+without Django: the publishing API, the consumer engine, the commands and the Spark
+executors, which must not import Django, share it."""
 
 from __future__ import annotations
 
