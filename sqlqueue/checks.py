@@ -213,13 +213,14 @@ def _check_mysql(connection: BaseDatabaseWrapper, conf: QueueSettings) -> list[C
             hint="Use READ COMMITTED, Django's default for MySQL.",
             id="sqlqueue.W101",
         ))
-    # A payload travels as an escaped literal: up to twice its size (all quotes).
-    if int(max_packet) < 2 * conf.MAX_PAYLOAD_BYTES + PACKET_MARGIN:
+    # A payload and its metadata (each up to MAX_PAYLOAD_BYTES) travel as escaped
+    # literals: each up to twice its size (all quotes).
+    if int(max_packet) < 4 * conf.MAX_PAYLOAD_BYTES + PACKET_MARGIN:
         messages.append(Warning(
             f"max_allowed_packet ({max_packet} bytes) is too small for "
             f"SQLQUEUE['MAX_PAYLOAD_BYTES'] ({conf.MAX_PAYLOAD_BYTES} bytes): a payload "
-            "travels escaped, up to twice its size, so the largest accepted payloads "
-            "could be refused by the server.",
+            "and its metadata, each up to that size, travel escaped, up to twice their "
+            "size, so the largest accepted messages could be refused by the server.",
             hint="Raise max_allowed_packet on the server or lower MAX_PAYLOAD_BYTES.",
             id="sqlqueue.W102",
         ))

@@ -22,6 +22,7 @@ from django.dispatch import receiver
 
 from sqlqueue.exceptions import ConfigurationError
 from sqlqueue.naming import MAX_NAME_BYTES as MAX_NAME_BYTES  # re-exported
+from sqlqueue.naming import redacted_url
 from sqlqueue.setting_converters import CONVERTERS, BadValue
 
 
@@ -150,9 +151,12 @@ def validate(
         try:
             values[key] = CONVERTERS[key](value)
         except BadValue as bad:
+            # A URL can carry a password: an error shows it redacted.
+            shown = redacted_url(value) if key.endswith("_URL") and isinstance(value, str) \
+                else value
             problems.append(Problem(
                 bad.check_id,
-                f"SQLQUEUE[{key!r}] {bad.reason}; got {value!r}.",
+                f"SQLQUEUE[{key!r}] {bad.reason}; got {shown!r}.",
                 f"The default is {default!r}.",
             ))
 

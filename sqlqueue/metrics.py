@@ -199,6 +199,7 @@ class ProcessMetrics(Instruments):
     def reconnected(self) -> None:
         self._reconnects.inc()
 
-    def serve(self, port: int, address: str = "") -> None:
-        """Serve this registry over HTTP on a daemon thread."""
-        start_http_server(port, addr=address or "0.0.0.0", registry=self.registry)
+    def serve(self, port: int, address: str = "127.0.0.1") -> None:
+        """Serve this registry over HTTP on a daemon thread, on ``address`` (this host
+        only by default: no authentication here; ``""`` or ``0.0.0.0``: every interface)."""
+        start_http_server(port, addr=address, registry=self.registry)

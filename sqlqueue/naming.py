@@ -1,9 +1,12 @@
-"""The rule for names (topics, partition keys, ids, groups), without Django: the
-publishing API and the Spark executors, which must not import Django, share it."""
+"""The rule for names (topics, partition keys, ids, groups), and text made safe where it
+is stored (``storable_text``), shown (``escape_controls``) or logged (``redacted_url``),
+without Django: the publishing API, the consumer engine, the commands and the Spark
+executors, which must not import Django, share it."""
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any
 
 MAX_NAME_BYTES = 255  # VARCHAR(255) columns of the RFC schema
@@ -16,18 +19,40 @@ MIN_PRIORITY, MAX_PRIORITY = 0, 255
 #: shallow stack (the publisher's) but not in a deeper one (the admin's, a handler's), so
 #: what is accepted stays far below every stack's limit.
 MAX_JSON_DEPTH = 100
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+#: What changes the nesting or the in-string state: one character each, so scanning for
+#: them is linear in the text (a pattern for whole strings backtracks quadratically on
+#: an unterminated one made of escaped quotes).
+_JSON_STRUCTURE = re.compile(r'[\[\]{}"\\]')
+#: Longest text (error, traceback, reason) stored for an outcome: its start and its end
+#: are kept, which say where it failed and why.
+MAX_STORED_TEXT_CHARS = 64 * 1024
+#: What no database column takes: PostgreSQL text and jsonb refuse NUL, and no UTF-8
+#: encoder takes a lone surrogate.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def json_depth(text: str) -> int:
-    """How deep lists and objects nest in the JSON ``text`` (0 for a scalar)."""
+    """How deep lists and objects nest in the JSON ``text`` (0 for a scalar), in one pass
+    over its brackets, quotes and backslashes (linear time whatever the text: brackets
+    inside strings do not count)."""
     depth = deepest = 0
-    for ch in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
-        if ch in "[{":
+    in_string = False
+    escaped_at = -1  # the position a backslash inside a string escapes
+    for match in _JSON_STRUCTURE.finditer(text):
+        position, ch = match.start(), match.group()
+        if in_string:
+            if position == escaped_at:
+                continue
+            if ch == "\\":
+                escaped_at = position + 1
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
             depth += 1
             deepest = max(deepest, depth)
-        else:
+        elif ch in "]}":
             depth -= 1
     return deepest
 
@@ -42,7 +67,10 @@ def check_json_depth(kind: str, text: str) -> str:
 
 def check_name(kind: str, value: Any, max_bytes: int = MAX_NAME_BYTES) -> str:
     """A non-empty str of printable characters, at most ``max_bytes`` in UTF-8; raises
-    ValueError naming the problem."""
+    ValueError naming the problem. Refused: control characters, and the invisible ones
+    that reorder or hide text on a terminal or a web page (format characters such as the
+    bidirectional overrides U+202A-202E and U+2066-2069 and the zero-width U+200B-200F,
+    and the line and paragraph separators U+2028/2029)."""
     if not isinstance(value, str):
         raise ValueError(f"{kind} must be a string, not {type(value).__name__}.")
     if not value:
@@ -50,9 +78,14 @@ def check_name(kind: str, value: Any, max_bytes: int = MAX_NAME_BYTES) -> str:
     if value.isascii() and value.isprintable():
         size = len(value)  # the common case, checked in C: one byte per character
     else:
-        bad = next((ch for ch in value if ord(ch) < 32 or 127 <= ord(ch) < 160), None)
+        bad = next((ch for ch in value if _is_control(ch)), None)
         if bad is not None:
             raise ValueError(f"{kind} {value[:50]!r} contains the control character {bad!r}.")
+        bad = next((ch for ch in value if _is_invisible(ch)), None)
+        if bad is not None:
+            raise ValueError(f"{kind} {value[:50]!r} contains the invisible character "
+                             f"U+{ord(bad):04X} ({unicodedata.name(bad, 'unnamed')}), "
+                             "which can reorder or hide text where it is shown.")
         try:
             size = len(value.encode("utf-8"))
         except UnicodeEncodeError:
@@ -66,10 +99,103 @@ def _is_control(ch: str) -> bool:
     return ord(ch) < 32 or 127 <= ord(ch) < 160
 
 
+#: Unicode categories shown escaped and refused in names: format characters (Cf: the
+#: bidirectional overrides and isolates, zero-width spaces and joiners, U+061C, U+FEFF)
+#: and the line and paragraph separators (Zl, Zp).
+_INVISIBLE_CATEGORIES = frozenset({"Cf", "Zl", "Zp"})
+
+
+def _is_invisible(ch: str) -> bool:
+    return ord(ch) >= 0xA0 and unicodedata.category(ch) in _INVISIBLE_CATEGORIES
+
+
 def escape_controls(text: str) -> str:
     """``text`` for a terminal: every control character (C0, DEL, C1: escape sequences
     that move the cursor, clear the screen or rewrite earlier lines) written as a
-    ``\\xNN`` escape, so stored text cannot forge or hide a command's output."""
+    ``\\xNN`` escape, and every invisible one (bidirectional overrides, zero-width and
+    other format characters, line and paragraph separators: they reorder or hide what is
+    shown) as ``\\uNNNN``, so stored text cannot forge or hide a command's output. Its
+    output is left unchanged by a second pass."""
     if text.isascii() and text.isprintable():
         return text
-    return "".join(f"\\x{ord(ch):02x}" if _is_control(ch) else ch for ch in text)
+    return "".join(_escaped(ch) for ch in text)
+
+
+def _escaped(ch: str) -> str:
+    if _is_control(ch):
+        return f"\\x{ord(ch):02x}"
+    if _is_invisible(ch):
+        return f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}"
+    return ch
+
+
+def has_unstorable_text(text: str) -> bool:
+    """Whether ``text`` holds what no database stores as text: a NUL or a lone surrogate."""
+    if text.isascii():
+        return "\x00" in text
+    return _UNSTORABLE.search(text) is not None
+
+
+def storable_text(value: object, max_chars: int = MAX_STORED_TEXT_CHARS) -> str:
+    """``value`` as text every database stores (SPEC I15): NUL and lone surrogates
+    replaced by U+FFFD, at most ``max_chars`` characters (the start and the end kept).
+    Never raises: a value whose ``str()`` raises is described by its type."""
+    if type(value) is not str:
+        try:
+            value = str(value)
+        except Exception:  # a hostile __str__, a RecursionError: still an outcome
+            return f"<{_type_name(value)} whose str() failed>"
+    text = str.__str__(value)
+    if len(text) > max_chars:
+        marker = "\n[... truncated ...]\n"
+        half = (max_chars - len(marker)) // 2
+        text = text[:half] + marker + text[len(text) - half:]
+    if text.isascii() and "\x00" not in text:
+        return text
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _type_name(value: object) -> str:
+    try:
+        return type(value).__qualname__
+    except Exception:
+        return "object"
+
+
+#: Query parameters of a URL that carry a secret (Redis takes ``?password=``).
+_SECRET_PARAMETERS = ("password", "passwd", "pass", "token", "secret", "key")
+
+
+def url_has_secret(url: str) -> bool:
+    """Whether ``url`` carries a password: in its authority (read as ``redacted_url``
+    reads it: up to the last ``@``) or as a secret query parameter."""
+    _, separator, rest = url.partition("://")
+    if not separator:
+        return False
+    userinfo = rest.rpartition("@")[0]
+    if ":" in userinfo:
+        return True
+    query = rest.rpartition("@")[2].partition("?")[2]
+    return any(pair.partition("=")[0].lower() in _SECRET_PARAMETERS
+               for pair in query.split("&"))
+
+
+def redacted_url(url: str) -> str:
+    """``url`` fit for a log line or an error: the password (in the authority or in the
+    query) replaced by ``***``; the scheme, user, host, port, path (Redis's database) and
+    other parameters kept. Read by hand rather than by ``urlsplit``: a password holding
+    an unencoded ``/``, ``?`` or ``#`` would end the authority early and be shown as
+    the path. Everything up to the last ``@`` is credentials; showing less is safe."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return "<a URL>" if "@" in url or "password" in url.lower() else url
+    if "@" in rest:
+        userinfo, _, rest = rest.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        rest = (f"{user}:***@" if colon and user else "***@") + rest
+    location, question, query = rest.partition("?")
+    if question:
+        query = "&".join(
+            f"{key}=***" if key.lower() in _SECRET_PARAMETERS else pair
+            for pair in query.split("&") for key in [pair.partition("=")[0]])
+    return f"{scheme}://{location}{question}{query}"

@@ -61,7 +61,11 @@ def consumer_span(topic: str, group: str, partition: str, offset: int, message_i
 @contextmanager
 def _span(topic: str, group: str, partition: str, offset: int, message_id: str,
           attempt: int, metadata: Mapping[str, str]) -> Iterator[Any]:
-    parent = propagate.extract(dict(metadata))
+    # Metadata is whatever the publisher wrote: its trace context is taken for
+    # correlation (parent and link), never its baggage, which would otherwise ride along
+    # on the handler's own outgoing calls as if this process had set it.
+    parent = propagate.extract({key: value for key, value in metadata.items()
+                                if key.lower() != "baggage"})
     sent = trace.get_current_span(parent).get_span_context()
     links = [trace.Link(sent)] if sent.is_valid else []
     tracer = trace.get_tracer(TRACER)

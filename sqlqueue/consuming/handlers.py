@@ -20,6 +20,7 @@ from sqlqueue import events, tracing
 from sqlqueue.consuming.message import Message, Reject, Retry
 from sqlqueue.consuming.outcomes import ack
 from sqlqueue.exceptions import SqlqueueError
+from sqlqueue.naming import storable_text
 from sqlqueue.storage.sql import dialect_for
 from sqlqueue.storage.sql.base import FetchedRow
 
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("sqlqueue.consumer")
 
-MAX_ERROR_CHARS = 64 * 1024  # keep tracebacks readable and rows small
+#: the longest ``Retry(delay=...)`` honoured (a year; ``inf`` means that): a delay the
+#: database's epoch-ms columns cannot hold would otherwise stop the runner
+MAX_RETRY_DELAY = 365 * 24 * 3600.0
 OutcomeKind = Literal["ack", "acked", "retry", "fail", "reject", "not_started"]
 
 
@@ -143,12 +146,13 @@ class Outcome:
 
 
 def published_id(row: FetchedRow) -> str:
-    """The id the message was published with: a replayed dead letter keeps its own."""
+    """The id the message was published with: a replayed dead letter keeps its own. A
+    detail this cannot read (written by another program) leaves the row's id."""
     if row.failure_detail:
         try:
             replay_of = json.loads(row.failure_detail).get("replay_of") or {}
             return str(replay_of.get("id", row.id))
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, TypeError, RecursionError):
             pass
     return row.id
 
@@ -185,19 +189,21 @@ def run(delivery: Delivery) -> Outcome:
             call_handler(consumer.handler, message)
             return Outcome(delivery, "ack")
     except Retry as retry:
-        return Outcome(delivery, "retry", error=_error_text(retry), delay=retry.delay)
+        return Outcome(delivery, "retry", error=_error_text(retry), delay=_delay_of(retry))
     except Reject as reject:
-        return Outcome(delivery, "reject", error=reject.reason)
-    except Exception as exc:
+        return Outcome(delivery, "reject",
+                       error=storable_text(getattr(reject, "reason", "rejected")))
+    except BaseException as exc:  # SystemExit, a custom BaseException: an outcome too
         if isinstance(exc, AnyDatabaseError):  # InterfaceError too (a dropped connection)
             _after_database_error(delivery.alias)
+        described = _described(exc)
         logger.warning(
-            "Handler %s failed on %s/%s@%s (attempt %s): %r", consumer.name, consumer.topic,
-            delivery.partition_key, delivery.row.offset, delivery.attempt, exc,
+            "Handler %s failed on %s/%s@%s (attempt %s): %s", consumer.name, consumer.topic,
+            delivery.partition_key, delivery.row.offset, delivery.attempt, described,
             extra=events.fields(events.HANDLER_FAILED, group=consumer.group,
                                 topic=consumer.topic, partition=delivery.partition_key,
                                 offset=delivery.row.offset, attempt=delivery.attempt,
-                                error=repr(exc)),
+                                error=described),
         )
         return Outcome(delivery, "fail", error=_error_text(exc))
 
@@ -292,9 +298,35 @@ def _extend_visibility(delivery: Delivery, seconds: float) -> None:
         )
 
 
+def _delay_of(retry: Retry) -> float | None:
+    """A ``Retry``'s delay, at most ``MAX_RETRY_DELAY`` (``inf`` included); None (the
+    consumer's backoff) if unusable: NaN, or whatever a subclass set."""
+    delay = getattr(retry, "delay", None)
+    if not isinstance(delay, int | float) or isinstance(delay, bool) or not delay >= 0:
+        return None
+    return float(min(delay, MAX_RETRY_DELAY))
+
+
 def _error_text(exc: BaseException) -> str:
-    text = "".join(traceback.format_exception(exc))
-    if len(text) > MAX_ERROR_CHARS:
-        text = text[: MAX_ERROR_CHARS // 2] + "\n[... traceback truncated ...]\n" + text[
-            -MAX_ERROR_CHARS // 2 :]
-    return text
+    """The traceback to store: made safe and capped (``storable_text``, SPEC I15). An
+    exception that cannot even be formatted (a hostile ``__str__`` is handled by
+    ``traceback`` itself; a RecursionError on a deep chain is not) is named by its type."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:
+        text = f"{_type_path(exc)}: <the exception could not be formatted>"
+    return storable_text(text)
+
+
+def _described(exc: BaseException) -> str:
+    """``repr(exc)`` for a log line, never raising (a hostile ``__repr__``), capped."""
+    try:
+        text = repr(exc)
+    except Exception:
+        text = f"<{_type_path(exc)} whose repr() failed>"
+    return storable_text(text, max_chars=1000)
+
+
+def _type_path(exc: BaseException) -> str:
+    kind = type(exc)
+    return f"{kind.__module__}.{kind.__qualname__}"

@@ -39,11 +39,11 @@ def _datetime(epoch_ms: int) -> datetime:
 
 
 def decode_payload(raw: bytes) -> Any:
-    """The JSON payload; bytes that are not UTF-8 JSON (a row written by another RFC
-    implementation) are handed over unchanged."""
+    """The JSON payload; bytes that are not UTF-8 JSON, or nest too deep to decode (a row
+    written by another RFC implementation), are handed over unchanged (SPEC I15)."""
     try:
         return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return raw
 
 

@@ -19,6 +19,7 @@ from django.db import connections
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.conf import MAX_NAME_BYTES
+from sqlqueue.naming import storable_text
 from sqlqueue.storage.sql import Dialect, dialect_for
 from sqlqueue.storage.sql.base import OutcomeWrite
 
@@ -44,12 +45,14 @@ class RetryAt:
 def write_acks(cursor: CursorWrapper, dialect: Dialect, group: str, topic: str,
                acks: Iterable[Ack], retries: Iterable[RetryAt] = ()) -> None:
     """Ack ``acks`` for ``group`` (an acked row stays acked), and schedule ``retries``
-    with them: one statement, none at all for nothing."""
+    with them: one statement, none at all for nothing. Error texts are stored made safe
+    (``storable_text``): whatever a handler raised, its outcome is written (SPEC I15)."""
     dialect.write_outcomes(cursor, group, topic, [
         *(OutcomeWrite(a.partition_key, a.offset, acked=True, invisible_until=0)
           for a in acks),
         *(OutcomeWrite(r.partition_key, r.offset, acked=False,
-                       invisible_until=r.invisible_until, last_error=r.error)
+                       invisible_until=r.invisible_until,
+                       last_error=storable_text(r.error))
           for r in retries),
     ])
 
@@ -82,12 +85,12 @@ def copy_to_dead_letters(cursor: CursorWrapper, dialect: Dialect, *, dead_letter
                          group: str, message_id: str, offset: int, attempts: int,
                          error: str, reason: str) -> None:
     """Copy a message into its dead-letter topic for ``group`` (the caller acks it, with
-    ``write_acks``, in the same transaction)."""
+    ``write_acks``, in the same transaction), with its error made safe to store."""
     dialect.insert_dead_letter(
         cursor, dead_letter_topic=dead_letter_topic,
         dead_letter_id=dead_letter_id(message_id, group), offset=offset, attempts=attempts,
-        last_error=error,
-        detail=json.dumps({"id": message_id, "offset": offset, "group": group,
+        last_error=storable_text(error),
+        detail=json.dumps({"id": storable_text(message_id), "offset": offset, "group": group,
                            "reason": reason}),
         group=group,
     )

@@ -116,6 +116,7 @@ def send_message(
     connection = _connection(using, conf, topic)
     dialect = dialect_for(connection)
     dialect.check_connection()  # a latin1 MySQL connection is refused before any write
+    _check_fits(dialect, row)
     if connection.in_atomic_block:
         return _store_one(connection, dialect, topic, row, conf)
     # Its own transaction: tried again if the database picks it as a deadlock victim,
@@ -211,6 +212,8 @@ def send_messages(
     connection = _connection(using, conf, topic)
     dialect = dialect_for(connection)
     dialect.check_connection()  # a latin1 MySQL connection is refused before any write
+    for index, row in enumerate(rows):
+        _check_fits(dialect, row, f"message {index}: ")
 
     first_of_key: dict[tuple[str, str], MessageRow] = {}
     for row in rows:
@@ -317,6 +320,25 @@ def _store_remembered_chunk(
             (*digests[key], offsets[key]) for key in created if key in digests
         ), window_ms)
     return {**absorbed, **offsets}, created
+
+
+def _check_fits(dialect: Dialect, row: MessageRow, where: str = "") -> None:
+    """Refuse, before anything is sent, a message whose statement the server would not
+    take (MySQL's ``max_allowed_packet``: the connection would be dropped mid-send with
+    "server has gone away"). Payload and metadata each count as escaped."""
+    limit = dialect.max_row_bytes()
+    if limit is None:
+        return
+    metadata = row.metadata or ""
+    if 2 * len(row.payload) + 8 * len(metadata) <= limit:
+        return  # fits even if every byte were escaped (the common case: no measuring)
+    size = dialect.literal_bytes(row.payload, row.metadata)
+    if size > limit:
+        raise InvalidMessage(
+            f"{where}the payload and metadata take {size} bytes as escaped literals; the "
+            f"database server takes statements of at most {limit} bytes for them "
+            "(max_allowed_packet, less the statement). Raise max_allowed_packet, or send "
+            "less.")
 
 
 def _chunks(rows: Sequence[MessageRow], dialect: Dialect) -> Iterable[Sequence[MessageRow]]:

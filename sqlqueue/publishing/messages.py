@@ -134,6 +134,11 @@ def encode_metadata(metadata: Any, conf: QueueSettings) -> str | None:
             raise InvalidMessage(
                 f"metadata values must be str; {key!r} is a {type(value).__name__}."
             )
+        if "\x00" in key or "\x00" in value:
+            # PostgreSQL's jsonb cannot hold one: refused on every database alike, before
+            # anything is sent (SPEC I15), rather than a DataError on one of them.
+            raise InvalidMessage(f"metadata {key[:50]!r} contains the NUL character "
+                                 "(U+0000), which databases cannot store as text.")
     if not metadata:
         return None  # the RFC stores NULL for an empty map
     try:

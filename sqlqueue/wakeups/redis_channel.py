@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from sqlqueue.naming import redacted_url
 from sqlqueue.wakeups.listener import STOP_CHECK, Listener
 
 logger = logging.getLogger("sqlqueue.wakeups")
@@ -63,7 +64,7 @@ class Publisher:
             self._failed(exc)
             return False
         if self._quiet_for:
-            logger.info("Redis wake-ups are published again (%s).", self.url)
+            logger.info("Redis wake-ups are published again (%s).", redacted_url(self.url))
             self._quiet_for = 0.0
         return True
 
@@ -78,7 +79,7 @@ class Publisher:
         if not self._quiet_for:
             logger.warning("Cannot publish wake-ups to Redis (%s): %s. Messages are still "
                            "published; runners find them by polling until Redis is back.",
-                           self.url, exc)
+                           redacted_url(self.url), exc)
         self._quiet_for = min(longest, 2 * self._quiet_for) if self._quiet_for else first
         self._quiet_until = time.monotonic() + self._quiet_for
 

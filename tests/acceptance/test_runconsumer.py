@@ -50,6 +50,30 @@ def test_retries_and_dead_letters_across_the_process(processes: list) -> None:
     assert "1 acked, 1 retried, 1 dead-lettered" in out
 
 
+def test_an_error_quoting_a_nul_from_the_payload_does_not_hold_the_partition(
+        processes: list) -> None:
+    """I15 (issue 36): the audit's reproduction as a real process. The handler's error
+    quotes the payload's NUL (PostgreSQL text cannot hold one): the ordered partition's
+    next message is still handled, the message is dead-lettered with its real error
+    after max_attempts, and the runner never reconnects."""
+    from sqlqueue.models import QueueMessage
+
+    sent = send_messages(TOPIC, [OutgoingMessage({"unknown_sku": "A\x00B"}, partition_key="k"),
+                                 OutgoingMessage({"n": 1}, partition_key="k")])
+    process = runconsumer("--group", "auditors", "--until-empty",
+                          settings={"MAX_ATTEMPTS": 2, "MIN_BACKOFF": 0.05, "MAX_BACKOFF": 0.1,
+                                    "POLL_INTERVAL": 0.05})
+    processes.append(process)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert "Database error" not in err and "reconnecting" not in err
+    assert finished("auditors") == [sent[1].offset]
+    assert "1 acked, 1 retried, 1 dead-lettered" in out
+    dead = QueueMessage.objects.get(topic=TOPIC + "_dlq")
+    assert "ValueError: unknown sku A\ufffdB" in dead.last_error
+    assert dead.failure_detail["reason"] == "max_attempts"
+
+
 def test_unknown_group_or_topic_is_a_clear_error(processes: list) -> None:
     process = runconsumer("--group", "nope", "--topic", "nothing.here")
     processes.append(process)

@@ -12,7 +12,7 @@ from django.core.management.base import SystemCheckError
 from django.db import connection
 
 from sqlqueue import ConfigurationError, send_message
-from sqlqueue.checks import check_database, check_settings
+from sqlqueue.checks import PACKET_MARGIN, check_database, check_settings
 from sqlqueue.migrations._collation import binary_collation
 from sqlqueue.storage.sql import dialect_for
 
@@ -168,3 +168,16 @@ def test_packet_that_cannot_hold_an_escaped_payload_warns(settings: Any,
         packet = int(cursor.fetchone()[0])
     settings.SQLQUEUE = {"MAX_PAYLOAD_BYTES": packet // 2}
     assert ids(check_database(databases=["default"])) == ["sqlqueue.W102"]
+
+
+def test_packet_that_cannot_hold_an_escaped_payload_and_metadata_warns(
+        settings: Any, session_variable: Any) -> None:
+    """N4: metadata has the same cap as the payload and travels escaped beside it; a
+    limit a payload alone fits in (the audit's 6 MiB on a 16 MiB server) warns."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        packet = int(cursor.fetchone()[0])
+    settings.SQLQUEUE = {"MAX_PAYLOAD_BYTES": (packet - PACKET_MARGIN) // 3}
+    assert ids(check_database(databases=["default"])) == ["sqlqueue.W102"]
+    settings.SQLQUEUE = {"MAX_PAYLOAD_BYTES": (packet - PACKET_MARGIN) // 4}
+    assert ids(check_database(databases=["default"])) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from io import StringIO
@@ -13,6 +14,7 @@ from django.core.management.base import CommandError
 
 import sqlqueue
 from sqlqueue import send_message
+from sqlqueue.exceptions import ConfigurationError
 from tests.acceptance.processes import ROOT, database_url
 from tests.integration.consuming_helpers import drain, register
 
@@ -55,3 +57,83 @@ def test_runconsumer_names_are_checked_like_topics(name: str, problem: str) -> N
              "PATH": "/usr/bin:/bin"})
     assert result.returncode == 2
     assert problem in result.stderr
+
+
+# -- F4/N5: bidirectional overrides and other invisible characters -------------------------
+#: Names as another program (or an older sqlqueue) may have stored them: a right-to-left
+#: override that shows "evil\u202etxt.exe" as "evilexe.txt", zero-width characters, a
+#: line separator, an isolate, and an escape sequence.
+EVIL = "evil\u202etxt.exe\u200b\u2066\u2028\x1b[2J"
+
+
+def _shown_raw(text: str) -> list[str]:
+    """The characters of ``text`` a terminal would act on rather than show."""
+    import unicodedata
+
+    return [ch for ch in text if (unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")
+                                  and ch != "\n")]
+
+
+def _store_hostile_names() -> None:
+    from sqlqueue.models import FlowControl, PartitionLease, PartitionOffset, QueueMessage
+
+    QueueMessage.objects.create(topic=EVIL, partition_key=EVIL, id=EVIL, payload=b"{}",
+                                metadata={EVIL: EVIL}, created_at=1, published_at=1)
+    QueueMessage.objects.create(topic=EVIL + "_dlq", partition_key=EVIL, id="d",
+                                payload=b"{}", created_at=1, published_at=1, failed_at=1,
+                                failure_count=1, last_error=EVIL, original_topic=EVIL,
+                                consumer_group=EVIL, failure_detail={"reason": EVIL})
+    PartitionOffset.objects.create(consumer_group=EVIL, topic=EVIL, partition_key=EVIL,
+                                   offset_acked=0, updated_at=1)
+    PartitionLease.objects.create(consumer_group=EVIL, topic=EVIL, partition_key=EVIL,
+                                  leased_by=EVIL, leased_at=1, lease_renewed_at=1)
+    FlowControl.objects.create(consumer_group=EVIL, topic=EVIL, paused_at=1, paused_by=EVIL)
+
+
+@pytest.mark.parametrize("verb", [
+    ["status"], ["status", "--partitions"], ["pauses"], ["dead-letters", "list"],
+    ["health"], ["schedules"],
+])
+def test_every_listing_escapes_invisible_and_control_characters(verb: list[str]) -> None:
+    _store_hostile_names()
+    out = StringIO()
+    with contextlib.suppress(SystemExit):  # health exits non-zero: its output matters
+        call_command("queue", *verb, stdout=out)
+    shown = out.getvalue()
+    assert _shown_raw(shown) == []
+    if verb[0] in ("status", "pauses"):
+        assert "evil\\u202etxt.exe\\u200b\\u2066\\u2028\\x1b[2J" in shown
+
+
+def test_errors_printed_by_the_command_line_are_escaped() -> None:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "queue", "retry-now", EVIL, EVIL],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={"DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": database_url(),
+             "PATH": "/usr/bin:/bin"})
+    assert result.returncode != 0
+    assert "evil" in result.stderr
+    assert _shown_raw(result.stderr) == []
+
+
+@pytest.mark.parametrize("name", ["evil\u202etxt", "a\u200bb", "a\u2028b", "x\u2066y",
+                                  "bom\ufeff"])
+def test_names_with_invisible_characters_are_refused(name: str, register: Any) -> None:
+    from sqlqueue.models import QueueMessage
+
+    for kwargs in ({"topic": name}, {"partition_key": name}, {"id": name}):
+        arguments = {"topic": "t", "payload": 1, **kwargs}
+        with pytest.raises(sqlqueue.InvalidMessage, match="invisible character U\\+"):
+            send_message(**arguments)
+    with pytest.raises(ConfigurationError, match="invisible character"):
+        register("t", name, lambda m: None)
+    with pytest.raises(ConfigurationError, match="invisible character"):
+        register(name, "g", lambda m: None)
+    assert not QueueMessage.objects.exists()
+    result = subprocess.run(
+        [sys.executable, "manage.py", "runconsumer", "--name", name, "--until-empty"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={"DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": database_url(),
+             "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert "invisible character" in result.stderr

@@ -90,3 +90,35 @@ def test_two_processes_each_serve_their_own_counters() -> None:
     finally:
         for process in processes:
             stop(process)
+
+
+@pytest.mark.parametrize(("arguments", "address"), [
+    ([], "127.0.0.1"),  # N8: this host only unless told otherwise
+    (["--metrics-host", "0.0.0.0"], "0.0.0.0"),
+    (["--metrics-address", "10.0.0.5"], "10.0.0.5"),  # the older spelling
+])
+def test_metrics_listen_on_this_host_only_by_default(
+        arguments: list[str], address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlqueue.metrics
+    from sqlqueue.management.commands.runconsumer import Command
+
+    served: list[tuple[int, str]] = []
+    monkeypatch.setattr(sqlqueue.metrics, "start_http_server",
+                        lambda port, addr, registry: served.append((port, addr)))
+    command = Command()
+    options = vars(command.create_parser("manage.py", "runconsumer").parse_args(
+        ["--metrics-port", "9101", *arguments]))
+    assert command._instruments(options) is not None
+    assert served == [(9101, address)]
+
+
+def test_a_supervisor_passes_the_metrics_host_to_its_workers() -> None:
+    from sqlqueue.management.commands.runconsumer import Command
+
+    command = Command()
+    parser = command.create_parser("manage.py", "runconsumer")
+    options = vars(parser.parse_args(["--processes", "2", "--metrics-port", "9101"]))
+    worker = command._worker_command(options, slot=1, lifeline=3)
+    at = worker.index("runconsumer") + 1
+    parsed = vars(parser.parse_args(worker[at:]))
+    assert (parsed["metrics_port"], parsed["metrics_address"]) == (9102, "127.0.0.1")

@@ -457,7 +457,8 @@ def test_the_character_set_is_read_once_per_connection() -> None:
     # PostgreSQL: a batch's wake-up is a pg_notify of its own (one message's is in its
     # INSERT).
     notify = 1 if connection.vendor == "postgresql" else 0
-    assert [q["sql"] for q in first][:extra] == ["SELECT @@character_set_connection"] * extra
+    assert [q["sql"] for q in first][:extra] == [
+        "SELECT @@character_set_connection, @@max_allowed_packet"] * extra
     assert len(first) == 1 + extra
     assert len(second) == 1 + notify, [q["sql"][:80] for q in second]
 
@@ -504,3 +505,45 @@ def test_a_deadlock_inside_the_callers_transaction_is_the_callers(
     with pytest.raises(OperationalError, match="deadlock victim"), transaction.atomic():
         send_message("t", {"n": 1}, partition_key="k")
     assert victim.calls == 1 and not stored_messages()
+
+
+def test_a_message_larger_than_the_servers_packet_is_refused_before_it_is_sent(
+        settings: Any) -> None:
+    """N4/F7: payload and metadata each within MAX_PAYLOAD_BYTES, but together, escaped,
+    larger than max_allowed_packet (the audit's 6 + 6 MiB of quotes on a 16 MiB server):
+    InvalidMessage before anything is sent, never "server has gone away"; the
+    connection stays usable and nothing is stored."""
+    if connection.vendor != "mysql":
+        pytest.skip("MySQL and MariaDB inline rows in one packet (max_allowed_packet)")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@max_allowed_packet")
+        packet = int(cursor.fetchone()[0])
+    if packet > 64 << 20:
+        pytest.skip(f"max_allowed_packet is {packet} bytes: too large to fill in a test")
+    quotes = '"' * (packet // 6)  # 2x as JSON, 4x escaped: payload + metadata > packet
+    settings.SQLQUEUE = {"MAX_PAYLOAD_BYTES": packet // 2}
+    with pytest.raises(InvalidMessage, match="max_allowed_packet"):
+        send_message("big", quotes, metadata={"k": quotes})
+    with pytest.raises(InvalidMessage, match=r"message 1: .*max_allowed_packet"):
+        send_messages("big", [OutgoingMessage(1), OutgoingMessage(quotes,
+                                                                  metadata={"k": quotes})])
+    assert send_message("big", "still connected").created
+    assert [m["payload"] for m in stored_messages("big")] == ["still connected"]
+
+
+HOSTILE_TEXT = ["x'); DROP TABLE queue_messages; --", "\\", "\\'", '"', "%s", "%(x)s", "`", "$1"]
+
+
+def test_hostile_names_and_values_are_stored_as_data() -> None:
+    """SECURITY.md, "No SQL injection": quotes, backslashes, placeholders and statement
+    text in names, payloads and metadata are stored and read back as they are."""
+    for n, text in enumerate(HOSTILE_TEXT):
+        send_message(f"t{text}", text, partition_key=text, id=f"{n}{text}",
+                     metadata={text: text})
+    send_messages("batch", [OutgoingMessage(t, partition_key=t, id=t, metadata={t: t})
+                            for t in HOSTILE_TEXT])
+    rows = stored_messages()
+    assert [(r["topic"], r["partition_key"], r["payload"], r["metadata"]) for r in rows] == [
+        *((f"t{t}", t, t, {t: t}) for t in HOSTILE_TEXT),
+        *(("batch", t, t, {t: t}) for t in HOSTILE_TEXT),
+    ]

@@ -182,6 +182,16 @@ def test_reject_fails_at_once_and_a_bad_return_value_is_a_failure() -> None:
     assert "Unsupported type" in unsupported.errors[-1].traceback
 
 
+def test_a_return_value_no_database_stores_is_a_named_failure() -> None:
+    """I15 for tasks: a NUL in the return value fails the attempt with an error that says
+    so, alike on every database (PostgreSQL raised a bare DataError)."""
+    result = tasks.returns_text_with_a_nul.enqueue()
+    run_tasks()
+    failed = tasks.returns_text_with_a_nul.get_result(result.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert "contains a NUL (U+0000)" in failed.errors[-1].traceback
+
+
 def test_a_dead_lettered_task_can_be_replayed_and_then_succeed() -> None:
     result = tasks.needs_order.enqueue("ORD-1")
     run_tasks()
@@ -326,9 +336,13 @@ def test_the_admin_shows_results_read_only_and_escaped() -> None:
 
 
 @pytest.mark.parametrize("path", ["tests.import_canary.run", "os.system",
-                                  "tests.testapp.models.Order"])
+                                  "tests.testapp.models.Order",
+                                  # inside an installed app, not imported yet (F3, issue 36)
+                                  "tests.testapp.import_canary.run"])
 def test_a_task_path_that_names_no_task_is_a_failure_without_an_import(path: str) -> None:
     import sys
+
+    assert "tests.testapp.import_canary" not in sys.modules
 
     from sqlqueue import send_message
     from sqlqueue.integrations.tasks.backend import SQLQueueBackend
@@ -344,6 +358,43 @@ def test_a_task_path_that_names_no_task_is_a_failure_without_an_import(path: str
     with pytest.raises(Exception, match="is not a task of an sqlqueue backend"):
         backend.get_result(sent.id)  # the web process refuses it too
     assert "tests.import_canary" not in sys.modules
+    assert "tests.testapp.import_canary" not in sys.modules
+
+
+def test_a_task_published_on_another_backends_topic_is_refused() -> None:
+    """F3: ``add`` is a task of backend "default"; published by hand on the ATOMIC,
+    ordered backend's topic, the strict worker refuses it rather than run it under
+    options it was not written for."""
+    from sqlqueue import send_message
+    from sqlqueue.integrations.tasks.backend import SQLQueueBackend
+
+    strict = task_backends["strict"]
+    assert isinstance(strict, SQLQueueBackend)
+    sent = send_message(strict.topic("default"),
+                        {"task": "tests.testapp.tasks.add", "args": [1, 2], "kwargs": {}})
+    run_tasks("strict-tasks")
+    record = TaskRecord.objects.get(pk=sent.id)
+    assert record.status == Status.FAILED and record.return_value is None
+    assert "is a task of backend 'default', not of 'strict'" in record.errors[-1]["traceback"]
+    assert QueueMessage.objects.filter(topic=strict.topic("default") + "_dlq").count() == 1
+
+
+def test_a_record_of_another_backend_is_not_run_by_this_worker() -> None:
+    """A message whose result row names another backend (its id forged to match)."""
+    from sqlqueue import send_message
+    from sqlqueue.integrations.tasks.backend import SQLQueueBackend
+
+    result = tasks.add.enqueue(1, 2)  # a row of backend "default"
+    strict = task_backends["strict"]
+    assert isinstance(strict, SQLQueueBackend)
+    send_message(strict.topic("default"),
+                 {"task": "tests.testapp.tasks.add", "args": [1, 2], "kwargs": {}},
+                 id=result.id)
+    run_tasks("strict-tasks")
+    record = TaskRecord.objects.get(pk=result.id)
+    assert record.status == Status.FAILED
+    assert "was enqueued on backend 'default', not on 'strict'" in (
+        record.errors[-1]["traceback"])
 
 
 def test_tasks_of_installed_apps_still_resolve_by_path() -> None:

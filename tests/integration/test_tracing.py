@@ -71,6 +71,33 @@ def test_a_callers_traceparent_is_kept(register: Any) -> None:
     assert seen == [{"traceparent": given}]
 
 
+def test_a_publishers_baggage_is_not_taken_into_the_handler(register: Any) -> None:
+    """N10: trace context in metadata is publisher-controlled; its trace ids correlate,
+    its baggage is dropped (it would ride along on the handler's outgoing calls)."""
+    from opentelemetry import baggage, propagate
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    seen: list[tuple[int, dict[str, object]]] = []
+
+    def handler(message: sqlqueue.Message) -> None:
+        seen.append((trace.get_current_span().get_span_context().trace_id,
+                     dict(baggage.get_all())))
+
+    register("t", "g", handler)
+    given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    previous = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator(
+        [TraceContextTextMapPropagator(), W3CBaggagePropagator()]))
+    try:
+        send_message("t", 1, metadata={"traceparent": given, "baggage": "role=admin"})
+        drain(["g"])
+    finally:
+        propagate.set_global_textmap(previous)
+    assert seen == [(0x0AF7651916CD43DD8448EB211C80319C, {})]
+
+
 def test_every_message_of_a_batch_carries_the_trace(register: Any) -> None:
     """send_messages reads the trace context once for the batch: every message gets it,
     and one that brings its own traceparent keeps it."""

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
@@ -17,7 +18,13 @@ from sqlqueue import OutgoingMessage, send_messages
 from sqlqueue.conf import get_settings
 from sqlqueue.consuming.gc import GarbageCollector
 from sqlqueue.integrations.spark import archive as archive_module
-from sqlqueue.integrations.spark.archive import ARCHIVE_GROUP, ArchiveError, archive, hive_escape
+from sqlqueue.integrations.spark.archive import (
+    ARCHIVE_GROUP,
+    TOPIC_METADATA_KEY,
+    ArchiveError,
+    archive,
+)
+from sqlqueue.integrations.spark.archive_layout import hive_escape, topic_directory
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 
 
@@ -194,6 +201,47 @@ def test_long_topics_get_bounded_directories_and_a_mapping(db_url: str,
     marks = PartitionOffset.objects.filter(consumer_group=ARCHIVE_GROUP)
     assert marks.count() == 4  # every topic's watermark moved
     assert archive(tmp_path).messages == 0
+
+
+def test_two_topics_never_share_an_archive_directory(db_url: str, tmp_path: Path) -> None:
+    """N7: the topic whose full directory name was another's shortened one (the audit's
+    ``b``) gets a directory of its own, ``~`` escaped; each file carries its topic."""
+    long_topic = "t" * 251
+    lookalike = topic_directory(long_topic)[len("topic="):]
+    assert topic_directory(lookalike) != topic_directory(long_topic)
+    for topic in (long_topic, lookalike):
+        offsets = publish(topic, 2, partitions=1)
+        set_watermark("billing", topic, "k0", offsets[-1])
+
+    result = archive(tmp_path)
+
+    assert result.messages == 4 and not result.failed
+    mapping = json.loads((tmp_path / "_topics.json").read_text())
+    # The lookalike, its ~ escaped, is too long too: shortened, with its own hash.
+    assert mapping == {topic_directory(t): t for t in (long_topic, lookalike)}
+    for topic in (long_topic, lookalike):
+        (path,) = (tmp_path / "messages" / topic_directory(topic)).rglob("*.parquet")
+        assert pq.read_schema(path).metadata[TOPIC_METADATA_KEY] == topic.encode()
+        table = ds.dataset(path, format="parquet").to_table()
+        assert sorted(table.column("id").to_pylist()) == [f"{topic}-{n}" for n in range(2)]
+
+
+def test_a_shortened_directory_another_topic_holds_is_refused(db_url: str,
+                                                            tmp_path: Path) -> None:
+    """Checked the other way too: a shortened directory ``_topics.json`` gives to another
+    topic, or that holds files no entry names, is never written into."""
+    long_topic = "t" * 251
+    directory = topic_directory(long_topic)
+    offsets = publish(long_topic, 2, partitions=1)
+    set_watermark("billing", long_topic, "k0", offsets[-1])
+    (tmp_path / "_topics.json").write_text(json.dumps({directory: "someone.else"}))
+    with pytest.raises(CommandError, match=r"is the archive of topic 'someone\.else'"):
+        call_command("queue", "archive", str(tmp_path), stdout=io.StringIO())
+    assert not (tmp_path / "messages" / directory).exists()
+    (tmp_path / "_topics.json").write_text("{}")
+    (tmp_path / "messages" / directory / "date=2026-01-01").mkdir(parents=True)
+    with pytest.raises(CommandError, match=r"holds files of a topic _topics\.json does not"):
+        call_command("queue", "archive", str(tmp_path), stdout=io.StringIO())
 
 
 def test_a_topic_that_cannot_be_written_does_not_hold_back_the_others(

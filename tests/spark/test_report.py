@@ -180,7 +180,10 @@ def test_the_command_line(spark: Any, db_url: str, tmp_path: Path,
 
 @pytest.mark.parametrize("argv", [["--url", "mysql://u:Sup3rSecretPW@127.0.0.1/db"],
                                   ["--url", "mysql://u:Sup3rSecretPW@127.0.0.1/db",
-                                   "--since", "7d"]])
+                                   "--since", "7d"],
+                                  # an unencoded / in the password (the audit's F8 residual)
+                                  ["--url", "mysql://u:Sup3rSecret/PW@127.0.0.1/db"],
+                                  ["--url", "postgres://127.0.0.1/db?password=Sup3rSecret"]])
 def test_a_password_on_the_command_line_is_refused(
         argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """F8 of the security audit: argv is public (ps); the url comes from the environment

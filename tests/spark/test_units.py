@@ -337,3 +337,32 @@ def test_a_postgresql_chunk_rolled_back_by_a_deadlock_is_copied_again(
         [("a", "9"), ("b", "2")], [("a", "9"), ("b", "2")]]
     assert db.copies[1][0][2] == b"{}"  # payloads go in as bytes (bytea)
     assert (publisher.report.sent, publisher.report.inserted) == (2, 2)
+
+
+def test_only_shortened_topic_directories_hold_the_mark() -> None:
+    """N7: a ``~`` of a topic is escaped, so a full directory is never a shortened one."""
+    from sqlqueue.integrations.spark.archive_layout import is_shortened, topic_directory
+
+    long_topic = "t" * 251
+    for topic in ("a~b", "~", topic_directory(long_topic)[len("topic="):], "x" * 100):
+        assert not is_shortened(topic_directory(topic)) or len(topic.encode()) > 240
+        assert topic_directory(topic) != topic_directory(long_topic)
+    assert topic_directory("a~b") == "topic=a%7Eb"
+    assert is_shortened(topic_directory(long_topic))
+
+
+def test_the_writer_refuses_a_hostile_deep_string_payload_in_linear_time() -> None:
+    """N2: the audit's row (deep, then an unterminated string of escaped quotes) is
+    refused by the Spark writer's payload check at once (hours with the old pattern;
+    the bound is generous, not a benchmark)."""
+    import time
+
+    from sqlqueue.integrations.spark.rows import encode_metadata, encode_payload
+
+    hostile = "[" * 101 + '"' + '\\"' * (512 * 1024)  # 1 MiB
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="more than 100 deep"):
+        encode_payload(hostile, 2 << 20)
+    assert time.monotonic() - started < 10
+    with pytest.raises(ValueError, match="NUL character"):
+        encode_metadata({"k": "a\x00b"}, 1 << 20)

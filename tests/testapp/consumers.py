@@ -1,7 +1,8 @@
 """Consumers for the acceptance tests, which run them in ``runconsumer`` subprocesses.
 
 Each handler journals its calls in ``HandlerCall`` and obeys instructions in the payload:
-``{"sleep": seconds, "fail_times": n, "reject": true}``.
+``{"sleep": seconds, "fail_times": n, "reject": true, "unknown_sku": text}`` (the last
+raises ``ValueError`` quoting the payload's text, as a handler's lookup would).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def obey(message: sqlqueue.Message) -> None:
     time.sleep(float(instructions.get("sleep", 0)))
     if instructions.get("reject"):
         raise sqlqueue.Reject("the payload asked for it")
+    if "unknown_sku" in instructions:
+        raise ValueError(f"unknown sku {instructions['unknown_sku']}")
     if message.attempt <= int(instructions.get("fail_times", 0)):
         raise RuntimeError(f"failing attempt {message.attempt} on purpose")
     journal(message, "finished")

@@ -69,6 +69,11 @@ def rejects() -> None:
 
 
 @task
+def returns_text_with_a_nul() -> str:
+    return "a\x00b"  # PostgreSQL's jsonb cannot hold it (issue 36)
+
+
+@task
 def returns_a_set() -> Any:
     return {1, 2}  # not JSON
 

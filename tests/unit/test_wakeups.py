@@ -149,6 +149,58 @@ def test_a_redis_publisher_that_cannot_connect_logs_once_and_stays_quiet(caplog:
     assert caplog.text.count("Cannot publish wake-ups to Redis") == 1
 
 
+class _FakeRedis:
+    """A Redis client that fails while ``down`` and publishes otherwise."""
+
+    def __init__(self) -> None:
+        self.down = True
+
+    def pipeline(self, transaction: bool) -> Any:
+        if self.down:
+            raise ConnectionError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
+        return self
+
+    def publish(self, channel: str, message: str) -> None:
+        pass
+
+    def execute(self) -> None:
+        pass
+
+
+def test_the_redis_password_never_reaches_the_log(caplog: Any) -> None:
+    """N3: the WARNING when Redis is unreachable and the INFO when it is back show the
+    URL with its password masked (in the authority and in the query)."""
+    publisher = Publisher("redis://:Sup3rRedisPW@127.0.0.1:6390/0?password=Qu3ryPW&db=0")
+    fake = publisher._client = _FakeRedis()
+    with caplog.at_level(logging.INFO, "sqlqueue.wakeups"):
+        assert publisher.publish(["t"]) is False
+        fake.down = False
+        publisher._quiet_until = 0.0
+        assert publisher.publish(["t"]) is True
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO]
+    assert "Sup3rRedisPW" not in caplog.text and "Qu3ryPW" not in caplog.text
+    assert "redis://***@127.0.0.1:6390/0?password=***&db=0" in caplog.text
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://:pw@h:6379/0", "redis://***@h:6379/0"),
+    ("redis://user:pw@h/1", "redis://user:***@h/1"),
+    ("redis://u:p/w?x#y@h/0", "redis://u:***@h/0"),  # unencoded / ? # in the password
+    ("unix:///run/r.sock?db=1&password=pw", "unix:///run/r.sock?db=1&password=***"),
+    ("rediss://cache:6380", "rediss://cache:6380"),
+])
+def test_redacted_urls_keep_everything_but_the_secret(url: str, shown: str) -> None:
+    from sqlqueue.naming import redacted_url
+
+    assert redacted_url(url) == shown
+
+
+def test_a_refused_redis_url_is_shown_without_its_password() -> None:
+    _, problems = validate({"WAKEUP_REDIS_URL": "http://:Sup3rRedisPW@cache:6379"}, ALIASES)
+    assert [p.id for p in problems] == ["sqlqueue.E008"]
+    assert "Sup3rRedisPW" not in problems[0].msg and "http://***@cache:6379" in problems[0].msg
+
+
 # -- settings ------------------------------------------------------------------------------
 def _ids(raw: dict[str, Any]) -> list[str]:
     return [p.id for p in validate(raw, ALIASES)[1]]

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 # Re-exported: AGGREGATES and Window are imported from here (tests, sqlqueue.spark).
 from sqlqueue.integrations.spark.analytics_aggregates import AGGREGATES as AGGREGATES
@@ -52,6 +51,7 @@ from sqlqueue.integrations.spark.analytics_aggregates import (
 )
 from sqlqueue.integrations.spark.analytics_inputs import Window as Window
 from sqlqueue.integrations.spark.analytics_inputs import archive_inputs, live_inputs
+from sqlqueue.naming import url_has_secret
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -153,7 +153,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--master", help="Spark master when not run by spark-submit "
                                          "(default local[*])")
     arguments = parser.parse_args(argv)
-    if arguments.url is not None and urlsplit(arguments.url).password:
+    if arguments.url is not None and url_has_secret(arguments.url):
         parser.error("--url carries a password, which every user of this machine can read "
                      "in the process list: set DATABASE_URL or use --url-file instead")
     if arguments.url_file is not None:

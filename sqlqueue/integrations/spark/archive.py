@@ -19,8 +19,10 @@ Layout (Hive-style partitions, readable by ``spark.read.parquet``)::
 
 A directory name never exceeds 255 bytes (NAME_MAX): ``topic=<topic>`` that would is cut
 and ends in ``~`` and 16 hex digits of the topic's SHA-256, and ``_topics.json`` maps it
-back to the topic. Topics are archived one after the other, each in batches of its own;
-a topic whose files cannot be written is reported and skipped, and the others go on.
+back to the topic (a ``~`` of a topic is escaped, so no two topics share a directory; each
+Parquet file names its topic in its key-value metadata too). Topics are archived one
+after the other, each in batches of its own; a topic whose files cannot be written is
+reported and skipped, and the others go on.
 
 ``date`` is the UTC day the message was stored (deliveries: the day of the ack). Delivery
 state is there when the project keeps it (SQLQUEUE['KEEP_DELIVERY_STATE']).
@@ -54,7 +56,7 @@ from sqlqueue.integrations.spark.archive_layout import (
     STAGING,
     STATE_FILE,
     TOPICS_FILE,
-    hive_escape,
+    is_shortened,
     topic_directory,
     write_json,
 )
@@ -70,6 +72,10 @@ STATE_COLUMNS = TABLES["delivery_state"].columns
 MESSAGE_NAMES = [c.name for c in MESSAGE_COLUMNS]
 CREATED_AT = MESSAGE_NAMES.index("created_at")
 ACKED_AT = [c.name for c in STATE_COLUMNS].index("acked_at")
+
+
+#: the Parquet files' key-value metadata entry holding their topic
+TOPIC_METADATA_KEY = b"sqlqueue.topic"
 
 
 class ArchiveError(Exception):
@@ -283,6 +289,10 @@ class Archiver:
         files = []
         for (topic, day), chunk in sorted(groups.items()):
             table = pa.Table.from_batches([record_batch(chunk, columns)]).drop_columns(["topic"])
+            # The directory names the topic for Spark's reader; the file names it too, so
+            # that a file read on its own (or moved) still says whose it is.
+            table = table.replace_schema_metadata(
+                {**(table.schema.metadata or {}), TOPIC_METADATA_KEY: topic.encode("utf-8")})
             relative = Path(dataset) / topic_directory(topic) / f"date={day}"
             name = f"part-{batch}.parquet"
             (staging / relative).mkdir(parents=True, exist_ok=True)
@@ -292,13 +302,24 @@ class Archiver:
         return files
 
     def _record_directories(self, topics: set[str]) -> None:
-        """Add the shortened topic directories of ``topics`` to ``_topics.json``."""
-        shortened = {topic_directory(t): t for t in topics
-                     if topic_directory(t) != f"topic={hive_escape(t)}"}
+        """Add the shortened topic directories of ``topics`` to ``_topics.json``, checked
+        both ways: a directory that ``_topics.json`` gives to another topic, or that holds
+        files no entry names (another topic's, from an older version that did not escape
+        ``~``), is refused (the topic is skipped and held), never shared."""
+        shortened = {topic_directory(t): t for t in topics if is_shortened(topic_directory(t))}
         if not shortened:
             return
         path = self.directory / TOPICS_FILE
         known = json.loads(path.read_text()) if path.exists() else {}
+        for directory, topic in shortened.items():
+            owner = known.get(directory)
+            if owner is None and any((self.directory / dataset / directory).exists()
+                                     for dataset in ("messages", "deliveries")):
+                raise _TopicFailed(f"its directory {directory!r} holds files of a topic "
+                                   f"{TOPICS_FILE} does not name")
+            if owner is not None and owner != topic:
+                raise _TopicFailed(f"its directory {directory!r} is the archive of topic "
+                                   f"{owner[:80]!r}")
         if not shortened.items() <= known.items():
             write_json(path, {**known, **shortened})
 

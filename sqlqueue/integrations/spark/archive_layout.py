@@ -28,10 +28,16 @@ def hive_escape(value: str) -> str:
                    for ch in value)
 
 
+#: ends a shortened topic directory, before its hash: escaped in every topic (``%7E``, which
+#: Spark unescapes), so that no topic's full directory is another's shortened one
+SHORTENED_MARK = "~"
+
+
 def topic_directory(topic: str) -> str:
     """``topic=<escaped topic>``, or, past ``MAX_DIRECTORY_BYTES``, its start (never half
-    of an escape or of a character) plus ``~`` and a hash of the whole topic."""
-    name = f"topic={hive_escape(topic)}"
+    of an escape or of a character) plus ``~`` and a hash of the whole topic. A ``~`` of
+    the topic is escaped too: only shortened directories hold one."""
+    name = f"topic={hive_escape(topic).replace(SHORTENED_MARK, '%7E')}"
     if len(name.encode("utf-8")) <= MAX_DIRECTORY_BYTES:
         return name
     digest = hashlib.sha256(topic.encode("utf-8")).hexdigest()[:16]
@@ -40,7 +46,12 @@ def topic_directory(topic: str) -> str:
     cut_escape = prefix.rfind("%", len(prefix) - 2)
     if cut_escape != -1:
         prefix = prefix[:cut_escape]
-    return f"{prefix}~{digest}"
+    return f"{prefix}{SHORTENED_MARK}{digest}"
+
+
+def is_shortened(directory: str) -> bool:
+    """Whether a topic directory was cut (``_topics.json`` names its topic)."""
+    return SHORTENED_MARK in directory
 
 
 def write_json(path: Path, value: Any) -> None:

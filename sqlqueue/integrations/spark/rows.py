@@ -124,6 +124,9 @@ def encode_metadata(value: Any, max_bytes: int) -> str | None:
         if not isinstance(key, str) or not isinstance(item, str):
             raise ValueError(f"metadata must map strings to strings; {key!r} is "
                              f"{type(item).__name__}")
+        if "\x00" in key or "\x00" in item:
+            raise ValueError(f"metadata {key[:50]!r} contains the NUL character (U+0000), "
+                             "which databases cannot store as text")
     if not mapping:
         return None  # the RFC stores NULL for an empty map
     text = json.dumps(mapping, ensure_ascii=False, separators=(",", ":"))

@@ -19,6 +19,7 @@ from typing import Any
 from django.db import models
 
 from sqlqueue.conf import MAX_NAME_BYTES
+from sqlqueue.naming import storable_text
 
 #: Errors kept per result (the newest): a task retried a thousand times stays one row.
 MAX_KEPT_ERRORS = 25
@@ -52,10 +53,12 @@ class TaskRecordQuerySet(models.QuerySet["TaskRecord"]):
 
 
 def truncated(traceback: str) -> str:
-    if len(traceback) <= MAX_TRACEBACK_CHARS:
-        return traceback
-    half = MAX_TRACEBACK_CHARS // 2
-    return traceback[:half] + "\n[... traceback truncated ...]\n" + traceback[-half:]
+    """The traceback to keep: capped, and made safe for jsonb (no NUL, no lone
+    surrogate: SPEC I15)."""
+    if len(traceback) > MAX_TRACEBACK_CHARS:
+        half = MAX_TRACEBACK_CHARS // 2
+        traceback = traceback[:half] + "\n[... traceback truncated ...]\n" + traceback[-half:]
+    return storable_text(traceback)
 
 
 class TaskRecord(models.Model):

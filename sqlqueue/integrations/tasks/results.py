@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.utils.module_loading import import_string
+from django.utils.module_loading import autodiscover_modules
 
 from sqlqueue.conf import get_settings
 from sqlqueue.consuming.outcomes import dead_letter_id
@@ -31,6 +31,7 @@ class TaskNotFound(SqlqueueError, LookupError):
 
 #: every ``@task`` of an sqlqueue backend defined in this process, by path
 _TASKS: dict[str, Task[Any, Any]] = {}
+_discovered = False
 
 
 def remember_task(task: Task[Any, Any]) -> None:
@@ -38,30 +39,36 @@ def remember_task(task: Task[Any, Any]) -> None:
 
 
 def load_task(task_path: str) -> Task[Any, Any]:
-    """The ``@task`` a message names. Only tasks defined with an sqlqueue backend resolve:
-    a task path comes from the message log, which anyone who can publish writes, so
-    resolving it must never import a module of an attacker's choosing (its import-time
-    code would run in the worker, or in the web process calling ``get_result``). A
-    module of an installed app that is not imported yet is imported (the project's own
-    code, defining its tasks); anything else is refused without an import."""
+    """The ``@task`` a message names, looked up among the tasks defined in this process;
+    a message never chooses a module to import. A task path comes from the message log,
+    which anyone who can publish writes: importing what it names would run that module's
+    import-time code in the worker (or in the web process calling ``get_result``). The
+    project's task modules (each installed app's ``tasks``, a list that depends on the
+    settings, never on a message) are imported once, at the first path not found."""
     task = _TASKS.get(task_path)
-    if task is None and _in_an_installed_app(task_path):
-        try:
-            import_string(task_path)  # defining its tasks calls validate_task
-        except Exception as exc:
-            raise TaskNotFound(f"{task_path!r} cannot be imported: {exc}") from exc
+    if task is None:
+        discover_tasks()
         task = _TASKS.get(task_path)
     if task is None:
         raise TaskNotFound(
-            f"{task_path!r} is not a task of an sqlqueue backend (decorate it with @task, in "
-            "an installed app); nothing was imported.")
+            f"{task_path!r} is not a task of an sqlqueue backend defined in this process "
+            "(decorate it with @task in an installed app's tasks module, or in a module "
+            "the project imports at start-up); nothing was imported.")
     return task
 
 
-def _in_an_installed_app(path: str) -> bool:
-    from django.apps import apps
+def discover_tasks() -> None:
+    """Import every installed app's ``tasks`` module, once (as the admin does for
+    ``admin`` modules): defining their tasks fills the registry."""
+    global _discovered
+    if not _discovered:
+        _discovered = True
+        autodiscover_modules("tasks")
 
-    return any(path.startswith(config.name + ".") for config in apps.get_app_configs())
+
+def declared_backend(task_path: str) -> str:
+    """The backend alias the registered task was declared with (``@task(backend=...)``)."""
+    return load_task(task_path).backend
 
 
 def task_of(record: TaskRecord) -> Task[Any, Any]:

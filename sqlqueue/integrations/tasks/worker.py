@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import Error as AnyDatabaseError
@@ -40,7 +40,13 @@ from sqlqueue.integrations.tasks.compat import (
 from sqlqueue.integrations.tasks.envelope import BadEnvelope, Envelope, open_envelope
 from sqlqueue.integrations.tasks.models import Status, TaskRecord
 from sqlqueue.integrations.tasks.options import TaskOptions
-from sqlqueue.integrations.tasks.results import TaskNotFound, task_of, to_task_result
+from sqlqueue.integrations.tasks.results import (
+    TaskNotFound,
+    declared_backend,
+    task_of,
+    to_task_result,
+)
+from sqlqueue.naming import has_unstorable_text
 
 logger = logging.getLogger("sqlqueue.tasks")
 
@@ -66,14 +72,19 @@ class TaskWorker:
             envelope = open_envelope(message.payload)
         except BadEnvelope as exc:
             raise Reject(str(exc)) from exc  # no attempt can ever run it
-        record = self._begin(message, envelope)
-        if record is None:
+        begun = self._begin(message, envelope)
+        if begun is None:
             return  # finished by an earlier delivery whose ack was lost
+        record, recreated = begun
         try:
             task = task_of(record)
         except TaskNotFound as exc:
             self._record_failure(record, exc, final=True)
             raise Reject(str(exc)) from exc
+        wrong = self._wrong_backend(record, recreated)
+        if wrong is not None:
+            self._record_failure(record, wrong, final=True)
+            raise Reject(str(wrong)) from wrong
         result = to_task_result(record, task)
         task_started.send(_sender(), task_result=result)
         try:
@@ -90,11 +101,13 @@ class TaskWorker:
         task_finished.send(_sender(), task_result=to_task_result(record, task))
 
     # -- the steps --------------------------------------------------------------------------
-    def _begin(self, message: Message, envelope: Envelope) -> TaskRecord | None:
-        """Mark the attempt RUNNING, in a transaction of its own so that it shows at once."""
+    def _begin(self, message: Message, envelope: Envelope) -> tuple[TaskRecord, bool] | None:
+        """Mark the attempt RUNNING, in a transaction of its own so that it shows at once;
+        with whether its row was written here (``_recreate``), not by ``enqueue``."""
         with transaction.atomic(using=self.database):
             record = (TaskRecord.objects.using(self.database).select_for_update()
                       .filter(pk=message.id).first())
+            recreated = record is None
             if record is None:
                 record = self._recreate(message, envelope)
             if record.status == Status.SUCCESSFUL:
@@ -104,17 +117,17 @@ class TaskWorker:
                 # write it now. A replay has a new offset and runs again.
                 raise Reject("the task already failed on its last attempt")
             record.begin_attempt(default_name(), message.offset, timezone.now())
-        return record
+        return record, recreated
 
     def _run(self, task: Task[Any, Any], result: TaskResult[Any, Any], record: TaskRecord,
              message: Message) -> None:
         if self.options.atomic:
             # The task's writes, its result and the ack commit together, or not at all.
             with transaction.atomic(using=self.database):
-                value = normalize_json(_call(task, result))
+                value = _storable_result(_call(task, result))
                 self._succeed(record, value, message)
             return
-        value = normalize_json(_call(task, result))
+        value = _storable_result(_call(task, result))
         with transaction.atomic(using=self.database):
             self._succeed(record, value, message)
 
@@ -142,6 +155,23 @@ class TaskWorker:
             logger.warning("Could not record the outcome of task %s (%s).", record.id, exc)
             connections[self.database].close()
 
+    def _wrong_backend(self, record: TaskRecord, recreated: bool) -> TaskNotFound | None:
+        """Why this worker must not run ``task``, if it must not: a task runs only on the
+        backend it was enqueued on and, for a message without a row ``enqueue`` wrote
+        (published by other means; ``_recreate`` wrote its row), only if it was declared
+        for this backend: a task of another backend published on this one's topics would
+        run under options it was not written for (ATOMIC, ORDERED)."""
+        if record.backend != self.backend_alias:
+            return TaskNotFound(f"{record.task_path!r} was enqueued on backend "
+                                f"{record.backend!r}, not on {self.backend_alias!r}, whose "
+                                "worker received it.")
+        declared = declared_backend(record.task_path)
+        if recreated and declared != self.backend_alias:
+            return TaskNotFound(f"{record.task_path!r} is a task of backend {declared!r}, "
+                                f"not of {self.backend_alias!r}, on whose topic it was "
+                                "published.")
+        return None
+
     def _recreate(self, message: Message, envelope: Envelope) -> TaskRecord:
         """A task message without a result row (pruned, or published by other means)."""
         prefix = self.options.topic_prefix
@@ -153,6 +183,31 @@ class TaskWorker:
             message_offset=message.offset, args=envelope.args, kwargs=envelope.kwargs,
             enqueued_at=message.published_at, updated_at=timezone.now(),
         )
+
+
+def _storable_result(value: Any) -> Any:
+    """The task's return value as JSON to store; a ``ValueError`` (the attempt's failure,
+    named) for text no database stores (a NUL, a lone surrogate: PostgreSQL's jsonb
+    refused it with a bare DataError, and MariaDB stored it), on every database alike."""
+    value = normalize_json(value)
+    if any(has_unstorable_text(text) for text in _texts(value)):
+        raise ValueError("The task's return value contains a NUL (U+0000) or a lone "
+                         "surrogate, which cannot be stored as its result.")
+    return value
+
+
+def _texts(value: Any) -> Iterator[str]:
+    """Every string in a JSON value, keys included (with a stack: no recursion)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _call(task: Task[Any, Any], result: TaskResult[Any, Any]) -> Any:

@@ -36,7 +36,7 @@ from sqlqueue.management.queue_verbs import (
     status,
 )
 from sqlqueue.management.queue_verbs.arguments import add_verbs
-from sqlqueue.management.queue_verbs.common import Verb
+from sqlqueue.management.queue_verbs.common import InertOutput, Verb
 from sqlqueue.operations.preflight import ensure_ready
 
 #: verb -> what runs it, once the database is ready (``health`` checks that itself)
@@ -70,6 +70,8 @@ class Command(BaseCommand):
         return super().execute(*args, **options)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Everything printed, errors included, made inert (names, keys, errors, metadata).
+        self.stdout, self.stderr = InertOutput(self.stdout), InertOutput(self.stderr)
         if options["verb"] == "health":
             status.check_health(self.stdout, options)  # reports an unready database itself
             return

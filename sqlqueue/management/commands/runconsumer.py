@@ -23,10 +23,15 @@ from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.consuming.server import RECONNECT_BACKOFF
 from sqlqueue.exceptions import ConfigurationError
+from sqlqueue.management.queue_verbs.common import InertOutput
 from sqlqueue.naming import check_name
 from sqlqueue.operations.preflight import ensure_ready
 from sqlqueue.scheduling import configured_schedules
 from sqlqueue.scheduling.ticker import Ticker
+
+#: where --metrics-port listens unless told otherwise: this host only (the metrics have no
+#: authentication; docs/guides/monitoring.md says how to expose them)
+DEFAULT_METRICS_HOST = "127.0.0.1"
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -124,8 +129,11 @@ class Command(BaseCommand):
         parser.add_argument("--metrics-port", type=int, metavar="PORT",
                             help="Serve this process's Prometheus counters and histograms "
                                  "on PORT (needs sqlqueue[metrics]; one port per process).")
-        parser.add_argument("--metrics-address", default="", metavar="ADDRESS",
-                            help="Listen address of --metrics-port (default: all).")
+        parser.add_argument("--metrics-host", "--metrics-address", dest="metrics_address",
+                            default=DEFAULT_METRICS_HOST, metavar="ADDRESS",
+                            help="Listen address of --metrics-port (default: 127.0.0.1, "
+                                 "this host only; 0.0.0.0 for every interface, behind a "
+                                 "firewall: the metrics have no authentication).")
         parser.add_argument("--liveness-file", metavar="FILE",
                             help="Touch FILE at each turn of the consumer loop (a liveness "
                                  "probe: manage.py queue health --liveness-file FILE).")
@@ -177,6 +185,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         refuse_inside_a_transaction()
+        self.stdout, self.stderr = InertOutput(self.stdout), InertOutput(self.stderr)
         if options.get("_run_checks", True):
             self._checks_when_reachable()
         if options["processes"] is not None:
@@ -269,7 +278,7 @@ class Command(BaseCommand):
             args += ["--name", f"{options['name']}-{slot}"]
         if options["metrics_port"] is not None:
             args += ["--metrics-port", str(options["metrics_port"] + slot),
-                     "--metrics-address", options["metrics_address"]]
+                     "--metrics-host", options["metrics_address"]]
         if options["max_messages_per_child"] is not None:
             args += ["--max-messages", str(options["max_messages_per_child"])]
         for flag in ("threads", "database", "liveness_file", "pythonpath"):

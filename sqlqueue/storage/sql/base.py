@@ -196,6 +196,11 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
         """Upper bound for one multi-row statement's size."""
         return 8 << 20
 
+    def max_row_bytes(self) -> int | None:
+        """The largest ``literal_bytes`` a row may have for its statement to reach the
+        server (known after ``check_connection``); None: no such limit."""
+        return None
+
     def literal_bytes(self, payload: bytes | str, metadata: str | None) -> int:
         """What a row's payload and metadata add to a statement (sent as parameters
         here: their own size)."""

@@ -25,9 +25,15 @@ ER_DUP_ENTRY = 1062
 
 
 
+#: What a one-row INSERT adds to its row's payload and metadata literals: the statement's
+#: text, and the topic, key and id (at most 255 bytes each, escaped twice as long).
+STATEMENT_AROUND_A_ROW = 8 * 1024
+
+
 class MySQLDialect(Dialect):
     _autoinc_lock_mode: int | None = None  # read once per connection, when first needed
     _checked_connection: object | None = None  # the DB-API connection found to be utf8mb4
+    _max_packet: int | None = None  # its server's max_allowed_packet, read with the charset
 
     vendor = "mysql"
     sql: MySQLStatements
@@ -45,7 +51,8 @@ class MySQLDialect(Dialect):
         """A connection whose character set is not utf8mb4 would store the UTF-8 bytes of
         topics, keys and ids as latin1 (or utf8mb3) characters: ``kéy🦆`` comes back as
         mojibake, and two spellings of a key no longer compare equal. Read once per
-        DB-API connection (a reconnect is checked again); cheap afterwards."""
+        DB-API connection (a reconnect is checked again), with ``max_allowed_packet``
+        (``max_row_bytes``); cheap afterwards."""
         self.connection.ensure_connection()
         raw = self.connection.connection
         if raw is self._checked_connection:
@@ -54,6 +61,7 @@ class MySQLDialect(Dialect):
             cursor.execute(*self.sql.connection_charset())
             row = cursor.fetchone()
         charset = str(row[0]) if row else "?"
+        self._max_packet = int(row[1]) if row and row[1] else None
         if charset != "utf8mb4":
             alias = self.connection.alias
             raise ConfigurationError(
@@ -230,8 +238,19 @@ class MySQLDialect(Dialect):
         return code == ER_DUP_ENTRY and "idx_topic_partition_id" in str(error)
 
     def max_statement_bytes(self) -> int:
-        # Stay well under max_allowed_packet (16 MiB by default on MariaDB, 64 on MySQL).
-        return 4 << 20
+        # Stay well under max_allowed_packet (16 MiB by default on MariaDB, 64 on MySQL),
+        # and under a server's smaller one.
+        row_limit = self.max_row_bytes()
+        return 4 << 20 if row_limit is None else max(1, min(4 << 20, row_limit))
+
+    def max_row_bytes(self) -> int | None:
+        """A statement travels in one packet, rows inlined as escaped literals: a row
+        whose ``literal_bytes`` exceed the server's ``max_allowed_packet`` (less the
+        statement around them) would be refused mid-send, the connection dropped ("server
+        has gone away")."""
+        if self._max_packet is None:
+            return None
+        return self._max_packet - STATEMENT_AROUND_A_ROW
 
     def literal_bytes(self, payload: bytes | str, metadata: str | None) -> int:
         """Rows are inlined as escaped literals: every byte mysql_real_escape_string

@@ -38,8 +38,8 @@ class MySQLSessions(SessionStatements):
 
     def connection_charset(self) -> Statement:
         """``connection_charset``: the character set of this connection (sqlqueue needs
-        utf8mb4)."""
-        return "SELECT @@character_set_connection", []
+        utf8mb4), and the largest packet the server takes (no statement may exceed it)."""
+        return "SELECT @@character_set_connection, @@max_allowed_packet", []
 
     def server_settings(self) -> Statement:
         """``server_settings`` (system checks): the connection's character set and the
