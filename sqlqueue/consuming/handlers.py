@@ -193,6 +193,8 @@ def run(delivery: Delivery) -> Outcome:
     except Reject as reject:
         return Outcome(delivery, "reject",
                        error=storable_text(getattr(reject, "reason", "rejected")))
+    except KeyboardInterrupt:
+        raise  # ^C where handlers run on the caller's thread (sqlqueue.testing): stop
     except BaseException as exc:  # SystemExit, a custom BaseException: an outcome too
         if isinstance(exc, AnyDatabaseError):  # InterfaceError too (a dropped connection)
             _after_database_error(delivery.alias)

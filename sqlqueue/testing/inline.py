@@ -110,8 +110,9 @@ class InlineRunner(Runner):
             try:
                 outcome = self._handle_in_savepoint(delivery)
             except BaseException:
-                # KeyboardInterrupt, SystemExit (handlers.run turns every Exception into
-                # an outcome): no outcome will come back for the shutdown to wait for.
+                # KeyboardInterrupt (handlers.run turns everything else, SystemExit
+                # included, into an outcome): no outcome will come back for the shutdown
+                # to wait for.
                 self._in_flight -= 1
                 raise
             delivery.finish()

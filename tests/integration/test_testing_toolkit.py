@@ -357,17 +357,31 @@ def test_a_run_that_never_settles_stops_with_an_error(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.django_db
-def test_a_handler_that_exits_stops_the_run_at_once() -> None:
-    def exit_now(message: sqlqueue.Message) -> None:
-        raise SystemExit(3)
+def test_a_handler_interrupted_stops_the_run_at_once() -> None:
+    def interrupted(message: sqlqueue.Message) -> None:
+        raise KeyboardInterrupt
 
-    sqlqueue.consumer("toolkit.exit", group="exiters")(exit_now)
+    sqlqueue.consumer("toolkit.exit", group="exiters")(interrupted)
     try:
         sqlqueue.send_message("toolkit.exit", {})
         started = time.monotonic()
-        with pytest.raises(SystemExit):
+        with pytest.raises(KeyboardInterrupt):
             run_consumers(group="exiters")
         # Not SHUTDOWN_TIMEOUT (30 s) waiting for an outcome that never comes.
         assert time.monotonic() - started < 5
+    finally:
+        unregister("exiters", "toolkit.exit")
+
+
+@pytest.mark.django_db
+def test_a_handler_that_exits_has_failed_as_under_runconsumer() -> None:
+    """SystemExit from a handler is an outcome like any exception (SPEC I15)."""
+    def exit_now(message: sqlqueue.Message) -> None:
+        raise SystemExit(3)
+
+    sqlqueue.consumer("toolkit.exit", group="exiters", max_attempts=1)(exit_now)
+    try:
+        sqlqueue.send_message("toolkit.exit", {})
+        assert run_consumers(group="exiters") == RunReport(dead_lettered=1)
     finally:
         unregister("exiters", "toolkit.exit")
