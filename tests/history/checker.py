@@ -21,6 +21,8 @@ prints the first ones. The rules, and what excuses an event:
   was recorded (a slow runner, a lock stall, is no excuse: SPEC §10).
 * **I8** a committed message missing from the surviving server was collected only after
   every group was done with it.
+* **I13** in an atomic group a message is acked exactly when its handler's own write
+  committed.
 * **I16** every ack on the surviving server is of a message (by id, at that offset) that
   the group handled or dead-lettered: never a stale delivery's ack on a reused offset.
 
@@ -94,7 +96,7 @@ class Checker:
             self.ordered_runs_follow_commits, self.nothing_after_a_dead_letter,
             self.backoff_respected, self.no_early_redelivery,
             self.no_redelivery_after_success, self.collected_only_when_done,
-            self.acks_match_runs,
+            self.acks_match_runs, self.atomic_writes_match_acks,
         ]
         return [violation for rule in rules for violation in rule()]
 
@@ -247,6 +249,27 @@ class Checker:
                 yield Violation("I16", f"{group} acked {partition}@{offset} ({message_id}) "
                                 "without a run of it that succeeded", self.runs_of[
                                     (group, partition, message_id)][-3:])
+
+    def atomic_writes_match_acks(self) -> Iterator[Violation]:
+        """I13: in an atomic group, a message is acked exactly when its handler's own
+        write committed (they are one transaction)."""
+        writes = self.history.final.atomic_writes
+        if writes is None:
+            return
+        stored = self.history.final.stored
+        for group, written in writes.items():
+            acked = {stored[(p, o)] for g, p, o in self.history.final.acked
+                     if g == group and (p, o) in stored}
+            dead = {i for g, i in self.dead if g == group}
+            kept = set(stored.values())  # a collected message says nothing either way
+            for message_id in sorted((acked - dead) ^ (written & kept)):
+                state = "acked without" if message_id in acked else "not acked, with"
+                yield Violation("I13", f"{group}: {message_id} {state} its handler's write",
+                                self.runs_of_id(group, message_id))
+
+    def runs_of_id(self, group: str, message_id: str) -> list[Run]:
+        return [r for (g, _, i), runs in self.runs_of.items() if g == group and i == message_id
+                for r in runs]
 
     # -- helpers ---------------------------------------------------------------------------
     def _first_publishes(self) -> list[Publish]:

@@ -108,6 +108,9 @@ class FinalState:
     #: (partition, offset)s that garbage collection may have removed (none if it did not
     #: run): a message missing from ``stored`` is only excused if it is here
     collectable: bool = False
+    #: by atomic group, the ids whose handler's own write (made in the transaction that
+    #: acks the message) committed; None where the workload makes no such write
+    atomic_writes: dict[str, set[str]] | None = None
 
 
 @dataclass
@@ -148,7 +151,9 @@ class History:
         final = {"acked": sorted(self.final.acked),
                  "stored": [[p, o, i] for (p, o), i in sorted(self.final.stored.items())],
                  "dead_letters": [asdict(d) for d in self.final.dead_letters],
-                 "collectable": self.final.collectable}
+                 "collectable": self.final.collectable,
+                 "atomic_writes": None if self.final.atomic_writes is None else {
+                     g: sorted(ids) for g, ids in self.final.atomic_writes.items()}}
         path.write_text(json.dumps({
             "topic": self.topic, "seed": self.seed, "lease_at_risk_ms": self.lease_at_risk_ms,
             "groups": {g: asdict(c) for g, c in self.groups.items()},
@@ -173,7 +178,9 @@ class History:
                 acked={(g, p, o) for g, p, o in final["acked"]},
                 stored={(p, o): i for p, o, i in final["stored"]},
                 dead_letters=[DeadLetter(**d) for d in final["dead_letters"]],
-                collectable=final["collectable"]),
+                collectable=final["collectable"],
+                atomic_writes=None if final.get("atomic_writes") is None else {
+                    g: set(ids) for g, ids in final["atomic_writes"].items()}),
         )
 
 

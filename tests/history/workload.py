@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import random
 import threading
 import time
@@ -288,9 +289,13 @@ def final_state(history: History) -> FinalState:
     for group, partition, watermark in PartitionOffset.objects.filter(topic=topic).values_list(
             "consumer_group", "partition_key", "offset_acked"):
         acked |= {(group, p, o) for (p, o) in stored if p == partition and o <= watermark}
+    # The atomic group's handler publishes its message's id to TOPIC.out, in the
+    # transaction that acks the message (SPEC I13).
+    written = {json.loads(bytes(payload)) for payload in QueueMessage.objects.filter(
+        topic=topic + ".out").values_list("payload", flat=True)}
     # Runners collect garbage as they go: a message may be gone once every group is done.
     return FinalState(acked=acked, stored=stored, dead_letters=_dead_letters(topic),
-                      collectable=True)
+                      collectable=True, atomic_writes={"h-atomic": written})
 
 
 @contextlib.contextmanager

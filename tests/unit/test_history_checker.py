@@ -202,3 +202,16 @@ def test_a_stall_long_enough_to_cost_leases_excuses_a_redelivery() -> None:
     assert "I10" not in invariants(h)
     h.faults = [Fault("stall", 300, 1_300)]  # too short to lose a lease
     assert "I10" in invariants(h)
+
+
+def test_an_atomic_ack_without_its_handlers_write_breaks_i13() -> None:
+    h = history([publish("a", 1, 0), publish("b", 2, 10)],
+                [run("a", 1, 100, 150), run("b", 2, 160, 200)])
+    h.final.atomic_writes = {"g": {"a", "b"}}
+    assert check(h) == []
+    h.final.atomic_writes = {"g": {"a"}}
+    found = check(h)
+    assert [v.invariant for v in found] == ["I13"] and "b acked without" in found[0].text
+    h.final.acked.discard(("g", "k", 2))
+    h.final.atomic_writes = {"g": {"a", "b"}}
+    assert "I13" in invariants(h)  # a write whose message is not acked
