@@ -488,3 +488,11 @@ def test_system_check_statements(executor: Executor) -> None:
         assert str(collations["queue_messages"]).endswith("_bin")
     else:
         pytest.skip("SQLite has no server to check")
+
+
+def test_server_identity(executor: Executor) -> None:
+    """Which server answers: what an atomic handler compares before its ack (SPEC I16)."""
+    (identity,) = executor.rows(executor.sql.server_identity())[0]
+    expected = {"sqlite": "", "mysql": " server_id ", "postgresql": " started "}
+    assert expected[connection.vendor] in str(identity)
+    assert executor.rows(executor.sql.server_identity()) == [(identity,)]  # stable
