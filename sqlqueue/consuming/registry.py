@@ -167,6 +167,8 @@ def select_consumers(
     """
     wanted_groups, wanted_topics = set(groups), set(topics)
     known = registered_consumers()
+    if not known:
+        raise ConfigurationError(nothing_registered())
     unknown_groups = wanted_groups - {c.group for c in known}
     unknown_topics = wanted_topics - {c.topic for c in known}
     if unknown_groups or unknown_topics:
@@ -175,7 +177,7 @@ def select_consumers(
             parts.append(f"no consumer in group(s) {', '.join(sorted(unknown_groups))}")
         if unknown_topics:
             parts.append(f"no consumer of topic(s) {', '.join(sorted(unknown_topics))}")
-        available = ", ".join(c.name for c in known) or "none are registered"
+        available = ", ".join(c.name for c in known)
         raise ConfigurationError(f"{'; '.join(parts)}. Registered (group:topic): {available}.")
     chosen = [
         c for c in known
@@ -183,8 +185,26 @@ def select_consumers(
         and (not wanted_topics or c.topic in wanted_topics)
     ]
     if not chosen:
-        raise ConfigurationError("No registered consumer matches both --group and --topic.")
+        raise ConfigurationError(
+            f"No registered consumer is in group(s) {', '.join(sorted(wanted_groups))} "
+            f"and of topic(s) {', '.join(sorted(wanted_topics))}. Registered "
+            f"(group:topic): {', '.join(c.name for c in known)}.")
     return chosen
+
+
+def nothing_registered() -> str:
+    """Where consumers are looked for, for the newcomer whose ``runconsumer`` found none
+    (SPEC §10 "The first hour"): the module each installed app may have, and the
+    decorator that registers a handler there."""
+    from django.apps import apps
+
+    searched = [config.name for config in apps.get_app_configs()
+                if not config.name.startswith("django.")]
+    return ("No consumer is registered. runconsumer imports the module consumers.py of "
+            "each installed app (<app>/consumers.py; looked for in: "
+            f"{', '.join(searched) or 'no app outside django.contrib'}) and runs the "
+            "handlers registered there with @sqlqueue.consumer(\"<topic>\", group=\"<group>\"). "
+            "Add the app that has one to INSTALLED_APPS, or write one.")
 
 
 def unregister(group: str, topic: str) -> None:

@@ -220,3 +220,18 @@ def test_latin1_connection_is_refused_before_any_write(tmp_path: Path) -> None:
         result = manage(tmp_path, module, *command, timeout=60)
         assert result.returncode == 1, result.stderr
         assert CHARSET_REFUSAL in result.stderr and "Traceback" not in result.stderr
+
+
+def test_runconsumer_with_nothing_registered_says_where_consumers_are_looked_for(
+        tmp_path: Path) -> None:
+    """SPEC §10: not "--group and --topic", which the user never gave."""
+    # Neither the test app's consumers nor the Tasks backends' (Django 6).
+    module = write_settings(tmp_path, "INSTALLED_APPS = [a for a in INSTALLED_APPS "
+                                      "if a != 'tests.testapp']\nTASKS = {}\n")
+    result = manage(tmp_path, module, "runconsumer", "--until-empty")
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "--group" not in result.stderr and "--topic" not in result.stderr
+    assert "No consumer is registered" in result.stderr
+    assert "<app>/consumers.py" in result.stderr
+    assert "sqlqueue" in result.stderr.split("looked for in:")[1]  # the apps it searched
