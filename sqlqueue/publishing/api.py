@@ -321,7 +321,7 @@ def _store_remembered_chunk(
 
 def _chunks(rows: Sequence[MessageRow], dialect: Dialect) -> Iterable[Sequence[MessageRow]]:
     """Split ``rows`` so each statement stays under the row, parameter and byte limits."""
-    max_params = dialect.connection.features.max_query_params or 65_535
+    max_params = dialect.max_query_params()
     max_rows = max(1, min(dialect.max_rows_per_insert, max_params // 10))
     literal_bytes = dialect.literal_bytes
     return statement_chunks(

@@ -13,7 +13,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-pytest.importorskip("sqlqueue.integrations.tasks.compat")  # Django 5.2 without the backport
+pytest.importorskip("sqlqueue.integrations.tasks.compat",  # Django 5.2 without the backport
+                    exc_type=ImportError)
 
 from sqlqueue import InvalidMessage
 from sqlqueue.consuming.gc import GarbageCollector

@@ -116,6 +116,10 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
     max_rows_per_insert = 500
     _INSERT_COLUMNS = INSERT_COLUMNS
 
+    def max_query_params(self) -> int:
+        """The most parameters one statement may carry on this connection."""
+        return self.connection.features.max_query_params or 65_535
+
     def insert_messages_sql(self, count: int) -> str:
         """``insert_messages`` of ``count`` rows (sqlqueue.storage.statements.publishing)."""
         return self.sql.store_messages([SAMPLE_ROW] * count)[0]
