@@ -2,9 +2,12 @@
 #   make demo   install everything, then run the example shop on SQLite
 #   make test   install everything, then lint, type-check, build the docs site in strict
 #               mode, run the whole suite on SQLite, MariaDB/MySQL and PostgreSQL, then the
-#               acceptance and browser tiers against the built wheel
+#               acceptance and browser tiers against the built wheel (the newest stack:
+#               the newest Python and Django found); then the LTS stack (make test-lts)
 #   make docs   serve the docs site (MkDocs over docs/) at http://127.0.0.1:8000/en/latest/
 PY := .venv/bin/python
+# The second stack: Python 3.11 and Django 5.2 LTS (.ci/bootstrap lts).
+LTS_PY := .venv-lts/bin/python
 MYSQL_TEST_URL ?= mysql://root@127.0.0.1:3306/test
 POSTGRES_TEST_URL ?= postgres://postgres@127.0.0.1:5432/test
 DEMO_DB ?= sqlite:///$(CURDIR)/example_project/db.sqlite3
@@ -12,10 +15,13 @@ DOCS_SITE ?= site
 # Material for MkDocs prints a notice about MkDocs 2.0 on every run: not a problem of ours.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo spark-demo test bootstrap lint docs docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-spark test-wheel soak topologies bench bench-quick docs-images
+.PHONY: demo spark-demo test test-lts bootstrap bootstrap-lts lint docs docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-spark test-wheel soak topologies bench bench-quick docs-images
 
 bootstrap:
 	@./.ci/bootstrap
+
+bootstrap-lts:
+	@./.ci/bootstrap lts
 
 demo: bootstrap
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py migrate -v 0
@@ -74,7 +80,17 @@ docs-images: bootstrap
 test-wheel: bootstrap
 	./.ci/test-wheel
 
-test: lint docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-wheel
+# Django 5.2 LTS on Python 3.11, on SQLite: the unit and integration tiers, the browser
+# tier (the admin's markup differs between Django 5.2 and 6) and the acceptance tests of
+# a newcomer's first hour (README.md, "Running the tests", says why this split).
+LTS_TESTS := tests/unit tests/integration tests/browser tests/acceptance/test_first_contact.py \
+	tests/acceptance/test_quickstart.py tests/acceptance/test_runconsumer.py \
+	tests/acceptance/test_tasks_worker.py
+test-lts: bootstrap-lts
+	DATABASE_URL=sqlite:////tmp/sqlqueue-lts-tests.sqlite3 $(LTS_PY) -m pytest -m "not soak and not spark" \
+		-p no:cacheprovider $(LTS_TESTS) $(PYTEST_ARGS)
+
+test: lint docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-wheel test-lts
 
 # The topology report's runs (docs/guides/topologies.md), the soak ones included, with
 # their figures printed: servers of the tests' own (MariaDB replicas, a Galera cluster).
