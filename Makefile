@@ -10,6 +10,7 @@ PY := .venv/bin/python
 LTS_PY := .venv-lts/bin/python
 MYSQL_TEST_URL ?= mysql://root@127.0.0.1:3306/test
 POSTGRES_TEST_URL ?= postgres://postgres@127.0.0.1:5432/test
+LTS_TEST_URL ?= sqlite:////tmp/sqlqueue-lts-tests.sqlite3
 DEMO_DB ?= sqlite:///$(CURDIR)/example_project/db.sqlite3
 DOCS_SITE ?= site
 # Material for MkDocs prints a notice about MkDocs 2.0 on every run: not a problem of ours.
@@ -87,7 +88,7 @@ LTS_TESTS := tests/unit tests/integration tests/browser tests/acceptance/test_fi
 	tests/acceptance/test_quickstart.py tests/acceptance/test_runconsumer.py \
 	tests/acceptance/test_tasks_worker.py
 test-lts: bootstrap-lts
-	DATABASE_URL=sqlite:////tmp/sqlqueue-lts-tests.sqlite3 $(LTS_PY) -m pytest -m "not soak and not spark" \
+	DATABASE_URL=$(LTS_TEST_URL) $(LTS_PY) -m pytest -m "not soak and not spark" \
 		-p no:cacheprovider $(LTS_TESTS) $(PYTEST_ARGS)
 
 test: lint docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-wheel test-lts
