@@ -50,6 +50,9 @@ class Consumer:
     rate_limit: float | None = None
     #: deliveries outstanding at once in the whole group, all processes (None: no limit)
     max_in_flight: int | None = None
+    #: where a group that has no position on the topic yet starts: "earliest" (the oldest
+    #: message still kept) or "latest" (only messages published after it first runs)
+    start: str = "earliest"
 
     @property
     def name(self) -> str:
@@ -67,6 +70,8 @@ class Consumer:
 
 
 _registry: dict[tuple[str, str], Consumer] = {}
+#: the values of @consumer(start=...)
+START_POSITIONS = ("earliest", "latest")
 
 
 def consumer(
@@ -83,12 +88,15 @@ def consumer(
     timeout: float | None = None,
     rate_limit: float | None = None,
     max_in_flight: int | None = None,
+    start: str = "earliest",
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as ``group``'s handler of ``topic``.
 
     Options left as None take their value from ``SQLQUEUE`` when the consumer runs.
     ``rate_limit`` and ``max_in_flight`` hold for the whole group, across processes
-    (sqlqueue.consuming.limits).
+    (sqlqueue.consuming.limits). ``start`` places a group that has no position on the
+    topic yet: ``"earliest"``, every message still kept, or ``"latest"``, only messages
+    published after it first runs (docs/guides/consuming.md, "Where a new group starts").
     """
     try:
         check_name("topic", topic)
@@ -110,6 +118,8 @@ def consumer(
                                       or max_in_flight < 1):
         raise ConfigurationError(f"{where}: max_in_flight is a whole number of messages, "
                                  f"at least 1; got {max_in_flight!r}.")
+    if start not in START_POSITIONS:
+        raise ConfigurationError(f"{where}: start is 'earliest' or 'latest'; got {start!r}.")
     given: dict[str, Any] = {
         "max_attempts": max_attempts, "visibility_timeout": visibility_timeout,
         "batch_size": batch_size, "min_backoff": min_backoff, "max_backoff": max_backoff,
@@ -131,7 +141,7 @@ def consumer(
         registered = Consumer(topic, group, handler, ordered, atomic, tuple(overrides),
                               timeout=None if timeout is None else float(timeout),
                               rate_limit=None if rate_limit is None else float(rate_limit),
-                              max_in_flight=max_in_flight)
+                              max_in_flight=max_in_flight, start=start)
         existing = _registry.get((group, topic))
         if existing is not None and _qualified(existing.handler) != _qualified(handler):
             raise ConfigurationError(
