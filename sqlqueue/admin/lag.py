@@ -23,6 +23,7 @@ from sqlqueue.operations.lag import group_lag, known_subscriptions
 from sqlqueue.operations.lag_shapes import SEVERITY
 from sqlqueue.operations.positions import InvalidPosition, reset_position, retry_now
 from sqlqueue.operations.retire import CannotRetire, retire_group
+from sqlqueue.operations.unconsumed import unconsumed_topics
 
 #: partitions listed on a subscription's page before "show all" (worst first)
 PARTITION_ROWS = 200
@@ -84,6 +85,8 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
         return self._render(request, "admin/sqlqueue/lag_overview.html", {
             "title": "Consumer lag",
             "rows": rows,
+            "unconsumed": [(alias, topic) for alias in conf.databases
+                           for topic in unconsumed_topics(conf.read_alias(alias))],
             "several_databases": len(conf.databases) > 1,
             "rules": lag_rules,
         })

@@ -4,6 +4,7 @@ bad settings are check ids, never start-up tracebacks."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from django.db import connection
 from tests.acceptance.first_contact import manage, script, write_settings
 from tests.acceptance.processes import database_url
 
+# Django's Tasks framework: django.tasks (Django 6), else the django-tasks backport
+# (Django 5.2, the LTS stack of make test-lts).
+TASKS = "django.tasks" if find_spec("django.tasks") is not None else "django_tasks"
 needs_tasks = pytest.mark.skipif(not getattr(settings, "HAS_TASKS", False),
                                  reason="needs Django's Tasks framework")
 
@@ -47,7 +51,7 @@ def test_bad_tasks_options_are_check_e202(tmp_path: Path, options: str, expected
     assert "(sqlqueue.E202) TASKS['default']['OPTIONS']" in result.stderr
     assert expected in result.stderr
     # The other, valid backend still runs; the broken one refuses work with the same text.
-    code = ("from django.tasks import task_backends\n"
+    code = (f"from {TASKS} import task_backends\n"
             "from sqlqueue.exceptions import ConfigurationError\n"
             "from tests.testapp import tasks\n"
             "try:\n    tasks.add.enqueue(1, 2)\n"
@@ -79,7 +83,7 @@ def test_e201_fires_when_sqlqueue_is_not_installed(tmp_path: Path) -> None:
     ))
     # Django registers its Tasks checks once django.tasks is imported (by any tasks module).
     result = script(tmp_path, module, (
-        "import django.tasks\nfrom django.core.management import call_command\n"
+        f"import {TASKS}\nfrom django.core.management import call_command\n"
         "call_command('check')\n"))
     assert "RuntimeError" not in result.stderr, result.stderr
     assert "(sqlqueue.E201) TASKS['default'] uses sqlqueue.tasks.SQLQueueBackend" in (
