@@ -239,3 +239,32 @@ def test_runconsumer_with_nothing_registered_says_where_consumers_are_looked_for
     assert "No consumer is registered" in result.stderr
     assert "<app>/consumers.py" in result.stderr
     assert "sqlqueue" in result.stderr.split("looked for in:")[1]  # the apps it searched
+
+
+@pytest.mark.parametrize("publish", [
+    "from sqlqueue import send_message\nsend_message('orders.created', {'n': 1})\n",
+    "from sqlqueue import send_messages\nsend_messages('orders.created', [1, 2])\n",
+    "from django.db import transaction\nfrom sqlqueue import send_message\n"
+    "with transaction.atomic():\n    send_message('orders.created', {'n': 1})\n",
+])
+def test_publishing_before_migrate_names_migrate(tmp_path: Path, publish: str) -> None:
+    """Issue 37: not the driver's "no such table: queue_messages"."""
+    module = write_settings(tmp_path, "")
+    code = ("from sqlqueue.exceptions import NotMigrated\n"
+            f"try:\n    exec({publish!r})\n"
+            "except NotMigrated as exc:\n    print('refused:', exc)\n")
+    result = script(tmp_path, module, code, database=f"sqlite:///{tmp_path / 'new.sqlite3'}")
+    assert result.returncode == 0, result.stderr
+    assert ("refused: Database 'default' has no sqlqueue tables: run `manage.py migrate`"
+            in result.stdout)
+
+
+@needs_tasks
+def test_enqueue_before_migrate_names_migrate(tmp_path: Path) -> None:
+    module = write_settings(tmp_path, "")
+    code = ("from sqlqueue.exceptions import NotMigrated\nfrom tests.testapp import tasks\n"
+            "try:\n    tasks.add.enqueue(1, 2)\n"
+            "except NotMigrated as exc:\n    print('refused:', exc)\n")
+    result = script(tmp_path, module, code, database=f"sqlite:///{tmp_path / 'new.sqlite3'}")
+    assert result.returncode == 0, result.stderr
+    assert "refused: Database 'default' has no sqlqueue tables" in result.stdout

@@ -489,3 +489,20 @@ def test_system_check_statements(executor: Executor) -> None:
         assert str(collations["queue_messages"]).endswith("_bin")
     else:
         pytest.skip("SQLite has no server to check")
+
+
+def test_a_missing_queue_table_is_recognised_on_this_database() -> None:
+    """What ``send_message`` turns into ``NotMigrated`` (issue 37): this vendor's own
+    error text for a table that does not exist."""
+    from django.db import DatabaseError, transaction
+
+    from sqlqueue.storage.sql.base import Dialect
+
+    with pytest.raises(DatabaseError) as raised, transaction.atomic(), \
+            connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM queue_not_migrated")
+    assert Dialect.is_missing_queue_table(raised.value)
+    with pytest.raises(DatabaseError) as other, transaction.atomic(), \
+            connection.cursor() as cursor:
+        cursor.execute("SELECT no_such_column FROM queue_messages")
+    assert not Dialect.is_missing_queue_table(other.value)
