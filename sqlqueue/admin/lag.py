@@ -22,7 +22,7 @@ from sqlqueue.operations import lag as lag_rules
 from sqlqueue.operations.lag import group_lag, known_subscriptions
 from sqlqueue.operations.lag_shapes import SEVERITY
 from sqlqueue.operations.positions import InvalidPosition, reset_position, retry_now
-from sqlqueue.operations.retire import CannotRetire, retire_group
+from sqlqueue.operations.retire import CannotRetire, may_retire, retire_group
 from sqlqueue.operations.unconsumed import unconsumed_topics
 
 #: partitions listed on a subscription's page before "show all" (worst first)
@@ -112,8 +112,9 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
             "reset_url": self._action_url("reset_position", group, topic),
             "may_pause": request.user.has_perm("sqlqueue.pause_subscription"),
             "pause_url": self._action_url("pause", group, topic),
-            # Retiring is offered for a group nobody runs (STOP, or idle with no holder).
-            "may_retire": request.user.has_perm("sqlqueue.retire_group") and not lag.held,
+            # Retiring is offered for a group nobody runs whose consumer left the code.
+            "may_retire": request.user.has_perm("sqlqueue.retire_group")
+            and may_retire(group, topic, _alias(topic), held=bool(lag.held)),
             "retire_url": self._action_url("retire", group, topic),
             "rules": lag_rules,
         })
