@@ -13,7 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
 
-from sqlqueue.admin.charts import pending_columns, status_strip
+from sqlqueue.admin.charts import pending_columns, pending_labels, status_strip
 from sqlqueue.admin.messages import ReadOnlyAdmin
 from sqlqueue.conf import get_settings
 from sqlqueue.models import ConsumerLag
@@ -103,6 +103,7 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
             "title": f"{group} on {topic}",
             "lag": lag,
             "chart": pending_columns(lag.partitions),
+            "chart_scale_and_keys": pending_labels(lag.partitions),
             "partitions": worst_first if show_all else worst_first[:PARTITION_ROWS],
             "hidden": 0 if show_all else max(0, len(worst_first) - PARTITION_ROWS),
             "all_url": "?" + urlencode({"group": group, "topic": topic, "all": "1"}),
