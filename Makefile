@@ -83,13 +83,19 @@ test-wheel: bootstrap
 
 # Django 5.2 LTS on Python 3.11, on SQLite: the unit and integration tiers, the browser
 # tier (the admin's markup differs between Django 5.2 and 6) and the acceptance tests of
-# a newcomer's first hour (README.md, "Running the tests", says why this split).
+# a newcomer's first hour from the checkout; then the wheel built on that Python, in a
+# fresh virtualenv with Django 5.2, against the Quickstart, first-contact and browser
+# tests (README.md, "Development", says why this split).
 LTS_TESTS := tests/unit tests/integration tests/browser tests/acceptance/test_first_contact.py \
 	tests/acceptance/test_quickstart.py tests/acceptance/test_runconsumer.py \
 	tests/acceptance/test_tasks_worker.py
+LTS_WHEEL_TESTS := tests/acceptance/test_quickstart.py tests/acceptance/test_first_contact.py \
+	tests/browser
 test-lts: bootstrap-lts
 	DATABASE_URL=$(LTS_TEST_URL) $(LTS_PY) -m pytest -m "not soak and not spark" \
 		-p no:cacheprovider $(LTS_TESTS) $(PYTEST_ARGS)
+	SQLQUEUE_WHEEL_VENV=.venv-lts SQLQUEUE_WHEEL_PIP="django>=5.2,<5.3 django-tasks>=0.8" \
+		SQLQUEUE_WHEEL_TESTS="$(LTS_WHEEL_TESTS)" ./.ci/test-wheel $(LTS_TEST_URL)
 
 test: lint docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-wheel test-lts
 
