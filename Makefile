@@ -71,11 +71,13 @@ test-spark: bootstrap
 	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m spark $(PYTEST_ARGS)
 	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m spark $(PYTEST_ARGS)
 
-# The admin screenshots the guides show (docs/images/admin-13..18), taken again by the
-# browser test at 1366 px.
-docs-images: bootstrap
+# The admin screenshots the guides show (docs/images/admin-13..20), taken again by the
+# browser tests at 1366 px, and those of the custom pages on each stack's Django (19, 20).
+docs-images: bootstrap bootstrap-lts
 	SQLQUEUE_REFRESH_DOCS_IMAGES=1 DATABASE_URL=sqlite:////tmp/sqlqueue-docs-images.sqlite3 \
-		$(PY) -m pytest tests/browser -k laptop_width $(PYTEST_ARGS)
+		$(PY) -m pytest tests/browser -k "laptop_width or styled_like" $(PYTEST_ARGS)
+	SQLQUEUE_REFRESH_DOCS_IMAGES=1 DATABASE_URL=sqlite:////tmp/sqlqueue-docs-images.sqlite3 \
+		$(LTS_PY) -m pytest -p no:cacheprovider tests/browser -k styled_like $(PYTEST_ARGS)
 
 # The built wheel installed in a fresh virtualenv: acceptance and browser tiers against it.
 test-wheel: bootstrap

@@ -302,8 +302,8 @@ def test_custom_pages_are_styled_like_stock_pages_on_this_django(
         register: Callable[..., Any]) -> None:
     """Issue 37: on every supported Django the custom pages' breadcrumbs look like those
     of a stock admin page of the same Django (one styled line), not an unstyled list. The
-    screenshots of the lag overview, one per Django, are kept in docs/images by
-    `make docs-images`."""
+    screenshots of the lag overview and of a confirmation page, one per Django, are kept
+    in docs/images by `make docs-images`."""
     import django
 
     operator_scene(register)
@@ -321,5 +321,10 @@ def test_custom_pages_are_styled_like_stock_pages_on_this_django(
                  "/admin/sqlqueue/consumerlag/subscription/?group=emails&topic=orders"):
         admin.open(page)
         assert browser.execute_script(BREADCRUMBS_BOX) == stock, page
+    version = f"django-{django.VERSION[0]}.{django.VERSION[1]}"
     admin.open("/admin/sqlqueue/consumerlag/")
-    _keep(admin, f"19-lag-overview-django-{django.VERSION[0]}.{django.VERSION[1]}")
+    _keep(admin, f"19-lag-overview-{version}")
+    # A confirmation page of a repair, the other kind of custom page.
+    admin.open("/admin/sqlqueue/consumerlag/retry-now/?group=emails&topic=orders")
+    assert browser.execute_script(BREADCRUMBS_BOX) == stock
+    _keep(admin, f"20-retry-now-confirm-{version}")
