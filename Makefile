@@ -2,20 +2,27 @@
 #   make demo   install everything, then run the example shop on SQLite
 #   make test   install everything, then lint, type-check, build the docs site in strict
 #               mode, run the whole suite on SQLite, MariaDB/MySQL and PostgreSQL, then the
-#               acceptance and browser tiers against the built wheel
+#               acceptance and browser tiers against the built wheel (the newest stack:
+#               the newest Python and Django found); then the LTS stack (make test-lts)
 #   make docs   serve the docs site (MkDocs over docs/) at http://127.0.0.1:8000/en/latest/
 PY := .venv/bin/python
+# The second stack: Python 3.11 and Django 5.2 LTS (.ci/bootstrap lts).
+LTS_PY := .venv-lts/bin/python
 MYSQL_TEST_URL ?= mysql://root@127.0.0.1:3306/test
 POSTGRES_TEST_URL ?= postgres://postgres@127.0.0.1:5432/test
+LTS_TEST_URL ?= sqlite:////tmp/sqlqueue-lts-tests.sqlite3
 DEMO_DB ?= sqlite:///$(CURDIR)/example_project/db.sqlite3
 DOCS_SITE ?= site
 # Material for MkDocs prints a notice about MkDocs 2.0 on every run: not a problem of ours.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo spark-demo test bootstrap lint docs docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-spark test-wheel soak topologies bench bench-quick docs-images
+.PHONY: demo spark-demo test test-lts bootstrap bootstrap-lts lint docs docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-spark test-wheel soak topologies bench bench-quick docs-images
 
 bootstrap:
 	@./.ci/bootstrap
+
+bootstrap-lts:
+	@./.ci/bootstrap lts
 
 demo: bootstrap
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py migrate -v 0
@@ -64,17 +71,35 @@ test-spark: bootstrap
 	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m spark $(PYTEST_ARGS)
 	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m spark $(PYTEST_ARGS)
 
-# The admin screenshots the guides show (docs/images/admin-13..18), taken again by the
-# browser test at 1366 px.
-docs-images: bootstrap
+# The admin screenshots the guides show (docs/images/admin-13..20), taken again by the
+# browser tests at 1366 px, and those of the custom pages on each stack's Django (19, 20).
+docs-images: bootstrap bootstrap-lts
 	SQLQUEUE_REFRESH_DOCS_IMAGES=1 DATABASE_URL=sqlite:////tmp/sqlqueue-docs-images.sqlite3 \
-		$(PY) -m pytest tests/browser -k laptop_width $(PYTEST_ARGS)
+		$(PY) -m pytest tests/browser -k "laptop_width or styled_like" $(PYTEST_ARGS)
+	SQLQUEUE_REFRESH_DOCS_IMAGES=1 DATABASE_URL=sqlite:////tmp/sqlqueue-docs-images.sqlite3 \
+		$(LTS_PY) -m pytest -p no:cacheprovider tests/browser -k styled_like $(PYTEST_ARGS)
 
 # The built wheel installed in a fresh virtualenv: acceptance and browser tiers against it.
 test-wheel: bootstrap
 	./.ci/test-wheel
 
-test: lint docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-wheel
+# Django 5.2 LTS on Python 3.11, on SQLite: the unit and integration tiers, the browser
+# tier (the admin's markup differs between Django 5.2 and 6) and the acceptance tests of
+# a newcomer's first hour from the checkout; then the wheel built on that Python, in a
+# fresh virtualenv with Django 5.2, against the Quickstart, first-contact and browser
+# tests (README.md, "Development", says why this split).
+LTS_TESTS := tests/unit tests/integration tests/browser tests/acceptance/test_first_contact.py \
+	tests/acceptance/test_quickstart.py tests/acceptance/test_runconsumer.py \
+	tests/acceptance/test_tasks_worker.py
+LTS_WHEEL_TESTS := tests/acceptance/test_quickstart.py tests/acceptance/test_first_contact.py \
+	tests/browser
+test-lts: bootstrap-lts
+	DATABASE_URL=$(LTS_TEST_URL) $(LTS_PY) -m pytest -m "not soak and not spark" \
+		-p no:cacheprovider $(LTS_TESTS) $(PYTEST_ARGS)
+	SQLQUEUE_WHEEL_VENV=.venv-lts SQLQUEUE_WHEEL_PIP="django>=5.2,<5.3 django-tasks>=0.8" \
+		SQLQUEUE_WHEEL_TESTS="$(LTS_WHEEL_TESTS)" ./.ci/test-wheel $(LTS_TEST_URL)
+
+test: lint docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-wheel test-lts
 
 # The topology report's runs (docs/guides/topologies.md), the soak ones included, with
 # their figures printed: servers of the tests' own (MariaDB replicas, a Galera cluster).

@@ -21,15 +21,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from sqlqueue.conf import QueueSettings, validate
 from sqlqueue.storage.sql import SUPPORTED_VENDORS, dialect_for
 from sqlqueue.storage.statements import MySQLStatements, PostgreSQLStatements
-from sqlqueue.storage.statements.tables import (
-    HEARTBEATS_TABLE,
-    LEASES_TABLE,
-    MESSAGE_TABLE,
-    OFFSETS_TABLE,
-    STATE_TABLE,
-)
+from sqlqueue.storage.statements.tables import ALL_TABLES
 
-QUEUE_TABLES = (MESSAGE_TABLE, STATE_TABLE, LEASES_TABLE, OFFSETS_TABLE, HEARTBEATS_TABLE)
+#: the tables whose collation sqlqueue.E104 checks: all nine (each migration converts its own)
+QUEUE_TABLES = ALL_TABLES
 MIN_MYSQL = (8, 0)
 MIN_MARIADB = (10, 11)
 MIN_SQLITE = (3, 35)

@@ -19,3 +19,13 @@ class InvalidMessage(SqlqueueError, ValueError):
 
 class ConfigurationError(SqlqueueError, ImproperlyConfigured):
     """The ``SQLQUEUE`` setting (or the database behind it) cannot be used."""
+
+
+class NotMigrated(ConfigurationError):
+    """sqlqueue's tables are missing or older than this version of sqlqueue: run
+    ``manage.py migrate``."""
+
+    @classmethod
+    def no_tables(cls, alias: str) -> NotMigrated:
+        return cls(f"Database {alias!r} has no sqlqueue tables: run `manage.py migrate` "
+                   f"(add `--database {alias}` if it is not the default database).")

@@ -1,4 +1,4 @@
-"""Prometheus metrics (``sqlqueue[metrics]``, docs/guides/monitoring.md).
+"""Prometheus metrics (``django-sqlqueue[metrics]``, docs/guides/monitoring.md).
 
 ``QueueStateCollector`` reads the queue's state at each scrape through
 ``sqlqueue.operations.state`` (bounded statements only: a scrape costs the same few

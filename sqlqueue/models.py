@@ -1,4 +1,5 @@
-"""Django models mirroring the five tables of the RFC "SQL-Based Distributed Queue".
+"""Django models mirroring the five tables of the RFC "SQL-Based Distributed Queue", and
+three of sqlqueue's own four (the fourth, ``queue_task_results``, is the Tasks backend's).
 
 Table and column names, keys and units are the RFC's (timestamps are epoch milliseconds
 in BIGINT UNSIGNED). Columns the RFC lacks carry a database default, so a row written by

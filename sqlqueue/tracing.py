@@ -1,4 +1,4 @@
-"""OpenTelemetry propagation, when ``opentelemetry-api`` is installed (``sqlqueue[otel]``).
+"""OpenTelemetry propagation, when ``opentelemetry-api`` is installed (``django-sqlqueue[otel]``).
 
 ``send_message`` writes the current trace context (W3C ``traceparent``, or whatever
 propagator the application configured) into the message's metadata; the handler then

@@ -108,6 +108,10 @@ if HAS_TASKS:
                         "ORDERED": True, "ATOMIC": True},
         },
     }
+    if find_spec("django.tasks") is None:
+        # The backport is an app: its system checks (which run the backends' own, such
+        # as sqlqueue.E201) are registered when it is installed (docs/guides/tasks.md).
+        INSTALLED_APPS.append("django_tasks")
 
 if os.environ.get("SQLQUEUE_TEST_LOG"):
     LOGGING = {

@@ -79,3 +79,33 @@ def _summary(partitions: Sequence[PartitionLag]) -> str:
     for p in partitions:
         counts[p.status] = counts.get(p.status, 0) + 1
     return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+
+#: partitions whose keys are written under their column; more get the first and last
+LABELLED_PARTITIONS = 24
+
+
+def pending_labels(partitions: Sequence[PartitionLag]) -> tuple[SafeString, SafeString]:
+    """The axes of ``pending_columns``, in HTML beside the SVG (text inside a stretched
+    SVG would be stretched too): the scale (the tallest column's count) above, and the
+    partition keys under their columns, or the first and last key when there are many."""
+    if not partitions:
+        return format_html(""), format_html("")
+    top = max(p.pending or 0 for p in partitions)
+    capped = any(p.pending_capped for p in partitions)
+    scale = format_html(
+        '<div class="sqlqueue-axis-y">pending messages per partition (tallest: {}{})</div>',
+        ">=" if capped else "", top)
+    if len(partitions) <= LABELLED_PARTITIONS:
+        keys = format_html_join(
+            "", '<span title="{}" style="flex:1 1 0;min-width:0;overflow:hidden;'
+                'text-overflow:ellipsis;white-space:nowrap;text-align:center">{}</span>',
+            ((p.partition_key, p.partition_key) for p in partitions))
+    else:
+        keys = format_html(
+            '<span>{}</span><span style="flex:1;text-align:center">{} partitions, in key '
+            'order</span><span>{}</span>', partitions[0].partition_key, len(partitions),
+            partitions[-1].partition_key)
+    return scale, format_html(
+        '<div class="sqlqueue-axis-x" style="display:flex;max-width:800px;gap:1px;'
+        'font-size:11px;color:var(--body-quiet-color, #666)">{}</div>', keys)

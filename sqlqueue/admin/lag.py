@@ -13,7 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
 
-from sqlqueue.admin.charts import pending_columns, status_strip
+from sqlqueue.admin.charts import pending_columns, pending_labels, status_strip
 from sqlqueue.admin.messages import ReadOnlyAdmin
 from sqlqueue.conf import get_settings
 from sqlqueue.models import ConsumerLag
@@ -22,7 +22,8 @@ from sqlqueue.operations import lag as lag_rules
 from sqlqueue.operations.lag import group_lag, known_subscriptions
 from sqlqueue.operations.lag_shapes import SEVERITY
 from sqlqueue.operations.positions import InvalidPosition, reset_position, retry_now
-from sqlqueue.operations.retire import CannotRetire, retire_group
+from sqlqueue.operations.retire import CannotRetire, may_retire, retire_group
+from sqlqueue.operations.unconsumed import unconsumed_topics
 
 #: partitions listed on a subscription's page before "show all" (worst first)
 PARTITION_ROWS = 200
@@ -84,6 +85,8 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
         return self._render(request, "admin/sqlqueue/lag_overview.html", {
             "title": "Consumer lag",
             "rows": rows,
+            "unconsumed": [(alias, topic) for alias in conf.databases
+                           for topic in unconsumed_topics(conf.read_alias(alias))],
             "several_databases": len(conf.databases) > 1,
             "rules": lag_rules,
         })
@@ -100,6 +103,7 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
             "title": f"{group} on {topic}",
             "lag": lag,
             "chart": pending_columns(lag.partitions),
+            "chart_scale_and_keys": pending_labels(lag.partitions),
             "partitions": worst_first if show_all else worst_first[:PARTITION_ROWS],
             "hidden": 0 if show_all else max(0, len(worst_first) - PARTITION_ROWS),
             "all_url": "?" + urlencode({"group": group, "topic": topic, "all": "1"}),
@@ -109,8 +113,9 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
             "reset_url": self._action_url("reset_position", group, topic),
             "may_pause": request.user.has_perm("sqlqueue.pause_subscription"),
             "pause_url": self._action_url("pause", group, topic),
-            # Retiring is offered for a group nobody runs (STOP, or idle with no holder).
-            "may_retire": request.user.has_perm("sqlqueue.retire_group") and not lag.held,
+            # Retiring is offered for a group nobody runs whose consumer left the code.
+            "may_retire": request.user.has_perm("sqlqueue.retire_group")
+            and may_retire(group, topic, _alias(topic), held=bool(lag.held)),
             "retire_url": self._action_url("retire", group, topic),
             "rules": lag_rules,
         })

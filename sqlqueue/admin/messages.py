@@ -19,7 +19,7 @@ from sqlqueue.admin.display import (
     from_epoch_ms,
     pretty_json,
 )
-from sqlqueue.models import IS_DEAD_LETTER, DeliveryState, QueueMessage
+from sqlqueue.models import IS_DEAD_LETTER, QueueMessage
 
 #: the end of a stored traceback shown on a message's page (its last lines say why)
 MAX_ERROR_CHARS = 4_000
@@ -108,31 +108,25 @@ class QueueMessageAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
 
     @admin.display(description="delivery by group")
     def delivery(self, obj: QueueMessage) -> SafeString:
-        """Each group's delivery state of this message: attempts so far and, while it is
-        retrying, the last error (why it is stuck, without reading worker logs)."""
-        from sqlqueue.operations.lag import known_subscriptions
+        """Every known group of the topic: its state of this message (acked, retrying and
+        when the next attempt is due, in flight, done, not started), attempts so far and,
+        while it is retrying, the last error (why it is stuck, without the worker logs)."""
+        from sqlqueue.operations.message_delivery import message_delivery
 
-        groups = [g for g, t in known_subscriptions() if t == obj.topic]
-        # By primary key: (group, topic, partition, offset) for each group of the topic.
-        states = (DeliveryState.objects.filter(consumer_group__in=groups, topic=obj.topic,
-                                               partition_key=obj.partition_key,
-                                               message_offset=obj.offset)
-                  .order_by("consumer_group")
-                  .values_list("consumer_group", "acked", "retry_count", "last_error"))
         rows = [format_html(
-            '<tr><td>{}</td><td>{}</td><td>{}</td><td class="sqlqueue-last-error">{}</td></tr>',
-            # retry_count counts the deliveries after the first.
-            group, "acked" if acked else ("retrying" if error else "delivered"), attempts + 1,
+            '<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
+            '<td class="sqlqueue-last-error">{}</td></tr>',
+            d.group, d.state, d.attempts or "-",
+            from_epoch_ms(d.next_attempt_at) if d.next_attempt_at else "-",
             format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>',
-                        error[-MAX_ERROR_CHARS:]) if error else "-")
-            for group, acked, attempts, error in states]
+                        d.last_error[-MAX_ERROR_CHARS:]) if d.last_error else "-")
+            for d in message_delivery(obj)]
         if not rows:
-            return format_html("<span>{}</span>", "not delivered yet, or done and forgotten "
-                               "(below every group's watermark)")
+            return format_html("<span>{}</span>", "no consumer group consumes this topic yet")
         return format_html(
             '<table id="sqlqueue-delivery"><thead><tr><th>group</th><th>state</th>'
-            "<th>attempts</th><th>last error</th></tr></thead><tbody>{}</tbody>"
-            "</table>", format_html_join("", "{}", ((r,) for r in rows)))
+            "<th>attempts</th><th>next attempt</th><th>last error</th></tr></thead>"
+            "<tbody>{}</tbody></table>", format_html_join("", "{}", ((r,) for r in rows)))
 
     @admin.display(description="not before")
     def deliver_after_time(self, obj: QueueMessage) -> dt.datetime | None:

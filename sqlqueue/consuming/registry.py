@@ -50,6 +50,9 @@ class Consumer:
     rate_limit: float | None = None
     #: deliveries outstanding at once in the whole group, all processes (None: no limit)
     max_in_flight: int | None = None
+    #: where a group that has no position on the topic yet starts: "earliest" (the oldest
+    #: message still kept) or "latest" (only messages published after it first runs)
+    start: str = "earliest"
 
     @property
     def name(self) -> str:
@@ -67,6 +70,8 @@ class Consumer:
 
 
 _registry: dict[tuple[str, str], Consumer] = {}
+#: the values of @consumer(start=...)
+START_POSITIONS = ("earliest", "latest")
 
 
 def consumer(
@@ -83,12 +88,15 @@ def consumer(
     timeout: float | None = None,
     rate_limit: float | None = None,
     max_in_flight: int | None = None,
+    start: str = "earliest",
 ) -> Callable[[Handler], Handler]:
     """Register the decorated function as ``group``'s handler of ``topic``.
 
     Options left as None take their value from ``SQLQUEUE`` when the consumer runs.
     ``rate_limit`` and ``max_in_flight`` hold for the whole group, across processes
-    (sqlqueue.consuming.limits).
+    (sqlqueue.consuming.limits). ``start`` places a group that has no position on the
+    topic yet: ``"earliest"``, every message still kept, or ``"latest"``, only messages
+    published after it first runs (docs/guides/consuming.md, "Where a new group starts").
     """
     try:
         check_name("topic", topic)
@@ -110,6 +118,8 @@ def consumer(
                                       or max_in_flight < 1):
         raise ConfigurationError(f"{where}: max_in_flight is a whole number of messages, "
                                  f"at least 1; got {max_in_flight!r}.")
+    if start not in START_POSITIONS:
+        raise ConfigurationError(f"{where}: start is 'earliest' or 'latest'; got {start!r}.")
     given: dict[str, Any] = {
         "max_attempts": max_attempts, "visibility_timeout": visibility_timeout,
         "batch_size": batch_size, "min_backoff": min_backoff, "max_backoff": max_backoff,
@@ -131,7 +141,7 @@ def consumer(
         registered = Consumer(topic, group, handler, ordered, atomic, tuple(overrides),
                               timeout=None if timeout is None else float(timeout),
                               rate_limit=None if rate_limit is None else float(rate_limit),
-                              max_in_flight=max_in_flight)
+                              max_in_flight=max_in_flight, start=start)
         existing = _registry.get((group, topic))
         if existing is not None and _qualified(existing.handler) != _qualified(handler):
             raise ConfigurationError(
@@ -167,6 +177,8 @@ def select_consumers(
     """
     wanted_groups, wanted_topics = set(groups), set(topics)
     known = registered_consumers()
+    if not known:
+        raise ConfigurationError(nothing_registered())
     unknown_groups = wanted_groups - {c.group for c in known}
     unknown_topics = wanted_topics - {c.topic for c in known}
     if unknown_groups or unknown_topics:
@@ -175,7 +187,7 @@ def select_consumers(
             parts.append(f"no consumer in group(s) {', '.join(sorted(unknown_groups))}")
         if unknown_topics:
             parts.append(f"no consumer of topic(s) {', '.join(sorted(unknown_topics))}")
-        available = ", ".join(c.name for c in known) or "none are registered"
+        available = ", ".join(c.name for c in known)
         raise ConfigurationError(f"{'; '.join(parts)}. Registered (group:topic): {available}.")
     chosen = [
         c for c in known
@@ -183,8 +195,26 @@ def select_consumers(
         and (not wanted_topics or c.topic in wanted_topics)
     ]
     if not chosen:
-        raise ConfigurationError("No registered consumer matches both --group and --topic.")
+        raise ConfigurationError(
+            f"No registered consumer is in group(s) {', '.join(sorted(wanted_groups))} "
+            f"and of topic(s) {', '.join(sorted(wanted_topics))}. Registered "
+            f"(group:topic): {', '.join(c.name for c in known)}.")
     return chosen
+
+
+def nothing_registered() -> str:
+    """Where consumers are looked for, for the newcomer whose ``runconsumer`` found none
+    (SPEC §10 "The first hour"): the module each installed app may have, and the
+    decorator that registers a handler there."""
+    from django.apps import apps
+
+    searched = [config.name for config in apps.get_app_configs()
+                if not config.name.startswith("django.")]
+    return ("No consumer is registered. runconsumer imports the module consumers.py of "
+            "each installed app (<app>/consumers.py; looked for in: "
+            f"{', '.join(searched) or 'no app outside django.contrib'}) and runs the "
+            "handlers registered there with @sqlqueue.consumer(\"<topic>\", group=\"<group>\"). "
+            "Add the app that has one to INSTALLED_APPS, or write one.")
 
 
 def unregister(group: str, topic: str) -> None:

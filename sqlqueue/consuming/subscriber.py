@@ -78,6 +78,8 @@ class Subscriber(Delivering, Watermarks):
         self._discovered_at_head = -1
         self._next_discovery = 0.0
         self._discovery_deferred = False
+        # @consumer(start="latest"): placed at the topic's heads once, before any partition.
+        self._start_placed = consumer.start != "latest"
         Watermarks.__init__(self)
 
     @property
@@ -128,6 +130,11 @@ class Subscriber(Delivering, Watermarks):
         ):
             return
         self.discovered = self.dialect.discover_partitions(cursor, self.topic)
+        if not self._start_placed:
+            # Before the first lease tick creates any offsets row at 0: a new group
+            # starts after what is stored now (a group with a position keeps it).
+            self.dialect.start_at_heads(cursor, self.group, self.topic)
+            self._start_placed = True
         took = time.monotonic() - now
         held = set(self.leases.owned) | self.leases.others
         if any(key not in held for key in self.discovered):

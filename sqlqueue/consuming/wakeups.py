@@ -57,3 +57,21 @@ def _listeners(conf: QueueSettings, alias: str, topics: frozenset[str],
 
         found.append(RedisListener(conf.WAKEUP_REDIS_URL, topics, ring))
     return found
+
+
+def describe_channels(conf: QueueSettings, alias: str) -> str:
+    """What wakes a runner on ``alias`` before its next poll, in the words of the start-up
+    banner (``runconsumer``): a newcomer sees whether other processes' publishes reach it
+    at once or only at the next poll."""
+    poll = f"otherwise a poll every {conf.POLL_INTERVAL:g} s"
+    if not conf.WAKEUPS:
+        return f"none (SQLQUEUE['WAKEUPS'] is False): a poll every {conf.POLL_INTERVAL:g} s"
+    channels = ["publishes of this process"]
+    if connections[alias].vendor == "postgresql":
+        channels.append(f"PostgreSQL LISTEN on {conf.listen_alias_for(alias)!r}")
+    if conf.WAKEUP_REDIS_URL:
+        channels.append("Redis pub/sub (WAKEUP_REDIS_URL)")
+    if len(channels) == 1:
+        return (f"{channels[0]} only ({connections[alias].vendor} has no NOTIFY and "
+                f"WAKEUP_REDIS_URL is not set); {poll}")
+    return f"{', '.join(channels)}; {poll}"

@@ -20,6 +20,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from sqlqueue.conf import get_settings
 from sqlqueue.operations.state import SubscriptionState, subscription_states
+from sqlqueue.operations.unconsumed import unconsumed_topics
 
 UNHEALTHY = ("STOP", "STALL")
 
@@ -29,6 +30,8 @@ class HealthReport:
     healthy: bool = True
     reasons: list[str] = field(default_factory=list)
     subscriptions: list[dict[str, Any]] = field(default_factory=list)
+    #: worth a look, not a restart: still healthy (topics nobody consumes)
+    warnings: list[str] = field(default_factory=list)
 
     def fail(self, reason: str) -> None:
         self.healthy = False
@@ -47,10 +50,13 @@ def queue_health(using: str | None = None, group: str | None = None,
     aliases = [using] if using else list(get_settings().databases)
     matched = False
     for alias in aliases:
+        failures = len(report.reasons)
         states = _states_of(report, alias, group, topic)
         matched = matched or bool(states)
         for s in states:
             _judge(report, s)
+        if group is None and len(report.reasons) == failures:  # reachable and migrated
+            _warn_unconsumed(report, alias, topic)
     if (group or topic) and not matched and report.healthy:
         report.fail("no subscription matches " + " and ".join(
             f"{name} {value!r}" for name, value in (("group", group), ("topic", topic))
@@ -80,6 +86,14 @@ def _states_of(report: HealthReport, alias: str, group: str | None,
     except DatabaseError as exc:
         report.fail(f"database {alias!r} unreachable: {exc}")
         return []
+
+
+def _warn_unconsumed(report: HealthReport, alias: str, topic: str | None) -> None:
+    """Topics with messages and no consumer group (a misspelt topic, a consumers.py
+    outside INSTALLED_APPS): a warning, not unhealthy."""
+    for row in unconsumed_topics(alias):
+        if topic in (None, row.topic):
+            report.warnings.append(f"{row.describe()} on {alias!r}")
 
 
 def _judge(report: HealthReport, s: SubscriptionState) -> None:

@@ -11,14 +11,13 @@ from django.db import connections
 from django.db.migrations.loader import MigrationLoader
 
 from sqlqueue.conf import get_settings
-from sqlqueue.exceptions import ConfigurationError
+from sqlqueue.exceptions import ConfigurationError, NotMigrated
 from sqlqueue.storage.sql import dialect_for
 
 APP_LABEL = "sqlqueue"
 
 
-class NotMigrated(ConfigurationError):
-    """sqlqueue's tables are missing or older than this version of sqlqueue."""
+__all__ = ["ConfigurationError", "NotMigrated", "ensure_ready", "migration_state"]
 
 
 def migration_state(alias: str) -> tuple[list[str], list[str]]:
@@ -42,9 +41,10 @@ def ensure_ready(alias: str | None = None) -> None:
     alias = alias or get_settings().DATABASE
     dialect_for(connections[alias]).check_connection()
     ours, missing = migration_state(alias)
+    if missing and missing == ours:
+        raise NotMigrated.no_tables(alias)
     if missing:
-        what = ("has no sqlqueue tables" if missing == ours
-                else f"lacks sqlqueue migration(s) {', '.join(missing)}")
+        what = f"lacks sqlqueue migration(s) {', '.join(missing)}"
         raise NotMigrated(
             f"Database {alias!r} {what}: run `manage.py migrate` (add `--database {alias}` "
             "if it is not the default database)."

@@ -65,6 +65,12 @@ def retire_group(group: str, topic: str | None = None, *, using: str | None = No
     if not group or not topics or not any(_has_trace(group, t, alias) for t in topics):
         where = f"on topic {topic!r}" if topic else "on any topic"
         raise CannotRetire(f"No consumer group {group!r} {where}: nothing to retire.")
+    in_code = [t for t in topics if registered_here(group, t)]
+    if in_code:
+        raise CannotRetire(f"Group {group!r} is still registered in the code on "
+                           f"{', '.join(in_code)}: every process that registers it counts it "
+                           "for garbage collection again. Remove the consumer from the code "
+                           "and deploy, then retire.")
     live = live_subscribers(group, topics, alias)
     if live:
         raise CannotRetire(f"Group {group!r} has live subscribers ({', '.join(live)}): stop "
@@ -104,6 +110,20 @@ def _has_trace(group: str, topic: str, alias: str) -> bool:
     return any(model.objects.using(alias).filter(scope).exists()
                for model in (PartitionOffset, PartitionLease, SubscriberHeartbeat,
                              DeliveryState))
+
+
+def registered_here(group: str, topic: str) -> bool:
+    """Is (group, topic) a consumer of this process's code (``@consumer``)?"""
+    from sqlqueue.consuming.registry import registered_consumers
+
+    return any(c.group == group and c.topic == topic for c in registered_consumers())
+
+
+def may_retire(group: str, topic: str, alias: str, held: bool) -> bool:
+    """What the docs allow retiring (docs/guides/operations.md, "Retiring a group"): a
+    group nobody holds or runs, whose consumer is no longer in the code."""
+    return (not held and not registered_here(group, topic)
+            and not live_subscribers(group, [topic], alias))
 
 
 def live_subscribers(group: str, topics: list[str], alias: str) -> list[str]:

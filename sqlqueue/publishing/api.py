@@ -19,7 +19,7 @@ from django.utils.connection import ConnectionDoesNotExist
 
 from sqlqueue import tracing
 from sqlqueue.conf import QueueSettings, get_settings
-from sqlqueue.exceptions import InvalidMessage
+from sqlqueue.exceptions import InvalidMessage, NotMigrated
 from sqlqueue.publishing.messages import (
     DEFAULT_PRIORITY,
     OutgoingMessage,
@@ -66,6 +66,24 @@ def _retried_alone(publish: _Publish) -> _Publish:
     return publish_alone  # type: ignore[return-value]
 
 
+def _naming_migrate(publish: _Publish) -> _Publish:
+    """A publish on a database nobody migrated raises ``NotMigrated``, which names
+    ``manage.py migrate``, instead of the driver's "table doesn't exist" (the driver's
+    error stays attached as its cause)."""
+    @functools.wraps(publish)
+    def publish_or_name_migrate(topic: str, *args: Any, using: str | None = None,
+                                **kwargs: Any) -> Any:
+        try:
+            return publish(topic, *args, using=using, **kwargs)
+        except DatabaseError as error:
+            if not Dialect.is_missing_queue_table(error):
+                raise
+            alias = _connection(using, get_settings(), topic).alias
+            raise NotMigrated.no_tables(alias) from error
+
+    return publish_or_name_migrate  # type: ignore[return-value]
+
+
 def _retry_alone(connection: BaseDatabaseWrapper, attempt: Callable[[], _Sent]) -> _Sent:
     """Outside a transaction of the caller's, a publish is its own transaction: when the
     database rolls it back as a lock-wait or deadlock victim, nothing of it was stored,
@@ -92,6 +110,7 @@ def _alone_connection(using: str | None, topic: Any) -> BaseDatabaseWrapper | No
     return None if connection.in_atomic_block else connection
 
 
+@_naming_migrate
 def send_message(
     topic: str,
     payload: Any,
@@ -254,7 +273,7 @@ def send_messages(
     return results
 
 
-send_messages = _retried_alone(send_messages)
+send_messages = _naming_migrate(_retried_alone(send_messages))
 
 
 def _prepare_item(
@@ -343,7 +362,7 @@ def _check_fits(dialect: Dialect, row: MessageRow, where: str = "") -> None:
 
 def _chunks(rows: Sequence[MessageRow], dialect: Dialect) -> Iterable[Sequence[MessageRow]]:
     """Split ``rows`` so each statement stays under the row, parameter and byte limits."""
-    max_params = dialect.connection.features.max_query_params or 65_535
+    max_params = dialect.max_query_params()
     max_rows = max(1, min(dialect.max_rows_per_insert, max_params // 10))
     literal_bytes = dialect.literal_bytes
     return statement_chunks(

@@ -6,7 +6,7 @@
 
     DATABASE_URL=mysql://... python -m sqlqueue.spark.analytics --out report/
 
-Needs ``pip install sqlqueue[spark]`` (PySpark 4.2+, pyarrow) and Java 17+.
+Needs ``pip install django-sqlqueue[spark]`` (PySpark 4.2+, pyarrow) and Java 17+.
 """
 
 from __future__ import annotations

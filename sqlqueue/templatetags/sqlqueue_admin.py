@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import django
 from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -9,6 +10,14 @@ from django.utils.safestring import SafeString
 from sqlqueue.admin.charts import STATUS_COLORS
 
 register = template.Library()
+
+
+@register.simple_tag
+def admin_breadcrumbs_are_a_list() -> bool:
+    """Whether this Django's admin writes its breadcrumbs as an ``<ol>`` of ``<li>``
+    (Django 6) rather than a ``<div>`` of links separated by ``&rsaquo;`` (Django 5.2):
+    our pages write the markup the running admin's stylesheet styles."""
+    return django.VERSION >= (6, 0)
 
 
 @register.filter

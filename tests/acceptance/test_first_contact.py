@@ -4,6 +4,7 @@ bad settings are check ids, never start-up tracebacks."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ from django.db import connection
 from tests.acceptance.first_contact import manage, script, write_settings
 from tests.acceptance.processes import database_url
 
+# Django's Tasks framework: django.tasks (Django 6), else the django-tasks backport
+# (Django 5.2, the LTS stack of make test-lts).
+TASKS = "django.tasks" if find_spec("django.tasks") is not None else "django_tasks"
 needs_tasks = pytest.mark.skipif(not getattr(settings, "HAS_TASKS", False),
                                  reason="needs Django's Tasks framework")
 
@@ -47,7 +51,7 @@ def test_bad_tasks_options_are_check_e202(tmp_path: Path, options: str, expected
     assert "(sqlqueue.E202) TASKS['default']['OPTIONS']" in result.stderr
     assert expected in result.stderr
     # The other, valid backend still runs; the broken one refuses work with the same text.
-    code = ("from django.tasks import task_backends\n"
+    code = (f"from {TASKS} import task_backends\n"
             "from sqlqueue.exceptions import ConfigurationError\n"
             "from tests.testapp import tasks\n"
             "try:\n    tasks.add.enqueue(1, 2)\n"
@@ -79,7 +83,7 @@ def test_e201_fires_when_sqlqueue_is_not_installed(tmp_path: Path) -> None:
     ))
     # Django registers its Tasks checks once django.tasks is imported (by any tasks module).
     result = script(tmp_path, module, (
-        "import django.tasks\nfrom django.core.management import call_command\n"
+        f"import {TASKS}\nfrom django.core.management import call_command\n"
         "call_command('check')\n"))
     assert "RuntimeError" not in result.stderr, result.stderr
     assert "(sqlqueue.E201) TASKS['default'] uses sqlqueue.tasks.SQLQueueBackend" in (
@@ -220,3 +224,47 @@ def test_latin1_connection_is_refused_before_any_write(tmp_path: Path) -> None:
         result = manage(tmp_path, module, *command, timeout=60)
         assert result.returncode == 1, result.stderr
         assert CHARSET_REFUSAL in result.stderr and "Traceback" not in result.stderr
+
+
+def test_runconsumer_with_nothing_registered_says_where_consumers_are_looked_for(
+        tmp_path: Path) -> None:
+    """SPEC §10: not "--group and --topic", which the user never gave."""
+    # Neither the test app's consumers nor the Tasks backends' (Django 6).
+    module = write_settings(tmp_path, "INSTALLED_APPS = [a for a in INSTALLED_APPS "
+                                      "if a != 'tests.testapp']\nTASKS = {}\n")
+    result = manage(tmp_path, module, "runconsumer", "--until-empty")
+    assert result.returncode == 1, result.stdout
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "--group" not in result.stderr and "--topic" not in result.stderr
+    assert "No consumer is registered" in result.stderr
+    assert "<app>/consumers.py" in result.stderr
+    assert "sqlqueue" in result.stderr.split("looked for in:")[1]  # the apps it searched
+
+
+@pytest.mark.parametrize("publish", [
+    "from sqlqueue import send_message\nsend_message('orders.created', {'n': 1})\n",
+    "from sqlqueue import send_messages\nsend_messages('orders.created', [1, 2])\n",
+    "from django.db import transaction\nfrom sqlqueue import send_message\n"
+    "with transaction.atomic():\n    send_message('orders.created', {'n': 1})\n",
+])
+def test_publishing_before_migrate_names_migrate(tmp_path: Path, publish: str) -> None:
+    """Issue 37: not the driver's "no such table: queue_messages"."""
+    module = write_settings(tmp_path, "")
+    code = ("from sqlqueue.exceptions import NotMigrated\n"
+            f"try:\n    exec({publish!r})\n"
+            "except NotMigrated as exc:\n    print('refused:', exc)\n")
+    result = script(tmp_path, module, code, database=f"sqlite:///{tmp_path / 'new.sqlite3'}")
+    assert result.returncode == 0, result.stderr
+    assert ("refused: Database 'default' has no sqlqueue tables: run `manage.py migrate`"
+            in result.stdout)
+
+
+@needs_tasks
+def test_enqueue_before_migrate_names_migrate(tmp_path: Path) -> None:
+    module = write_settings(tmp_path, "")
+    code = ("from sqlqueue.exceptions import NotMigrated\nfrom tests.testapp import tasks\n"
+            "try:\n    tasks.add.enqueue(1, 2)\n"
+            "except NotMigrated as exc:\n    print('refused:', exc)\n")
+    result = script(tmp_path, module, code, database=f"sqlite:///{tmp_path / 'new.sqlite3'}")
+    assert result.returncode == 0, result.stderr
+    assert "refused: Database 'default' has no sqlqueue tables" in result.stdout

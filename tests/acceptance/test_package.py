@@ -19,9 +19,17 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
-                   check=True, capture_output=True)
+    built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
+                           check=True, capture_output=True, text=True)
+    (out.parent / f"{out.name}-build.log").write_text(built.stdout + built.stderr)
     return out
+
+
+def test_the_build_prints_no_setuptools_warning(dist: Path) -> None:
+    """Issue 37: the template folders were data setuptools warned about at each build
+    ("Package would be ignored"); they are namespace packages of data now."""
+    log = (dist.parent / f"{dist.name}-build.log").read_text()
+    assert "would be ignored" not in log and "WARNING" not in log, log
 
 
 def runtime_files() -> list[str]:

@@ -32,6 +32,14 @@ def test_until_empty_handles_everything_and_exits_zero(processes: list) -> None:
     assert finished("workers") == offsets
     assert finished("auditors") == offsets
     assert "workers:accept.work: 20 acked, 0 retried, 0 dead-lettered" in out
+    # The start-up banner (SPEC §10): what it serves, the database, the wake-up channel.
+    banner = out.split("  consumers (")[0]
+    assert banner.startswith("django-sqlqueue "), out
+    assert "3 handler thread(s)" in banner
+    assert "    group 'workers' on topic 'accept.work'" in out
+    assert "    group 'auditors' on topic 'accept.work'" in out
+    assert "  database: 'default' (" in banner
+    assert "  wake-ups: publishes of this process" in banner
     # The ordered group handled each partition in offset order.
     for key in ("k0", "k1", "k2", "k3"):
         calls = list(HandlerCall.objects.filter(group="auditors", partition_key=key,

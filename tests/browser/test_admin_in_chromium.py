@@ -282,3 +282,49 @@ def _laptop_walkthrough(admin: Admin, browser: Chrome) -> None:
     assert "retrying" in table.text and "SMTP server busy" in table.text
     browser.execute_script("arguments[0].scrollIntoView()", table)
     _keep(admin, "18-message-delivery")
+
+
+# The breadcrumbs bar as this browser draws it: a styled bar is one line tall with its
+# crumbs side by side; markup of another Django's admin falls back to a numbered list,
+# one crumb per line.
+BREADCRUMBS_BOX = """
+const bar = document.querySelector('.breadcrumbs');
+const links = [...bar.querySelectorAll('a')];
+return {height: Math.round(bar.getBoundingClientRect().height),
+        background: getComputedStyle(bar).backgroundColor,
+        one_line: links.every(a => Math.abs(a.getBoundingClientRect().top
+                                            - links[0].getBoundingClientRect().top) < 2)};
+"""
+
+
+def test_custom_pages_are_styled_like_stock_pages_on_this_django(
+        live_server: Any, browser: Chrome, screenshots: Path,
+        register: Callable[..., Any]) -> None:
+    """Issue 37: on every supported Django the custom pages' breadcrumbs look like those
+    of a stock admin page of the same Django (one styled line), not an unstyled list. The
+    screenshots of the lag overview and of a confirmation page, one per Django, are kept
+    in docs/images by `make docs-images`."""
+    import django
+
+    operator_scene(register)
+    User.objects.create_superuser("operator", "ops@example.com", PASSWORD)
+    admin = Admin(browser, live_server.url, screenshots)
+    admin.open("/admin/login/")
+    browser.find_element(By.NAME, "username").send_keys("operator")
+    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
+    admin.submit("Log in")
+    admin.open("/admin/sqlqueue/deadletter/")
+    stock = browser.execute_script(BREADCRUMBS_BOX)
+    assert stock["one_line"]
+    for page in ("/admin/sqlqueue/consumerlag/", "/admin/sqlqueue/subscriberstatus/",
+                 "/admin/sqlqueue/schedulestate/",
+                 "/admin/sqlqueue/consumerlag/subscription/?group=emails&topic=orders"):
+        admin.open(page)
+        assert browser.execute_script(BREADCRUMBS_BOX) == stock, page
+    version = f"django-{django.VERSION[0]}.{django.VERSION[1]}"
+    admin.open("/admin/sqlqueue/consumerlag/")
+    _keep(admin, f"19-lag-overview-{version}")
+    # A confirmation page of a repair, the other kind of custom page.
+    admin.open("/admin/sqlqueue/consumerlag/retry-now/?group=emails&topic=orders")
+    assert browser.execute_script(BREADCRUMBS_BOX) == stock
+    _keep(admin, f"20-retry-now-confirm-{version}")

@@ -4,6 +4,7 @@ false STOP after a clean exit, and the same numbers beyond the count budget."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import threading
 import time
@@ -30,7 +31,12 @@ from sqlqueue.models import (
 from sqlqueue.operations import lag as lag_rules
 from sqlqueue.operations.lag import group_lag, lag_overview
 from sqlqueue.storage.sql import dialect_for
-from tests.integration.consuming_helpers import drain, fast_settings, register
+from tests.integration.consuming_helpers import (
+    drain,
+    drain_until_watermarks,
+    fast_settings,
+    register,
+)
 from tests.integration.test_admin import admin_client, dead_letters, staff_with
 from tests.integration.test_admin_dashboards import LAG, at, badges
 from tests.integration.test_metrics import scrape, value
@@ -71,18 +77,42 @@ def test_a_retrying_message_says_why_on_its_page_and_its_partition(
     text = page.content.decode()
     assert page.status_code == 200
     table = text[text.index('id="sqlqueue-delivery"'):]
-    assert re.search(r"<td>g</td><td>retrying</td><td>1</td>", table), table[:600]
+    # The next attempt is an hour away (the database's clock, shown in UTC).
+    state = DeliveryState.objects.get(message_offset=offset)
+    due = dt.datetime.fromtimestamp(state.invisible_until / 1000, tz=dt.UTC)
+    assert re.search(r"<td>g</td><td>retrying</td><td>1</td><td>[^<]+</td>", table), table[:600]
+    assert due.strftime("%Y") in table.split("</td>")[3]
     assert "ConnectionError: SMTP server mx.example.com refused the connection" in table
     subscription = admin_client.get(at(SUBSCRIPTION, group="g", topic="t")).content.decode()
     assert 'class="sqlqueue-last-error"' in subscription
     assert "SMTP server mx.example.com refused the connection" in subscription
 
 
-def test_a_message_nobody_delivered_says_so(admin_client: Client, register: Any) -> None:
-    register("t", "g", lambda m: None)
+def test_a_message_lists_every_group_of_its_topic(admin_client: Client,
+                                                  register: Any) -> None:
+    """Issue 37: a group that acked it (its delivery state dropped once the watermark
+    passed) and a group that never started it were left out."""
+    register("t", "fast", lambda m: None)
+    register("t", "idle", lambda m: None)
     sent = send_message("t", 1, partition_key="k")
+
+    def rows() -> list[tuple[str, ...]]:
+        page = admin_client.get(reverse("admin:sqlqueue_queuemessage_change",
+                                        args=[sent.offset])).content.decode()
+        start = page.index('id="sqlqueue-delivery"')
+        table = page[start:page.index("</table>", start)]
+        return [tuple(re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[:4])
+                for row in table.split("<tr>")[2:]]
+
+    assert rows() == [("fast", "not started", "-", "-"), ("idle", "not started", "-", "-")]
+    drain_until_watermarks("fast", {"k": sent.offset})
+    assert rows() == [("fast", "done", "-", "-"), ("idle", "not started", "-", "-")]
+
+
+def test_a_topic_nobody_consumes_says_so(admin_client: Client) -> None:
+    sent = send_message("nobody.reads", 1, partition_key="k")
     page = admin_client.get(reverse("admin:sqlqueue_queuemessage_change", args=[sent.offset]))
-    assert b"not delivered yet, or done and forgotten" in page.content
+    assert b"no consumer group consumes this topic yet" in page.content
 
 
 def test_replay_and_discard_from_a_dead_letters_page(admin_client: Client,

@@ -55,7 +55,13 @@ def test_dead_letters_list_replay_and_discard(register: Any) -> None:
     send_messages("t", [OutgoingMessage(n, partition_key="k", id=f"m{n}") for n in range(3)])
     drain(["g"])
     listing = queue("dead-letters", "list", "--group", "g")
-    assert listing.count("attempts=1") == 3 and "cannot handle" in listing
+    header, *lines = listing.splitlines()
+    assert header.split() == ["offset", "group", "topic/partition", "id", "attempts", "last",
+                              "error"]
+    assert len(lines) == 3 and all(line.split()[1:5:3] == ["g", "1"] for line in lines)
+    assert "cannot handle" in listing
+    # Each column starts where its header does.
+    assert lines[0].index(" g ") + 1 == header.index("group")
     first, second, _third = QueueMessage.objects.filter(topic="t_dlq").order_by("offset")
     assert "Replayed 1" in queue("dead-letters", "replay", str(first.offset))
     with pytest.raises(CommandError, match="add --yes"):

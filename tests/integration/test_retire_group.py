@@ -128,3 +128,21 @@ def test_admin_retire_for_a_group_nobody_runs(register: Any) -> None:
     viewer.user_permissions.set(Permission.objects.filter(codename="view_consumerlag"))
     client.force_login(viewer)
     assert client.post(url, {"confirmed": "yes"}).status_code in (403, 404)
+
+
+def test_a_group_still_in_the_code_is_not_offered_nor_retired(register: Any) -> None:
+    """Issue 37: "Retire this group" was offered for a group registered in the code that
+    simply had no worker running (its next deploy would count it again)."""
+    register("t", "stopped", lambda m: None)
+    send_messages("t", [OutgoingMessage(1, partition_key="k")])
+    PartitionOffset.objects.create(consumer_group="stopped", topic="t", partition_key="k",
+                                   updated_at=0)
+    user = User.objects.create_superuser("boss", "boss@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    page = client.get(reverse("admin:sqlqueue_consumerlag_subscription")
+                      + "?group=stopped&topic=t").content.decode()
+    assert "STOP" in page and 'id="sqlqueue-retire"' not in page
+    with pytest.raises(CannotRetire, match="still registered in the code on t"):
+        retire_group("stopped", "t")
+    assert trace("stopped")["PartitionOffset"] == 1

@@ -13,7 +13,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-pytest.importorskip("sqlqueue.integrations.tasks.compat")  # Django 5.2 without the backport
+pytest.importorskip("sqlqueue.integrations.tasks.compat",  # Django 5.2 without the backport
+                    exc_type=ImportError)
 
 from sqlqueue import InvalidMessage
 from sqlqueue.consuming.gc import GarbageCollector
@@ -333,6 +334,16 @@ def test_the_admin_shows_results_read_only_and_escaped() -> None:
     assert "<script>alert(1)" not in page.text
     assert "builtins.ValueError" in page.text
     assert client.get(reverse("admin:sqlqueue_taskrecord_add")).status_code == 403
+    # Issue 37: the list says why a task failed; its page leads to running it again.
+    assert "ValueError: &lt;script&gt;alert(1)&lt;/script&gt;" in listing.text
+    dead = QueueMessage.objects.get(topic="tasks.default_dlq")
+    replay = reverse("admin:sqlqueue_deadletter_replay_one", args=[dead.offset])
+    assert f'id="sqlqueue-replay-task" href="{replay}"' in page.text
+    done_page = client.get(reverse("admin:sqlqueue_taskrecord_change", args=[done.id]))
+    assert 'id="sqlqueue-replay-task"' not in done_page.text
+    client.post(replay, {"confirmed": "yes"})
+    run_tasks()
+    assert tasks.always_fails.get_result(failed.id).attempts == 6  # ran again (3 more)
 
 
 @pytest.mark.parametrize("path", ["tests.import_canary.run", "os.system",

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from sqlqueue.admin.charts import STATUS_COLORS, pending_columns, status_strip
+from sqlqueue.admin.charts import STATUS_COLORS, pending_columns, pending_labels, status_strip
 from sqlqueue.operations.lag import (
     COUNT_BUDGET,
     COUNT_CAP,
@@ -80,6 +80,18 @@ def test_charts_escape_keys_and_colour_by_status() -> None:
         assert STATUS_COLORS["STOP"] in svg and STATUS_COLORS["OK"] in svg
     assert 'height="0"' in columns  # the caught-up partition has no column
     assert "no partitions" in str(status_strip([]))
+
+
+def test_the_pending_chart_has_a_scale_and_partition_labels() -> None:
+    """Issue 37: the chart had no labels."""
+    partitions = [lag(partition_key="<b>eu</b>", status="STOP", pending=5),
+                  lag(partition_key="us", status="OK")]
+    scale, keys = map(str, pending_labels(partitions))
+    assert "pending messages per partition (tallest: 5)" in scale
+    assert keys.count("<span") == 2 and "&lt;b&gt;eu&lt;/b&gt;" in keys and "<b>" not in keys
+    many = [lag(partition_key=f"k{n:03}", status="OK") for n in range(100)]
+    _, summary = map(str, pending_labels(many))
+    assert ">k000<" in summary and ">k099<" in summary and "100 partitions, in key order" in summary
 
 
 def test_filters() -> None:

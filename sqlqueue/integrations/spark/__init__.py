@@ -1,4 +1,4 @@
-"""The Spark pipeline (``pip install sqlqueue[spark]``; docs/guides/spark.md).
+"""The Spark pipeline (``pip install django-sqlqueue[spark]``; docs/guides/spark.md).
 
 Layout: ``source`` (the ``sqlqueue`` Python Data Source) with ``reader`` (batch reads),
 ``writer`` and ``rows`` (publishing rows), ``stream``, ``horizon`` and ``group``

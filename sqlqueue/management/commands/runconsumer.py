@@ -15,13 +15,15 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import Error as DatabaseError
 from django.db import connections
 
+from sqlqueue import __version__
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.consuming import supervisor
 from sqlqueue.consuming.counter import OffsetCounterWatch
 from sqlqueue.consuming.instruments import Instruments
-from sqlqueue.consuming.registry import select_consumers
+from sqlqueue.consuming.registry import Consumer, select_consumers
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.consuming.server import RECONNECT_BACKOFF
+from sqlqueue.consuming.wakeups import describe_channels
 from sqlqueue.exceptions import ConfigurationError
 from sqlqueue.management.queue_verbs.common import InertOutput
 from sqlqueue.naming import check_name
@@ -34,6 +36,19 @@ from sqlqueue.scheduling.ticker import Ticker
 DEFAULT_METRICS_HOST = "127.0.0.1"
 
 logger = logging.getLogger("sqlqueue.consumer")
+
+
+def start_banner(consumers: list[Consumer], conf: QueueSettings, alias: str,
+                 who: str) -> list[str]:
+    """What ``runconsumer`` found, printed once at start (SPEC §10 "The first hour"): the
+    (group, topic) pairs it serves, the database and the wake-up channel, so that a
+    newcomer sees at once whether it runs what they expect, where."""
+    lines = [f"django-sqlqueue {__version__}: {who}",
+             f"  database: {alias!r} ({connections[alias].vendor})",
+             f"  wake-ups: {describe_channels(conf, alias)}",
+             f"  consumers ({len(consumers)}):"]
+    lines += [f"    group {c.group!r} on topic {c.topic!r}" for c in consumers]
+    return lines
 
 
 def _positive(value: str) -> int:
@@ -128,7 +143,7 @@ class Command(BaseCommand):
                                  "(default: SQLQUEUE['DATABASE']).")
         parser.add_argument("--metrics-port", type=int, metavar="PORT",
                             help="Serve this process's Prometheus counters and histograms "
-                                 "on PORT (needs sqlqueue[metrics]; one port per process).")
+                                 "on PORT (needs django-sqlqueue[metrics]; one port per process).")
         parser.add_argument("--metrics-host", "--metrics-address", dest="metrics_address",
                             default=DEFAULT_METRICS_HOST, metavar="ADDRESS",
                             help="Listen address of --metrics-port (default: 127.0.0.1, "
@@ -216,6 +231,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if options["verbosity"] >= 2:
             logging.getLogger("sqlqueue").setLevel(logging.DEBUG)
+        if options["verbosity"] >= 1 and options["supervisor_lifeline"] is None:
+            self.stdout.write("\n".join(start_banner(
+                [s.consumer for s in runner.subscribers], runner.conf, runner.alias,
+                f"subscriber {runner.name}, {runner.threads} handler thread(s)")))
         if options["supervisor_lifeline"] is not None:
             supervisor.attach(options["supervisor_lifeline"], runner.stop)
         status = runner.run()
@@ -251,11 +270,15 @@ class Command(BaseCommand):
             raise CommandError(f"--metrics-port {options['metrics_port']}: the workers' "
                                f"ports P to P+{options['processes'] - 1} must be valid.")
         try:
-            select_consumers(options["group"], options["topic"])
+            consumers = select_consumers(options["group"], options["topic"])
             conf = _settings_for(options["database"])
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from exc
         self._preflight()
+        if options["verbosity"] >= 1:
+            self.stdout.write("\n".join(start_banner(
+                consumers, conf, conf.DATABASE,
+                f"{options['processes']} worker process(es) under a supervisor")))
         status = supervisor.Supervisor(
             lambda slot, lifeline: self._worker_command(options, slot, lifeline),
             options["processes"], until_empty=options["until_empty"],

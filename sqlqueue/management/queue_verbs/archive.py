@@ -1,5 +1,5 @@
 """``queue archive DIR | --forget``: finished messages exported to Parquet before garbage
-collection (sqlqueue.integrations.spark.archive, which needs ``sqlqueue[spark]``)."""
+collection (sqlqueue.integrations.spark.archive, which needs ``django-sqlqueue[spark]``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def archive_or_forget(out: OutputWrapper, options: dict[str, Any]) -> None:
     try:
         from sqlqueue.integrations.spark import archive as spark_archive
     except ImportError as exc:
-        raise CommandError(f"The archive needs pyarrow: pip install 'sqlqueue[spark]' "
+        raise CommandError(f"The archive needs pyarrow: pip install 'django-sqlqueue[spark]' "
                            f"({exc}).") from None
     if options["forget"]:
         deleted = spark_archive.forget()

@@ -144,7 +144,7 @@ def _add_retire_and_cancel(verbs: Any) -> None:
 def _add_archive(verbs: Any) -> None:
     archive = verbs.add_parser(
         "archive", help="Export finished messages to Parquet before garbage collection "
-                        "(needs sqlqueue[spark]).")
+                        "(needs django-sqlqueue[spark]).")
     archive.add_argument("directory", nargs="?", metavar="DIR",
                          help="The archive (created if missing; resumed if it exists).")
     archive.add_argument("--topic", action="append", default=[],

@@ -34,16 +34,34 @@ def list_dead_letters(out: OutputWrapper, options: dict[str, Any]) -> None:
     if not rows:
         out.write("No dead letters.")
         return
-    for alias, row in rows:
-        first_line = (row.last_error.strip().splitlines() or [""])[-1][:100]
-        detail = row.failure_detail if isinstance(row.failure_detail, dict) else {}
-        # Handler error text is anyone's: escape what a terminal would obey.
-        out.write(escape_controls(
-            f"{row.offset:>10}  {row.consumer_group}  {row.original_topic}/"
-            f"{row.partition_key}  id={detail.get('id', row.id)}  "
-            f"attempts={row.failure_count}  {first_line}"
-            + (f"  [{alias}]" if len(databases) > 1 else "")
-        ))
+    several = len(databases) > 1
+    # Handler error text is anyone's: each cell escaped (what a terminal would obey) before
+    # the columns are measured.
+    table = [tuple(map(escape_controls, _dead_letter_columns(alias, row, several)))
+             for alias, row in rows]
+    header = DEAD_LETTER_COLUMNS + (("database",) if several else ())
+    widths = [max(len(line[i]) for line in [header, *table]) for i in range(len(header))]
+    for line in [header, *table]:
+        out.write(_aligned(line, widths).rstrip())
+
+
+#: the header row of ``queue dead-letters list`` (the last error is the last column)
+DEAD_LETTER_COLUMNS = ("offset", "group", "topic/partition", "id", "attempts", "last error")
+
+
+def _dead_letter_columns(alias: str, row: Any, several: bool) -> tuple[str, ...]:
+    last_line = (row.last_error.strip().splitlines() or [""])[-1][:100]
+    detail = row.failure_detail if isinstance(row.failure_detail, dict) else {}
+    columns = (str(row.offset), row.consumer_group, f"{row.original_topic}/{row.partition_key}",
+               str(detail.get("id", row.id)), str(row.failure_count), last_line)
+    return columns + ((alias,) if several else ())
+
+
+def _aligned(line: tuple[str, ...], widths: list[int]) -> str:
+    """Numbers (offset, attempts) to the right, text to the left, two spaces apart."""
+    cells = [cell.rjust(width) if index in (0, 4) else cell.ljust(width)
+             for index, (cell, width) in enumerate(zip(line, widths, strict=True))]
+    return "  ".join(cells)
 
 
 def replay_or_discard(out: OutputWrapper, options: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from sqlqueue.naming import escape_controls
 from sqlqueue.operations.health import HealthReport, queue_health, runner_alive
 from sqlqueue.operations.lag import group_lag, known_subscriptions
 from sqlqueue.operations.lag_shapes import GroupLag
+from sqlqueue.operations.unconsumed import UnconsumedTopic, unconsumed_topics
 
 
 def show_status(out: OutputWrapper, options: dict[str, Any]) -> None:
@@ -23,8 +24,11 @@ def show_status(out: OutputWrapper, options: dict[str, Any]) -> None:
     subscriptions = [(alias, g, t) for alias in databases
                      for g, t in known_subscriptions(alias)
                      if options["group"] in (None, g) and options["topic"] in (None, t)]
+    unconsumed = [(alias, row) for alias in databases for row in unconsumed_topics(alias)
+                  if options["group"] is None and options["topic"] in (None, row.topic)]
     if not subscriptions:
         out.write("No consumer group has registered yet.")
+        show_unconsumed(out, unconsumed)
         return
     where = len(databases) > 1
     out.write(f"{'status':6}  {'group':20}  {'topic':28}  {'pending':>9}  "
@@ -43,6 +47,19 @@ def show_status(out: OutputWrapper, options: dict[str, Any]) -> None:
                     f"{p.in_flight} retrying {p.retrying} oldest {age} "
                     f"held by {escape_controls(p.leased_by) or '(nobody)'}"
                 )
+    show_unconsumed(out, unconsumed)
+
+
+def show_unconsumed(out: OutputWrapper, unconsumed: list[tuple[str, UnconsumedTopic]]) -> None:
+    """Topics with messages and no consumer group, after the subscriptions."""
+    if not unconsumed:
+        return
+    out.write("Topics with messages and no consumer group (kept until a group consumes "
+              "them):")
+    for alias, row in unconsumed:
+        count = f"{'>=' if row.capped else ''}{row.messages}"
+        out.write(escape_controls(f"{'WARN':6}  {'-':20}  {row.topic:28}  {count:>9}")
+                  + (f"  {alias}" if len(get_settings().databases) > 1 else ""))
 
 
 def check_health(out: OutputWrapper, options: dict[str, Any]) -> None:
@@ -58,6 +75,8 @@ def check_health(out: OutputWrapper, options: dict[str, Any]) -> None:
         out.write("healthy" if report.healthy else "unhealthy")
         for reason in report.reasons:
             out.write(escape_controls(f"  {reason}"))
+        for warning in report.warnings:
+            out.write(escape_controls(f"  warning: {warning}"))
     if not report.healthy:
         out.flush()
         sys.exit(1)

@@ -6,10 +6,11 @@ The statements live in mixins by subject (``delivery``, ``leases``, ``operating`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import IntegrityError
+from django.db import DatabaseError, IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
@@ -50,6 +51,12 @@ SAMPLE_ROW = MessageRow("", "", "", b"", None, 0, 0, None, 0)
 
 class ConsumingStatements(DeliveryStatements, LeaseStatements):
     """The subscriber's statements."""
+
+
+#: a vendor's error for a missing sqlqueue table (``Dialect.is_missing_queue_table``)
+MISSING_QUEUE_TABLE = re.compile(
+    r"""(?:table|relation) ['"`]?(?:\w+\.)?queue_\w+['"`]? (?:doesn't|does not) exist"""
+    r"|no such table: (?:\w+\.)?queue_\w+", re.IGNORECASE)
 
 
 class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
@@ -115,6 +122,10 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
     #: rows per publishing INSERT; also bounded by the driver's parameter limit
     max_rows_per_insert = 500
     _INSERT_COLUMNS = INSERT_COLUMNS
+
+    def max_query_params(self) -> int:
+        """The most parameters one statement may carry on this connection."""
+        return self.connection.features.max_query_params or 65_535
 
     def insert_messages_sql(self, count: int) -> str:
         """``insert_messages`` of ``count`` rows (sqlqueue.storage.statements.publishing)."""
@@ -191,6 +202,16 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
     def is_duplicate_message(self, error: IntegrityError) -> bool:
         """Did ``error`` come from ``idx_topic_partition_id`` (an idempotent-publish hit)?"""
         raise NotImplementedError
+
+    @staticmethod
+    def is_missing_queue_table(error: DatabaseError) -> bool:
+        """Did ``error`` say that one of sqlqueue's tables does not exist (a database
+        nobody migrated)? By its text, read without another statement: on PostgreSQL the
+        failed statement has aborted the transaction. MySQL/MariaDB "Table 'x.queue_...'
+        doesn't exist", PostgreSQL 'relation "queue_..." does not exist', SQLite "no such
+        table: queue_..."."""
+        first_line = str(error).split("\n", 1)[0]
+        return MISSING_QUEUE_TABLE.search(first_line) is not None
 
     def max_statement_bytes(self) -> int:
         """Upper bound for one multi-row statement's size."""

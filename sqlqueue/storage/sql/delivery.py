@@ -195,6 +195,20 @@ class DeliveryStatements(VendorHooks):
         row = cursor.fetchone()
         return int(row[1]) if row else 0
 
+    def start_at_heads(self, cursor: CursorWrapper, group: str, topic: str) -> int:
+        """A group with no position on ``topic`` yet starts after the messages stored now
+        (``@consumer(start="latest")``): an offsets row at each partition's newest offset
+        (``partition_heads``, ``ensure_watermarks``). A group that has a position keeps
+        it. Returns how many partitions were placed."""
+        cursor.execute(*self.sql.group_watermarks(group, topic))
+        if cursor.fetchone() is not None:
+            return 0
+        cursor.execute(*self.sql.partition_heads(topic))
+        heads = {row[0]: int(row[1]) for row in cursor.fetchall() if row[0] is not None}
+        for partition, head in sorted(heads.items()):
+            cursor.execute(*self.sql.ensure_watermarks(group, topic, [partition], head))
+        return len(heads)
+
     def advance_watermark(
         self, cursor: CursorWrapper, group: str, topic: str, partition: str, upto: int,
         first_pending: int | None = None,

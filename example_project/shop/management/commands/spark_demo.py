@@ -53,7 +53,7 @@ class Command(BaseCommand):
             from sqlqueue.spark import database_url
         except ImportError as exc:
             raise CommandError(
-                f"The Spark demo needs pip install 'sqlqueue[spark]' ({exc}).") from None
+                f"The Spark demo needs pip install 'django-sqlqueue[spark]' ({exc}).") from None
         if orders < 1 or seconds < 0:
             raise CommandError("--orders must be at least 1 and --seconds at least 0.")
         heading, write = self.style.MIGRATE_HEADING, self.stdout.write

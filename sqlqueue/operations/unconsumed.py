@@ -1,0 +1,63 @@
+"""Topics that have messages and no consumer group (SPEC §10 "The first hour").
+
+Nobody consumes such a topic yet: its messages are kept (garbage collection only
+collects what the known groups finished) and a group added later starts where its
+``@consumer(start=...)`` says. The admin's lag overview, ``queue status`` and
+``queue health`` (a warning, still healthy) show them, so that a typo in a topic name or a
+consumer left out of ``INSTALLED_APPS`` is not silent.
+
+The topics are found by a loose index scan done with the ORM: one ``ORDER BY topic LIMIT
+1`` seek of ``idx_topic_partition_offset`` per topic, so the cost grows with the number of
+topics, not of messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlqueue.conf import get_settings
+from sqlqueue.models import QueueMessage
+from sqlqueue.operations.lag import known_subscriptions
+
+#: topics looked at, at most (a page or a command stays fast whatever is stored)
+MAX_TOPICS = 1_000
+#: messages counted per topic, at most (reported as "at least")
+COUNT_CAP = 10_000
+
+
+@dataclass(frozen=True)
+class UnconsumedTopic:
+    topic: str
+    messages: int
+    capped: bool  # ``messages`` is a lower bound
+
+    def describe(self) -> str:
+        count = f"{'at least ' if self.capped else ''}{self.messages}"
+        return (f"topic {self.topic!r} has {count} message(s) and no consumer group "
+                f"(kept until a group consumes it)")
+
+
+def stored_topics(using: str, limit: int = MAX_TOPICS) -> list[str]:
+    """The distinct topics of ``queue_messages``, by one index seek each."""
+    found: list[str] = []
+    rows = QueueMessage.objects.using(using).order_by("topic").values_list("topic", flat=True)
+    topic = rows.first()
+    while topic is not None and len(found) < limit:
+        found.append(topic)
+        topic = rows.filter(topic__gt=topic).first()
+    return found
+
+
+def unconsumed_topics(using: str | None = None) -> list[UnconsumedTopic]:
+    """Topics with messages that no consumer group has a position on or is registered
+    for in this process; dead-letter topics (``DLQ_SUFFIX``) left out."""
+    conf = get_settings()
+    alias = using or conf.DATABASE
+    consumed = {topic for _, topic in known_subscriptions(alias)}
+    result = []
+    for topic in stored_topics(alias):
+        if topic in consumed or (conf.DLQ_SUFFIX and topic.endswith(conf.DLQ_SUFFIX)):
+            continue
+        counted = QueueMessage.objects.using(alias).filter(topic=topic)[:COUNT_CAP + 1].count()
+        result.append(UnconsumedTopic(topic, min(counted, COUNT_CAP), counted > COUNT_CAP))
+    return result
