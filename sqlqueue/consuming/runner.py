@@ -132,7 +132,7 @@ class Runner(HandOff, Pacing, ServerWatch):
     # -- lifecycle ------------------------------------------------------------------------
     def run(self, install_signal_handlers: bool = True) -> int:
         if install_signal_handlers:
-            self._install_signal_handlers()
+            self.install_signal_handlers()
         self.start_handler_threads()
         self.wakeups = Wakeups(self.conf, self.alias, {s.topic for s in self.subscribers},
                                self._wakeup.ring)
@@ -187,7 +187,9 @@ class Runner(HandOff, Pacing, ServerWatch):
     def reached_max_messages(self) -> bool:
         return self.max_messages is not None and self._dispatched >= self.max_messages
 
-    def _install_signal_handlers(self) -> None:
+    def install_signal_handlers(self) -> None:
+        """SIGINT and SIGTERM stop the runner gracefully (a second one at once); ``run``
+        installs them unless told not to (a caller that installs them sooner)."""
         def handle(signum: int, frame: Any) -> None:
             self._signals += 1
             if self._signals > 1:

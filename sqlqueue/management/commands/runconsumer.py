@@ -231,13 +231,16 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if options["verbosity"] >= 2:
             logging.getLogger("sqlqueue").setLevel(logging.DEBUG)
+        # Before anything is printed: a Ctrl-C that follows the banner at once (a user, a
+        # script waiting for it) ends the process cleanly, not with a traceback.
+        runner.install_signal_handlers()
         if options["verbosity"] >= 1 and options["supervisor_lifeline"] is None:
             self.stdout.write("\n".join(start_banner(
                 [s.consumer for s in runner.subscribers], runner.conf, runner.alias,
                 f"subscriber {runner.name}, {runner.threads} handler thread(s)")))
         if options["supervisor_lifeline"] is not None:
             supervisor.attach(options["supervisor_lifeline"], runner.stop)
-        status = runner.run()
+        status = runner.run(install_signal_handlers=False)
         if options["verbosity"] >= 1:
             self._report(runner)
         if options["supervisor_lifeline"] is not None and runner.reached_max_messages:
