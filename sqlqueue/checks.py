@@ -316,14 +316,15 @@ def _pooler_problems(connection: BaseDatabaseWrapper,
     warn about what breaks in transaction mode and before PgBouncer 1.21."""
     messages: list[CheckMessage] = []
     alias = connection.alias
-    if conf.WAKEUPS and conf.listen_alias_for(alias) == alias:
+    if conf.WAKEUPS and not conf.has_listen_alias(alias):
         messages.append(Warning(
             f"Database {alias!r} is reached through a connection pooler and the wake-up "
             "listener has no alias of its own: a LISTEN through a transaction pool hears "
             "nothing, so runners switch their listener off (with a warning) and poll.",
             hint=f"Add an alias that connects straight to PostgreSQL (or through a "
                  f"session-mode pool) and set SQLQUEUE['WAKEUP_LISTEN_DATABASES'] = "
-                 f"{{{alias!r}: '<that alias>'}}; or SQLQUEUE['WAKEUPS'] = False.",
+                 f"{{{alias!r}: '<that alias>'}} (or {{{alias!r}: {alias!r}}} if this one is "
+                 "a session-mode pool); or SQLQUEUE['WAKEUPS'] = False.",
             id="sqlqueue.W106",
         ))
     if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):

@@ -50,9 +50,9 @@ def _listeners(conf: QueueSettings, alias: str, topics: frozenset[str],
     if connections[alias].vendor == "postgresql":
         from sqlqueue.wakeups.postgresql import PostgreSQLListener, connection_params
 
-        listen_alias = conf.listen_alias_for(alias)
-        found.append(PostgreSQLListener(connection_params(listen_alias), topics, ring,
-                                        alias=alias, listener_alias=listen_alias != alias))
+        found.append(PostgreSQLListener(connection_params(conf.listen_alias_for(alias)),
+                                        topics, ring, alias=alias,
+                                        listener_alias=conf.has_listen_alias(alias)))
     if conf.WAKEUP_REDIS_URL:
         from sqlqueue.wakeups.redis_channel import RedisListener
 

@@ -54,7 +54,8 @@ def pooled_message(alias: str) -> str:
         "a pooled session. Wake-ups from other processes are off; runners poll quickly "
         "after traffic instead. Fix: add a database alias that connects straight to "
         "PostgreSQL (or through a session-mode pool) and set SQLQUEUE"
-        f"['WAKEUP_LISTEN_DATABASES'] = {{{alias!r}: '<that alias>'}}.")
+        f"['WAKEUP_LISTEN_DATABASES'] = {{{alias!r}: '<that alias>'}} ({{{alias!r}: "
+        f"{alias!r}}} if {alias!r} itself is a session-mode pool).")
 
 
 class PostgreSQLListener(Listener):

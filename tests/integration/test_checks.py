@@ -198,7 +198,9 @@ def test_postgresql_through_a_pooler_without_a_listener_alias_warns(
 
 
 @pytest.mark.parametrize("sqlqueue_settings", [
-    {"WAKEUP_LISTEN_DATABASES": {"default": "routes"}}, {"WAKEUPS": False}])
+    {"WAKEUP_LISTEN_DATABASES": {"default": "routes"}},
+    {"WAKEUP_LISTEN_DATABASES": {"default": "default"}},  # a session-mode pool
+    {"WAKEUPS": False}])
 def test_postgresql_through_a_pooler_with_a_listener_alias_or_no_wakeups_is_fine(
         postgresql: None, pooled: None, sqlqueue_settings: dict[str, object]) -> None:
     with override_settings(SQLQUEUE=sqlqueue_settings):
