@@ -20,6 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from sqlqueue.conf import QueueSettings, validate
 from sqlqueue.storage.sql import SUPPORTED_VENDORS, dialect_for
+from sqlqueue.storage.sql.postgresql import reaches_server_directly
 from sqlqueue.storage.statements import MySQLStatements, PostgreSQLStatements
 from sqlqueue.storage.statements.tables import ALL_TABLES
 
@@ -265,6 +266,7 @@ def _check_postgresql(connection: BaseDatabaseWrapper,
         encoding, server_isolation = cursor.fetchone()
         cursor.execute(dialect.horizon_privileges_sql())  # type: ignore[attr-defined]
         (sees_every_session,) = cursor.fetchone()
+        direct = reaches_server_directly(cursor, connection.connection.info.backend_pid)
     if str(encoding).upper() not in ("UTF8", "UTF-8"):
         messages.append(Error(
             f"Database {conf.DATABASE!r} uses the encoding {encoding!r}; topics, keys and "
@@ -295,6 +297,42 @@ def _check_postgresql(connection: BaseDatabaseWrapper,
             f"MAX_TRANSACTION_AGE ({conf.MAX_TRANSACTION_AGE:g}s).",
             hint="GRANT pg_read_all_stats TO <role> (or publish and consume as one role).",
             id="sqlqueue.W105",
+        ))
+    if not direct:
+        messages += _pooler_problems(connection, conf)
+    return messages
+
+
+def _pooler_problems(connection: BaseDatabaseWrapper,
+                     conf: QueueSettings) -> list[CheckMessage]:
+    """What does not work through the connection pooler in front of ``connection``
+    (seen at check time: its ``pg_backend_pid()`` differs from the pid the connection was
+    told)? The pool mode and the pooler's version are not visible to a client, so these
+    warn about what breaks in transaction mode and before PgBouncer 1.21."""
+    messages: list[CheckMessage] = []
+    alias = connection.alias
+    if conf.WAKEUPS and not conf.has_listen_alias(alias):
+        messages.append(Warning(
+            f"Database {alias!r} is reached through a connection pooler and the wake-up "
+            "listener has no alias of its own: a LISTEN through a transaction pool hears "
+            "nothing, so runners switch their listener off (with a warning) and poll.",
+            hint=f"Add an alias that connects straight to PostgreSQL (or through a "
+                 f"session-mode pool) and set SQLQUEUE['WAKEUP_LISTEN_DATABASES'] = "
+                 f"{{{alias!r}: '<that alias>'}} (or {{{alias!r}: {alias!r}}} if this one is "
+                 "a session-mode pool); or SQLQUEUE['WAKEUPS'] = False.",
+            id="sqlqueue.W106",
+        ))
+    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding"):
+        messages.append(Warning(
+            f"Database {alias!r} binds parameters on the server (OPTIONS"
+            "['server_side_binding']) through a connection pooler: psycopg then prepares "
+            "statements, which a transaction-mode PgBouncer older than 1.21 (or without "
+            "max_prepared_statements) mixes up between clients ('prepared statement "
+            "\"_pg3_N\" already exists'), failing publishes and consumer passes.",
+            hint="Remove OPTIONS['server_side_binding'], or run PgBouncer 1.21+ with "
+                 "max_prepared_statements > 0 (then silence sqlqueue.W107 in "
+                 "SILENCED_SYSTEM_CHECKS).",
+            id="sqlqueue.W107",
         ))
     return messages
 

@@ -75,6 +75,11 @@ class QueueSettings:
         through (``WAKEUP_LISTEN_DATABASES``; ``alias`` itself by default)."""
         return dict(self.WAKEUP_LISTEN_DATABASES).get(alias, alias)
 
+    def has_listen_alias(self, alias: str) -> bool:
+        """Do the settings name the listener's alias for ``alias`` (perhaps ``alias``
+        itself, behind a session-mode pool)? Then the listener trusts a pooler there."""
+        return alias in dict(self.WAKEUP_LISTEN_DATABASES)
+
     def alias_for(self, topic: str) -> str:
         """The database a topic's messages live in: the first route whose pattern
         (``fnmatch``: ``*``, ``?``, ``[...]``) matches it, else ``DATABASE``."""

@@ -216,6 +216,7 @@ class Runner(HandOff, Pacing, ServerWatch):
         connection = connections[self.alias]
         dialect = dialect_for(connection)
         with (connection.execute_wrapper(self._count_statement),
+              connection.execute_wrapper(self._bound_transaction_lock_waits),
               connection.cursor() as cursor):
             self._bound_lock_waits(connection, cursor)
             self._check_pauses()
@@ -369,7 +370,8 @@ class Runner(HandOff, Pacing, ServerWatch):
         deadline = time.monotonic() + self.conf.SHUTDOWN_TIMEOUT
         try:
             connection = connections[self.alias]
-            with connection.cursor() as cursor:
+            with (connection.execute_wrapper(self._bound_transaction_lock_waits),
+                  connection.cursor() as cursor):
                 while self._in_flight > 0 and time.monotonic() < deadline:
                     self._wakeup.wait(min(0.1, max(0.0, deadline - time.monotonic())))
                     self._wakeup.clear()

@@ -19,7 +19,11 @@ from sqlqueue.consuming.subscriber import Subscriber
 from sqlqueue.horizon import SettledCache
 from sqlqueue.storage.sql import dialect_for
 
-RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)  # seconds, after a lost connection
+#: seconds between attempts after a lost connection, capped at 2 s: a failover (Patroni
+#: promotes a replica in about 10 s) is noticed within 2 s of the new primary accepting
+#: connections, where a 10 s cap cost up to 10 s more (wave-3 trial). An attempt is one
+#: connection attempt: cheap for the server even from many runners.
+RECONNECT_BACKOFF = (0.5, 1.0, 2.0)
 
 
 def lock_wait_seconds(conf: QueueSettings) -> int:
@@ -52,6 +56,11 @@ class ServerWatch:
     def __init__(self) -> None:
         self._server: str | None = None  # which database server this process talks to
         self._bounded_connection: object = None
+        #: the connection goes through a pooler: lock waits are bounded per transaction
+        self._pooled = False
+        #: the outermost atomic block whose transaction has its lock waits bounded (held,
+        #: so that no later block can take its identity)
+        self._bounded_block: object = None
 
     def _head(self, dialect: Any, cursor: Any) -> int:
         head, server = dialect.head_and_server(cursor)
@@ -80,10 +89,32 @@ class ServerWatch:
         return execute(sql, params, many, context)
 
     def _bound_lock_waits(self, connection: Any, cursor: Any) -> None:
-        """Once per database connection (a new one after a reconnect)."""
+        """Once per database connection (a new one after a reconnect): for the session,
+        unless the connection goes through a pooler, whose sessions other clients get
+        next; then in each transaction (``_bound_transaction_lock_waits``)."""
         if connection.connection is not self._bounded_connection:
-            dialect_for(connection).bound_lock_waits(cursor, lock_wait_seconds(self.conf))
+            dialect = dialect_for(connection)
+            self._pooled = (dialect.bound_transaction_lock_waits(1) is not None
+                            and dialect.through_pooler(cursor))
+            if not self._pooled:
+                dialect.bound_lock_waits(cursor, lock_wait_seconds(self.conf))
             self._bounded_connection = connection.connection
+
+    def _bound_transaction_lock_waits(self, execute: Callable[..., Any], sql: str,
+                                      params: Any, many: bool, context: Any) -> Any:
+        """An execute wrapper: behind a pooler, the first statement of each transaction
+        is preceded by a ``SET LOCAL lock_timeout`` (autocommit statements run with the
+        role's setting: see the topologies guide)."""
+        connection = context["connection"]
+        if self._pooled and connection.in_atomic_block:
+            outermost = connection.atomic_blocks[0]
+            if outermost is not self._bounded_block:
+                statement = dialect_for(connection).bound_transaction_lock_waits(
+                    lock_wait_seconds(self.conf))
+                assert statement is not None  # _pooled says so
+                execute(*statement, False, context)
+                self._bounded_block = outermost
+        return execute(sql, params, many, context)
 
     def _database_now(self) -> int:
         connection = connections[self.alias]

@@ -207,12 +207,27 @@ class Subscriber(Delivering, Watermarks):
         current = {p: (owner, generation, age) for p, owner, generation, age in rows}
         for key in list(self.partitions):
             owner, generation, age = current.get(key, ("", -1, 0))
-            if (owner != self.name or generation != self.leases.generation(key)
-                    or age >= self.leases.duration_ms):
-                logger.warning("%s lost the lease on %s/%s to %r; stopping work on it.",
-                               self.name, self.topic, key, owner or "nobody")
+            held = self.leases.generation(key)
+            if owner != self.name or generation != held or age >= self.leases.duration_ms:
+                self._log_lost_lease(key, owner, generation, held, age)
                 del self.partitions[key]
                 self.leases.owned.pop(key, None)
+
+    def _log_lost_lease(self, key: str, owner: str, generation: int, held: int | None,
+                        age_ms: int) -> None:
+        """Say who holds the lease now; a row still under this subscriber's own name was
+        not taken by it (it expired, or is of another generation: taken and given back,
+        or written by another server before a failover)."""
+        if owner != self.name:
+            whom = f"to {owner!r}" if owner else "(nobody holds it)"
+        elif age_ms >= self.leases.duration_ms:
+            whom = "(it expired before this subscriber renewed it)"
+        else:
+            whom = (f"(the database has generation {generation} under this subscriber's "
+                    f"name, this subscriber holds {held if held is not None else 'none'}: "
+                    "taken over and given back meanwhile, or another server's row)")
+        logger.warning("%s lost the lease on %s/%s %s; stopping work on it.",
+                       self.name, self.topic, key, whom)
 
     def has_work(self, outcomes: int, head: Callable[[], int]) -> bool:
         """Whether a cycle would write or read anything (if not, it costs no query)."""

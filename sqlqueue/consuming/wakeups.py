@@ -51,7 +51,8 @@ def _listeners(conf: QueueSettings, alias: str, topics: frozenset[str],
         from sqlqueue.wakeups.postgresql import PostgreSQLListener, connection_params
 
         found.append(PostgreSQLListener(connection_params(conf.listen_alias_for(alias)),
-                                        topics, ring))
+                                        topics, ring, alias=alias,
+                                        listener_alias=conf.has_listen_alias(alias)))
     if conf.WAKEUP_REDIS_URL:
         from sqlqueue.wakeups.redis_channel import RedisListener
 

@@ -18,12 +18,18 @@ RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 STOP_CHECK = 0.5
 
 
+class ChannelOff(Exception):
+    """Raised by ``listen`` when the channel cannot work as configured (a LISTEN through
+    a transaction pooler): the thread logs it once and ends, without retrying; the runner
+    keeps polling as if it had no such channel."""
+
+
 class Listener(threading.Thread):
     """Rings ``ring(topic)`` for every wake-up of one of ``topics`` that ``listen`` hears.
 
     Subclasses implement ``listen``: connect, call ``self.listening()`` once subscribed,
     then hand each wake-up to ``self.heard(topic)`` until ``self.stopping`` is set; any
-    exception is a lost connection."""
+    exception is a lost connection, except ``ChannelOff``."""
 
     #: what the log calls this channel
     channel = "wake-up"
@@ -44,6 +50,9 @@ class Listener(threading.Thread):
             try:
                 self.listen()
                 failures = 0
+            except ChannelOff as off:
+                logger.warning("%s", off)
+                break
             except Exception as exc:  # any failure is a lost connection: retry
                 self.connected.clear()
                 delay = RECONNECT_BACKOFF[min(failures, len(RECONNECT_BACKOFF) - 1)]

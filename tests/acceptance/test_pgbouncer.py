@@ -5,12 +5,15 @@ guide says to set it up. The PostgreSQL and the PgBouncer are the test's own."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
 from django.db import connection
 
-from tests.acceptance.processes import FAST_LEASES, runconsumer, wait_for
+from tests.acceptance.processes import FAST_LEASES, ROOT, runconsumer, wait_for
 from tests.acceptance.servers import (
     PostgreSQL,
     can_start_pgbouncer,
@@ -103,3 +106,113 @@ def test_publish_and_consume_through_pgbouncer_in_transaction_mode(processes: li
         dead = [p for p in processes if p.poll() is not None]
         assert not dead, "\n".join(p.communicate(timeout=10)[1] for p in dead)
         assert "ERROR" not in bouncer.log(), bouncer.log()[-3000:]
+
+
+# -- the default configuration: the runner's connection and its listener through the pool --
+PACED = 60  # messages published one by one, for the latency figures
+PACE = 0.05  # seconds between them
+#: slow polls, so that a listener deaf behind the pool would show (the wave-3 trial:
+#: p50 425 ms at POLL_INTERVAL=1 s, 24 ms with wake-ups off)
+SLOW_POLLS = {"POLL_INTERVAL": 1, "VISIBILITY_TIMEOUT": 30}
+POOLED_WARNING = "reaches the server through a connection pooler"
+
+
+def publish_paced(url: str) -> None:
+    """``PACED`` messages, each stamped with the (system-wide) monotonic clock it left at."""
+    manage(url, "shell", "-c",
+           "import time\nfrom sqlqueue import send_message\n"
+           f"for n in range({PACED}):\n"
+           "    send_message('accept.work', {'sent': time.monotonic()}, "
+           "partition_key=f'p{n % 4}')\n"
+           f"    time.sleep({PACE})")
+
+
+def latency_p50_ms(server: PostgreSQL, database: str) -> float:
+    """The median time from a message's publish to its handler's start, in ms (handlers
+    journal ``time.monotonic()``, one clock for every process of the machine)."""
+    return float(server.sql(
+        "SELECT round((percentile_cont(0.5) WITHIN GROUP (ORDER BY h.at - "
+        "(convert_from(m.payload, 'UTF8')::json->>'sent')::float) * 1000)::numeric, 1) "
+        "FROM testapp_handlercall h JOIN queue_messages m ON m.\"offset\" = h.message_offset "
+        "WHERE h.\"group\" = 'workers' AND h.event = 'started' AND h.attempt = 1",
+        database))
+
+
+def what_the_pool_hands_out(url: str) -> set[tuple[str, str, str]]:
+    """(lock_timeout, application_name, channels listened to) of every server session
+    of the pool, seen by an unrelated client: ``POOL_SIZE`` of them at once, each in a
+    transaction (which holds a session), take them all."""
+    import psycopg
+
+    clients = [psycopg.connect(url) for _ in range(POOL_SIZE)]
+    try:
+        seen = set()
+        for client in clients:
+            row = client.execute(
+                "SELECT current_setting('lock_timeout'), "
+                "current_setting('application_name'), "
+                "array_to_string(ARRAY(SELECT pg_listening_channels()), ','), "
+                "pg_backend_pid()").fetchone()
+            assert row is not None
+            seen.add(row)
+        assert len({pid for *_, pid in seen}) == POOL_SIZE, seen  # every session seen
+        return {(lock, name, channels) for lock, name, channels, _ in seen}
+    finally:
+        for client in clients:
+            client.close()
+
+
+def warnings_of_check(url: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--database", "default"], cwd=ROOT,
+        text=True, capture_output=True, check=True,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url,
+             "SQLQUEUE_JSON": "{}"})
+    return result.stdout + result.stderr
+
+
+def test_through_the_pool_the_listener_stays_off_loudly_and_nothing_is_inherited(
+        processes: list) -> None:
+    """Default settings through a transaction pool: the listener finds the pooler and
+    says so once, LISTENs nowhere, and the runner keeps its quick polls (latency near a
+    direct connection's: printed); no server session of the pool is left with
+    sqlqueue's lock_timeout, application_name or LISTEN; ``check`` warns (W106)."""
+    with own_postgresql() as server, own_pgbouncer(server, "transaction",
+                                                   pool_size=POOL_SIZE) as bouncer:
+        migrated(server, DATABASE)
+        pooled = bouncer.url(DATABASE)
+        assert "sqlqueue.W106" in warnings_of_check(pooled)
+        runner = runconsumer("--group", "workers", "--name", "pooled", settings=SLOW_POLLS,
+                             env={"DATABASE_URL": pooled})
+        processes.append(runner)
+        publish_paced(pooled)
+        wait_for(lambda: handled(server)[0] >= PACED, timeout=60, what="every message")
+        assert server_sessions(server)[1] == 0  # nobody LISTENs
+        assert what_the_pool_hands_out(pooled) == {("0", "", "")}
+        pooled_p50 = latency_p50_ms(server, DATABASE)
+
+        # For comparison: the recommended set-up (a listener alias straight to the
+        # server), and no pooler at all.
+        figures = {"through PgBouncer (transaction mode), default settings": pooled_p50}
+        for name, through_pool, listen_alias in (
+                ("through PgBouncer, listener alias direct", True, True),
+                ("direct", False, False)):
+            database = f"{DATABASE}_{len(figures)}"
+            direct = migrated(server, database)
+            settings = {**SLOW_POLLS, **({"WAKEUP_LISTEN_DATABASES": {"default": "listen"}}
+                                         if listen_alias else {})}
+            url = bouncer.url(database) if through_pool else direct
+            processes.append(runconsumer(
+                "--group", "workers", "--name", f"run{len(figures)}", settings=settings,
+                env={"DATABASE_URL": url, "SQLQUEUE_TEST_LISTEN_URL": direct}))
+            publish_paced(url)
+            wait_for(lambda database=database: int(server.sql(
+                "SELECT COUNT(DISTINCT message_offset) FROM testapp_handlercall WHERE "
+                "event = 'finished'", database)) >= PACED, timeout=60, what=name)
+            figures[name] = latency_p50_ms(server, database)
+        print("\npublish-to-handler p50 at POLL_INTERVAL=1 s: " + "; ".join(
+            f"{name} {p50} ms" for name, p50 in figures.items()))
+        runner.terminate()
+        _, log = runner.communicate(timeout=30)
+        assert log.count(POOLED_WARNING) == 1, log[-3000:]
+        assert "got packet 'A' from server when not linked" not in bouncer.log()

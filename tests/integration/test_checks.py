@@ -10,6 +10,7 @@ from django.core.checks import Error
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection
+from django.test import override_settings
 
 from sqlqueue import ConfigurationError, send_message
 from sqlqueue.checks import PACKET_MARGIN, check_database, check_settings
@@ -182,3 +183,51 @@ def test_packet_that_cannot_hold_an_escaped_payload_and_metadata_warns(
     assert ids(check_database(databases=["default"])) == ["sqlqueue.W102"]
     settings.SQLQUEUE = {"MAX_PAYLOAD_BYTES": (packet - PACKET_MARGIN) // 4}
     assert ids(check_database(databases=["default"])) == []
+
+
+@pytest.fixture
+def pooled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check sees a connection pooler (a pg_backend_pid() other than the connection's)."""
+    monkeypatch.setattr("sqlqueue.checks.reaches_server_directly", lambda cursor, pid: False)
+
+
+def test_postgresql_through_a_pooler_without_a_listener_alias_warns(
+        postgresql: None, pooled: None) -> None:
+    (message,) = check_database(databases=["default"])
+    assert message.id == "sqlqueue.W106"
+    assert "WAKEUP_LISTEN_DATABASES" in (message.hint or "")
+
+
+@pytest.mark.parametrize("sqlqueue_settings", [
+    {"WAKEUP_LISTEN_DATABASES": {"default": "routes"}},
+    {"WAKEUP_LISTEN_DATABASES": {"default": "default"}},  # a session-mode pool
+    {"WAKEUPS": False}])
+def test_postgresql_through_a_pooler_with_a_listener_alias_or_no_wakeups_is_fine(
+        postgresql: None, pooled: None, sqlqueue_settings: dict[str, object]) -> None:
+    with override_settings(SQLQUEUE=sqlqueue_settings):
+        assert ids(check_database(databases=["default"])) == []
+
+
+def test_postgresql_server_side_binding_through_a_pooler_warns(
+        postgresql: None, pooled: None) -> None:
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    already = options.get("server_side_binding")
+    options["server_side_binding"] = True
+    try:
+        with override_settings(SQLQUEUE={"WAKEUPS": False}):
+            messages = check_database(databases=["default"])
+    finally:
+        if already is None:
+            del options["server_side_binding"]
+        else:
+            options["server_side_binding"] = already
+    assert ids(messages) == ["sqlqueue.W107"]
+    assert "1.21" in messages[0].msg
+
+
+def test_postgresql_a_direct_connection_is_not_taken_for_a_pooler(postgresql: None) -> None:
+    from sqlqueue.storage.sql.postgresql import reaches_server_directly
+
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        assert reaches_server_directly(cursor, connection.connection.info.backend_pid)

@@ -689,3 +689,50 @@ def test_extend_visibility_prevents_a_second_delivery(
         release.set()
     run_until(runner, lambda: runner._in_flight == 0)
     assert attempts == [1]
+
+
+# -- lock waits behind a transaction pooler ------------------------------------------------
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_lock_waits_are_bounded_per_transaction_behind_a_pooler(
+    register: Any, monkeypatch: pytest.MonkeyPatch, pooled: bool
+) -> None:
+    """Directly, the runner bounds its session's lock waits once. Behind a pooler (whose
+    sessions other clients get next) its session keeps the server's default, and each of
+    its transactions bounds its own lock waits (SET LOCAL)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("lock_timeout is PostgreSQL's; MySQL's session variable and SQLite's "
+                    "busy timeout belong to a connection no pooler shares")
+    from sqlqueue.consuming.server import lock_wait_seconds
+    from sqlqueue.consuming.subscriber import Subscriber
+
+    dialect_class = type(dialect_for(connection))
+    monkeypatch.setattr(dialect_class, "through_pooler", lambda self, cursor: pooled)
+    in_transactions: list[str] = []
+    fence = Subscriber.fence
+
+    def fence_and_look(self: Subscriber, cursor: Any) -> Any:
+        fenced = fence(self, cursor)
+        cursor.execute("SHOW lock_timeout")
+        in_transactions.append(cursor.fetchone()[0])
+        return fenced
+
+    in_session: list[str] = []  # between transactions
+    check_pauses = Runner._check_pauses
+
+    def look_and_check_pauses(self: Runner) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW lock_timeout")
+            in_session.append(cursor.fetchone()[0])
+        check_pauses(self)
+
+    monkeypatch.setattr(Subscriber, "fence", fence_and_look)
+    monkeypatch.setattr(Runner, "_check_pauses", look_and_check_pauses)
+    register("t", "g", Journal())
+    send_messages("t", list(range(5)))
+    conf = fast_settings()
+    Runner(select_consumers(["g"]), until_empty=True, conf=conf).run(
+        install_signal_handlers=False)
+    bounded = f"{lock_wait_seconds(conf)}s"
+    assert in_transactions and set(in_transactions) == {bounded}
+    assert in_session and set(in_session) == {"0" if pooled else bounded}

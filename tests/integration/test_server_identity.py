@@ -172,3 +172,50 @@ def test_the_offset_counter_only_grows_with_the_log() -> None:
     with connection.cursor() as cursor:
         after = dialect.offset_counter(cursor)
     assert after is not None and after >= later.offset and after > before
+
+
+def test_a_lease_row_under_its_own_name_is_not_reported_as_lost_to_itself(
+        register: Any, runner_of_g: Callable[[], Runner],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """After a failover a subscriber may find its own name on a lease row of another
+    generation (written by the old server): it lost the lease, but not "to" itself."""
+    handled: list[int] = []
+    register("t", "g", lambda message: handled.append(message.offset))
+    runner = runner_of_g()
+    send_message("t", {}, partition_key="k")
+    cycle_until(runner, lambda: bool(handled))
+    subscriber = runner.subscribers[0]
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE queue_partition_leases SET generation = generation + 1")
+    with (caplog.at_level(logging.WARNING, logger="sqlqueue.consumer"),
+          connection.cursor() as cursor):
+        subscriber.fence(cursor)
+    (lost,) = [r.getMessage() for r in caplog.records if "lost the lease" in r.getMessage()]
+    assert f"to {subscriber.name!r}" not in lost
+    assert "generation" in lost and "under this subscriber's name" in lost
+
+
+def test_reconnect_attempts_are_at_most_two_seconds_apart(
+        register: Any, runner_of_g: Callable[[], Runner],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner whose database keeps failing (a failover under way) tries again every
+    2 s at most, so that it notices the new primary soon after it accepts writes."""
+    from django.db import OperationalError
+
+    register("t", "g", lambda message: None)
+    runner = runner_of_g()
+    waits: list[float] = []
+
+    def failing_cycle() -> float:
+        raise OperationalError("the server is gone")
+
+    def no_wait(timeout: float | None = None) -> bool:
+        waits.append(float(timeout or 0))
+        if len(waits) == 8:
+            runner.stopping.set()
+        return runner.stopping.is_set()
+
+    monkeypatch.setattr(runner, "_cycle", failing_cycle)
+    monkeypatch.setattr(runner.stopping, "wait", no_wait)
+    runner.run(install_signal_handlers=False)
+    assert waits[:3] == [0.5, 1.0, 2.0] and max(waits) == 2.0

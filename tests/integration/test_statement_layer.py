@@ -446,17 +446,24 @@ def test_postgresql_prepared_message_insert() -> None:
 def test_session_statements(executor: Executor) -> None:
     sql = executor.sql
     bound, galera = sql.bound_lock_waits(7), sql.galera()
+    local = sql.bound_transaction_lock_waits(3)
     if connection.vendor == "sqlite":
-        assert (bound, galera) == (None, None)  # the busy timeout; no cluster
+        assert (bound, galera, local) == (None, None, None)  # the busy timeout; no cluster
         return
     assert bound is not None
     executor.run(bound)
     if connection.vendor == "postgresql":
         assert executor.rows(("SHOW lock_timeout", [])) == [("7s",)]
+        assert local is not None
+        executor.run(local)  # in a transaction of its own (autocommit): gone with it
+        assert executor.rows(("SHOW lock_timeout", [])) == [("7s",)]
+        assert isinstance(sql, PostgreSQLSessions)
+        executor.run(sql.name_session("sqlqueue test"))
+        assert executor.rows(("SHOW application_name", [])) == [("sqlqueue test",)]
         assert isinstance(sql, PostgreSQLSessions)
         assert executor.rows(sql.horizon_privileges())[0][0] in (True, False)
         return
-    assert isinstance(sql, MySQLSessions) and galera is not None
+    assert isinstance(sql, MySQLSessions) and galera is not None and local is None
     assert int(executor.rows(("SELECT @@innodb_lock_wait_timeout", []))[0][0]) == 7
     try:
         executor.rows(galera)  # MariaDB: 0 off a cluster; MySQL: no such variable

@@ -317,6 +317,48 @@ def test_postgresql_listener_survives_its_session_being_terminated(
     assert heard.get(timeout=10) == "wk.a"
 
 
+def test_postgresql_listener_behind_a_pooler_stays_off_with_one_warning(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Its connection reaches the server through a pooler (pg_backend_pid() differs) and
+    no listener alias is set: no LISTEN, never connected, one warning, the thread ends
+    (so the runner keeps its quick polls)."""
+    postgresql_only()
+    monkeypatch.setattr("sqlqueue.wakeups.postgresql.reaches_server_directly",
+                        lambda cursor, pid: False)
+    heard: queue.SimpleQueue[str] = queue.SimpleQueue()
+    deaf = PostgreSQLListener(connection_params("default"), ["wk.a"], heard.put,
+                              alias="default")
+    with caplog.at_level("WARNING", logger="sqlqueue.wakeups"):
+        deaf.start()
+        deaf.join(timeout=10)
+    assert not deaf.is_alive() and not deaf.connected.is_set() and deaf.connections == 0
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "'default'" in warning and "WAKEUP_LISTEN_DATABASES" in warning
+    assert heard.empty()
+
+
+def test_postgresql_listener_trusts_a_pooler_behind_a_listener_alias(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listener alias the settings name may be a session-mode pool: LISTEN there."""
+    postgresql_only()
+    monkeypatch.setattr("sqlqueue.wakeups.postgresql.reaches_server_directly",
+                        lambda cursor, pid: False)
+    heard: queue.SimpleQueue[str] = queue.SimpleQueue()
+    trusted = PostgreSQLListener(connection_params("default"), ["wk.a"], heard.put,
+                                 alias="default", listener_alias=True)
+    trusted.start()
+    try:
+        until(trusted.connected.is_set, what="the listener")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT application_name FROM pg_stat_activity WHERE pid = %s",
+                           [trusted.backend_pid])
+            assert cursor.fetchone()[0] == "sqlqueue wake-ups"  # its own session
+        send_message("wk.a", {"n": 1})
+        assert "wk.a" in {heard.get(timeout=10), heard.get(timeout=10)}  # catch-up, then it
+    finally:
+        trusted.stop()
+
+
 def test_a_runner_on_postgresql_listens_through_the_listener_alias(register: Any) -> None:
     postgresql_only()
     _recorder(register, "wk.a", "sleepers")

@@ -44,6 +44,7 @@ from sqlqueue.storage.statements.tables import (
     STATE_KEY,
     STATE_TABLE,
 )
+from sqlqueue.storage.statements.vendors import Statement
 
 #: a row to build an ``insert_messages`` statement's text with (its values are unused)
 SAMPLE_ROW = MessageRow("", "", "", b"", None, 0, 0, None, 0)
@@ -192,6 +193,16 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
         statement = self.sql.bound_lock_waits(seconds)
         if statement is not None:
             cursor.execute(*statement)
+
+    def bound_transaction_lock_waits(self, seconds: int) -> Statement | None:
+        """``bound_transaction_lock_waits``: the statement that bounds the lock waits of
+        the current transaction only (None: ``bound_lock_waits`` is the vendor's way)."""
+        return self.sql.bound_transaction_lock_waits(seconds)
+
+    def through_pooler(self, cursor: CursorWrapper) -> bool:
+        """Does this connection reach its server session through a connection pooler
+        (whose next transaction may run on another session)? Never for most vendors."""
+        return False
 
     def is_lock_wait(self, error: BaseException) -> bool:
         """Did ``error`` end a wait for a lock (timeout, or chosen as a deadlock victim)?

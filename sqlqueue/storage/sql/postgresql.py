@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
+from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
 from django.db.backends.utils import CursorWrapper
@@ -49,6 +50,27 @@ def listen_wakeups_sql() -> str:
     """``listen_wakeups`` (sqlqueue.storage.statements.publishing): a plain module
     function, for the listener's own connection (it has no dialect)."""
     return PostgreSQLStatements().listen_wakeups()[0]
+
+
+def server_session_pid_sql() -> str:
+    """``server_session_pid``, for connections without a dialect (the listener's)."""
+    return PostgreSQLStatements().server_session_pid()[0]
+
+
+def name_session_sql() -> str:
+    """``name_session``, for connections without a dialect (the listener's); one
+    parameter, the name."""
+    return PostgreSQLStatements().name_session("")[0]
+
+
+def reaches_server_directly(cursor: Any, driver_pid: int) -> bool:
+    """Does the connection whose driver was told ``driver_pid`` at connect time reach
+    its server session directly? Every connection pooler (PgBouncer, RDS Proxy, ...)
+    answers the startup with a cancel key of its own, so the process id it reports
+    differs from the ``pg_backend_pid()`` of the session behind."""
+    cursor.execute(server_session_pid_sql())
+    reached = cursor.fetchone()
+    return reached is not None and int(reached[0]) == driver_pid
 
 
 class DuplicateMessage(IntegrityError):
@@ -160,6 +182,14 @@ class PostgreSQLDialect(Dialect):
                 raise  # the caller's transaction is aborted: theirs to retry
             cursor.execute(*self.sql.store_messages(rows, skip_stored=skip_stored, wake=wake))
 
+    def through_pooler(self, cursor: CursorWrapper) -> bool:
+        """Read once per driver connection (``reaches_server_directly``)."""
+        driver = self.connection.connection
+        session = session_statements(driver)
+        if session.direct is None:
+            session.direct = reaches_server_directly(cursor, driver.info.backend_pid)
+        return not session.direct
+
     def _prepared_insert(self, cursor: CursorWrapper, rows: Sequence[MessageRow],
                          variant: Variant) -> str | None:
         """The name of the session's prepared one-message INSERT of ``variant``, prepared
@@ -177,9 +207,7 @@ class PostgreSQLDialect(Dialect):
         if not session.due(variant):
             return None
         if session.direct is None:
-            cursor.execute(*self.sql.server_session_pid())
-            reached = cursor.fetchone()
-            session.direct = reached is not None and int(reached[0]) == driver.info.backend_pid
+            session.direct = reaches_server_directly(cursor, driver.info.backend_pid)
             if not session.direct:
                 return None
         skip_stored, wake = variant

@@ -20,6 +20,11 @@ class SessionStatements(Vendor):
         ``seconds`` (None: the connection's own busy timeout applies)."""
         return None
 
+    def bound_transaction_lock_waits(self, seconds: int) -> Statement | None:
+        """``bound_transaction_lock_waits``: ``bound_lock_waits`` for the current
+        transaction only (None: the vendor has no such setting; its session one is used)."""
+        return None
+
     def galera(self) -> Statement | None:
         """``galera``: 1 on a node of a Galera cluster (MariaDB's ``wsrep_on``), whose
         open transactions one node cannot see; an error where the variable does not
@@ -78,6 +83,17 @@ class PostgreSQLSessions(SessionStatements):
     def bound_lock_waits(self, seconds: int) -> Statement:
         # set_config, not SET: SET takes no parameters. Session-wide (is_local false).
         return "SELECT set_config('lock_timeout', %s, false)", [f"{seconds}s"]
+
+    def bound_transaction_lock_waits(self, seconds: int) -> Statement:
+        # is_local true: SET LOCAL, gone at the transaction's end. Behind a transaction
+        # pooler the session is the pool's: nothing may stay on it.
+        return "SELECT set_config('lock_timeout', %s, true)", [f"{seconds}s"]
+
+    def name_session(self, name: str) -> Statement:
+        """``name_session``: the ``application_name`` of this session, for a connection
+        sqlqueue owns (never one it shares through a pool: the name would stick to the
+        server session for the pool's next clients)."""
+        return "SELECT set_config('application_name', %s, false)", [name]
 
     def server_settings(self) -> Statement:
         """``server_settings`` (system checks): the database's encoding and the server's
