@@ -243,10 +243,10 @@ class _RolledBack(Exception):
 
 def undone(history: History) -> list[tuple[str, str]]:
     """(group, id) of committed messages not yet handled well nor dead-lettered."""
-    dead = {(d.group, d.id) for d in _dead_letters(history.topic)}
-    ok = {(r.group, r.id) for r in list(history.runs) if r.outcome == "ok"}
+    done = {(d.group, d.id) for d in _dead_letters(history.topic)}
+    done |= {(r.group, r.id) for r in list(history.runs) if r.outcome == "ok"}
     return [(group, p.id) for p in list(history.publishes) if p.committed and p.created
-            for group in history.groups if (group, p.id) not in ok | dead]
+            for group in history.groups if (group, p.id) not in done]
 
 
 def _visible_until(group: str, message: Message) -> float | None:
