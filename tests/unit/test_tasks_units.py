@@ -83,3 +83,36 @@ def test_long_tracebacks_keep_their_start_and_end() -> None:
     kept = truncated(text)
     assert len(kept) < MAX_TRACEBACK_CHARS + 100
     assert kept.startswith("start") and kept.endswith("end") and "truncated" in kept
+
+
+def test_two_threads_finding_the_registry_empty_both_find_the_task(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two handler threads miss the same task at once: the second waits for the first
+    one's imports, and finds the task (it failed with TaskNotFound while the imports
+    ran: CI, tests/acceptance/test_tasks_worker.py)."""
+    import threading
+
+    from sqlqueue.integrations.tasks import results
+
+    importing, release = threading.Event(), threading.Event()
+
+    def slow_autodiscover(name: str) -> None:
+        importing.set()
+        assert release.wait(10)
+        results._TASKS["shop.tasks.later"] = "the task"  # type: ignore[assignment]
+
+    monkeypatch.setattr(results, "_TASKS", {})
+    monkeypatch.setattr(results, "_discovered", False)
+    monkeypatch.setattr(results, "autodiscover_modules", slow_autodiscover)
+    found: list[object] = []
+    first = threading.Thread(target=lambda: found.append(results.load_task("shop.tasks.later")))
+    first.start()
+    assert importing.wait(10)
+    second = threading.Thread(target=lambda: found.append(results.load_task("shop.tasks.later")))
+    second.start()
+    second.join(0.2)
+    assert second.is_alive()  # waiting for the first one's imports, not failing
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert found == ["the task", "the task"]

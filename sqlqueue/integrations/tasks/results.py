@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from django.utils.module_loading import autodiscover_modules
@@ -32,6 +33,7 @@ class TaskNotFound(SqlqueueError, LookupError):
 #: every ``@task`` of an sqlqueue backend defined in this process, by path
 _TASKS: dict[str, Task[Any, Any]] = {}
 _discovered = False
+_discovery = threading.Lock()
 
 
 def remember_task(task: Task[Any, Any]) -> None:
@@ -59,11 +61,16 @@ def load_task(task_path: str) -> Task[Any, Any]:
 
 def discover_tasks() -> None:
     """Import every installed app's ``tasks`` module, once (as the admin does for
-    ``admin`` modules): defining their tasks fills the registry."""
+    ``admin`` modules): defining their tasks fills the registry. Handler threads look up
+    tasks at once: a second one waits for the first one's imports to finish (marked done
+    only then), or it found the registry still empty and failed a task that exists."""
     global _discovered
-    if not _discovered:
-        _discovered = True
-        autodiscover_modules("tasks")
+    if _discovered:
+        return
+    with _discovery:
+        if not _discovered:
+            autodiscover_modules("tasks")
+            _discovered = True
 
 
 def declared_backend(task_path: str) -> str:
