@@ -79,11 +79,11 @@ def test_an_outcome_from_the_old_server_never_acks_a_new_message(
     assert "database server changed" in err, err
 
 
-def publish_on(port: int, name: str, message_id: str) -> int:
+def publish_on(port: int, name: str, message_id: str, topic: str = TOPIC) -> int:
     """Publish a message of partition p on the promoted server (as the application does
     after the failover); returns its offset."""
     code = ("from sqlqueue import send_message; print(send_message("
-            f"'accept.failover', {{}}, partition_key='p', id={message_id!r}).offset)")
+            f"{topic!r}, {{}}, partition_key='p', id={message_id!r}).offset)")
     return int(manage(f"mysql://root@127.0.0.1:{port}/{name}", "shell", "-c", code).split()[-1])
 
 
@@ -122,7 +122,7 @@ def test_an_atomic_handler_never_acks_on_the_server_it_was_not_delivered_by(
             wait_for(lambda: journal_has(journal, f"end b-2 {queued.offset}"),
                      what="the queued delivery to run on a connection to the replica")
             time.sleep(1.0)  # its transaction commits (before the fix) or rolls back
-            reused = [publish_atomic_on(replica.port, name, f"c-{n}") for n in (1, 2)]
+            reused = [publish_on(replica.port, name, f"c-{n}", topic) for n in (1, 2)]
             assert reused == [first.offset, queued.offset]  # the offsets are reused
             wait_for(lambda: journal_has(journal, f"end c-2 {queued.offset}"), timeout=30,
                      what="the new message at b-2's offset")
@@ -135,8 +135,3 @@ def test_an_atomic_handler_never_acks_on_the_server_it_was_not_delivered_by(
     _, err = worker.communicate(timeout=60)
     assert "was delivered by the database server" in err, err
 
-
-def publish_atomic_on(port: int, name: str, message_id: str) -> int:
-    code = ("from sqlqueue import send_message; print(send_message("
-            f"'accept.failover.atomic', {{}}, partition_key='p', id={message_id!r}).offset)")
-    return int(manage(f"mysql://root@127.0.0.1:{port}/{name}", "shell", "-c", code).split()[-1])

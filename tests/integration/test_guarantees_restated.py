@@ -15,18 +15,16 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from sqlqueue import Message, OutgoingMessage, send_message, send_messages
 from sqlqueue.consuming import watermarks as watermarks_module
 from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.models import DeliveryState, PartitionOffset
-from sqlqueue.storage.sql import dialect_for
 from sqlqueue.storage.sql.delivery import DeliveryStatements
 from tests.integration.consuming_helpers import (
     RUN_TIMEOUT,
@@ -36,34 +34,11 @@ from tests.integration.consuming_helpers import (
     register,
     run_until,
 )
-from tests.integration.test_consuming import OpenPublish
+from tests.integration.test_consuming import OpenPublish, clocked
 from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db(transaction=True)
-__all__ = ["register"]  # the fixture
-
-
-def db_now_ms() -> int:
-    with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
-
-
-@pytest.fixture
-def clocked() -> Iterator[Callable[[str], tuple[Runner, ManualClock]]]:
-    """A runner of one group on a clock the test moves, its handler threads started."""
-    made: list[Runner] = []
-
-    def make(group: str) -> tuple[Runner, ManualClock]:
-        clock = ManualClock(db_now_ms())
-        runner = Runner(select_consumers([group]), conf=fast_settings(), clock=clock)
-        runner.start_handler_threads()
-        made.append(runner)
-        return runner, clock
-
-    yield make
-    for runner in made:
-        runner.stop()
-        runner._shutdown()
+__all__ = ["clocked", "register"]  # the fixtures
 
 
 class Runs:
