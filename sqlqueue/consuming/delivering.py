@@ -1,24 +1,24 @@
 """A subscriber's deliveries: reading what is new in its partitions, choosing what may
 start now, and marking it delivered (the visibility timeout starts) before it is handed to
-the handler pool. A mixin of ``Subscriber``; runs on the runner's main thread.
+the handler pool. ``Subscriber`` owns one ``Fetcher``; runs on the runner's main thread.
+A delivery's handler thread asks the ``HeldView`` whether it may still start.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-from collections import Counter
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
+from django.db import connections
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.consuming.handlers import Delivery
 from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.partition import Entry, PartitionState
-from sqlqueue.consuming.parts import SubscriberPart
 from sqlqueue.consuming.registry import Consumer, ConsumerOptions
+from sqlqueue.storage.sql import Dialect, dialect_for
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -39,35 +39,92 @@ READ_ON_WIDEST = 16
 _sequence = itertools.count()
 
 
-class Delivering(SubscriberPart):
-    """``Subscriber``'s deliveries (it provides what is declared here)."""
+class HeldView:
+    """A subscriber's partitions as its handler threads see them: whether a delivery may
+    still start, and holding one that ``extend_visibility()`` extended. Answers from the
+    main thread's in-memory view (rebuilt after a lost lock wait) and the clock's
+    estimate: never a query."""
 
-    consumer: Consumer
-    options: ConsumerOptions
-    alias: str
-    clock: Callable[[], int]
-    hold_clock: Callable[[], int]
-    leases: LeaseKeeper
-    limits: Limits | None
-    outstanding: dict[int, Delivery]
-    stats: Counter[str]
-    if TYPE_CHECKING:
-        def allowance(self) -> int | None: ...
-        def _dead_letter(self, cursor: CursorWrapper, state: PartitionState | None,
-                         delivery: Delivery, reason: str, error: str) -> None: ...
+    def __init__(self, leases: LeaseKeeper, partitions: dict[str, PartitionState],
+                 hold_clock: Callable[[], int]) -> None:
+        self.leases = leases
+        self.partitions = partitions
+        self.hold_clock = hold_clock
+
+    def may_start(self, delivery: Delivery) -> bool:
+        key = delivery.partition_key
+        return (self.leases.holds(key)
+                and self.leases.generation(key) == delivery.generation
+                and not self._expired(delivery))
+
+    def _expired(self, delivery: Delivery) -> bool:
+        """Has the delivery's visibility timeout run out (as the main thread keeps it:
+        stamped again while queued, extended by the handler), or was the message
+        delivered again since, or finished? A partition or entry not read back yet is
+        not judged here: the lease check is."""
+        state = self.partitions.get(delivery.partition_key)
+        if state is None:
+            return False
+        offset = delivery.row.offset
+        if offset <= state.watermark:
+            return True  # done, and the watermark passed it
+        entry = state.entries.get(offset)
+        if entry is None:
+            return False
+        return (entry.done or entry.attempt != delivery.attempt
+                or PartitionState.overdue(entry, self.hold_clock()))
+
+    def hold(self, delivery: Delivery, seconds: float) -> None:
+        """Not delivered again by this process before the new timeout (the clock's
+        estimate, on the handler thread)."""
+        state = self.partitions.get(delivery.partition_key)
+        entry = state.entries.get(delivery.row.offset) if state else None
+        if entry is not None and entry.attempt == delivery.attempt:
+            entry.held_until_ms = self.hold_clock() + round(seconds * 1000)
+
+
+class Fetcher:
+    """One subscription's reads and deliveries. The partitions and the deliveries in
+    flight are the subscriber's (it adds and drops partitions); the fetcher reads rows
+    into their states, marks what starts, and makes the deliveries."""
+
+    def __init__(self, *, consumer: Consumer, options: ConsumerOptions, alias: str,
+                 clock: Callable[[], int], leases: LeaseKeeper, limits: Limits | None,
+                 partitions: dict[str, PartitionState], outstanding: dict[int, Delivery],
+                 view: HeldView) -> None:
+        self.consumer = consumer
+        self.options = options
+        self.alias = alias
+        self.clock = clock
+        self.leases = leases
+        self.limits = limits
+        self.partitions = partitions
+        self.outstanding = outstanding
+        self.view = view
+
+    @property
+    def group(self) -> str:
+        return self.consumer.group
+
+    @property
+    def topic(self) -> str:
+        return self.consumer.topic
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect_for(connections[self.alias])
 
     def poll(
         self, cursor: CursorWrapper, head: Callable[[], int], budget: int | None
-    ) -> list[Delivery]:
-        """Read what is new and return the deliveries to hand out now (marked delivered).
+    ) -> tuple[list[Delivery], list[Delivery]]:
+        """Read what is new and return the deliveries to hand out now (marked delivered),
+        and those whose retry budget was spent by attempts never reported (to be
+        dead-lettered by the caller, in this transaction).
 
-        ``budget`` caps the number of deliveries (``--max-messages``); None: no cap. The
-        consumer's limits cap it too: what they hold back is not marked delivered (no
-        attempt charged), and waits in the buffer.
+        ``budget`` caps the number of deliveries (``--max-messages`` and the consumer's
+        limits; None: no cap): what it holds back is not marked delivered (no attempt
+        charged), and waits in the buffer.
         """
-        allowance = self.allowance()
-        if allowance is not None:
-            budget = allowance if budget is None else min(budget, allowance)
         batch = self.options.batch_size
         held = [state for key, state in self.partitions.items()
                 if self.leases.holds(key)]  # not those being released or near their end
@@ -83,7 +140,7 @@ class Delivering(SubscriberPart):
                 ready = ready[: max(0, budget - len(chosen))]
             chosen += [(state, entry) for entry in ready]
         if not chosen:
-            return []
+            return [], []
         if self.limits is not None:
             self.limits.spend(len(chosen))
         return self._deliver(cursor, chosen)
@@ -193,14 +250,16 @@ class Delivering(SubscriberPart):
 
     def _deliver(
         self, cursor: CursorWrapper, chosen: list[tuple[PartitionState, Entry]]
-    ) -> list[Delivery]:
+    ) -> tuple[list[Delivery], list[Delivery]]:
         """Mark every chosen message delivered, all partitions in one statement.
 
         Returned deliveries are not yet ``outstanding``: the caller hands them out (and
-        calls ``handed_out``) only once the transaction that marked them has committed."""
+        calls ``handed_out``) only once the transaction that marked them has committed.
+        The second list: deliveries past ``max_attempts``, not to be handed out."""
         invisible_until = self._mark_delivered(cursor, chosen)
         chosen = self._drop_acked_meanwhile(cursor, chosen)
-        deliveries = []
+        deliveries: list[Delivery] = []
+        spent: list[Delivery] = []
         for state, entry in chosen:
             if entry.in_flight:
                 logger.warning(
@@ -210,22 +269,13 @@ class Delivering(SubscriberPart):
             state.dispatched(entry, invisible_until)
             assert entry.row is not None
             delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
-                                entry.attempt, next(_sequence),
-                                lease_valid=self._lease_check(state.partition_key,
-                                                              state.generation),
-                                on_extend=self._hold(entry), generation=state.generation,
-                                expired=self._expiry_check(state.partition_key,
-                                                           entry.offset, entry.attempt))
-            if entry.attempt > self.options.max_attempts:
-                # Attempts were charged but never reported (a worker died mid-handler, or
-                # gave up past the visibility timeout): the retry budget is spent.
-                self._dead_letter(cursor, state, delivery, "crashed", (
-                    f"Gave up after {entry.attempt - 1} attempt(s) that never completed "
-                    "(the worker stopped or the visibility timeout ran out)."
-                ))
-                continue
-            deliveries.append(delivery)
-        return deliveries
+                                entry.attempt, next(_sequence), view=self.view,
+                                generation=state.generation)
+            # Attempts charged but never reported (a worker died mid-handler, or gave up
+            # past the visibility timeout) may have spent the retry budget.
+            (spent if entry.attempt > self.options.max_attempts else deliveries).append(
+                delivery)
+        return deliveries, spent
 
     def _drop_acked_meanwhile(
         self, cursor: CursorWrapper, chosen: list[tuple[PartitionState, Entry]]
@@ -275,48 +325,3 @@ class Delivering(SubscriberPart):
                                                state.partition_key, entry.offset, timeout_ms)
             now = self.clock()
         return now + timeout_ms
-
-    def handed_out(self, deliveries: Iterable[Delivery]) -> None:
-        """The transaction that marked ``deliveries`` committed: they are the handlers'."""
-        count = 0
-        for delivery in deliveries:
-            self.outstanding[id(delivery)] = delivery
-            count += 1
-        self.stats["delivered"] += count
-
-    def _hold(self, entry: Entry) -> Callable[[float], None]:
-        """extend_visibility() also tells this process not to deliver it again yet (on a
-        handler thread: the clock's estimate, never a query)."""
-        def hold(seconds: float) -> None:
-            entry.held_until_ms = self.hold_clock() + round(seconds * 1000)
-
-        return hold
-
-    def _expiry_check(self, partition: str, offset: int, attempt: int) -> Callable[[], bool]:
-        """On a handler thread, about to start: has the delivery's visibility timeout run
-        out (as the main thread keeps it: stamped again while queued, extended by the
-        handler), or was the message delivered again since, or finished? Looked up in
-        the current view (rebuilt after a lost lock wait); the clock's estimate, never a
-        query. A partition or entry not read back yet is not judged here: the lease
-        check is."""
-        def expired() -> bool:
-            state = self.partitions.get(partition)
-            if state is None:
-                return False
-            if offset <= state.watermark:
-                return True  # done, and the watermark passed it
-            entry = state.entries.get(offset)
-            if entry is None:
-                return False
-            return (entry.done or entry.attempt != attempt
-                    or PartitionState.overdue(entry, self.hold_clock()))
-
-        return expired
-
-    def _lease_check(self, partition: str, generation: int | None) -> Callable[[], bool]:
-        def valid() -> bool:
-            return (self.leases.holds(partition)
-                    and self.leases.generation(partition) == generation)
-
-        return valid
-

@@ -10,7 +10,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from asgiref.sync import async_to_sync
 from django.db import Error as AnyDatabaseError
@@ -35,6 +35,30 @@ MAX_RETRY_DELAY = 365 * 24 * 3600.0
 OutcomeKind = Literal["ack", "acked", "retry", "fail", "reject", "not_started"]
 
 
+class DeliveryView(Protocol):
+    """What a handler thread may ask of the subscriber that made a delivery, answered
+    from its in-memory view (never a query): ``sqlqueue.consuming.delivering.HeldView``."""
+
+    def may_start(self, delivery: Delivery) -> bool:
+        """Is the partition's lease still trusted under the delivery's generation, and
+        is the delivery still the message's current one, within its visibility timeout?"""
+        ...
+
+    def hold(self, delivery: Delivery, seconds: float) -> None:
+        """``extend_visibility()`` moved its timeout: do not deliver it again before."""
+        ...
+
+
+class Unchecked:
+    """The view of a delivery made outside a subscriber (tests): it may always start."""
+
+    def may_start(self, delivery: Delivery) -> bool:
+        return True
+
+    def hold(self, delivery: Delivery, seconds: float) -> None:
+        pass
+
+
 @dataclass
 class Delivery:
     """A message handed to the handler pool."""
@@ -45,12 +69,7 @@ class Delivery:
     row: FetchedRow
     attempt: int
     sequence: int
-    lease_valid: Callable[[], bool] = lambda: True
-    #: its visibility timeout ran out before a handler thread took it (it waited in the
-    #: queue while the main thread was held up): the message may be delivered again
-    #: already, so this one must not start too
-    expired: Callable[[], bool] = lambda: False
-    on_extend: Callable[[float], None] = lambda seconds: None
+    view: DeliveryView = field(default_factory=Unchecked, repr=False)
     generation: int | None = None  # of the partition's lease when it was delivered
     #: the database server that delivered it (the runner's, checked in the transaction
     #: that marked it): an atomic handler commits its ack there or nowhere (SPEC I16)
@@ -73,7 +92,10 @@ class Delivery:
         with self._lock:
             if self._state != "queued":
                 return False
-            if not self.lease_valid() or self.expired():
+            # Not if the lease is no longer trusted (SPEC I5), nor if its visibility
+            # timeout ran out while it waited in the queue (the main thread was held
+            # up): the message may be delivered again already (SPEC I10).
+            if not self.view.may_start(self):
                 # Out of "queued" for good: the main thread, which is told it did not
                 # start, must not take it back again (counted out of flight twice, the
                 # runner's tally went below zero and a --max-messages or --until-empty
@@ -292,7 +314,7 @@ def _extend_visibility(delivery: Delivery, seconds: float) -> None:
         if side is not None:
             side.close()
     if changed:
-        delivery.on_extend(seconds)
+        delivery.view.hold(delivery, seconds)
     else:
         raise SqlqueueError(
             f"Cannot extend the visibility of {consumer.topic}/{delivery.partition_key}"

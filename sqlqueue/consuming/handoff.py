@@ -4,7 +4,8 @@ Work reaches the handlers through a priority queue (lower ``priority`` first) an
 back through a completion queue that wakes the main thread. A delivery no handler started
 (stopping, paused, its partition handed over, its lease no longer trusted) comes back as
 "not started", and is given back with the other outcomes. A handler past its consumer's
-``timeout`` counts as failed, and its thread is replaced. A mixin of ``Runner``.
+``timeout`` counts as failed, and its thread is replaced. ``Runner`` owns one; every
+attribute here is the pool's own, and what it needs from the runner is passed in.
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 
 from django.db import connections
 
 from sqlqueue import events
-from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming import handlers
 from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.instruments import Instruments
-from sqlqueue.consuming.pauses import PauseWatch
 from sqlqueue.consuming.subscriber import Subscriber
 from sqlqueue.wakeups import Doorbell
 
@@ -34,106 +34,111 @@ logger = logging.getLogger("sqlqueue.consumer")
 EXIT_STUCK = 75
 
 
-class HandOff:
-    """``Runner``'s handler threads (it provides what is declared here)."""
+class HandlerPool:
+    """The runner's handler threads: what is queued for them, what they finished, and
+    how much is in flight between the two."""
 
-    conf: QueueSettings
-    alias: str
-    name: str
-    threads: int
-    subscribers: list[Subscriber]
-    instruments: Instruments
-    pauses: PauseWatch
-    stopping: threading.Event
-    stats: Counter[str]
-    exit_when_stuck: float | None
-    exit_code: int
-    _wakeup: Doorbell
-
-    def __init__(self) -> None:
-        self._work: queue.PriorityQueue[tuple[tuple[int, int], Delivery | None]] = (
+    def __init__(self, *, name: str, threads: int, alias: str, instruments: Instruments,
+                 stopping: threading.Event, wakeup: Doorbell,
+                 paused: Callable[[str, str], bool], stats: Counter[str],
+                 exit_when_stuck: float | None, on_stuck: Callable[[], None]) -> None:
+        self.name = name  # the runner's: its threads are named after it
+        self.threads = threads
+        self.alias = alias
+        self.instruments = instruments
+        self.stopping = stopping
+        self.wakeup = wakeup
+        self.paused = paused  # (group, topic) -> is that subscription paused now?
+        self.stats = stats
+        self.exit_when_stuck = exit_when_stuck
+        self.on_stuck = on_stuck  # called once a handler stays stuck past the grace
+        self.work: queue.PriorityQueue[tuple[tuple[int, int], Delivery | None]] = (
             queue.PriorityQueue()
         )
-        self._done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
-        # Outcomes taken from ``_done`` whose transaction did not commit (a lock wait gave
+        self.done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
+        # Outcomes taken from ``done`` whose transaction did not commit (a lock wait gave
         # up, the connection dropped): recorded at the next pass, never dropped.
-        self._unrecorded: list[Outcome] = []
-        self._in_flight = 0
-        self._dispatched = 0
-        self._workers: list[threading.Thread] = []
+        self.unrecorded: list[Outcome] = []
+        self.in_flight = 0
+        self.dispatched = 0
+        self.workers: list[threading.Thread] = []
         self._timed_out = 0  # handler threads stuck past their consumer's timeout
 
-    def stop(self) -> None:
-        self.stopping.set()
-        self._wakeup.set()
+    def has_outcomes(self) -> bool:
+        """Outcomes wait to be recorded (finished, or not recorded by an earlier pass)."""
+        return not self.done.empty() or bool(self.unrecorded)
+
+    def keep_unrecorded(self, outcomes: Iterable[Outcome]) -> None:
+        """Outcomes whose transaction did not commit: recorded at the next pass."""
+        self.unrecorded += outcomes
 
     # -- handing out ----------------------------------------------------------------------
-    def start_handler_threads(self) -> None:
+    def start(self) -> None:
         for n in range(self.threads):
             # Named after the runner too: several runners in one process (tests) apart.
             worker = threading.Thread(target=self._handler_thread,
                                       name=f"sqlqueue-handler-{n}@{self.name}", daemon=True)
             worker.start()
-            self._workers.append(worker)
+            self.workers.append(worker)
 
-    def _dispatch(self, deliveries: list[Delivery]) -> None:
+    def dispatch(self, deliveries: list[Delivery]) -> None:
         """Hand committed deliveries to the handler threads."""
         for delivery in deliveries:
-            self._in_flight += 1
-            self._dispatched += 1
-            self._work.put((delivery.sort_key(), delivery))
+            self.in_flight += 1
+            self.dispatched += 1
+            self.work.put((delivery.sort_key(), delivery))
 
     # -- what comes back ------------------------------------------------------------------
-    def _collect_outcomes(self) -> dict[int, list[Outcome]]:
+    def collect(self) -> dict[int, list[Outcome]]:
         """What the handler threads finished since the last pass (and what an earlier pass
         could not record), by consumer."""
         outcomes: dict[int, list[Outcome]] = {}
-        for outcome in self._unrecorded:
+        for outcome in self.unrecorded:
             outcomes.setdefault(id(outcome.delivery.consumer), []).append(outcome)
-        self._unrecorded = []
+        self.unrecorded = []
         while True:
             try:
-                outcome = self._done.get_nowait()
+                outcome = self.done.get_nowait()
             except queue.Empty:
                 return outcomes
-            self._in_flight -= 1
+            self.in_flight -= 1
             outcomes.setdefault(id(outcome.delivery.consumer), []).append(outcome)
             self.stats[outcome.kind] += 1
 
-    def _taken_back(self, deliveries: list[Delivery]) -> None:
+    def taken_back(self, deliveries: list[Delivery]) -> None:
         """Queued deliveries taken back on the main thread (partitions handed over, or
         shutdown): no longer in flight; given back at the next recording with the
         outcomes (retried until written)."""
-        self._in_flight -= len(deliveries)
-        self._unrecorded += [Outcome(delivery, "not_started") for delivery in deliveries]
+        self.in_flight -= len(deliveries)
+        self.unrecorded += [Outcome(delivery, "not_started") for delivery in deliveries]
 
-    def _take_back_queued(self) -> None:
+    def take_back_queued(self) -> None:
         """Shutdown: take back every delivery still queued (no handler started it)."""
         taken: list[Delivery] = []
         while True:
             try:
-                _, delivery = self._work.get_nowait()
+                _, delivery = self.work.get_nowait()
             except queue.Empty:
                 break
             if delivery is not None and delivery.give_back():
                 taken.append(delivery)
-        self._taken_back(taken)
+        self.taken_back(taken)
 
-    def _stop_handler_threads(self) -> None:
-        for n, _ in enumerate(self._workers):
-            self._work.put(((1 << 30, n), None))  # after any real work; keys never tie
-        for worker in self._workers:
+    def stop_threads(self) -> None:
+        for n, _ in enumerate(self.workers):
+            self.work.put(((1 << 30, n), None))  # after any real work; keys never tie
+        for worker in self.workers:
             # Threads still stuck in a handler past SHUTDOWN_TIMEOUT are daemons: the
             # process may exit without them.
-            worker.join(timeout=0 if self._in_flight > 0 or self._timed_out else 5)
+            worker.join(timeout=0 if self.in_flight > 0 or self._timed_out else 5)
 
     # -- handler timeouts (@consumer(timeout=...)) ----------------------------------------
-    def _enforce_timeouts(self) -> None:
+    def enforce_timeouts(self, subscribers: Iterable[Subscriber]) -> None:
         """A handler running past its consumer's ``timeout`` counts as failed now (retried
         with backoff). Its thread cannot be stopped: a new one takes its place, and it
         exits when the handler returns, its outcome dropped."""
         now = time.monotonic()
-        for subscriber in self.subscribers:
+        for subscriber in subscribers:
             limit = subscriber.consumer.timeout
             if limit is None:
                 continue
@@ -144,7 +149,7 @@ class HandOff:
                                    "counted as failed.", subscriber.topic,
                                    delivery.partition_key, delivery.row.offset,
                                    subscriber.group, limit)
-                    self._done.put(Outcome(delivery, "fail", error=(
+                    self.done.put(Outcome(delivery, "fail", error=(
                         f"TimeoutError: the handler ran past its timeout of {limit:g}s.")))
                     subscriber.stuck.append(delivery)
                     self._replace_handler_thread()
@@ -163,16 +168,14 @@ class HandOff:
             logger.error("%s: %s handler(s) of %s stuck for more than %gs past their timeout; "
                          "stopping this process so that its supervisor replaces it.",
                          self.name, len(stuck), subscriber.consumer.name, grace)
-            self.exit_code = EXIT_STUCK
-            self.stop()
+            self.on_stuck()
 
     def _replace_handler_thread(self) -> None:
         self._timed_out += 1
         worker = threading.Thread(target=self._handler_thread, daemon=True,
-                                  name=f"sqlqueue-handler-{len(self._workers)}@{self.name}")
+                                  name=f"sqlqueue-handler-{len(self.workers)}@{self.name}")
         worker.start()
-        self._workers.append(worker)
-
+        self.workers.append(worker)
 
     # -- handler threads ----------------------------------------------------------------------
     def _handler_thread(self) -> None:
@@ -183,22 +186,22 @@ class HandOff:
 
     def _handle_until_told_to_stop(self) -> None:
         while True:
-            _, delivery = self._work.get()
+            _, delivery = self.work.get()
             if delivery is None:
                 return
             if (self.stopping.is_set() or self._paused_delivery(delivery)) and (
                 delivery.give_back()
             ):
                 # Stopping or paused: nothing new starts; the main thread gives it back.
-                self._done.put(Outcome(delivery, "not_started"))
-                self._wakeup.set()
+                self.done.put(Outcome(delivery, "not_started"))
+                self.wakeup.set()
                 continue
             if not delivery.start():
                 if delivery.refused:
                     # The partition's lease is no longer trusted: nothing starts, and
                     # the main thread gives the message back.
-                    self._done.put(Outcome(delivery, "not_started"))
-                    self._wakeup.set()
+                    self.done.put(Outcome(delivery, "not_started"))
+                    self.wakeup.set()
                 continue
             started = time.time()
             try:
@@ -209,14 +212,14 @@ class HandOff:
             self._instrument(outcome, started)
             if not delivery.finish():
                 return  # timed out: counted as failed already, and this thread replaced
-            self._done.put(outcome)
+            self.done.put(outcome)
             # Wake the main thread once half of what is in flight has finished (or at
             # its next poll): outcomes are then recorded in batches, not one by one.
-            if 2 * self._done.qsize() >= self._in_flight:
-                self._wakeup.set()
+            if 2 * self.done.qsize() >= self.in_flight:
+                self.wakeup.set()
 
     def _paused_delivery(self, delivery: Delivery) -> bool:
-        return self.pauses.paused(delivery.consumer.group, delivery.consumer.topic)
+        return self.paused(delivery.consumer.group, delivery.consumer.topic)
 
     def _instrument(self, outcome: Outcome, started: float) -> None:
         row, consumer = outcome.delivery.row, outcome.delivery.consumer

@@ -4,25 +4,19 @@ Adaptive polling: after a pass that saw new messages the next poll comes
 ``FIRST_QUICK_POLL`` later, then twice as late after each quiet one, up to POLL_INTERVAL;
 sooner if a message, a retry or a timer is due earlier. Not while a wake-up channel hears
 other processes' publishes (``Wakeups.cover_other_processes``): each commit rings then.
-The write horizon (which rows are settled, sqlqueue.horizon) is read at most every
-``refresh_delay()`` seconds. A mixin of ``Runner``.
+``Runner`` owns one ``Pacer``; what it reads of the runner (its handler pool, its
+subscribers, which are paused) is passed in.
 """
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
-
-from django.db import DatabaseError, connections
+from typing import Protocol
 
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.clock import Clock
-from sqlqueue.consuming.handlers import Outcome
+from sqlqueue.consuming.handoff import HandlerPool
 from sqlqueue.consuming.subscriber import Subscriber
-from sqlqueue.consuming.wakeups import Wakeups
-from sqlqueue.horizon import UNKNOWN, SettledCache, settled_before
-from sqlqueue.storage.sql import dialect_for
 
 #: Adaptive polling: after a pass that saw new messages the next poll comes this soon,
 #: then twice as late after each quiet one, up to POLL_INTERVAL. Messages arriving
@@ -59,32 +53,28 @@ class Timer(Protocol):
         ...
 
 
-class Pacing:
-    """``Runner``'s timing (it provides what is declared here)."""
+class Pacer:
+    """When the runner's next pass comes."""
 
-    conf: QueueSettings
-    alias: str
-    clock: Clock
-    subscribers: list[Subscriber]
-    timers: list[Timer]
-    wakeups: Wakeups | None
-    max_messages: int | None
-    until_empty: bool
-    _dispatched: int
-    _in_flight: int
-    _unrecorded: list[Outcome]
-    _done: queue.SimpleQueue[Outcome]
-
-    def __init__(self) -> None:
-        self._quiet_passes = 0  # passes in a row that saw no new message (adaptive polling)
+    def __init__(self, *, conf: QueueSettings, clock: Clock, pool: HandlerPool,
+                 subscribers: list[Subscriber], paused: Callable[[Subscriber], bool],
+                 until_empty: bool, max_messages: int | None) -> None:
+        self.conf = conf
+        self.clock = clock
+        self.pool = pool
+        self.subscribers = subscribers
+        self.paused = paused
+        self.until_empty = until_empty
+        self.max_messages = max_messages
+        #: periodic jobs run on the main thread between passes (the schedules' ticker)
+        self.timers: list[Timer] = []
+        #: a wake-up channel hears every other process's publishes (set once it listens)
+        self.covered_by_wakeups: Callable[[], bool] = lambda: False
+        self._quiet_passes = 0  # passes in a row that saw no new message
         self._last_head = -1
         self._dispatched_before = 0
-        self._horizon = SettledCache()
 
-    if TYPE_CHECKING:
-        def _paused(self, subscriber: Subscriber) -> bool: ...
-
-    def _run_timers(self, delay: float) -> float:
+    def run_timers(self, delay: float) -> float:
         """Run the timers that are due; return ``delay`` shortened to the next one's time."""
         for timer in self.timers:
             timer.run_due()
@@ -93,26 +83,29 @@ class Pacing:
                 delay = min(delay, max(0.0, (due - self.clock.now_ms()) / 1000))
         return delay
 
-    def _next_delay(self, head: Callable[[], int]) -> float | None:
-        if self.max_messages is not None and self._dispatched >= self.max_messages:
-            if self._in_flight == 0:
+    def next_delay(self, head: Callable[[], int]) -> float | None:
+        """How long to wait before the next pass (None: an ``until_empty`` or
+        ``max_messages`` runner has nothing left to do)."""
+        pool = self.pool
+        if self.max_messages is not None and pool.dispatched >= self.max_messages:
+            if pool.in_flight == 0:
                 return None
-        elif self.until_empty and self._in_flight == 0 and not self._unrecorded and all(
+        elif self.until_empty and pool.in_flight == 0 and not pool.unrecorded and all(
             s.caught_up(head) and not s.busy() for s in self.subscribers
         ):
             return None
-        if not self._done.empty() or self._unrecorded:
+        if pool.has_outcomes():
             return 0.0
-        if any(s.reads_on() for s in self.subscribers if not self._paused(s)):
+        if any(s.reads_on() for s in self.subscribers if not self.paused(s)):
             return 0.0
-        delay = self._polling_delay(head)
-        dues = [d for d in (s.next_due_ms() for s in self.subscribers if not self._paused(s))
+        delay = self.polling_delay(head)
+        dues = [d for d in (s.next_due_ms() for s in self.subscribers if not self.paused(s))
                 if d is not None]
         if dues:
             delay = min(delay, max(0.0, (min(dues) - self.clock.now_ms()) / 1000))
         return delay
 
-    def _polling_delay(self, head: Callable[[], int]) -> float:
+    def polling_delay(self, head: Callable[[], int]) -> float:
         """FIRST_QUICK_POLL after a pass that saw new messages (the head moved, or work was
         handed out), doubling with every quiet pass up to POLL_INTERVAL.
 
@@ -126,34 +119,9 @@ class Pacing:
         moved = seen is not None and seen != self._last_head
         if seen is not None:
             self._last_head = seen
-        active = moved or self._dispatched != self._dispatched_before
-        self._dispatched_before = self._dispatched
+        active = moved or self.pool.dispatched != self._dispatched_before
+        self._dispatched_before = self.pool.dispatched
         self._quiet_passes = 0 if active else min(self._quiet_passes + 1, 30)
-        if self.wakeups is not None and self.wakeups.cover_other_processes():
+        if self.covered_by_wakeups():
             return float(self.conf.POLL_INTERVAL)
         return float(min(self.conf.POLL_INTERVAL, FIRST_QUICK_POLL * 2.0 ** self._quiet_passes))
-
-    def _settled_before(self, cursor: Any, now_ms: int) -> int | None:
-        """Database time before which no publishing transaction is still open, so no row
-        can still appear below a settled one (sqlqueue.horizon; None: every visible row
-        is settled). Read at most every ``refresh_delay()`` seconds; an older horizon is
-        an earlier one, hence still safe.
-
-        Call it right after the fence: its locking read has started the transaction, so a
-        fresh INNODB_TRX snapshot lists this connection's own transaction; and no plain
-        read has fixed the snapshot yet. Under REPEATABLE READ a horizon read after one
-        could pass a writer that committed in between: no longer listed as open, yet
-        invisible to this transaction's check of the window (SPEC I4). A horizon cached
-        from an earlier transaction was read before this snapshot: safe too."""
-        return self._horizon.get(lambda previous: self._read_horizon(cursor, now_ms, previous))
-
-    def _read_horizon(self, cursor: Any, now_ms: int, previous: int | None) -> int | None:
-        try:
-            seen = dialect_for(connections[self.alias]).write_horizon(cursor)
-        except DatabaseError:
-            seen = UNKNOWN  # no view of open transactions: assume the longest allowed
-        if seen is None:
-            return None  # one writer at a time: nothing can commit out of order
-        return settled_before(seen, now_ms, round(self.conf.MAX_TRANSACTION_AGE * 1000),
-                              previous)
-

@@ -11,6 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+from django.db import connections
+
+from sqlqueue.storage.sql import dialect_for
+
 #: Seconds between two reads of the pauses by a running subscriber. SPEC §9 asks that
 #: nothing new starts within 2 s of a pause; one read a second leaves a second for the
 #: handler threads to see it.
@@ -22,6 +26,16 @@ Pause = tuple[str, str]  # (group, topic); "" matches any
 def matches(pauses: Iterable[Pause], group: str, topic: str) -> bool:
     """Whether any pause covers ``group`` on ``topic`` ("" in a pause matches any)."""
     return any(g in ("", group) and t in ("", topic) for g, t in pauses)
+
+
+def stored_pauses(alias: str) -> Callable[[], list[Pause]]:
+    """What a runner's ``PauseWatch`` reads: the pauses in ``alias``'s table."""
+    def read() -> list[Pause]:
+        connection = connections[alias]
+        with connection.cursor() as cursor:
+            return dialect_for(connection).list_pauses(cursor)
+
+    return read
 
 
 class PauseWatch:

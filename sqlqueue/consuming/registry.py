@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,3 +227,27 @@ def autodiscover() -> None:
     from django.utils.module_loading import autodiscover_modules
 
     autodiscover_modules("consumers")
+
+
+def refuse_routed_elsewhere(consumers: Sequence[Consumer], conf: QueueSettings) -> None:
+    """A consumer whose topic SQLQUEUE["ROUTES"] sends to another database would wait on
+    an empty table here: say so instead."""
+    elsewhere = sorted({(c.topic, conf.alias_for(c.topic)) for c in consumers
+                        if conf.alias_for(c.topic) != conf.DATABASE})
+    if elsewhere:
+        listed = ", ".join(f"{topic} -> {alias}" for topic, alias in elsewhere)
+        raise ConfigurationError(
+            f"these topics are routed to another database than {conf.DATABASE!r} "
+            f"(SQLQUEUE['ROUTES']): {listed}. Run 'runconsumer --database ALIAS' for each "
+            "database, selecting its consumers with --group/--topic.")
+
+
+def groups_known_here(consumers: Sequence[Consumer]) -> dict[str, set[str]]:
+    """By topic of ``consumers``: every group registered in this process for it, running
+    here or not (what garbage collection keeps messages for, besides the groups with an
+    offsets row anywhere)."""
+    known: dict[str, set[str]] = {consumer.topic: set() for consumer in consumers}
+    for registered in (*registered_consumers(), *consumers):
+        if registered.topic in known:
+            known[registered.topic].add(registered.group)
+    return known

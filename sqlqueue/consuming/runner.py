@@ -2,8 +2,10 @@
 
 One main thread talks to the database for every subscription (fetch, mark delivered,
 record outcomes, move watermarks, collect garbage); ``threads`` handler threads run the
-handlers (sqlqueue.consuming.handoff). Its timing is in ``pacing``, what it knows of the
-database server in ``server``.
+handlers. The runner owns its subscribers and one of each part: a ``HandlerPool`` (the
+threads and what comes back from them), a ``Pacer`` (when the next pass comes), a
+``ServerWatch`` (the server and the connection's session), a ``HorizonWatch``, a
+``PauseWatch`` and a ``GarbageCollector``; here: the loop, one pass, and the exit.
 """
 
 from __future__ import annotations
@@ -24,51 +26,39 @@ from django.db import connections, transaction
 from sqlqueue import events
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.consuming.clock import Clock, DatabaseClock
+from sqlqueue.consuming.exiting import EXIT_SETTLE_SECONDS, ExitSettler
 from sqlqueue.consuming.gc import GarbageCollector
 from sqlqueue.consuming.handlers import Delivery, Outcome
-from sqlqueue.consuming.handoff import HandOff
+from sqlqueue.consuming.handoff import EXIT_STUCK, HandlerPool
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.liveness import touch
-from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, Pacing, Timer, _Once
-from sqlqueue.consuming.pauses import Pause, PauseWatch
-from sqlqueue.consuming.registry import Consumer, registered_consumers
+from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, Pacer, Timer, _Once
+from sqlqueue.consuming.pauses import PauseWatch, stored_pauses
+from sqlqueue.consuming.registry import (
+    Consumer,
+    groups_known_here,
+    refuse_routed_elsewhere,
+)
 from sqlqueue.consuming.server import RECONNECT_BACKOFF, ServerChanged, ServerWatch
+from sqlqueue.consuming.settling import HorizonWatch
 from sqlqueue.consuming.subscriber import Subscriber
 from sqlqueue.consuming.wakeups import Wakeups
-from sqlqueue.exceptions import ConfigurationError
 from sqlqueue.storage.sql import dialect_for
 from sqlqueue.wakeups import Doorbell
 
 logger = logging.getLogger("sqlqueue.consumer")
 
 
-def _refuse_routed_elsewhere(consumers: Sequence[Consumer], conf: QueueSettings) -> None:
-    """A consumer whose topic SQLQUEUE["ROUTES"] sends to another database would wait on
-    an empty table here: say so instead."""
-    elsewhere = sorted({(c.topic, conf.alias_for(c.topic)) for c in consumers
-                        if conf.alias_for(c.topic) != conf.DATABASE})
-    if elsewhere:
-        listed = ", ".join(f"{topic} -> {alias}" for topic, alias in elsewhere)
-        raise ConfigurationError(
-            f"these topics are routed to another database than {conf.DATABASE!r} "
-            f"(SQLQUEUE['ROUTES']): {listed}. Run 'runconsumer --database ALIAS' for each "
-            "database, selecting its consumers with --group/--topic.")
-
-
-#: At a graceful exit, how long the runner waits for the write horizon to pass the rows
-#: it acked last (MySQL's lags the clock by up to two seconds, in whole seconds), and how
-#: often it looks.
-EXIT_SETTLE_SECONDS = 3.0
-EXIT_SETTLE_STEP = 0.5
-
-
 def default_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class Runner(HandOff, Pacing, ServerWatch):
-    #: how long a graceful exit waits for the write horizon (``_advance_before_exit``)
+class Runner:
+    #: how long a graceful exit waits for the write horizon (``ExitSettler``)
     exit_settle_seconds = EXIT_SETTLE_SECONDS
+    #: the runner opened its connection (sqlqueue.testing's runs on the caller's): its
+    #: session settings are the runner's to set, and it closes it at the end
+    owns_connection = True
 
     def __init__(
         self,
@@ -93,41 +83,63 @@ class Runner(HandOff, Pacing, ServerWatch):
         self.liveness_file = liveness_file
         self.instruments = instruments or Instruments()
         self.alias = self.conf.DATABASE
-        _refuse_routed_elsewhere(consumers, self.conf)
+        refuse_routed_elsewhere(consumers, self.conf)
         self.name = name or default_name()
         self.threads = threads or self.conf.THREADS
         self.until_empty = until_empty
         self.max_messages = max_messages
+        self.server = ServerWatch(conf=self.conf, alias=self.alias,
+                                  instruments=self.instruments,
+                                  owns_session=self.owns_connection)
         # The database's time (SPEC I11); a test may pass one it moves itself.
-        self.clock: Clock = clock or DatabaseClock(self._database_now)
+        self.clock: Clock = clock or DatabaseClock(self.server.database_now)
         self.subscribers = [Subscriber(c, self.conf, self.alias, self.name,
                                        clock=self.clock.now_ms,
                                        hold_clock=self.clock.estimate_ms)
                             for c in consumers]
         for subscriber in self.subscribers:
-            subscriber.check_server = self._check_server
+            subscriber.check_server = self.server.check
             subscriber.watch_when_idle = until_empty
-        HandOff.__init__(self)
-        Pacing.__init__(self)
-        ServerWatch.__init__(self)
-        # Known to garbage collection: every group registered in this process for these
-        # topics, running here or not, besides those with an offsets row anywhere.
-        topics = {c.topic for c in consumers}
-        known: dict[str, set[str]] = {topic: set() for topic in topics}
-        for registered in (*registered_consumers(), *consumers):
-            if registered.topic in topics:
-                known[registered.topic].add(registered.group)
-        self.collector = GarbageCollector(self.conf, self.alias, known)
+        self.collector = GarbageCollector(self.conf, self.alias, groups_known_here(consumers))
         self.stopping = threading.Event()
         # Handler threads and stop() set it (a pass now); a publish rings it (a pass soon,
         # never sooner than FIRST_QUICK_POLL after the last: sqlqueue.wakeups.Doorbell).
-        self._wakeup = Doorbell(FIRST_QUICK_POLL)
+        self.wakeup = Doorbell(FIRST_QUICK_POLL)
         self.wakeups: Wakeups | None = None
         self._signals = 0
         self.stats: Counter[str] = Counter()
-        self.pauses = PauseWatch(self._read_pauses)
-        #: periodic jobs run on the main thread between passes (the schedules' ticker)
-        self.timers: list[Timer] = []
+        self.pauses = PauseWatch(stored_pauses(self.alias))
+        self.horizon = HorizonWatch(self.alias, self.conf.MAX_TRANSACTION_AGE)
+        self.exit = ExitSettler(alias=self.alias, horizon=self.horizon, clock=self.clock,
+                                settle_seconds=self.exit_settle_seconds)
+        self.pool = self._handler_pool()
+        self.pacer = Pacer(conf=self.conf, clock=self.clock, pool=self.pool,
+                           subscribers=self.subscribers, paused=self._paused,
+                           until_empty=until_empty, max_messages=max_messages)
+
+    @property
+    def timers(self) -> list[Timer]:
+        """Periodic jobs run on the main thread between passes (the schedules' ticker)."""
+        return self.pacer.timers
+
+    def _handler_pool(self) -> HandlerPool:
+        return HandlerPool(name=self.name, threads=self.threads, alias=self.alias,
+                           instruments=self.instruments, stopping=self.stopping,
+                           wakeup=self.wakeup, paused=self.pauses.paused, stats=self.stats,
+                           exit_when_stuck=self.exit_when_stuck, on_stuck=self._stuck)
+
+    def _stuck(self) -> None:
+        """A handler stayed stuck past its timeout and the grace: this process stops so
+        that its supervisor replaces it."""
+        self.exit_code = EXIT_STUCK
+        self.stop()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wakeup.set()
+
+    def start_handler_threads(self) -> None:
+        self.pool.start()
 
     # -- lifecycle ------------------------------------------------------------------------
     def run(self, install_signal_handlers: bool = True) -> int:
@@ -135,7 +147,8 @@ class Runner(HandOff, Pacing, ServerWatch):
             self.install_signal_handlers()
         self.start_handler_threads()
         self.wakeups = Wakeups(self.conf, self.alias, {s.topic for s in self.subscribers},
-                               self._wakeup.ring)
+                               self.wakeup.ring)
+        self.pacer.covered_by_wakeups = self.wakeups.cover_other_processes
         logger.info("Subscriber %s started: %s, %s handler thread(s).", self.name,
                     ", ".join(s.consumer.name for s in self.subscribers), self.threads,
                     extra=events.fields(events.RUNNER_STARTED, subscriber=self.name,
@@ -169,15 +182,15 @@ class Runner(HandOff, Pacing, ServerWatch):
                                    extra=events.fields(events.RUNNER_RECONNECTING,
                                                        error=str(exc), delay=backoff))
                     self._reset_connection()
-                    # Not on _wakeup: handlers finishing (or failing) during an outage
+                    # Not on ``wakeup``: handlers finishing (or failing) during an outage
                     # would end the wait early and run through the backoff in a moment.
                     self.stopping.wait(backoff)
                     continue
                 if delay is None:
                     break  # --until-empty: nothing left to do
-                delay = self._run_timers(delay)
-                self._wakeup.wait(delay)
-                self._wakeup.clear()
+                delay = self.pacer.run_timers(delay)
+                self.wakeup.wait(delay)
+                self.wakeup.clear()
         finally:
             self.wakeups.stop()
             self._shutdown()
@@ -185,7 +198,7 @@ class Runner(HandOff, Pacing, ServerWatch):
 
     @property
     def reached_max_messages(self) -> bool:
-        return self.max_messages is not None and self._dispatched >= self.max_messages
+        return self.max_messages is not None and self.pool.dispatched >= self.max_messages
 
     def install_signal_handlers(self) -> None:
         """SIGINT and SIGTERM stop the runner gracefully (a second one at once); ``run``
@@ -215,28 +228,29 @@ class Runner(HandOff, Pacing, ServerWatch):
         one (None: --until-empty found nothing left)."""
         connection = connections[self.alias]
         dialect = dialect_for(connection)
-        with (connection.execute_wrapper(self._count_statement),
-              connection.execute_wrapper(self._bound_transaction_lock_waits),
+        with (connection.execute_wrapper(self.server.count_statement),
+              connection.execute_wrapper(self.server.bound_transaction_lock_waits),
               connection.cursor() as cursor):
-            self._bound_lock_waits(connection, cursor)
+            self.server.bound_lock_waits(connection, cursor)
             self._check_pauses()
-            self._enforce_timeouts()
-            outcomes = self._collect_outcomes()
+            self.pool.enforce_timeouts(self.subscribers)
+            outcomes = self.pool.collect()
             # The log's head, read when first needed; the same statement says which server
             # answered.
-            head = _Once(lambda: self._head(dialect, cursor))
+            head = _Once(lambda: self.server.head(dialect, cursor))
             try:
                 self._subscriptions(cursor, outcomes, head)
             finally:
                 # Whatever stopped the pass, outcomes not yet written are kept (those of
                 # deliveries made on another server are dropped when recorded).
-                self._unrecorded += [o for rest in outcomes.values() for o in rest]
+                self.pool.keep_unrecorded(o for rest in outcomes.values() for o in rest)
             self.collector.collect(cursor)
-            return self._next_delay(head)
+            return self.pacer.next_delay(head)
 
     def _subscriptions(self, cursor: Any, outcomes: dict[int, list[Outcome]],
                        head: Callable[[], int]) -> None:
-        budget = None if self.max_messages is None else self.max_messages - self._dispatched
+        budget = (None if self.max_messages is None
+                  else self.max_messages - self.pool.dispatched)
         for subscriber in self.subscribers:
             key = id(subscriber.consumer)
             if self.stopping.is_set():
@@ -248,7 +262,7 @@ class Runner(HandOff, Pacing, ServerWatch):
                 continue
             subscriber.discover(cursor, head)
             held = set(subscriber.leases.owned)
-            self._taken_back(subscriber.keep_leases(cursor))
+            self.pool.taken_back(subscriber.keep_leases(cursor))
             if held != set(subscriber.leases.owned):
                 now_held = set(subscriber.leases.owned)
                 self.instruments.leases_changed(subscriber.group, subscriber.topic,
@@ -260,9 +274,9 @@ class Runner(HandOff, Pacing, ServerWatch):
             # Handed to the handlers only once the marks are committed, each with the
             # server whose fence this pass passed (an atomic handler's ack goes there).
             for delivery in deliveries:
-                delivery.server = self._server
+                delivery.server = self.server.server
             subscriber.handed_out(deliveries)
-            self._dispatch(deliveries)
+            self.pool.dispatch(deliveries)
             if budget is not None:
                 budget -= len(deliveries)
 
@@ -277,14 +291,14 @@ class Runner(HandOff, Pacing, ServerWatch):
                 subscriber.fence(cursor)
                 # The clock is read only now, after the fence's lock wait (however long):
                 # every time this transaction stamps comes from after it (SPEC I4, I10).
-                settled = self._settled_before(cursor, self.clock.now_ms())
+                settled = self.horizon.settled_before(cursor, self.clock.now_ms())
                 subscriber.record(cursor, outcomes)
                 deliveries = subscriber.poll(cursor, head, budget)
                 subscriber.advance(cursor, settled)
             subscriber.recorded(outcomes)
             return deliveries
         except AnyDatabaseError as exc:
-            self._unrecorded += outcomes
+            self.pool.keep_unrecorded(outcomes)
             if not dialect_for(connections[self.alias]).is_lock_wait(exc):
                 raise
             logger.warning("%s on %s/%s: gave up a lock wait (%s); trying again at the next "
@@ -293,11 +307,6 @@ class Runner(HandOff, Pacing, ServerWatch):
             return []
 
     # -- pauses (queue pause / resume) --------------------------------------------------------
-    def _read_pauses(self) -> list[Pause]:
-        connection = connections[self.alias]
-        with connection.cursor() as cursor:
-            return dialect_for(connection).list_pauses(cursor)
-
     def _check_pauses(self) -> None:
         """Read the pauses at most once a second (sqlqueue.consuming.pauses)."""
         if self.pauses.refresh():
@@ -316,10 +325,10 @@ class Runner(HandOff, Pacing, ServerWatch):
         and is not reported as STOP."""
         self._record(subscriber, cursor, outcomes)
         subscriber.discover(cursor, head)
-        self._taken_back(subscriber.keep_leases(cursor))
+        self.pool.taken_back(subscriber.keep_leases(cursor))
 
     def _record_outcomes(self, cursor: Any) -> None:
-        outcomes = self._collect_outcomes()
+        outcomes = self.pool.collect()
         for subscriber in self.subscribers:
             self._record(subscriber, cursor, outcomes.get(id(subscriber.consumer), []))
 
@@ -332,62 +341,35 @@ class Runner(HandOff, Pacing, ServerWatch):
                     subscriber.record(cursor, outcomes)
                 subscriber.recorded(outcomes)
             except AnyDatabaseError:
-                self._unrecorded += outcomes
+                self.pool.keep_unrecorded(outcomes)
                 raise
 
     # -- shutdown -------------------------------------------------------------------------------
-    def _advance_before_exit(self, cursor: Any) -> None:
-        """Move every watermark over what this process acked before it hands its
-        partitions over (SPEC §10 "Exit with positions"). Rows inserted in the last
-        moments are not settled yet where the write horizon trails the clock (MySQL's
-        INNODB_TRX: a second or two): the horizon is read again until it passes them,
-        for up to EXIT_SETTLE_SECONDS. Where it cannot (a publisher's transaction still
-        open, or no view of open transactions: MAX_TRANSACTION_AGE), the rest is left
-        for the partitions' next holder, as the late-commit rule requires (SPEC I4)."""
-        deadline = time.monotonic() + self.exit_settle_seconds
-        waiting = list(self.subscribers)
-        while True:
-            for subscriber in waiting:
-                with transaction.atomic(using=self.alias):
-                    subscriber.fence(cursor)
-                    settled = self._settled_before(cursor, self.clock.now_ms())
-                    subscriber.advance(cursor, settled, force=True)
-            waiting = [s for s in waiting if s.done_above_watermarks()]
-            if not waiting or time.monotonic() >= deadline:
-                break
-            self._horizon.expire()
-            time.sleep(EXIT_SETTLE_STEP)
-        if waiting:
-            logger.info("%s: exiting with acks above the watermark of %s (their rows are not "
-                        "settled yet: a publishing transaction may still be open); the "
-                        "partitions' next holder moves it over them.", self.name,
-                        ", ".join(s.consumer.name for s in waiting))
-
     def _shutdown(self) -> None:
         """Stop fetching; give back what no handler started; let running handlers finish
         (up to SHUTDOWN_TIMEOUT); record their outcomes; stop the threads."""
-        self._take_back_queued()  # given back with the first outcomes recorded below
+        self.pool.take_back_queued()  # given back with the first outcomes recorded below
         deadline = time.monotonic() + self.conf.SHUTDOWN_TIMEOUT
         try:
             connection = connections[self.alias]
-            with (connection.execute_wrapper(self._bound_transaction_lock_waits),
+            with (connection.execute_wrapper(self.server.bound_transaction_lock_waits),
                   connection.cursor() as cursor):
-                while self._in_flight > 0 and time.monotonic() < deadline:
-                    self._wakeup.wait(min(0.1, max(0.0, deadline - time.monotonic())))
-                    self._wakeup.clear()
+                while self.pool.in_flight > 0 and time.monotonic() < deadline:
+                    self.wakeup.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                    self.wakeup.clear()
                     self._record_outcomes(cursor)
                 self._record_outcomes(cursor)
-                self._advance_before_exit(cursor)
+                self.exit.advance(cursor, self.subscribers, self.name)
                 for subscriber in self.subscribers:
                     subscriber.stop(cursor)  # hand the partitions over, deregister
         except (AnyDatabaseError, ServerChanged) as exc:
             logger.warning("Could not record the last outcomes (%s); those messages will be "
                            "redelivered after their visibility timeout.", exc)
-        if self._in_flight > 0:
+        if self.pool.in_flight > 0:
             logger.warning("%s handler(s) still running after %ss; their messages will be "
-                           "redelivered after the visibility timeout.", self._in_flight,
+                           "redelivered after the visibility timeout.", self.pool.in_flight,
                            self.conf.SHUTDOWN_TIMEOUT)
-        self._stop_handler_threads()
+        self.pool.stop_threads()
         for subscriber in self.subscribers:
             self.stats.update({f"{subscriber.consumer.name}:{k}": v
                                for k, v in subscriber.stats.items()})
@@ -396,5 +378,22 @@ class Runner(HandOff, Pacing, ServerWatch):
     def _close_connection(self) -> None:
         """The runner's own connection goes with it (sqlqueue.testing's runner, on the
         caller's connection, keeps it open)."""
-        connections[self.alias].close()
+        if self.owns_connection:
+            connections[self.alias].close()
+
+    # -- the server -----------------------------------------------------------------------------
+    def _forget_server(self, server: str) -> None:
+        """The connection reached another server: nothing learnt on the old one holds."""
+        self.server.server = server
+        self.horizon.forget()
+        self.clock.invalidate()
+        for subscriber in self.subscribers:
+            subscriber.forget_server()
+
+    def _reset_connection(self) -> None:
+        """After a database error: a new connection, and the in-memory view read again."""
+        self.server.drop_connection()
+        self.clock.invalidate()
+        for subscriber in self.subscribers:
+            subscriber.reset()
 

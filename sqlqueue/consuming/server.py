@@ -1,6 +1,6 @@
 """The database server the runner talks to: bounded lock waits, its identity (a failover,
 or a proxy that moved the connection, is noticed at no extra statement), its clock, and
-starting again after a lost connection. A mixin of ``Runner``.
+dropping the connection after a lost one. ``Runner`` owns one ``ServerWatch``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ from django.db import Error as AnyDatabaseError
 from django.db import connections
 
 from sqlqueue.conf import QueueSettings
-from sqlqueue.consuming.clock import Clock
 from sqlqueue.consuming.instruments import Instruments
-from sqlqueue.consuming.subscriber import Subscriber
-from sqlqueue.horizon import SettledCache
 from sqlqueue.storage.sql import dialect_for
 
 #: seconds between attempts after a lost connection, capped at 2 s: a failover (Patroni
@@ -44,17 +41,16 @@ class ServerChanged(Exception):
 
 
 class ServerWatch:
-    """``Runner``'s server (it provides what is declared here)."""
+    """The server the runner's connection reaches, and that connection's session."""
 
-    conf: QueueSettings
-    alias: str
-    clock: Clock
-    subscribers: list[Subscriber]
-    instruments: Instruments
-    _horizon: SettledCache
-
-    def __init__(self) -> None:
-        self._server: str | None = None  # which database server this process talks to
+    def __init__(self, *, conf: QueueSettings, alias: str, instruments: Instruments,
+                 owns_session: bool = True) -> None:
+        self.conf = conf
+        self.alias = alias
+        self.instruments = instruments
+        #: False on a caller's connection (sqlqueue.testing): its session stays as it is
+        self.owns_session = owns_session
+        self.server: str | None = None  # which database server this process talks to
         self._bounded_connection: object = None
         #: the connection goes through a pooler: lock waits are bounded per transaction
         self._pooled = False
@@ -62,36 +58,30 @@ class ServerWatch:
         #: so that no later block can take its identity)
         self._bounded_block: object = None
 
-    def _head(self, dialect: Any, cursor: Any) -> int:
+    def head(self, dialect: Any, cursor: Any) -> int:
+        """The log's head; the same statement says which server answered."""
         head, server = dialect.head_and_server(cursor)
-        self._check_server(server)
+        self.check(server)
         return int(head)
 
-        return int(head)
-
-    def _check_server(self, server: str) -> None:
+    def check(self, server: str) -> None:
         """Raise ServerChanged if ``server`` is not the one this process talked to."""
-        if self._server is None:
-            self._server = server
-        elif server != self._server:
-            raise ServerChanged(self._server, server)
+        if self.server is None:
+            self.server = server
+        elif server != self.server:
+            raise ServerChanged(self.server, server)
 
-    def _forget_server(self, server: str) -> None:
-        self._server = server
-        self._horizon.forget()  # a horizon of the old server says nothing here
-        self.clock.invalidate()
-        for subscriber in self.subscribers:
-            subscriber.forget_server()
-
-    def _count_statement(self, execute: Callable[..., Any], sql: str, params: Any,
+    def count_statement(self, execute: Callable[..., Any], sql: str, params: Any,
                          many: bool, context: Any) -> Any:
         self.instruments.statement()
         return execute(sql, params, many, context)
 
-    def _bound_lock_waits(self, connection: Any, cursor: Any) -> None:
+    def bound_lock_waits(self, connection: Any, cursor: Any) -> None:
         """Once per database connection (a new one after a reconnect): for the session,
         unless the connection goes through a pooler, whose sessions other clients get
-        next; then in each transaction (``_bound_transaction_lock_waits``)."""
+        next; then in each transaction (``bound_transaction_lock_waits``)."""
+        if not self.owns_session:
+            return
         if connection.connection is not self._bounded_connection:
             dialect = dialect_for(connection)
             self._pooled = (dialect.bound_transaction_lock_waits(1) is not None
@@ -100,7 +90,7 @@ class ServerWatch:
                 dialect.bound_lock_waits(cursor, lock_wait_seconds(self.conf))
             self._bounded_connection = connection.connection
 
-    def _bound_transaction_lock_waits(self, execute: Callable[..., Any], sql: str,
+    def bound_transaction_lock_waits(self, execute: Callable[..., Any], sql: str,
                                       params: Any, many: bool, context: Any) -> Any:
         """An execute wrapper: behind a pooler, the first statement of each transaction
         is preceded by a ``SET LOCAL lock_timeout`` (autocommit statements run with the
@@ -116,15 +106,13 @@ class ServerWatch:
                 self._bounded_block = outermost
         return execute(sql, params, many, context)
 
-    def _database_now(self) -> int:
+    def database_now(self) -> int:
+        """The server's clock (epoch ms): what the runner's ``DatabaseClock`` reads."""
         connection = connections[self.alias]
         with connection.cursor() as cursor:
             return dialect_for(connection).database_now_ms(cursor)
 
-    def _reset_connection(self) -> None:
+    def drop_connection(self) -> None:
+        """After a database error: the next pass opens a new connection."""
         with contextlib.suppress(AnyDatabaseError):
             connections[self.alias].close()
-        self.clock.invalidate()
-        for subscriber in self.subscribers:
-            subscriber.reset()
-

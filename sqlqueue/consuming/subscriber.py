@@ -1,17 +1,17 @@
 """One subscription: a consumer group's view of one topic, across its partitions.
 
-Runs on the runner's main thread and owns its database connection there. Each poll it
-reads new rows of its partitions and marks the deliverable ones delivered for the handler
-pool (``delivering``), records the outcomes that came back (``recording`` decides what to
-write, ``outcomes`` writes it), and moves watermarks (``watermarks``). Here: its
-partitions and leases, the fence, its limits, and recording's thin write.
+Runs on the runner's main thread and owns its database connection there. It owns the
+partitions it holds and the deliveries in flight, and parts that work on them: a
+``PartitionFinder`` (discovery), its ``LeaseKeeper``, a ``Fetcher`` (reads new rows,
+marks the deliverable ones delivered for the handler pool), a ``WatermarkKeeper``; here:
+the fence, its limits, and recording (``recording`` decides what to write, ``outcomes``
+writes it).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -21,28 +21,21 @@ from django.db.backends.utils import CursorWrapper
 from sqlqueue import events
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming import recording
-from sqlqueue.consuming.delivering import RESTAMP_AFTER_MS, Delivering
+from sqlqueue.consuming.delivering import RESTAMP_AFTER_MS, Fetcher, HeldView
+from sqlqueue.consuming.discovery import PartitionFinder
 from sqlqueue.consuming.handlers import Delivery, Outcome, published_id
 from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, give_back, write_acks
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.registry import Consumer
-from sqlqueue.consuming.watermarks import Watermarks
+from sqlqueue.consuming.watermarks import WatermarkKeeper
 from sqlqueue.storage.sql import Dialect, dialect_for
 
 logger = logging.getLogger("sqlqueue.consumer")
 
-# While the log grows, partitions are looked for again after MIN_DISCOVERY_INTERVAL, or
-# DISCOVERY_COST_FACTOR times what the last look took, whichever is longer: a new
-# partition's first message waits about a poll, and a topic with many partitions spends
-# at most 1/DISCOVERY_COST_FACTOR of its time looking.
-MIN_DISCOVERY_INTERVAL = 0.1
-DISCOVERY_COST_FACTOR = 20
-DISCOVERY_IDLE_INTERVAL = 30.0  # ... and while it does not grow, now and then
 
-
-class Subscriber(Delivering, Watermarks):
+class Subscriber:
     def __init__(self, consumer: Consumer, conf: QueueSettings, alias: str,
                  name: str = "subscriber", *, clock: Callable[[], int],
                  hold_clock: Callable[[], int] | None = None) -> None:
@@ -59,7 +52,6 @@ class Subscriber(Delivering, Watermarks):
         self.name = name
         self.leases = LeaseKeeper(consumer.group, consumer.topic, name, conf.LEASE_DURATION,
                                   conf.LEASE_RENEW_INTERVAL)
-        self.discovered: list[str] = []
         self.partitions: dict[str, PartitionState] = {}  # the partitions this one holds
         self.outstanding: dict[int, Delivery] = {}  # handed to the pool, no outcome yet
         # Timed out (counted as failed) while their handler thread still runs: under
@@ -75,12 +67,16 @@ class Subscriber(Delivering, Watermarks):
         # member holds watches the membership too, so that it takes over what a member
         # that finished released within a second, not at its next renewal.
         self.watch_when_idle = False
-        self._discovered_at_head = -1
-        self._next_discovery = 0.0
-        self._discovery_deferred = False
-        # @consumer(start="latest"): placed at the topic's heads once, before any partition.
-        self._start_placed = consumer.start != "latest"
-        Watermarks.__init__(self)
+        self.finder = PartitionFinder(group=consumer.group, topic=consumer.topic,
+                                      alias=alias, leases=self.leases,
+                                      start_latest=consumer.start == "latest")
+        self.fetcher = Fetcher(consumer=consumer, options=self.options, alias=alias,
+                               clock=clock, leases=self.leases, limits=self.limits,
+                               partitions=self.partitions, outstanding=self.outstanding,
+                               view=HeldView(self.leases, self.partitions, self.hold_clock))
+        self.watermarks = WatermarkKeeper(group=consumer.group, topic=consumer.topic,
+                                          alias=alias, partitions=self.partitions,
+                                          keep_delivery_state=conf.KEEP_DELIVERY_STATE)
 
     @property
     def dialect(self) -> Dialect:
@@ -98,8 +94,7 @@ class Subscriber(Delivering, Watermarks):
         """Forget the in-memory view (after a lost connection); it is rebuilt from the
         database, where everything that matters is durable."""
         self.partitions.clear()
-        self._discovered_at_head = -1
-        self._next_discovery = 0.0
+        self.finder.reset()
         self.leases.hurry()
 
     def forget_server(self) -> None:
@@ -112,41 +107,15 @@ class Subscriber(Delivering, Watermarks):
         self.outstanding.clear()
         self.leases.forget()
     # -- partitions ---------------------------------------------------------------------
+    @property
+    def discovered(self) -> list[str]:
+        return self.finder.discovered
+
     def discover(self, cursor: CursorWrapper, head: Callable[[], int]) -> None:
-        """Find the topic's partitions (a loose index scan); new ones are leased at the
-        next lease tick, which comes at once when nobody holds them."""
-        now = time.monotonic()
-        if now < self._next_discovery:
-            # Looked too recently: look again as soon as allowed (``next_due_ms``), not at
-            # the next poll, however far: the message that woke this pass may be a new
-            # partition's first.
-            self._discovery_deferred = True
-            return
-        self._discovery_deferred = False
-        # A new head may mean a new partition: look again soon (see
-        # MIN_DISCOVERY_INTERVAL); with no new message anywhere, only now and then.
-        if head() == self._discovered_at_head and now < (
-            self._next_discovery + DISCOVERY_IDLE_INTERVAL
-        ):
-            return
-        self.discovered = self.dialect.discover_partitions(cursor, self.topic)
-        if not self._start_placed:
-            # Before the first lease tick creates any offsets row at 0: a new group
-            # starts after what is stored now (a group with a position keeps it).
-            self.dialect.start_at_heads(cursor, self.group, self.topic)
-            self._start_placed = True
-        took = time.monotonic() - now
-        held = set(self.leases.owned) | self.leases.others
-        if any(key not in held for key in self.discovered):
-            self.leases.hurry()
-        self._discovered_at_head = head()
-        self._next_discovery = now + max(MIN_DISCOVERY_INTERVAL, took * DISCOVERY_COST_FACTOR)
+        self.finder.discover(cursor, head)
 
     def look_again_now(self) -> None:
-        """Look for new partitions at the next pass, however recently it looked: for a
-        caller that knows the log grew (sqlqueue.testing, after its handlers published),
-        rather than wait MIN_DISCOVERY_INTERVAL."""
-        self._next_discovery = 0.0
+        self.finder.look_again_now()
 
     def keep_leases(self, cursor: CursorWrapper) -> list[Delivery]:
         """The lease tick, when due: heartbeat, renew, rebalance; then start or stop
@@ -172,7 +141,7 @@ class Subscriber(Delivering, Watermarks):
                 del self.partitions[key]
         for key in sorted(set(self.leases.owned) - set(self.partitions)):
             watermark = self.dialect.ensure_watermark(cursor, self.group, self.topic, key)
-            self._check_not_back(key, watermark)
+            self.watermarks.check_not_back(key, watermark)
             self.partitions[key] = PartitionState(key, watermark,
                                                   generation=self.leases.generation(key))
         return self._take_back(self.leases.releasing)
@@ -236,7 +205,7 @@ class Subscriber(Delivering, Watermarks):
         batch = self.options.batch_size
         now_ms = self.clock()
         may_start = self.allowance() != 0
-        answered = self.answered_offsets()
+        answered = self.fetcher.answered_offsets()
         for key, state in self.partitions.items():
             if state.window_open or state.wants_fetch(batch, head):
                 return True
@@ -245,6 +214,40 @@ class Subscriber(Delivering, Watermarks):
                                     answered.get(key, ()))):
                 return True
         return False
+
+    # -- deliveries and watermarks (the fetcher's and the keeper's) ---------------------
+    def poll(
+        self, cursor: CursorWrapper, head: Callable[[], int], budget: int | None
+    ) -> list[Delivery]:
+        """Read what is new and return the deliveries to hand out now (marked delivered).
+        ``budget`` caps their number (``--max-messages``; None: no cap), and so do the
+        consumer's limits; a message whose attempts were spent unreported is
+        dead-lettered here instead."""
+        allowance = self.allowance()
+        if allowance is not None:
+            budget = allowance if budget is None else min(budget, allowance)
+        deliveries, spent = self.fetcher.poll(cursor, head, budget)
+        for delivery in spent:
+            self._dead_letter(cursor, self.partitions.get(delivery.partition_key), delivery,
+                              "crashed", (f"Gave up after {delivery.attempt - 1} attempt(s) "
+                                          "that never completed (the worker stopped or the "
+                                          "visibility timeout ran out)."))
+        return deliveries
+
+    def handed_out(self, deliveries: Iterable[Delivery]) -> None:
+        """The transaction that marked ``deliveries`` committed: they are the handlers'."""
+        count = 0
+        for delivery in deliveries:
+            self.outstanding[id(delivery)] = delivery
+            count += 1
+        self.stats["delivered"] += count
+
+    def reads_on(self) -> bool:
+        return self.fetcher.reads_on()
+
+    def advance(self, cursor: CursorWrapper, settled_before: int | None,
+                force: bool = False) -> None:
+        self.watermarks.advance(cursor, settled_before, force)
 
     # -- limits (rate_limit, max_in_flight) ---------------------------------------------
     def in_flight(self) -> int:
@@ -355,7 +358,7 @@ class Subscriber(Delivering, Watermarks):
         """Every partition is held by a live subscriber, and this one read each of its
         own to the end at the current head."""
         held = set(self.partitions) | self.leases.others
-        return (self._discovered_at_head == head()
+        return (self.finder.found_at(head)
                 and all(key in held for key in self.discovered)
                 and all(state.exhausted and state.covered >= head()
                         for state in self.partitions.values()))
@@ -373,14 +376,9 @@ class Subscriber(Delivering, Watermarks):
     def next_due_ms(self) -> int | None:
         """When this subscription has work next (the database clock's epoch ms; None:
         nothing planned): a message due, or a look for new partitions put off."""
-        dues = [d for d in (self._delivery_due_ms(), self._discovery_due_ms()) if d is not None]
+        dues = [d for d in (self._delivery_due_ms(), self.finder.due_ms(self.hold_clock()))
+                if d is not None]
         return min(dues, default=None)
-
-    def _discovery_due_ms(self) -> int | None:
-        if not self._discovery_deferred:
-            return None
-        wait_ms = math.ceil(max(0.0, self._next_discovery - time.monotonic()) * 1000)
-        return self.hold_clock() + wait_ms
 
     def _delivery_due_ms(self) -> int | None:
         dues = [d for d in (s.next_due_ms() for s in self.partitions.values()) if d is not None]

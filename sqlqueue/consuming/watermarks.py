@@ -1,6 +1,7 @@
 """A subscriber's watermarks: moving each partition's watermark over settled, done rows,
 after sweeping the window for rows committed late (SPEC I4), and noticing one that went
-back. A mixin of ``Subscriber``; runs on the runner's main thread, in its transactions.
+back. ``Subscriber`` owns one ``WatermarkKeeper``; runs on the runner's main thread, in
+its transactions.
 """
 
 from __future__ import annotations
@@ -8,12 +9,12 @@ from __future__ import annotations
 import logging
 import time
 
+from django.db import connections
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events
-from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.partition import PartitionState
-from sqlqueue.consuming.parts import SubscriberPart
+from sqlqueue.storage.sql import Dialect, dialect_for
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -28,17 +29,27 @@ WATERMARK_STEP = 0.5  # seconds between watermark writes of a partition, at most
 ADVANCES_PER_PASS = 4
 
 
-class Watermarks(SubscriberPart):
-    """``Subscriber``'s watermarks (it provides what is declared here)."""
+class WatermarkKeeper:
+    """One subscription's watermarks: when each partition's was swept and moved last,
+    and the highest seen. The partitions are the subscriber's."""
 
-    conf: QueueSettings
-
-    def __init__(self) -> None:
+    def __init__(self, *, group: str, topic: str, alias: str,
+                 partitions: dict[str, PartitionState], keep_delivery_state: bool) -> None:
+        self.group = group
+        self.topic = topic
+        self.alias = alias
+        self.partitions = partitions
+        #: KEEP_DELIVERY_STATE: the rows' state stays until garbage collection
+        self.keep_delivery_state = keep_delivery_state
         self._last_sweep: dict[str, float] = {}
         self._last_advance: dict[str, float] = {}
         # The highest watermark of each partition this process has read or written: a
         # lower one later is worth an ERROR (_check_not_back).
         self._seen_watermarks: dict[str, int] = {}
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect_for(connections[self.alias])
 
     def advance(
         self, cursor: CursorWrapper, settled_before: int | None, force: bool = False
@@ -73,7 +84,7 @@ class Watermarks(SubscriberPart):
                     first_open if first_open is not None and first_open > candidate else None)
                 # Only now that the watermark is durable may the state behind it go
                 # (or, with KEEP_DELIVERY_STATE, with its message, at garbage collection).
-                if not self.conf.KEEP_DELIVERY_STATE:
+                if not self.keep_delivery_state:
                     self.dialect.delete_states_upto(cursor, self.group, self.topic, key,
                                                     candidate)
                 state.moved_watermark(candidate)
@@ -102,8 +113,7 @@ class Watermarks(SubscriberPart):
             candidate = min(candidate, stored[-1])  # only checked up to there
         return candidate
 
-
-    def _check_not_back(self, key: str, watermark: int) -> None:
+    def check_not_back(self, key: str, watermark: int) -> None:
         """A watermark only moves forward, but for an operator's reset-position or writes
         the database lost (a failover to a replica that was behind, a restore): say so,
         as the messages in between are delivered again."""

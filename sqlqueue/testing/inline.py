@@ -25,6 +25,7 @@ from django.db import connections, transaction
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming import handlers
 from sqlqueue.consuming.handlers import Outcome
+from sqlqueue.consuming.handoff import HandlerPool
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.runner import Runner, default_name
 from sqlqueue.exceptions import SqlqueueError
@@ -48,10 +49,64 @@ class _NoCollection:
         return 0
 
 
+class InlinePool(HandlerPool):
+    """A handler pool without threads: ``run_handed_out`` runs the handlers of what was
+    handed out on the calling thread."""
+
+    def start(self) -> None:
+        """No threads."""
+
+    def run_handed_out(self) -> int:
+        """Run the handlers of every delivery the last pass handed out, best first (the
+        handler threads' order); their outcomes wait for the next pass."""
+        ran = 0
+        while True:
+            try:
+                _, delivery = self.work.get_nowait()
+            except queue.Empty:
+                return ran
+            if delivery is None:
+                continue
+            if not delivery.start():
+                if delivery.refused:  # the partition's lease is no longer trusted
+                    self.done.put(Outcome(delivery, "not_started"))
+                continue
+            delivery.own_connection = False  # extend_visibility() writes on this one
+            try:
+                outcome = _handle_in_savepoint(delivery)
+            except BaseException:
+                # KeyboardInterrupt (handlers.run turns everything else, SystemExit
+                # included, into an outcome): no outcome will come back for the shutdown
+                # to wait for.
+                self.in_flight -= 1
+                raise
+            delivery.finish()
+            self.done.put(outcome)
+            ran += 1
+
+
+def _handle_in_savepoint(delivery: handlers.Delivery) -> Outcome:
+    """One handler call; inside the caller's transaction, in a savepoint of it: a
+    database error in the handler rolls back to it (``handlers`` marks it), and the
+    caller's transaction stays usable. A handler that raises anything else keeps its
+    writes, as it would under ``runconsumer`` (where they committed as it went).
+    Outside a transaction (a ``TransactionTestCase``) it runs as under ``runconsumer``:
+    its writes commit as it goes (on SQLite a transaction around it would hold the write
+    lock that its writes through another alias wait for)."""
+    if not connections[delivery.alias].in_atomic_block:
+        return handlers.run(delivery)
+    with transaction.atomic(using=delivery.alias):
+        return handlers.run(delivery)
+
+
 class InlineRunner(Runner):
     # Inside a TestCase the test's own transaction holds the write horizon back: waiting
     # at the end for it to pass the rows acked last would only cost seconds.
     exit_settle_seconds = 0.0
+    # The connection is the caller's (and holds the test's transaction): its session
+    # settings stay as they are, and it stays open.
+    owns_connection = False
+    pool: InlinePool
 
     def __init__(self, consumers: Sequence[Consumer], conf: QueueSettings,
                  max_messages: int | None = None) -> None:
@@ -64,7 +119,13 @@ class InlineRunner(Runner):
     @property
     def handled(self) -> int:
         """Deliveries handed to a handler so far."""
-        return self._dispatched
+        return self.pool.dispatched
+
+    def _handler_pool(self) -> InlinePool:
+        return InlinePool(name=self.name, threads=0, alias=self.alias,
+                          instruments=self.instruments, stopping=self.stopping,
+                          wakeup=self.wakeup, paused=self.pauses.paused, stats=self.stats,
+                          exit_when_stuck=None, on_stuck=self.stop)
 
     # -- the run --------------------------------------------------------------------------
     def run_here(self) -> None:
@@ -77,7 +138,7 @@ class InlineRunner(Runner):
                 if time.monotonic() > deadline:
                     raise SqlqueueError(self._not_settled())
                 delay = self.run_once()
-                if self._run_handed_out():
+                if self.pool.run_handed_out():
                     # The handlers may have published to partitions not seen yet.
                     for subscriber in self.subscribers:
                         subscriber.look_again_now()
@@ -86,61 +147,20 @@ class InlineRunner(Runner):
                     continue
                 if delay is None or self.reached_max_messages or self._settled():
                     return
-                self._wakeup.wait(delay)
-                self._wakeup.clear()
+                self.wakeup.wait(delay)
+                self.wakeup.clear()
         finally:
             self._shutdown()
 
-    def _run_handed_out(self) -> int:
-        """Run the handlers of every delivery the last pass handed out, best first (the
-        handler threads' order); their outcomes wait for the next pass."""
-        ran = 0
-        while True:
-            try:
-                _, delivery = self._work.get_nowait()
-            except queue.Empty:
-                return ran
-            if delivery is None:
-                continue
-            if not delivery.start():
-                if delivery.refused:  # the partition's lease is no longer trusted
-                    self._done.put(Outcome(delivery, "not_started"))
-                continue
-            delivery.own_connection = False  # extend_visibility() writes on this one
-            try:
-                outcome = self._handle_in_savepoint(delivery)
-            except BaseException:
-                # KeyboardInterrupt (handlers.run turns everything else, SystemExit
-                # included, into an outcome): no outcome will come back for the shutdown
-                # to wait for.
-                self._in_flight -= 1
-                raise
-            delivery.finish()
-            self._done.put(outcome)
-            ran += 1
-
-    def _handle_in_savepoint(self, delivery: handlers.Delivery) -> Outcome:
-        """One handler call; inside the caller's transaction, in a savepoint of it: a
-        database error in the handler rolls back to it (``handlers`` marks it), and the
-        caller's transaction stays usable. A handler that raises anything else keeps its
-        writes, as it would under ``runconsumer`` (where they committed as it went).
-        Outside a transaction (a ``TransactionTestCase``) it runs as under
-        ``runconsumer``: its writes commit as it goes (on SQLite a transaction around it
-        would hold the write lock that its writes through another alias wait for)."""
-        if not connections[delivery.alias].in_atomic_block:
-            return handlers.run(delivery)
-        with transaction.atomic(using=delivery.alias):
-            return handlers.run(delivery)
-
     def _has_outcomes(self) -> bool:
-        return self._in_flight > 0 or bool(self._unrecorded) or not self._done.empty()
+        return self.pool.in_flight > 0 or self.pool.has_outcomes()
 
     def _settled(self) -> bool:
         """Nothing deliverable now: every (unpaused) subscription has read its partitions
         to the log's head, and none has a message due."""
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            head = self._head(dialect_for(connection), cursor)
+            head = self.server.head(dialect_for(connection), cursor)
         now_ms = self.clock.now_ms()
         for subscriber in self.subscribers:
             if self._paused(subscriber):
@@ -160,13 +180,3 @@ class InlineRunner(Runner):
                 "their partitions may be leased by a running 'manage.py runconsumer', a "
                 "consumer's rate_limit may hold the messages back, or handlers keep "
                 "publishing messages for each other.")
-
-    # -- what differs from runconsumer --------------------------------------------------------
-    def start_handler_threads(self) -> None:
-        """No threads: ``_run_handed_out`` runs the handlers on this one."""
-
-    def _bound_lock_waits(self, connection: Any, cursor: Any) -> None:
-        """The connection is the caller's: its session settings stay as they are."""
-
-    def _close_connection(self) -> None:
-        """The connection is the caller's (and holds the test's transaction)."""

@@ -152,7 +152,7 @@ def test_covered_at_is_read_after_the_head(register: Any, runner_for: Callable[.
     state = subscriber.partitions["k"]
     later = send_message("t", {}, partition_key="other")
     clock_ms = [db_now_ms()]
-    subscriber.clock = lambda: clock_ms[0]
+    subscriber.clock = subscriber.fetcher.clock = lambda: clock_ms[0]
 
     def head_read_after_a_wait() -> int:
         clock_ms[0] += 5_000  # the head is read 5 s after the cycle began
@@ -188,7 +188,7 @@ def test_a_pass_that_gives_up_a_lock_wait_keeps_its_outcomes(
     sent = send_message("t", {}, partition_key="k")
     cycle_until(runner, lambda: bool(handled))
     deadline = time.monotonic() + 10
-    while runner._done.empty():  # the handler's outcome is back, not yet recorded
+    while runner.pool.done.empty():  # the handler's outcome is back, not yet recorded
         assert time.monotonic() < deadline
         time.sleep(0.01)
     subscriber = runner.subscribers[0]
@@ -202,11 +202,11 @@ def test_a_pass_that_gives_up_a_lock_wait_keeps_its_outcomes(
 
     monkeypatch.setattr(type(subscriber), "fence", fence_giving_up_once)
     cycle_until(runner, lambda: bool(failures))
-    assert runner._unrecorded  # the ack was not written, and not dropped either
+    assert runner.pool.unrecorded  # the ack was not written, and not dropped either
     assert not DeliveryState.objects.filter(message_offset=sent.offset, acked=True).exists()
     cycle_until(runner, lambda: DeliveryState.objects.filter(
         message_offset=sent.offset, acked=True).exists() or reached_watermark(sent.offset))
-    assert not runner._unrecorded
+    assert not runner.pool.unrecorded
     assert handled == [sent.offset]  # acked, never delivered again
 
 

@@ -387,7 +387,7 @@ def test_draining_costs_a_few_statements_per_batch_not_per_message(
     # Each pass: its transaction (2), the fence, the head, the write horizon. Plus, per run
     # or per second: lease ticks, membership checks, watermark moves; and at the exit, on
     # MySQL, up to 7 looks (about 6 statements each) at a write horizon that trails the
-    # clock, until it passes the rows acked last (Runner._advance_before_exit).
+    # clock, until it passes the rows acked last (sqlqueue.consuming.exiting).
     assert len(statements) <= 5 * len(passes) + fetches + state_writes + 40 + 7 * 6, statements
 
 
@@ -659,7 +659,7 @@ def test_a_handler_past_its_visibility_timeout_is_delivered_again(
         assert delivered["delivered"] == 2
     finally:
         release.set()
-    run_until(runner, lambda: runner._in_flight == 0)
+    run_until(runner, lambda: runner.pool.in_flight == 0)
     assert attempts == [1, 2]
 
 
@@ -687,7 +687,7 @@ def test_extend_visibility_prevents_a_second_delivery(
         assert runner.subscribers[0].stats["delivered"] == 1
     finally:
         release.set()
-    run_until(runner, lambda: runner._in_flight == 0)
+    run_until(runner, lambda: runner.pool.in_flight == 0)
     assert attempts == [1]
 
 

@@ -81,7 +81,7 @@ def test_a_paused_runner_handles_nothing_and_keeps_its_leases(register: Any) -> 
     assert runner.subscribers[0].partitions  # leased, heartbeating
     lag = group_lag("g", "t")
     assert lag.status == "PAUSED" and lag.held == 1
-    assert runner._next_delay(lambda: sent[-1].offset) == runner.conf.POLL_INTERVAL
+    assert runner.pacer.next_delay(lambda: sent[-1].offset) == runner.conf.POLL_INTERVAL
     runner.stop()
     runner._shutdown()
     flow.resume("g", "t")
@@ -99,16 +99,16 @@ def test_queued_deliveries_are_given_back_when_paused(register: Any) -> None:
 
     runner = Runner(select_consumers(["g"]), conf=fast_settings())
     runner.run_once()  # leases
-    while not runner._work.qsize():
+    while not runner.pool.work.qsize():
         runner.run_once()  # fetched and queued; no handler thread runs yet
     runner.pauses.pauses = frozenset({("g", "t")})
     runner.pauses._next_read = float("inf")
     runner.start_handler_threads()
     for _ in range(30):
         runner.run_once()
-        if runner._in_flight == 0:
+        if runner.pool.in_flight == 0:
             break
-    assert handled == [] and runner._in_flight == 0
+    assert handled == [] and runner.pool.in_flight == 0
     states = list(runner.subscribers[0].partitions["k"].entries.values())
     assert states and all(not e.in_flight for e in states)
     runner.stop()

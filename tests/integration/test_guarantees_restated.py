@@ -123,7 +123,7 @@ def test_a_handler_that_finished_during_a_lock_wait_is_not_delivered_again(
         # The lock wait: the handler finishes in it, and the clock passes the timeout.
         release.set()
         deadline = time.monotonic() + RUN_TIMEOUT
-        while runner._done.empty():
+        while runner.pool.done.empty():
             assert time.monotonic() < deadline, "the handler never finished"
             time.sleep(0.001)
         clock.advance(5_000)
@@ -133,7 +133,7 @@ def test_a_handler_that_finished_during_a_lock_wait_is_not_delivered_again(
     runner.run_once()
     subscriber.fence = fence  # type: ignore[method-assign]
     assert subscriber.stats["delivered"] == 1, "delivered again although it had finished"
-    run_until(runner, lambda: runner._in_flight == 0 and subscriber.stats["acked"] == 1)
+    run_until(runner, lambda: runner.pool.in_flight == 0 and subscriber.stats["acked"] == 1)
     assert attempts == [1]
 
 
@@ -158,7 +158,7 @@ def test_an_atomic_handler_reaching_another_server_commits_nothing_there(
                         lambda self, cursor: "the promoted replica")
     runner.start_handler_threads()
     try:
-        run_until(runner, lambda: ran == [offset] and runner._in_flight == 0)
+        run_until(runner, lambda: ran == [offset] and runner.pool.in_flight == 0)
     finally:
         runner.stop()
         runner._shutdown()

@@ -74,7 +74,7 @@ class SleepyRunner:
                                   **overrides}
         conf = dataclasses.replace(QueueSettings(), **values)
         self.runner = Runner(select_consumers([group], [topic]), conf=conf, threads=1)
-        self.runner._polling_delay = lambda head: SLOW_POLL  # type: ignore[method-assign]
+        self.runner.pacer.polling_delay = lambda head: SLOW_POLL  # type: ignore[method-assign]
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -86,7 +86,7 @@ class SleepyRunner:
     def asleep(self, handled: int) -> bool:
         """Has it recorded ``handled`` outcomes, and is it waiting, subscribed everywhere?"""
         runner = self.runner
-        return (sum(runner.stats.values()) >= handled and runner._wakeup.waiting
+        return (sum(runner.stats.values()) >= handled and runner.wakeup.waiting
                 and runner.wakeups is not None
                 and all(listener.connected.is_set() for listener in runner.wakeups.listeners))
 
@@ -94,9 +94,9 @@ class SleepyRunner:
         """Asleep with nothing handled, subscribed everywhere, and each channel's ring on
         subscribing (``Listener.listening``) already spent on a pass."""
         wakeups = self.runner.wakeups
-        return (self.asleep(0) and not self.runner._wakeup.is_set()
+        return (self.asleep(0) and not self.runner.wakeup.is_set()
                 and (wakeups is None or not wakeups.listeners
-                     or self.runner._wakeup.wakeups >= 1))
+                     or self.runner.wakeup.wakeups >= 1))
 
     def __enter__(self) -> SleepyRunner:
         self.thread.start()
@@ -131,7 +131,7 @@ def test_a_commit_wakes_a_runner_sleeping_its_poll_interval(register: Any) -> No
             send_message("wk.a", {"n": 1}, partition_key="p")
         assert handled.get(timeout=10) == 1
         assert time.monotonic() - started < SLOW_POLL / 3
-        assert sleepy.runner._wakeup.wakeups >= 1
+        assert sleepy.runner.wakeup.wakeups >= 1
 
 
 def test_without_wakeups_the_runner_sleeps_on(register: Any) -> None:
@@ -148,7 +148,7 @@ def test_without_wakeups_the_runner_sleeps_on(register: Any) -> None:
         # woke early: it sleeps on, for SLOW_POLL (no wait needed to see it).
         assert wakeups.ring(["wk.a"]) == 0
         assert _notifies(captured) == []
-        assert sleepy.runner._wakeup.wakeups == 0 and handled.empty()
+        assert sleepy.runner.wakeup.wakeups == 0 and handled.empty()
 
 
 # -- new partitions ------------------------------------------------------------------------
@@ -157,9 +157,9 @@ def test_a_new_partition_woken_for_too_soon_after_the_last_look_is_looked_for_ag
 ) -> None:
     """A wake-up that comes less than MIN_DISCOVERY_INTERVAL after the last look for new
     partitions finds none; the runner looks again once allowed, not at its next poll."""
-    from sqlqueue.consuming import subscriber
+    from sqlqueue.consuming import discovery
 
-    monkeypatch.setattr(subscriber, "MIN_DISCOVERY_INTERVAL", 1.0)
+    monkeypatch.setattr(discovery, "MIN_DISCOVERY_INTERVAL", 1.0)
     handled = _recorder(register, "wk.a", "explorers")
     with SleepyRunner("wk.a", "explorers") as sleepy:
         until(sleepy.settled, what="the runner to settle")

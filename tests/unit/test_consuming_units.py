@@ -259,7 +259,7 @@ def test_polling_adapts_to_traffic_and_falls_back_to_the_poll_interval() -> None
         seen = _Once(lambda: head if head is not None else 0)
         if head is not None:
             seen()
-        return runner._polling_delay(seen)
+        return runner.pacer.polling_delay(seen)
 
     assert delay_after_a_pass_that_saw(5) == FIRST_QUICK_POLL  # the head moved
     quiet = [delay_after_a_pass_that_saw(5) for _ in range(8)]
@@ -267,7 +267,7 @@ def test_polling_adapts_to_traffic_and_falls_back_to_the_poll_interval() -> None
     assert quiet[-1] == 0.1  # idle: once per POLL_INTERVAL
     assert delay_after_a_pass_that_saw(None) == 0.1  # a pass that did not read the head
     assert delay_after_a_pass_that_saw(6) == FIRST_QUICK_POLL  # a new message
-    runner._dispatched += 1  # work handed out
+    runner.pool.dispatched += 1  # work handed out
     assert delay_after_a_pass_that_saw(6) == FIRST_QUICK_POLL
 
 
@@ -290,18 +290,18 @@ def test_no_quick_polls_while_a_wake_up_channel_hears_other_processes() -> None:
     runner = Runner([], conf=conf)
     wakeups = Wakeups(conf, "default", [], lambda topic: None)  # no topic: no listener
     wakeups.listeners = [Channel()]  # type: ignore[list-item]
-    runner.wakeups = wakeups
+    runner.pacer.covered_by_wakeups = wakeups.cover_other_processes
     heads = iter(range(10, 100))
 
     def delay_after_a_pass_that_saw_a_new_message() -> float:
         seen = _Once(lambda: next(heads))
         seen()
-        return runner._polling_delay(seen)
+        return runner.pacer.polling_delay(seen)
 
     assert delay_after_a_pass_that_saw_a_new_message() == FIRST_QUICK_POLL  # not subscribed
     wakeups.listeners[0].connected.set()
     assert delay_after_a_pass_that_saw_a_new_message() == 0.1
-    runner._dispatched += 1  # work handed out: still no quick poll
+    runner.pool.dispatched += 1  # work handed out: still no quick poll
     assert delay_after_a_pass_that_saw_a_new_message() == 0.1
     wakeups.listeners[0].connected.clear()  # the channel dropped: polling carries it
     assert delay_after_a_pass_that_saw_a_new_message() == FIRST_QUICK_POLL

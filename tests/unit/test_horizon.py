@@ -10,7 +10,7 @@ import pytest
 from django.db import DatabaseError
 
 from sqlqueue.conf import QueueSettings
-from sqlqueue.consuming import pacing as pacing_module
+from sqlqueue.consuming import settling as settling_module
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.horizon import (
     MARGIN_MS,
@@ -84,7 +84,7 @@ def test_reads_are_spread_out_but_never_more_often_than_refresh() -> None:
 # -- the consumer engine's use of it ------------------------------------------------------------
 
 class FakeDialect:
-    """What ``Runner._read_horizon`` needs of a dialect: ``write_horizon``."""
+    """What ``HorizonWatch._read`` needs of a dialect: ``write_horizon``."""
 
     def __init__(self, *seen: WriteHorizon | Exception | None) -> None:
         self.seen = list(seen)
@@ -100,15 +100,15 @@ class FakeDialect:
 def runner(monkeypatch: pytest.MonkeyPatch) -> Any:
     def with_dialect(*seen: WriteHorizon | Exception | None) -> Runner:
         dialect = FakeDialect(*seen)
-        monkeypatch.setattr(pacing_module, "dialect_for", lambda connection: dialect)
+        monkeypatch.setattr(settling_module, "dialect_for", lambda connection: dialect)
         return Runner([], conf=QueueSettings(MAX_TRANSACTION_AGE=AGE / 1000))
 
     return with_dialect
 
 
 def horizon_now(runner: Runner) -> int | None:
-    runner._horizon.expires = 0.0  # due for a read
-    return runner._settled_before(None, NOW)
+    runner.horizon._cache.expires = 0.0  # due for a read
+    return runner.horizon.settled_before(None, NOW)
 
 
 def test_the_runner_keeps_its_last_horizon_through_stale_snapshots(runner: Any) -> None:
@@ -123,8 +123,8 @@ def test_the_runner_keeps_its_last_horizon_through_stale_snapshots(runner: Any) 
 
 def test_the_runner_reuses_a_horizon_until_its_refresh_is_due(runner: Any) -> None:
     r = runner(WriteHorizon(None, NOW))
-    assert {r._settled_before(None, NOW) for _ in range(20)} == {NOW - MARGIN_MS}  # one read
-    assert REFRESH * 0.99 <= r._horizon.expires - time.monotonic() <= 1.5 * REFRESH
+    assert {r.horizon.settled_before(None, NOW) for _ in range(20)} == {NOW - MARGIN_MS}  # one read
+    assert REFRESH * 0.99 <= r.horizon._cache.expires - time.monotonic() <= 1.5 * REFRESH
 
 
 def test_the_runner_without_the_process_privilege(runner: Any) -> None:

@@ -92,12 +92,16 @@ def test_a_delivery_refused_for_its_lease_cannot_be_taken_back_again() -> None:
     """A handler thread that finds the lease untrusted reports the delivery not started;
     the main thread must not also take it back (it would count it out of flight twice:
     the recycling stall of #17)."""
-    from sqlqueue.consuming.handlers import Delivery
+    from sqlqueue.consuming.handlers import Delivery, Unchecked
     from sqlqueue.consuming.registry import Consumer
     from tests.unit.test_consuming_units import row
 
+    class Untrusted(Unchecked):
+        def may_start(self, delivery: Delivery) -> bool:
+            return False
+
     delivery = Delivery(Consumer("t", "g", print), "default", "k", row(1), 1, 0,
-                        lease_valid=lambda: False)
+                        view=Untrusted())
     assert not delivery.start()
     assert delivery.refused and not delivery.give_back()
     queued = Delivery(Consumer("t", "g", print), "default", "k", row(2), 1, 1)

@@ -1,0 +1,93 @@
+"""Finding a topic's partitions for one subscription: a loose index scan, done again soon
+while the log grows (a new head may mean a new partition), now and then while it does
+not. ``Subscriber`` owns one ``PartitionFinder``; runs on the runner's main thread.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from django.db import connections
+from django.db.backends.utils import CursorWrapper
+
+from sqlqueue.consuming.leases import LeaseKeeper
+from sqlqueue.storage.sql import dialect_for
+
+# While the log grows, partitions are looked for again after MIN_DISCOVERY_INTERVAL, or
+# DISCOVERY_COST_FACTOR times what the last look took, whichever is longer: a new
+# partition's first message waits about a poll, and a topic with many partitions spends
+# at most 1/DISCOVERY_COST_FACTOR of its time looking.
+MIN_DISCOVERY_INTERVAL = 0.1
+DISCOVERY_COST_FACTOR = 20
+DISCOVERY_IDLE_INTERVAL = 30.0  # ... and while it does not grow, now and then
+
+
+class PartitionFinder:
+    """The partitions one subscription found, and when it looks again."""
+
+    def __init__(self, *, group: str, topic: str, alias: str, leases: LeaseKeeper,
+                 start_latest: bool) -> None:
+        self.group = group
+        self.topic = topic
+        self.alias = alias
+        self.leases = leases
+        self.discovered: list[str] = []
+        self._discovered_at_head = -1
+        self._next_discovery = 0.0
+        self._deferred = False
+        # @consumer(start="latest"): placed at the topic's heads once, before any partition.
+        self._start_placed = not start_latest
+
+    def reset(self) -> None:
+        """Look again at the next pass (the in-memory view is being rebuilt)."""
+        self._discovered_at_head = -1
+        self._next_discovery = 0.0
+
+    def look_again_now(self) -> None:
+        """Look for new partitions at the next pass, however recently it looked: for a
+        caller that knows the log grew (sqlqueue.testing, after its handlers published),
+        rather than wait MIN_DISCOVERY_INTERVAL."""
+        self._next_discovery = 0.0
+
+    def discover(self, cursor: CursorWrapper, head: Callable[[], int]) -> None:
+        """Find the topic's partitions; new ones are leased at the next lease tick, which
+        comes at once when nobody holds them."""
+        now = time.monotonic()
+        if now < self._next_discovery:
+            # Looked too recently: look again as soon as allowed (``due_ms``), not at the
+            # next poll, however far: the message that woke this pass may be a new
+            # partition's first.
+            self._deferred = True
+            return
+        self._deferred = False
+        # A new head may mean a new partition: look again soon (see
+        # MIN_DISCOVERY_INTERVAL); with no new message anywhere, only now and then.
+        if head() == self._discovered_at_head and now < (
+            self._next_discovery + DISCOVERY_IDLE_INTERVAL
+        ):
+            return
+        dialect = dialect_for(connections[self.alias])
+        self.discovered = dialect.discover_partitions(cursor, self.topic)
+        if not self._start_placed:
+            # Before the first lease tick creates any offsets row at 0: a new group
+            # starts after what is stored now (a group with a position keeps it).
+            dialect.start_at_heads(cursor, self.group, self.topic)
+            self._start_placed = True
+        took = time.monotonic() - now
+        held = set(self.leases.owned) | self.leases.others
+        if any(key not in held for key in self.discovered):
+            self.leases.hurry()
+        self._discovered_at_head = head()
+        self._next_discovery = now + max(MIN_DISCOVERY_INTERVAL, took * DISCOVERY_COST_FACTOR)
+
+    def found_at(self, head: Callable[[], int]) -> bool:
+        """Did the last look see the log at its current head?"""
+        return self._discovered_at_head == head()
+
+    def due_ms(self, now_ms: int) -> int | None:
+        """When a look put off (``discover`` came too soon) is allowed (None: none is)."""
+        if not self._deferred:
+            return None
+        return now_ms + math.ceil(max(0.0, self._next_discovery - time.monotonic()) * 1000)

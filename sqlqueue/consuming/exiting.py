@@ -1,0 +1,63 @@
+"""A graceful exit's last watermark moves: over every row the process acked, as far as
+the write horizon lets them go (SPEC §10 "Exit with positions"). ``Runner`` owns one
+``ExitSettler``; runs on the runner's main thread at its shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import transaction
+
+from sqlqueue.consuming.clock import Clock
+from sqlqueue.consuming.settling import HorizonWatch
+from sqlqueue.consuming.subscriber import Subscriber
+
+logger = logging.getLogger("sqlqueue.consumer")
+
+#: At a graceful exit, how long the runner waits for the write horizon to pass the rows
+#: it acked last (MySQL's lags the clock by up to two seconds, in whole seconds), and how
+#: often it looks.
+EXIT_SETTLE_SECONDS = 3.0
+EXIT_SETTLE_STEP = 0.5
+
+
+class ExitSettler:
+    """Moves a stopping runner's watermarks over its last acks."""
+
+    def __init__(self, *, alias: str, horizon: HorizonWatch, clock: Clock,
+                 settle_seconds: float) -> None:
+        self.alias = alias
+        self.horizon = horizon
+        self.clock = clock
+        self.settle_seconds = settle_seconds
+
+    def advance(self, cursor: Any, subscribers: Sequence[Subscriber], name: str) -> None:
+        """Move every watermark over what this process acked before it hands its
+        partitions over. Rows inserted in the last moments are not settled yet where the
+        write horizon trails the clock (MySQL's INNODB_TRX: a second or two): the horizon
+        is read again until it passes them, for up to ``settle_seconds``. Where it cannot
+        (a publisher's transaction still open, or no view of open transactions:
+        MAX_TRANSACTION_AGE), the rest is left for the partitions' next holder, as the
+        late-commit rule requires (SPEC I4)."""
+        deadline = time.monotonic() + self.settle_seconds
+        waiting = list(subscribers)
+        while True:
+            for subscriber in waiting:
+                with transaction.atomic(using=self.alias):
+                    subscriber.fence(cursor)
+                    settled = self.horizon.settled_before(cursor, self.clock.now_ms())
+                    subscriber.advance(cursor, settled, force=True)
+            waiting = [s for s in waiting if s.done_above_watermarks()]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            self.horizon.expire()
+            time.sleep(EXIT_SETTLE_STEP)
+        if waiting:
+            logger.info("%s: exiting with acks above the watermark of %s (their rows are not "
+                        "settled yet: a publishing transaction may still be open); the "
+                        "partitions' next holder moves it over them.", name,
+                        ", ".join(s.consumer.name for s in waiting))
