@@ -204,7 +204,7 @@ class Fetcher:
                 return
             found = self.dialect.fetch_partitions(
                 cursor, self.group, self.topic,
-                [(state.partition_key, state.cursor) for state in wanted], limit)
+                [(state.partition_key, state.fetched_upto) for state in wanted], limit)
             # The head first, the clock after it: covered_at_ms must not be earlier than
             # the read that found the head, or a later write horizon could close the
             # window over a publisher still open (SPEC I4).

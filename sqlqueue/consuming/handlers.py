@@ -32,6 +32,9 @@ logger = logging.getLogger("sqlqueue.consumer")
 #: the longest ``Retry(delay=...)`` honoured (a year; ``inf`` means that): a delay the
 #: database's epoch-ms columns cannot hold would otherwise stop the runner
 MAX_RETRY_DELAY = 365 * 24 * 3600.0
+#: What a handler's run came to: "ack" (returned: the runner writes the ack), "acked" (an
+#: ``atomic=True`` handler: its own transaction wrote the ack), "retry", "fail",
+#: "reject", "not_started" (given back). The same words label ``sqlqueue_handled_total``.
 OutcomeKind = Literal["ack", "acked", "retry", "fail", "reject", "not_started"]
 
 

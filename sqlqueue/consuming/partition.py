@@ -2,7 +2,7 @@
 
 Offsets of the partition fall in three zones::
 
-    ... done ... | watermark W | window: fetched, not all done | cursor C | not fetched
+    ... done ... | watermark W | window: fetched, not all done | fetched_upto F | not fetched
 
 * Everything at or below ``W`` (the durable watermark, ``queue_offsets.offset_acked``) is
   finished for the group and can never change.
@@ -45,7 +45,7 @@ class Entry:
 class PartitionState:
     partition_key: str
     watermark: int
-    cursor: int = 0
+    fetched_upto: int = 0  # the highest offset read into the window
     covered: int = 0  # every offset up to here was below the head at some fetch ...
     covered_at_ms: int = 0  # ... at this database time
     exhausted: bool = False  # the last fetch found the end of the partition
@@ -53,7 +53,7 @@ class PartitionState:
     generation: int | None = None  # of the lease this state was built under
 
     def __post_init__(self) -> None:
-        self.cursor = max(self.cursor, self.watermark)
+        self.fetched_upto = max(self.fetched_upto, self.watermark)
         self.covered = max(self.covered, self.watermark)
 
     # -- what was read ----------------------------------------------------------------
@@ -72,7 +72,7 @@ class PartitionState:
                 entry.due_ms = max(row.deliver_after, row.invisible_until or 0)
             self.entries[row.offset] = entry
             added.append(entry)
-            self.cursor = max(self.cursor, row.offset)
+            self.fetched_upto = max(self.fetched_upto, row.offset)
         return added
 
     @property
@@ -105,8 +105,8 @@ class PartitionState:
     def fetched(self, rows_returned: int, limit: int, head: Callable[[], int],
                 now_ms: int) -> None:
         self.exhausted = rows_returned < limit
-        if self.exhausted and max(head(), self.cursor) > self.covered:
-            self.covered = max(head(), self.cursor)
+        if self.exhausted and max(head(), self.fetched_upto) > self.covered:
+            self.covered = max(head(), self.fetched_upto)
             self.covered_at_ms = now_ms
 
     # -- what to deliver ----------------------------------------------------------------
@@ -210,9 +210,6 @@ class PartitionState:
     @property
     def window_open(self) -> bool:
         return self.covered > self.watermark or bool(self.entries)
-
-    def window_offsets(self, upto: int) -> set[int]:
-        return {o for o in self.entries if o <= upto}
 
     def first_open(self) -> int | None:
         """The first fetched offset not done yet: with every fetched row between the

@@ -23,7 +23,7 @@ from sqlqueue.consuming.registry import ConsumerOptions
 
 
 @dataclass(frozen=True)
-class Retry:
+class RetryOrder:
     """Another attempt after ``delay_ms``: not visible before ``invisible_until``."""
 
     delivery: Delivery
@@ -31,7 +31,7 @@ class Retry:
     error: str
     invisible_until: int
 
-    def stamped(self, now_ms: int) -> Retry:
+    def stamped(self, now_ms: int) -> RetryOrder:
         """The same retry with its delay counted from ``now_ms``."""
         return replace(self, invisible_until=now_ms + self.delay_ms)
 
@@ -41,7 +41,7 @@ class Retry:
 
 
 @dataclass(frozen=True)
-class DeadLetter:
+class DeadLetterOrder:
     delivery: Delivery
     reason: str  # "rejected", "max_attempts" (and "crashed", decided at delivery)
     error: str
@@ -57,8 +57,8 @@ class GiveBack:
 class Plan:
     acks: list[Delivery] = field(default_factory=list)  # to ack now
     acked: list[Delivery] = field(default_factory=list)  # an atomic handler acked already
-    retries: list[Retry] = field(default_factory=list)
-    dead_letters: list[DeadLetter] = field(default_factory=list)
+    retries: list[RetryOrder] = field(default_factory=list)
+    dead_letters: list[DeadLetterOrder] = field(default_factory=list)
     give_backs: list[GiveBack] = field(default_factory=list)
     abandoned: int = 0  # outcomes dropped: this subscriber no longer trusts the delivery
 
@@ -109,14 +109,14 @@ def plan(outcomes: Iterable[Outcome], *, outstanding: Container[int],
             decided.acked.append(delivery)
         elif outcome.kind == "reject" or delivery.attempt >= options.max_attempts:
             reason = "rejected" if outcome.kind == "reject" else "max_attempts"
-            decided.dead_letters.append(DeadLetter(delivery, reason, outcome.error))
+            decided.dead_letters.append(DeadLetterOrder(delivery, reason, outcome.error))
         else:
             delay = outcome.delay
             if delay is None:
                 delay = retry_delay(delivery.attempt, options.min_backoff, options.max_backoff,
                                     rng)
             delay_ms = round(1000 * delay)
-            decided.retries.append(Retry(delivery, delay_ms, outcome.error, now_ms + delay_ms))
+            decided.retries.append(RetryOrder(delivery, delay_ms, outcome.error, now_ms + delay_ms))
     return _one_write_per_message(decided)
 
 
@@ -144,7 +144,7 @@ def _one_write_per_message(decided: Plan) -> Plan:
         if key(dead.delivery) not in done:
             done.add(key(dead.delivery))
             dead_letters.append(dead)
-    latest: dict[tuple[str, int], Retry] = {}
+    latest: dict[tuple[str, int], RetryOrder] = {}
     for retry in decided.retries:
         seen = latest.get(key(retry.delivery))
         if key(retry.delivery) not in done and (

@@ -14,6 +14,7 @@ from django.db import connections
 
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.instruments import Instruments
+from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.storage.sql import dialect_for
 
 #: seconds between attempts after a lost connection, capped at 2 s: a failover (Patroni
@@ -31,7 +32,7 @@ def lock_wait_seconds(conf: QueueSettings) -> int:
     return max(1, min(5, round(conf.LEASE_RENEW_INTERVAL / 4)))
 
 
-class ServerChanged(Exception):
+class ServerChanged(SqlqueueError):
     """The connection reached another database server than before."""
 
     def __init__(self, before: str, now: str) -> None:

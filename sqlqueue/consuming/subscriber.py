@@ -310,7 +310,7 @@ class Subscriber:
             self.outstanding.pop(id(outcome.delivery), None)
 
     def _write_outcomes(self, cursor: CursorWrapper, acks: list[Ack],
-                        retries: list[recording.Retry]) -> list[recording.Retry]:
+                        retries: list[recording.RetryOrder]) -> list[recording.RetryOrder]:
         """Acks and retries in one statement; returns the retries as written. Their
         backoffs start from a reading of the clock taken just before; if the statement
         waited for a lock, they are stamped again from a fresh one (the locks are held by

@@ -12,7 +12,7 @@ import pytest
 from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.outcomes import Ack, RetryAt
 from sqlqueue.consuming.partition import PartitionState
-from sqlqueue.consuming.recording import DeadLetter, GiveBack, Plan, plan
+from sqlqueue.consuming.recording import DeadLetterOrder, GiveBack, Plan, plan
 from sqlqueue.consuming.registry import Consumer, ConsumerOptions
 from tests.unit.test_consuming_units import row
 
@@ -100,7 +100,7 @@ def test_the_last_attempt_is_dead_lettered() -> None:
     held = Held()
     delivery = held.deliver(1, retry_count=0)  # attempt 2 of 2
     decided = held.plan(Outcome(delivery, "fail", error="boom"), max_attempts=2)
-    assert decided.dead_letters == [DeadLetter(delivery, "max_attempts", "boom")]
+    assert decided.dead_letters == [DeadLetterOrder(delivery, "max_attempts", "boom")]
     assert decided.retries == [] and decided.acks == []
 
 
@@ -108,14 +108,14 @@ def test_a_retry_asked_for_on_the_last_attempt_is_dead_lettered_too() -> None:
     held = Held()
     delivery = held.deliver(1, retry_count=1)  # attempt 3 of 3
     decided = held.plan(Outcome(delivery, "retry", delay=1.0))
-    assert decided.dead_letters == [DeadLetter(delivery, "max_attempts", "")]
+    assert decided.dead_letters == [DeadLetterOrder(delivery, "max_attempts", "")]
 
 
 def test_a_rejection_is_dead_lettered_at_once() -> None:
     held = Held()
     delivery = held.deliver(1)
     decided = held.plan(Outcome(delivery, "reject", error="bad payload"))
-    assert decided.dead_letters == [DeadLetter(delivery, "rejected", "bad payload")]
+    assert decided.dead_letters == [DeadLetterOrder(delivery, "rejected", "bad payload")]
 
 
 @pytest.mark.parametrize(("retry_count", "previous"), [(None, None), (0, 0), (3, 3)])
