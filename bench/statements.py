@@ -60,7 +60,7 @@ def main() -> None:
         for _ in range(polls):
             runner.run_once()
     runner.stop()
-    runner._shutdown()
+    runner.shutdown()
     reset()
     print(json.dumps({
         "messages": args.messages, "batch": 100,

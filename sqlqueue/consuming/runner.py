@@ -193,7 +193,7 @@ class Runner:
                 self.wakeup.clear()
         finally:
             self.wakeups.stop()
-            self._shutdown()
+            self.shutdown()
         return self.exit_code
 
     @property
@@ -219,8 +219,9 @@ class Runner:
     def run_once(self) -> float | None:
         """One pass of the loop, without its wait: what ``run`` does each time it wakes
         (for tests, and for embedding the runner in a loop of your own; call
-        ``start_handler_threads`` first). Returns how long ``run`` would wait before the
-        next pass, or None when an ``until_empty`` runner has nothing left to do."""
+        ``start_handler_threads`` first, and ``shutdown`` at the end). Returns how long
+        ``run`` would wait before the next pass, or None when an ``until_empty`` runner
+        has nothing left to do."""
         return self._cycle()
 
     def _cycle(self) -> float | None:
@@ -345,9 +346,10 @@ class Runner:
                 raise
 
     # -- shutdown -------------------------------------------------------------------------------
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
         """Stop fetching; give back what no handler started; let running handlers finish
-        (up to SHUTDOWN_TIMEOUT); record their outcomes; stop the threads."""
+        (up to SHUTDOWN_TIMEOUT); record their outcomes, move the watermarks over them,
+        hand the partitions over; stop the threads. ``run`` ends with it."""
         self.pool.take_back_queued()  # given back with the first outcomes recorded below
         deadline = time.monotonic() + self.conf.SHUTDOWN_TIMEOUT
         try:

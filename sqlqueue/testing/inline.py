@@ -150,7 +150,7 @@ class InlineRunner(Runner):
                 self.wakeup.wait(delay)
                 self.wakeup.clear()
         finally:
-            self._shutdown()
+            self.shutdown()
 
     def _has_outcomes(self) -> bool:
         return self.pool.in_flight > 0 or self.pool.has_outcomes()

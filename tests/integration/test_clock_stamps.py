@@ -76,7 +76,7 @@ def runner_for() -> Iterator[Callable[..., Runner]]:
     yield make
     for runner in made:
         runner.stop()
-        runner._shutdown()
+        runner.shutdown()
 
 
 def cycle_until(runner: Runner, condition: Callable[[], bool], timeout: float = 20) -> None:

@@ -428,7 +428,7 @@ def test_an_idle_subscriber_polls_with_one_query(register: Any) -> None:
         assert len(polls) == 1, polls  # the log's head, nothing else
     assert pause_reads <= 1
     runner.stop()
-    runner._shutdown()
+    runner.shutdown()
 
 
 def test_a_pass_moves_a_few_watermarks_and_the_next_passes_the_rest(register: Any) -> None:
@@ -459,7 +459,7 @@ def test_a_pass_moves_a_few_watermarks_and_the_next_passes_the_rest(register: An
             time.sleep(0.02)
     finally:
         runner.stop()
-        runner._shutdown()
+        runner.shutdown()
     assert len(journal.calls) == 12
     assert max(writes) <= ADVANCES_PER_PASS < 12, writes
     assert sum(writes) >= 12  # every partition's watermark written
@@ -535,7 +535,7 @@ def test_a_poll_fetches_only_the_partitions_with_new_rows(register: Any,
         assert all(state.covered >= new.offset for state in subscriber.partitions.values())
     finally:
         runner.stop()
-        runner._shutdown()
+        runner.shutdown()
 
 
 def test_a_late_commit_in_a_partition_a_poll_passed_over_is_delivered(
@@ -567,7 +567,7 @@ def test_a_late_commit_in_a_partition_a_poll_passed_over_is_delivered(
     finally:
         publisher.commit()
         runner.stop()
-        runner._shutdown()
+        runner.shutdown()
 
 
 @pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits on MySQL
@@ -631,7 +631,7 @@ def clocked() -> Iterator[Callable[[str], tuple[Runner, ManualClock]]]:
     yield make
     for runner in made:
         runner.stop()
-        runner._shutdown()
+        runner.shutdown()
 
 
 def test_a_handler_past_its_visibility_timeout_is_delivered_again(

@@ -83,7 +83,7 @@ def test_a_paused_runner_handles_nothing_and_keeps_its_leases(register: Any) -> 
     assert lag.status == "PAUSED" and lag.held == 1
     assert runner.pacer.next_delay(lambda: sent[-1].offset) == runner.conf.POLL_INTERVAL
     runner.stop()
-    runner._shutdown()
+    runner.shutdown()
     flow.resume("g", "t")
     drain(["g"])
     assert sorted(handled) == [s.offset for s in sent]
@@ -112,7 +112,7 @@ def test_queued_deliveries_are_given_back_when_paused(register: Any) -> None:
     states = list(runner.subscribers[0].partitions["k"].entries.values())
     assert states and all(not e.in_flight for e in states)
     runner.stop()
-    runner._shutdown()
+    runner.shutdown()
 
 
 def test_a_paused_group_is_never_stall() -> None:

@@ -95,7 +95,7 @@ def test_a_late_commit_waits_for_the_ordered_run_in_flight(
     finally:
         release.set()
         runner.stop()
-        runner._shutdown()
+        runner.shutdown()
     assert [payload for payload, _, _ in runs.spans] == ["in flight", "late"]
     assert runs.overlapping() == []
 
@@ -161,7 +161,7 @@ def test_an_atomic_handler_reaching_another_server_commits_nothing_there(
         run_until(runner, lambda: ran == [offset] and runner.pool.in_flight == 0)
     finally:
         runner.stop()
-        runner._shutdown()
+        runner.shutdown()
     assert Order.objects.count() == 0, "the handler's writes committed on the other server"
     # Recorded by the runner (still on the same server here): a failure to retry, no ack.
     state = DeliveryState.objects.get(consumer_group="g", message_offset=offset)

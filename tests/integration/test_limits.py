@@ -53,5 +53,6 @@ def test_rate_limit_in_one_process(register: Any) -> None:
     drain(["g"], threads=4)
     assert len(starts) == 41
     took = starts[-1] - starts[0]
-    # 40 intervals at 20/s: 2 s, less the small initial burst.
-    assert 1.7 <= took <= 2.4, f"41 messages at 20/s took {took:.2f}s"
+    # 40 intervals at 20/s: 2 s, less the small initial burst; never sooner (a loaded
+    # machine only makes it later: how much later is the benchmarks' business).
+    assert took >= 1.7, f"41 messages at 20/s took {took:.2f}s"

@@ -53,7 +53,7 @@ def run(runner: Runner, delivered: Calls) -> list[float | None]:
         return run_until(runner, lambda: bool(delivered.offsets))
     finally:
         runner.stop()
-        runner._shutdown()
+        runner.shutdown()
 
 
 def test_a_new_holder_reads_through_what_its_predecessor_acked(register: Any) -> None:
@@ -94,4 +94,4 @@ def test_a_full_buffer_of_open_rows_does_not_read_on(register: Any) -> None:
     [state] = subscriber.partitions.values()
     assert len(state.entries) == BATCH
     assert not subscriber.reads_on()
-    runner._shutdown()
+    runner.shutdown()

@@ -45,7 +45,7 @@ def runner_of_g() -> Iterator[Callable[[], Runner]]:
     yield make
     for runner in made:
         runner.stop()
-        runner._shutdown()
+        runner.shutdown()
 
 
 def move_to_another_server(monkeypatch: pytest.MonkeyPatch) -> None:

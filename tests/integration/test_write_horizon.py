@@ -298,7 +298,7 @@ def test_the_runner_reads_inside_a_started_transaction(
             cursor.execute("SELECT @@in_transaction")  # 1 once InnoDB's transaction started
             started = cursor.fetchone()[0]
         callers = {frame.name for frame in traceback.extract_stack()}
-        site = "_shutdown" if "_shutdown" in callers else "_cycle"
+        site = "shutdown" if "shutdown" in callers else "_cycle"
         reads.append((site, connections["default"].in_atomic_block, started))
         # Under REPEATABLE READ the first plain read fixes the snapshot: the horizon must
         # be read before any, right after the fence's locking read.
@@ -319,7 +319,7 @@ def test_the_runner_reads_inside_a_started_transaction(
     register("t", "g", lambda message: None)
     send_message("t", "a", partition_key="k")
     drain(["g"])  # --until-empty: the new row is not settled yet, so shutdown advances
-    assert {site for site, _, _ in reads} == {"_cycle", "_shutdown"}
+    assert {site for site, _, _ in reads} == {"_cycle", "shutdown"}
     suffix = dialect_for(connection).locking_read_suffix.strip()
     assert before and all(sql.endswith(suffix) for sql in before), before
     assert all(in_atomic for _, in_atomic, _ in reads)
