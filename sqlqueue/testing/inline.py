@@ -28,7 +28,7 @@ from sqlqueue.consuming.handlers import Outcome
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.runner import Runner, default_name
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 from sqlqueue.testing.clock import moved_database_clock
 
 #: A run that has not settled after this long is waiting on something no test controls
@@ -140,7 +140,7 @@ class InlineRunner(Runner):
         to the log's head, and none has a message due."""
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            head = self._head(dialect_for(connection), cursor)
+            head = self._head(store(connection), cursor)
         now_ms = self.clock.now_ms()
         for subscriber in self.subscribers:
             if self._paused(subscriber):
