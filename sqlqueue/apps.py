@@ -18,6 +18,9 @@ class SqlqueueConfig(AppConfig):
         from sqlqueue.integrations.tasks.retention import prune_results
 
         register_pruner(prune_results)  # expired task results go with the log's garbage
+        from sqlqueue.integrations.tasks.schedules import register_task_target
+
+        register_task_target()  # schedules naming a task enqueue it
         register_task_consumers()  # TASKS backends of ours: a consumer per queue
         if apps.is_installed("django.contrib.admin"):
             from sqlqueue.integrations.tasks import admin  # noqa: F401  (the results page)

@@ -19,7 +19,8 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from sqlqueue.conf import QueueSettings, validate
-from sqlqueue.storage.sql import SUPPORTED_VENDORS, dialect_for
+from sqlqueue.storage import store
+from sqlqueue.storage.sql import SUPPORTED_VENDORS
 from sqlqueue.storage.sql.postgresql import reaches_server_directly
 from sqlqueue.storage.statements import MySQLStatements, PostgreSQLStatements
 from sqlqueue.storage.statements.tables import ALL_TABLES
@@ -156,7 +157,7 @@ def _check_mysql(connection: BaseDatabaseWrapper, conf: QueueSettings) -> list[C
             id="sqlqueue.E102",
         ))
     with connection.cursor() as cursor:
-        dialect = dialect_for(connection)
+        dialect = store(connection)
         sql = dialect.sql
         assert isinstance(sql, MySQLStatements)
         cursor.execute(*sql.server_settings())
@@ -258,13 +259,13 @@ def _check_postgresql(connection: BaseDatabaseWrapper,
             f"PostgreSQL {_version_text(MIN_POSTGRESQL)} or newer is required.",
             id="sqlqueue.E102",
         ))
-    dialect = dialect_for(connection)
+    dialect = store(connection)
     with connection.cursor() as cursor:
         sql = dialect.sql
         assert isinstance(sql, PostgreSQLStatements)
         cursor.execute(*sql.server_settings())
         encoding, server_isolation = cursor.fetchone()
-        cursor.execute(dialect.horizon_privileges_sql())  # type: ignore[attr-defined]
+        cursor.execute(*sql.horizon_privileges())
         (sees_every_session,) = cursor.fetchone()
         direct = reaches_server_directly(cursor, connection.connection.info.backend_pid)
     if str(encoding).upper() not in ("UTF8", "UTF-8"):

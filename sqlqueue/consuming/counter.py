@@ -14,7 +14,7 @@ from django.db import Error as AnyDatabaseError
 from django.db import connections
 
 from sqlqueue import events
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -44,7 +44,7 @@ class OffsetCounterWatch:
         connection = connections[self.alias]
         try:
             with connection.cursor() as cursor:
-                counter = dialect_for(connection).offset_counter(cursor)
+                counter = store(connection).offset_counter(cursor)
         except AnyDatabaseError as exc:  # the consumer loop reconnects; try next time
             logger.debug("Could not read the offset counter: %s", exc)
             return

@@ -10,7 +10,6 @@ import itertools
 import logging
 from collections.abc import Callable
 
-from django.db import connections
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.consuming.handlers import Delivery
@@ -18,7 +17,8 @@ from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.partition import Entry, PartitionState
 from sqlqueue.consuming.registry import Consumer, ConsumerOptions
-from sqlqueue.storage.sql import Dialect, dialect_for
+from sqlqueue.storage import store
+from sqlqueue.storage.sql import Dialect
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -112,7 +112,7 @@ class Fetcher:
 
     @property
     def dialect(self) -> Dialect:
-        return dialect_for(connections[self.alias])
+        return store(self.alias)
 
     def poll(
         self, cursor: CursorWrapper, head: Callable[[], int], budget: int | None

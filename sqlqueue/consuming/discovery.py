@@ -9,11 +9,10 @@ import math
 import time
 from collections.abc import Callable
 
-from django.db import connections
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.consuming.leases import LeaseKeeper
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 # While the log grows, partitions are looked for again after MIN_DISCOVERY_INTERVAL, or
 # DISCOVERY_COST_FACTOR times what the last look took, whichever is longer: a new
@@ -68,7 +67,7 @@ class PartitionFinder:
             self._next_discovery + DISCOVERY_IDLE_INTERVAL
         ):
             return
-        dialect = dialect_for(connections[self.alias])
+        dialect = store(self.alias)
         self.discovered = dialect.discover_partitions(cursor, self.topic)
         if not self._start_placed:
             # Before the first lease tick creates any offsets row at 0: a new group

@@ -21,10 +21,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connections
-
 from sqlqueue.conf import QueueSettings
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 logger = logging.getLogger("sqlqueue.gc")
 
@@ -73,7 +71,7 @@ class GarbageCollector:
     def _prune_keys(self, cursor: Any, now: float, force: bool) -> int:
         if not force and now < self._next_keys_pass:
             return 0
-        dialect = dialect_for(connections[self.alias])
+        dialect = store(self.alias)
         removed = dialect.delete_expired_idempotency_keys(cursor, GC_BATCH)
         self._next_keys_pass = now + (0.0 if removed == GC_BATCH else GC_INTERVAL)
         self.keys_deleted += removed
@@ -91,7 +89,7 @@ class GarbageCollector:
         return removed
 
     def _collect_topic(self, cursor: Any, topic: str) -> tuple[int, bool]:
-        dialect = dialect_for(connections[self.alias])
+        dialect = store(self.alias)
         groups, watermarks = dialect.topic_watermarks(cursor, topic)
         # When the watermarks were seen: after the read (which may have waited), so that
         # RETENTION is never counted from before a watermark got where it is.

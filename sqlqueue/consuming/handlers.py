@@ -21,7 +21,7 @@ from sqlqueue.consuming.message import Message, Reject, Retry
 from sqlqueue.consuming.outcomes import ack
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.naming import storable_text
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 from sqlqueue.storage.sql.base import FetchedRow
 
 if TYPE_CHECKING:
@@ -285,7 +285,7 @@ def _confirm_server(delivery: Delivery) -> None:
         return
     connection = connections[delivery.alias]
     with connection.cursor() as cursor:
-        now = dialect_for(connection).server_identity(cursor)
+        now = store(connection).server_identity(cursor)
     if now != delivery.server:
         raise DeliveredByAnotherServer(
             f"{delivery.consumer.topic}/{delivery.partition_key}@{delivery.row.offset} was "
@@ -309,7 +309,7 @@ def _extend_visibility(delivery: Delivery, seconds: float) -> None:
         connection = side
     try:
         with connection.cursor() as cursor:
-            changed = dialect_for(connection).extend_visibility(
+            changed = store(connection).extend_visibility(
                 cursor, consumer.group, consumer.topic, delivery.partition_key,
                 delivery.row.offset, round(seconds * 1000),
             )

@@ -20,7 +20,8 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.conf import MAX_NAME_BYTES
 from sqlqueue.naming import storable_text
-from sqlqueue.storage.sql import Dialect, dialect_for
+from sqlqueue.storage import store
+from sqlqueue.storage.sql import Dialect
 from sqlqueue.storage.sql.base import OutcomeWrite
 
 
@@ -62,7 +63,7 @@ def ack(alias: str, group: str, topic: str, partition_key: str, offset: int) -> 
     handler's (or task's) own writes, or not at all (SPEC I13)."""
     connection = connections[alias]
     with connection.cursor() as cursor:
-        write_acks(cursor, dialect_for(connection), group, topic, [Ack(partition_key, offset)])
+        write_acks(cursor, store(connection), group, topic, [Ack(partition_key, offset)])
 
 
 def give_back(cursor: CursorWrapper, dialect: Dialect, group: str, topic: str,

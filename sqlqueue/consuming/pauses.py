@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 from django.db import connections
 
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 #: Seconds between two reads of the pauses by a running subscriber. SPEC §9 asks that
 #: nothing new starts within 2 s of a pause; one read a second leaves a second for the
@@ -33,7 +33,7 @@ def stored_pauses(alias: str) -> Callable[[], list[Pause]]:
     def read() -> list[Pause]:
         connection = connections[alias]
         with connection.cursor() as cursor:
-            return dialect_for(connection).list_pauses(cursor)
+            return store(connection).list_pauses(cursor)
 
     return read
 

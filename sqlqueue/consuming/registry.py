@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlqueue.conf import QueueSettings
-from sqlqueue.exceptions import ConfigurationError, InvalidMessage
-from sqlqueue.publishing.messages import check_name
+from sqlqueue.exceptions import ConfigurationError
+from sqlqueue.naming import check_name
 from sqlqueue.setting_converters import CONVERTERS, BadValue
 
 Handler = Callable[..., Any]
@@ -101,7 +101,7 @@ def consumer(
     try:
         check_name("topic", topic)
         check_name("group", group)
-    except InvalidMessage as exc:
+    except ValueError as exc:
         raise ConfigurationError(f"@consumer({topic!r}, group={group!r}): {exc}") from exc
     for flag, value in (("ordered", ordered), ("atomic", atomic)):
         if not isinstance(value, bool):

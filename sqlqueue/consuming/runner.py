@@ -34,16 +34,12 @@ from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.liveness import touch
 from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, Pacer, Timer, _Once
 from sqlqueue.consuming.pauses import PauseWatch, stored_pauses
-from sqlqueue.consuming.registry import (
-    Consumer,
-    groups_known_here,
-    refuse_routed_elsewhere,
-)
+from sqlqueue.consuming.registry import Consumer, groups_known_here, refuse_routed_elsewhere
 from sqlqueue.consuming.server import RECONNECT_BACKOFF, ServerChanged, ServerWatch
 from sqlqueue.consuming.settling import HorizonWatch
 from sqlqueue.consuming.subscriber import Subscriber
 from sqlqueue.consuming.wakeups import Wakeups
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 from sqlqueue.wakeups import Doorbell
 
 logger = logging.getLogger("sqlqueue.consumer")
@@ -228,7 +224,7 @@ class Runner:
         """One pass over every subscription; returns how long to wait before the next
         one (None: --until-empty found nothing left)."""
         connection = connections[self.alias]
-        dialect = dialect_for(connection)
+        dialect = store(connection)
         with (connection.execute_wrapper(self.server.count_statement),
               connection.execute_wrapper(self.server.bound_transaction_lock_waits),
               connection.cursor() as cursor):
@@ -300,7 +296,7 @@ class Runner:
             return deliveries
         except AnyDatabaseError as exc:
             self.pool.keep_unrecorded(outcomes)
-            if not dialect_for(connections[self.alias]).is_lock_wait(exc):
+            if not store(self.alias).is_lock_wait(exc):
                 raise
             logger.warning("%s on %s/%s: gave up a lock wait (%s); trying again at the next "
                            "pass.", self.name, subscriber.group, subscriber.topic, exc)

@@ -15,7 +15,7 @@ from django.db import connections
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 #: seconds between attempts after a lost connection, capped at 2 s: a failover (Patroni
 #: promotes a replica in about 10 s) is noticed within 2 s of the new primary accepting
@@ -84,7 +84,7 @@ class ServerWatch:
         if not self.owns_session:
             return
         if connection.connection is not self._bounded_connection:
-            dialect = dialect_for(connection)
+            dialect = store(connection)
             self._pooled = (dialect.bound_transaction_lock_waits(1) is not None
                             and dialect.through_pooler(cursor))
             if not self._pooled:
@@ -100,7 +100,7 @@ class ServerWatch:
         if self._pooled and connection.in_atomic_block:
             outermost = connection.atomic_blocks[0]
             if outermost is not self._bounded_block:
-                statement = dialect_for(connection).bound_transaction_lock_waits(
+                statement = store(connection).bound_transaction_lock_waits(
                     lock_wait_seconds(self.conf))
                 assert statement is not None  # _pooled says so
                 execute(*statement, False, context)
@@ -111,7 +111,7 @@ class ServerWatch:
         """The server's clock (epoch ms): what the runner's ``DatabaseClock`` reads."""
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            return dialect_for(connection).database_now_ms(cursor)
+            return store(connection).database_now_ms(cursor)
 
     def drop_connection(self) -> None:
         """After a database error: the next pass opens a new connection."""

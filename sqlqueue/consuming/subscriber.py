@@ -15,7 +15,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from django.db import connections, transaction
+from django.db import transaction
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events
@@ -30,7 +30,8 @@ from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, give_back, wr
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.watermarks import WatermarkKeeper
-from sqlqueue.storage.sql import Dialect, dialect_for
+from sqlqueue.storage import store
+from sqlqueue.storage.sql import Dialect
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -80,7 +81,7 @@ class Subscriber:
 
     @property
     def dialect(self) -> Dialect:
-        return dialect_for(connections[self.alias])
+        return store(self.alias)
 
     @property
     def group(self) -> str:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import time
 
-from django.db import connections
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events
 from sqlqueue.consuming.partition import PartitionState
-from sqlqueue.storage.sql import Dialect, dialect_for
+from sqlqueue.storage import store
+from sqlqueue.storage.sql import Dialect
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -49,7 +49,7 @@ class WatermarkKeeper:
 
     @property
     def dialect(self) -> Dialect:
-        return dialect_for(connections[self.alias])
+        return store(self.alias)
 
     def advance(
         self, cursor: CursorWrapper, settled_before: int | None, force: bool = False

@@ -18,10 +18,14 @@ def binary_collation(connection: Any) -> str:
     utf8mb4_bin (the RFC's) pads with spaces, so ids "a" and "a " would collide in the
     unique key; the NO PAD binary collations compare exactly, like SQLite does. (MySQL
     before 8.0.17 has no NO PAD binary collation: there utf8mb4_bin is the best choice.)
+    A frozen copy of the rule system check E104 applies (``sqlqueue.checks``): a
+    migration must not change with live code.
     """
-    from sqlqueue.checks import _binary_collation
-
-    return _binary_collation(connection)
+    if connection.mysql_is_mariadb:
+        return "utf8mb4_nopad_bin"
+    if tuple(connection.mysql_version) >= (8, 0, 17):
+        return "utf8mb4_0900_bin"
+    return "utf8mb4_bin"
 
 
 def use_binary_collation(*tables: str) -> migrations.RunPython:

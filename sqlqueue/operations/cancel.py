@@ -25,7 +25,7 @@ from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.operations.lag import known_subscriptions
 from sqlqueue.operations.positions import _now_ms, _revoke_lease
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 CANCEL_BATCH = 1000
 CANCELLED = "cancelled"
@@ -99,7 +99,7 @@ def _cancel_partition(alias: str, group: str, topic: str, key: str,
                       messages: list[tuple[int, str]], reason: str, result: Cancelled) -> None:
     conf = get_settings()
     connection = connections[alias]
-    dialect = dialect_for(connection)
+    dialect = store(connection)
     with transaction.atomic(using=alias):
         _revoke_lease(alias, group, topic, key)  # waits for the holder's fenced write
         now = _now_ms(alias)

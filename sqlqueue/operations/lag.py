@@ -53,7 +53,7 @@ from sqlqueue.operations.lag_reads import (
 from sqlqueue.operations.lag_shapes import COUNT_CAP as COUNT_CAP
 from sqlqueue.operations.lag_shapes import GroupLag as GroupLag
 from sqlqueue.operations.lag_shapes import PartitionLag as PartitionLag
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 COUNT_BUDGET = 100_000  # index entries all the partitions of one group together may count
 MIN_PARTITION_CAP = 100
@@ -103,7 +103,7 @@ def topic_lags(topic: str, groups: list[str], using: str | None = None,
     conf = get_settings()
     alias = using or conf.DATABASE
     connection = connections[alias]
-    dialect = dialect_for(connection)
+    dialect = store(connection)
     with connection.cursor() as cursor:
         now = dialect.database_now_ms(cursor)
         if heads is None:

@@ -21,7 +21,7 @@ from django.db.models import F, QuerySet
 from sqlqueue.conf import get_settings
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import DeliveryState, PartitionLease, PartitionOffset
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 
 class InvalidPosition(SqlqueueError, ValueError):
@@ -88,7 +88,7 @@ def reset_position(group: str, topic: str, partition_key: str, *,
     connection = connections[alias]
     with transaction.atomic(using=alias):
         with connection.cursor() as cursor:
-            heads = dialect_for(connection).partition_heads(cursor, topic)
+            heads = store(connection).partition_heads(cursor, topic)
         if partition_key not in heads:
             raise InvalidPosition(f"Topic {topic!r} has no partition {partition_key!r} "
                                   "(no message of it is stored).")
@@ -140,7 +140,7 @@ def _set_watermark(alias: str, group: str, topic: str, partition_key: str,
 def _now_ms(alias: str) -> int:
     connection = connections[alias]
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store(connection).database_now_ms(cursor)
 
 
 __all__ = ["InvalidPosition", "PositionReset", "reset_position", "retry_now"]

@@ -12,7 +12,7 @@ from django.db.migrations.loader import MigrationLoader
 
 from sqlqueue.conf import get_settings
 from sqlqueue.exceptions import ConfigurationError, NotMigrated
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 APP_LABEL = "sqlqueue"
 
@@ -39,7 +39,7 @@ def ensure_ready(alias: str | None = None) -> None:
     """Raise ``ConfigurationError`` (``NotMigrated`` for missing tables) naming the fix,
     before anything is read or written on the queue's database."""
     alias = alias or get_settings().DATABASE
-    dialect_for(connections[alias]).check_connection()
+    store(alias).check_connection()
     ours, missing = migration_state(alias)
     if missing and missing == ours:
         raise NotMigrated.no_tables(alias)

@@ -35,7 +35,7 @@ from sqlqueue.models import (
     PartitionOffset,
     SubscriberHeartbeat,
 )
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 RETIRE_BATCH = 1000
 
@@ -131,7 +131,7 @@ def live_subscribers(group: str, topics: list[str], alias: str) -> list[str]:
     connection = connections[alias]
     within = round(get_settings().LEASE_DURATION * 1000)
     with connection.cursor() as cursor:
-        dialect = dialect_for(connection)
+        dialect = store(connection)
         return sorted({name for topic in topics
                        for name in dialect.live_subscribers(cursor, group, topic, within)})
 

@@ -14,7 +14,7 @@ from sqlqueue.models import DeliveryState, PartitionOffset
 from sqlqueue.operations.lag import known_subscriptions
 from sqlqueue.scheduling import Schedule, configured_schedules
 from sqlqueue.scheduling.ticker import alias_for, publish_tick
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 from sqlqueue.storage.sql.schedules import PublishedTick, ScheduleRow
 
 
@@ -54,7 +54,7 @@ def schedule_overview(now_ms: int) -> list[ScheduleView]:
     rows: dict[str, ScheduleRow] = {}
     for alias in sorted({alias_for(s, conf) for s in schedules.values()} | {conf.DATABASE}):
         with connections[alias].cursor() as cursor:
-            rows.update(dialect_for(connections[alias]).read_schedules(cursor))
+            rows.update(store(alias).read_schedules(cursor))
     views = []
     for name in sorted(set(schedules) | set(rows)):
         schedule, row = schedules.get(name), rows.get(name)
@@ -70,7 +70,7 @@ def current_time_ms() -> int:
     conf = get_settings()
     connection = connections[conf.DATABASE]
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store(connection).database_now_ms(cursor)
 
 
 def _next_tick(schedule: Schedule | None, row: ScheduleRow | None, now_ms: int) -> int | None:
@@ -118,7 +118,7 @@ def run_schedule_now(name: str) -> PublishedTick:
     schedule = schedules[name]
     alias = alias_for(schedule, conf)
     connection = connections[alias]
-    dialect = dialect_for(connection)
+    dialect = store(connection)
     with transaction.atomic(using=alias), connection.cursor() as cursor:
         now = dialect.database_now_ms(cursor)
         dialect.ensure_schedules(cursor, [(name, now, schedule.definition)])
@@ -137,4 +137,4 @@ def forget_schedule(name: str) -> bool:
                               "the settings (and deploy) first.")
     connection = connections[conf.DATABASE]
     with transaction.atomic(using=conf.DATABASE), connection.cursor() as cursor:
-        return dialect_for(connection).delete_schedule(cursor, name) > 0
+        return store(connection).delete_schedule(cursor, name) > 0

@@ -20,7 +20,7 @@ from sqlqueue.models import SubscriberHeartbeat
 from sqlqueue.operations.flow import pauses
 from sqlqueue.operations.lag import known_subscriptions, topic_lags
 from sqlqueue.operations.lag_shapes import GroupLag
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 
 @dataclass
@@ -76,7 +76,7 @@ def live_subscriber_counts(using: str | None = None) -> dict[tuple[str, str], in
     alias = using or conf.DATABASE
     connection = connections[alias]
     with connection.cursor() as cursor:
-        now = dialect_for(connection).database_now_ms(cursor)
+        now = store(connection).database_now_ms(cursor)
     rows = (SubscriberHeartbeat.objects.using(alias)
             .filter(heartbeat_at__gt=now - round(conf.LEASE_DURATION * 1000),
                     deregistered_at=0)

@@ -16,7 +16,7 @@ from django.db import connections
 from sqlqueue.conf import get_settings
 from sqlqueue.models import PartitionLease, SubscriberHeartbeat
 from sqlqueue.operations.lag import known_subscriptions
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 
 @dataclass
@@ -69,7 +69,7 @@ def memberships(using: str | None = None) -> list[Membership]:
     conf = get_settings()
     alias = using or conf.DATABASE
     connection = connections[alias]
-    dialect = dialect_for(connection)
+    dialect = store(connection)
     lease_ms = round(conf.LEASE_DURATION * 1000)
     with connection.cursor() as cursor:
         now = dialect.database_now_ms(cursor)

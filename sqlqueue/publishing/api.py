@@ -31,9 +31,10 @@ from sqlqueue.publishing.messages import (
     prepare_fields,
 )
 from sqlqueue.publishing.wakeups import announce, notification_to_send
+from sqlqueue.storage import store
 from sqlqueue.storage.chunks import statement_chunks
 from sqlqueue.storage.retry import retry_victims
-from sqlqueue.storage.sql import Dialect, MessageRow, dialect_for
+from sqlqueue.storage.sql import Dialect, MessageRow
 
 # A duplicate-key error means another transaction stored the same id between our read
 # and our insert; after this many rounds something else is wrong and the error surfaces.
@@ -93,7 +94,7 @@ def _retry_alone(connection: BaseDatabaseWrapper, attempt: Callable[[], _Sent]) 
     transaction)."""
     def is_victim(error: Exception) -> bool:
         return (isinstance(error, DatabaseError) and not connection.in_atomic_block
-                and dialect_for(connection).is_lock_wait(error))
+                and store(connection).is_lock_wait(error))
 
     return retry_victims(attempt, tries=ALONE_TRIES, is_victim=is_victim,
                          pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** (tried - 1))
@@ -133,7 +134,7 @@ def send_message(
     row = prepare_fields(topic, payload, partition_key, id, metadata, priority, delay,
                          deliver_at, conf, now_ms())
     connection = _connection(using, conf, topic)
-    dialect = dialect_for(connection)
+    dialect = store(connection)
     dialect.check_connection()  # a latin1 MySQL connection is refused before any write
     _check_fits(dialect, row)
     if connection.in_atomic_block:
@@ -229,7 +230,7 @@ def send_messages(
     if not rows:
         return []
     connection = _connection(using, conf, topic)
-    dialect = dialect_for(connection)
+    dialect = store(connection)
     dialect.check_connection()  # a latin1 MySQL connection is refused before any write
     for index, row in enumerate(rows):
         _check_fits(dialect, row, f"message {index}: ")

@@ -21,12 +21,12 @@ from typing import Any
 
 from django.db import Error as AnyDatabaseError
 from django.db import connections, transaction
-from django.utils.module_loading import import_string
 
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.publishing.api import send_message
 from sqlqueue.scheduling.definitions import Schedule
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.scheduling.targets import target_for
+from sqlqueue.storage import store
 from sqlqueue.storage.sql.schedules import PublishedTick
 
 logger = logging.getLogger("sqlqueue.schedules")
@@ -67,24 +67,11 @@ def publish_tick(schedule: Schedule, tick_ms: int, alias: str) -> PublishedTick:
             priority=schedule.priority, using=alias,
         )
         return PublishedTick(tick_ms, sent.topic, sent.partition_key, sent.offset, sent.id)
-    return _enqueue_task(schedule, tick_ms)
+    return target_for(schedule).enqueue(schedule, tick_ms, tick_metadata(schedule, tick_ms))
 
 
 def tick_metadata(schedule: Schedule, tick_ms: int) -> dict[str, str]:
     return {"schedule": schedule.name, "tick": schedule.tick_label(tick_ms)}
-
-
-def _enqueue_task(schedule: Schedule, tick_ms: int) -> PublishedTick:
-    from sqlqueue.integrations.tasks.backend import message_metadata
-    from sqlqueue.integrations.tasks.models import TaskRecord
-
-    assert schedule.task is not None
-    task = import_string(schedule.task)
-    with message_metadata(tick_metadata(schedule, tick_ms)):
-        result = task.enqueue(*schedule.args, **dict(schedule.kwargs))
-    record = TaskRecord.objects.using(get_settings().DATABASE).get(id=result.id)
-    return PublishedTick(tick_ms, record.topic, record.partition_key,
-                         int(record.message_offset), str(result.id))
 
 
 class Ticker:
@@ -138,7 +125,7 @@ class Ticker:
     def _run(self, schedule: Schedule, now: int) -> Published | None:
         alias = alias_for(schedule, self.conf)
         connection = connections[alias]
-        dialect = dialect_for(connection)
+        dialect = store(connection)
         with transaction.atomic(using=alias), connection.cursor() as cursor:
             for _ in range(CLAIM_ATTEMPTS):
                 seen = self._checked.get(schedule.name)

@@ -4,13 +4,10 @@ store, a payload it can publish, a task that exists and runs on sqlqueue's backe
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.utils.module_loading import import_string
-
 from sqlqueue.conf import QueueSettings
 from sqlqueue.publishing.messages import OutgoingMessage, check_topic, prepare
 from sqlqueue.scheduling.definitions import Schedule, ScheduleError, parse_schedules
+from sqlqueue.scheduling.targets import target_for
 from sqlqueue.scheduling.ticker import tick_metadata
 
 
@@ -22,7 +19,7 @@ def schedule_errors(conf: QueueSettings) -> list[ScheduleError]:
             if schedule.topic is not None:
                 _check_message(schedule, conf)
             else:
-                _check_task(schedule)
+                target_for(schedule).check(schedule)
         except ScheduleError as error:
             errors.append(error)
     return errors
@@ -48,25 +45,3 @@ def _check_message(schedule: Schedule, conf: QueueSettings) -> None:
     except (TypeError, ValueError) as exc:
         raise ScheduleError("sqlqueue.E309", f"{_where(schedule)}: its message cannot be "
                                              f"published: {exc}") from exc
-
-
-def _check_task(schedule: Schedule) -> None:
-    from sqlqueue.integrations.tasks.compat import Task
-
-    assert schedule.task is not None
-    try:
-        task: Any = import_string(schedule.task)
-    except ImportError as exc:
-        raise ScheduleError("sqlqueue.E308", f"{_where(schedule)}['task'] {schedule.task!r} "
-                                             f"cannot be imported: {exc}") from exc
-    if not isinstance(task, Task):
-        raise ScheduleError("sqlqueue.E308", f"{_where(schedule)}['task'] {schedule.task!r} "
-                                             "is not a Django @task.")
-    from sqlqueue.integrations.tasks.backend import SQLQueueBackend
-
-    if not isinstance(task.get_backend(), SQLQueueBackend):
-        raise ScheduleError(
-            "sqlqueue.E308",
-            f"{_where(schedule)}['task'] {schedule.task!r} runs on backend "
-            f"{task.backend!r}, which is not sqlqueue's: a tick and its task must be stored "
-            "in one transaction for each tick to run once.")

@@ -5,5 +5,34 @@
 ``sqlqueue.storage.sql`` runs them on a Django connection, one module per database vendor
 (tests/integration/test_sql_statements.py, with the EXPLAIN checks). ``retry`` and
 ``chunks``: the deadlock-victim retry loop and the statement chunker publishing and the
-Spark writer share.
+Spark writer share. ``store()`` is the one way the rest of sqlqueue reaches a
+database.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from sqlqueue.storage.sql.base import Dialect
+
+
+def store(using: str | BaseDatabaseWrapper | None = None) -> Dialect:
+    """The one way to the database: the named statements run on connection ``using``
+    (a database alias, a connection, or None for ``SQLQUEUE["DATABASE"]``), made once per
+    connection and kept on it. Imported lazily: ``sqlqueue.storage.statements`` stays
+    importable without Django."""
+    from django.db import connections
+
+    from sqlqueue.storage.sql import dialect_for
+
+    if using is None:
+        from sqlqueue.conf import get_settings
+
+        using = get_settings().DATABASE
+    return dialect_for(connections[using] if isinstance(using, str) else using)
+
+
+__all__ = ["store"]

@@ -19,7 +19,7 @@ from types import TracebackType
 from django.db import connections
 
 from sqlqueue.consuming.clock import DatabaseClock
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 
 _offset_ms = 0
 
@@ -72,6 +72,6 @@ def moved_database_clock(alias: str) -> DatabaseClock:
     def read_ms() -> int:
         connection = connections[alias]
         with connection.cursor() as cursor:
-            return dialect_for(connection).database_now_ms(cursor) + _offset_ms
+            return store(connection).database_now_ms(cursor) + _offset_ms
 
     return DatabaseClock(read_ms)

@@ -29,7 +29,7 @@ from sqlqueue.consuming.handoff import HandlerPool
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.runner import Runner, default_name
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage import store
 from sqlqueue.testing.clock import moved_database_clock
 
 #: A run that has not settled after this long is waiting on something no test controls
@@ -160,7 +160,7 @@ class InlineRunner(Runner):
         to the log's head, and none has a message due."""
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            head = self.server.head(dialect_for(connection), cursor)
+            head = self.server.head(store(connection), cursor)
         now_ms = self.clock.now_ms()
         for subscriber in self.subscribers:
             if self._paused(subscriber):

@@ -18,11 +18,7 @@ from typing import Any
 
 from django.db import connections
 
-from sqlqueue.storage.sql.postgresql import (
-    listen_wakeups_sql,
-    name_session_sql,
-    reaches_server_directly,
-)
+from sqlqueue.storage.sql.postgresql import STATEMENTS, reaches_server_directly
 from sqlqueue.wakeups.listener import STOP_CHECK, ChannelOff, Listener
 
 #: libpq TCP keepalives, unless the database's OPTIONS say otherwise: a connection lost
@@ -81,8 +77,8 @@ class PostgreSQLListener(Listener):
             if not direct and not self.listener_alias:
                 raise ChannelOff(pooled_message(self.alias))
             if "application_name" not in self.params:
-                connection.execute(name_session_sql(), [SESSION_NAME])
-            connection.execute(listen_wakeups_sql())
+                connection.execute(*STATEMENTS.name_session(SESSION_NAME))
+            connection.execute(STATEMENTS.listen_wakeups()[0])  # no parameters
             self.backend_pid = connection.info.backend_pid
             self.listening()
             try:

@@ -216,7 +216,7 @@ def test_beyond_the_count_budget_ages_and_statuses_stay_exact(
     with CaptureQueriesContext(connection) as statements:
         probed = {lag.group: lag for lag in lag_overview()}
     # Both groups stand at 0 on every partition: one probe statement serves them both.
-    probes = dialect_for(connection).first_offsets_above_sql(1).split(",")[0][:25]
+    probes = first_probe()
     assert sum(q["sql"].startswith(probes) for q in statements.captured_queries) == 1
     for group in ("g", "other"):
         before, after = counted[group], probed[group]
@@ -267,7 +267,7 @@ def test_a_runconsumer_leaves_a_hint_that_spares_the_probes(
         monkeypatch.setattr(lag_rules, "COUNT_BUDGET", 0)
         with CaptureQueriesContext(connection) as statements:
             probed = group_lag("g", "t")
-        probes = dialect_for(connection).first_offsets_above_sql(1).split(",")[0][:25]
+        probes = first_probe()
         assert not any(q["sql"].startswith(probes) for q in statements.captured_queries)
         assert [(p.lagging, p.status) for p in probed.partitions] == [
             (p.lagging, p.status) for p in counted.partitions] == [(True, "OK")]
@@ -295,3 +295,8 @@ def test_a_hint_whose_message_is_gone_is_not_used(register: Any,
     assert lag.oldest_pending_age is not None and lag.oldest_pending_age < 60
     QueueMessage.objects.filter(offset=sent[0].offset).update(created_at=now - 600_000)
     assert group_lag("g", "t").oldest_pending_age >= 600
+
+
+def first_probe() -> str:
+    """The opening of a ``first_offsets_above`` probe, to find it among statements run."""
+    return dialect_for(connection).sql.first_offsets_above("", [("", 0)])[0].split(",")[0][:25]

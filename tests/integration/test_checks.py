@@ -141,8 +141,9 @@ def test_postgresql_isolation_above_read_committed_is_an_error(
 def test_postgresql_role_blind_to_other_sessions_warns(
     postgresql: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    dialect_class = type(dialect_for(connection))
-    monkeypatch.setattr(dialect_class, "horizon_privileges_sql", lambda self: "SELECT false")
+    statements_class = type(dialect_for(connection).sql)
+    monkeypatch.setattr(statements_class, "horizon_privileges",
+                        lambda self: ("SELECT false", []))
     assert ids(check_database(databases=["default"])) == ["sqlqueue.W105"]
 
 

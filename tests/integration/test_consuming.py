@@ -573,7 +573,7 @@ def test_a_late_commit_in_a_partition_a_poll_passed_over_is_delivered(
 @pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits on MySQL
 def test_fetch_uses_the_partition_offset_index(register: Any) -> None:
     send_messages("t", [OutgoingMessage(n, partition_key=f"k{n % 5}") for n in range(200)])
-    sql = dialect_for(connection).fetch_messages_sql()
+    sql = dialect_for(connection).sql.fetch_messages("", "", "", 0, 0)[0]
     with connection.cursor() as cursor:
         if connection.vendor == "mysql":
             cursor.execute("ANALYZE TABLE queue_messages")

@@ -166,8 +166,8 @@ def test_identifiers_are_quoted() -> None:
     """`offset` is reserved in MariaDB >= 10.6: the statements must quote it."""
     dialect = dialect_for(connection)
     quoted = connection.ops.quote_name("offset")
-    assert quoted in dialect.select_message_offsets_sql(1, lock=False)
-    assert connection.ops.quote_name("queue_messages") in dialect.insert_messages_sql(1)
+    assert quoted in dialect.sql.select_message_offsets("", [("", "")], lock=False)[0]
+    assert connection.ops.quote_name("queue_messages") in dialect.sql.store_messages([row()])[0]
 
 
 def test_tables_use_a_binary_no_pad_collation(mysql_only: None) -> None:
@@ -230,7 +230,7 @@ def test_garbage_collection_deletes_by_seeks(server_database: None) -> None:
         assert deleted == 50
         left = dialect.list_offsets(cursor, "t", "k3", 0, upto, 1000)
     assert left == sorted(offsets[3::10])[50:]  # the 50 oldest of k3 went
-    plan = explain_only(dialect.delete_messages_upto_sql(), ["t", "k3", upto, 50])
+    plan = explain_only(dialect.sql.delete_messages_upto("", "", 0, 0)[0], ["t", "k3", upto, 50])
     if connection.vendor == "postgresql":
         assert "Seq Scan" not in plan, plan
         assert "Index Only Scan using idx_topic_partition_offset" in plan, plan
@@ -402,7 +402,7 @@ def test_pending_summary_counts_up_to_a_cap_with_seeks() -> None:
         uncounted = dialect.pending_summary(cursor, "t", "g", watermarks, cap=None)
     assert uncounted["k0"].count is None
     assert uncounted["k0"].oldest_due_at == first_pending_created
-    plan = explain(dialect.pending_summary_sql(1),
+    plan = explain(dialect.sql.pending_summary("", "", [("", 0)], 0)[0],
                    ["k0", "t", "k0", 0, 100, "t", "k0", 0, "g", "g"])
     if connection.vendor == "postgresql":
         assert "Seq Scan" not in plan and "Bitmap" not in plan, plan
@@ -494,7 +494,7 @@ def test_first_offsets_above_is_one_index_dive_per_partition() -> None:
         many = [(f"k{n % 10}", 0) for n in range(450)]  # over several statements
         assert dialect.first_offsets_above(cursor, "t", many) == [
             offsets[n % 10] for n in range(450)]
-    plan = explain(dialect.first_offsets_above_sql(1), ["t", "k0", 0])
+    plan = explain(dialect.sql.first_offsets_above("", [("", 0)])[0], ["t", "k0", 0])
     if connection.vendor == "mysql":
         assert "Select tables optimized away" in plan, plan
     elif connection.vendor == "postgresql":
@@ -525,7 +525,7 @@ def test_fetch_partitions_reads_each_partition_by_its_own_range() -> None:
         many = [(f"k{n}", 0) for n in range(10)] + [(f"x{n}", 0) for n in range(100)]
         found = dialect.fetch_partitions(cursor, "g", "t", many, 1)  # two statements
         assert [found[f"k{n}"][0].offset for n in range(10)] == offsets[:10]
-    plan = explain(dialect.fetch_partitions_sql(2),
+    plan = explain(dialect.sql.fetch_partitions("", "", [("", 0)] * 2, 0)[0],
                    ["g", 0, "t", "k0", 0, 5, "g", 0, "t", "k1", 0, 5])
     if connection.vendor == "mysql":
         assert plan.count("idx_topic_partition_offset") >= 2, plan
@@ -557,7 +557,7 @@ def test_a_fetch_reads_the_state_above_the_cursor_only(postgresql_only: None) ->
         dialect.write_outcomes(cursor, "g", "t", acked)
         found = dialect.fetch_messages(cursor, "g", "t", "k0", k0[99], 50)
     assert [r.offset for r in found] == k0[100:150]
-    plan = explain(dialect.fetch_messages_sql(), ["g", k0[99], "t", "k0", k0[99], 50])
+    plan = explain(*dialect.sql.fetch_messages("g", "t", "k0", k0[99], 50))
     # Whichever way it joins, the state's side reads from the cursor on: never the
     # partition's acked rows below it once for each row fetched.
     assert "Rows Removed by Join Filter" not in plan, plan
@@ -576,7 +576,7 @@ def test_partitions_with_rows_reads_a_range_of_the_primary_key() -> None:
         assert dialect.partitions_with_rows(cursor, "t", max(offsets), max(offsets) + 5) \
             == set()
         assert dialect.partitions_with_rows(cursor, "elsewhere", 0, max(offsets)) == set()
-    plan = explain(dialect.partitions_with_rows_sql(), [offsets[-20], offsets[-1], "t"])
+    plan = explain(dialect.sql.partitions_with_rows("", 0, 0)[0], [offsets[-20], offsets[-1], "t"])
     if connection.vendor == "mysql":
         assert "'key': 'PRIMARY'" in plan and "'type': 'range'" in plan, plan
     elif connection.vendor == "postgresql":
@@ -626,7 +626,7 @@ def test_acked_among_by_primary_key() -> None:
         # A table of a few rows is read whole, rightly: ask whether the key can serve.
         with connection.cursor() as cursor:
             cursor.execute("SET enable_seqscan = off")
-    plan = explain(dialect.acked_among_sql(2), ["g", "t", "a", 1, "b", 3, True])
+    plan = explain(*dialect.sql.acked_among("g", "t", [("a", 1), ("b", 3)]))
     if connection.vendor == "mysql":
         assert "'key': 'PRIMARY'" in plan, plan
     elif connection.vendor == "postgresql":
@@ -666,7 +666,7 @@ def test_message_dues_by_primary_key() -> None:
                 dialect.insert_messages(cursor, [row(f"o{n % 20}", f"other-{chunk}-{n}")
                                                  for n in range(500)])
         analyze()
-    plan = explain(dialect.message_dues_sql([now, later]), [])
+    plan = explain(dialect.sql.message_dues([now, later])[0], [])
     if connection.vendor == "mysql":
         assert "'key': 'PRIMARY'" in plan, plan
     elif connection.vendor == "postgresql":
@@ -733,7 +733,7 @@ def test_reserve_offsets_reads_the_clock_after_the_transaction_id(
         cursor.execute("SELECT pg_current_xact_id_if_assigned()")
         assert cursor.fetchone()[0] is None  # the test's transaction has written nothing
         before = dialect.database_now_ms(cursor)
-        cursor.execute(dialect.reserve_offsets_sql(), ["queue_messages", "offset", 5])
+        cursor.execute(dialect.sql.reserve_offsets(0)[0], ["queue_messages", "offset", 5])
         now_ms, offsets = cursor.fetchone()
         cursor.execute("SELECT pg_current_xact_id_if_assigned(), "
                        "FLOOR(EXTRACT(EPOCH FROM now()) * 1000)::bigint")
@@ -822,7 +822,7 @@ def test_copy_messages_outside_a_transaction_commits_on_its_own(postgresql_only:
 def test_created_at_defaults_to_the_database_clock(mysql_only: None) -> None:
     """Migration 0006: MySQL's publishing INSERT leaves created_at to the column default."""
     dialect = dialect_for(connection)
-    assert b"created_at" not in dialect.insert_messages_statement([row()])  # type: ignore[attr-defined]
+    assert "created_at" not in dialect.sql.store_messages([row()])[0]
     with connection.cursor() as cursor:
         before = dialect.database_now_ms(cursor)
         dialect.insert_messages(cursor, [row()])
@@ -891,11 +891,11 @@ def test_wakeup_statements_notify_at_commit_and_listen() -> None:
         return
     import psycopg
 
-    from sqlqueue.storage.sql.postgresql import WAKEUP_CHANNEL, listen_wakeups_sql
+    from sqlqueue.storage.sql.postgresql import STATEMENTS, WAKEUP_CHANNEL
     from sqlqueue.wakeups.postgresql import connection_params
 
     with psycopg.connect(**connection_params("default")) as listening:
-        listening.execute(listen_wakeups_sql())
+        listening.execute(STATEMENTS.listen_wakeups()[0])
         with connections["default"].cursor() as cursor:
             dialect.notify_wakeup(cursor, "orders.created")  # autocommit: sent at once
         heard = [(n.channel, n.payload) for n in listening.notifies(timeout=10, stop_after=1)]
@@ -919,7 +919,7 @@ def test_seeks_read_one_entry_even_with_statistics_older_than_the_rows() -> None
         for chunk in range(4):
             offsets += dialect.insert_messages(cursor, [row(f"k{n % 10}", f"id-{chunk}-{n}")
                                                         for n in range(500)])
-    probe = explain(dialect.first_offsets_above_sql(1), ["t", "k0", 0])
+    probe = explain(dialect.sql.first_offsets_above("", [("", 0)])[0], ["t", "k0", 0])
     heads = explain(*dialect.sql.partition_heads("t"))
     discovery = explain(*dialect.sql.discover_partitions("t"))
     for plan in (probe, heads, discovery):

@@ -8,12 +8,15 @@ from __future__ import annotations
 import inspect
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from sqlqueue import send_message
 from sqlqueue.operations.flow import pause
@@ -45,6 +48,10 @@ class Executor(Protocol):
 
     def rows(self, statement: Statement) -> list[tuple[Any, ...]]: ...
 
+    def transaction(self) -> AbstractContextManager[None]: ...
+
+    def copy_rows(self, statement: Statement, rows: Iterable[Sequence[Any]]) -> None: ...
+
 
 class DjangoExecutor:
     def __init__(self) -> None:
@@ -59,6 +66,15 @@ class DjangoExecutor:
         with connection.cursor() as cursor:
             cursor.execute(*statement)
             return [tuple(r) for r in cursor.fetchall()]
+
+    def transaction(self) -> AbstractContextManager[None]:
+        return transaction.atomic()
+
+    def copy_rows(self, statement: Statement, rows: Iterable[Sequence[Any]]) -> None:
+        """PostgreSQL's COPY, through psycopg's cursor under Django's."""
+        with connection.cursor() as cursor, cursor.cursor.copy(*statement) as copy:
+            for row in rows:
+                copy.write_row(row)
 
 
 # The Spark side is marked spark: its connection layer needs the spark extra
@@ -472,7 +488,6 @@ def test_session_statements(executor: Executor) -> None:
     ((charset, max_packet),) = executor.rows(sql.connection_charset())
     assert charset == "utf8mb4" and int(max_packet) >= 1024
     assert int(executor.rows(sql.autoinc_lock_mode())[0][0]) in (0, 1, 2)
-    executor.run(sql.created_at_default())  # as migration 0006 left it
 
 
 def test_system_check_statements(executor: Executor) -> None:
@@ -522,3 +537,130 @@ def test_a_missing_queue_table_is_recognised_on_this_database() -> None:
             connection.cursor() as cursor:
         cursor.execute("SELECT no_such_column FROM queue_messages")
     assert not Dialect.is_missing_queue_table(other.value)
+
+
+# -- export and bulk publishing (storage.statements.export, .bulk) -----------------------
+@dataclass(frozen=True)
+class Column:
+    name: str
+
+
+@dataclass(frozen=True)
+class ReadTable:
+    """What the export statements read of a table (the Spark source's ``Table``)."""
+
+    db_table: str = "queue_messages"
+    order_by: tuple[str, ...] = ("offset",)
+    topic_column: str = "topic"
+    dead_letters_only: bool = False
+
+
+LOG = ReadTable()
+DEAD_LETTERS = ReadTable(topic_column="original_topic", dead_letters_only=True)
+OFFSETS = ReadTable("queue_offsets", ("consumer_group", "topic", "partition_key"))
+
+
+def columns(*names: str) -> list[Column]:
+    return [Column(n) for n in names]
+
+
+def bulk_row(key: str, mid: str) -> tuple[Any, ...]:
+    """A row of ``store_new_messages``: key, id, payload text, metadata, published_at,
+    priority, deliver_after."""
+    return (key, mid, '{"n": 1}', None, 1000, 50, 0)
+
+
+def test_export_reads(executor: Executor) -> None:
+    sql = executor.sql
+    first = send_message("t", {"n": 1}, partition_key="k").offset
+    send_message("other", {"n": 2})
+    last = send_message("t", {"n": 3}, partition_key="k").offset
+    executor.run(sql.insert_dead_letter(
+        dead_letter_topic="t.dlq", dead_letter_id="dl", offset=first, attempts=3,
+        last_error="boom", detail="{}", group="g1"))
+    executor.run(("INSERT INTO queue_messages (topic, partition_key, id, payload, created_at, "
+                  "published_at, consumer_group) VALUES ('t', 'k', 'replay', %s, 1, 1, 'g2')",
+                  [b"{}"]))
+    assert tuple(executor.rows(sql.log_bounds(LOG, "t"))[0]) == (first, last + 2)
+    assert executor.rows(sql.log_bounds(LOG, None))[0][0] == first
+    two = columns("offset", "topic")
+    assert [r[0] for r in executor.rows(sql.rows_in_range(LOG, two, first, last))] == [
+        first, first + 1]
+    in_group = executor.rows(sql.rows_in_range(LOG, two, 0, 1 << 40, "t", "g1"))
+    assert [r[0] for r in in_group] == [first, last]  # not g2's replay
+    dead = executor.rows(sql.rows_in_range(DEAD_LETTERS, two, 0, 1 << 40, "t"))
+    assert [r[1] for r in dead] == ["t.dlq"]
+    executor.run(sql.ensure_watermarks("g", "t", ["b", "a"], 5))
+    executor.run(sql.ensure_watermarks("g", "u", ["a"], 7))
+    offsets = executor.rows(sql.table_rows(OFFSETS, columns("partition_key", "offset_acked"),
+                                           "t"))
+    assert [(r[0], int(r[1])) for r in offsets] == [("a", 5), ("b", 5)]
+    ((created,),) = executor.rows((f"SELECT created_at FROM queue_messages "
+                                   f"WHERE {sql.quote('offset')} = %s", [last]))
+    assert executor.rows(sql.created_at_of(last)) == [(created,)]
+    assert [int(r[0]) for r in executor.rows(sql.offsets_from(first, 2))] == [first,
+                                                                               first + 1]
+
+
+def test_partition_states_and_drop_open_states(executor: Executor) -> None:
+    sql = executor.sql
+    sent = [send_message("t", {}, partition_key="k").offset for _ in range(3)]
+    executor.run(sql.mark_delivered("g", "t", [("k", o, 10**15) for o in sent]))
+    executor.run(sql.write_outcomes("g", "t", [OutcomeWrite("k", sent[0], True, 0)]))
+    states = executor.rows(sql.partition_states(columns("message_offset", "acked"), "g", "t",
+                                                "k", sent[0] - 1, sent[1]))
+    assert [(int(r[0]), bool(r[1])) for r in states] == [(sent[0], True), (sent[1], False)]
+    assert executor.run(sql.drop_open_states("g", "t", sent[1])) == 1  # acked rows stay
+    assert [state(executor, o) is not None for o in sent] == [True, False, True]
+
+
+def test_store_new_messages_skips_stored_keys(executor: Executor) -> None:
+    sql = executor.sql
+    with executor.transaction():
+        assert executor.run(sql.store_new_messages("t", [bulk_row("k", "a"),
+                                                         bulk_row("k", "b")])) == 2
+    with executor.transaction():
+        inserted = executor.run(sql.store_new_messages("t", [bulk_row("k", "a"),
+                                                             bulk_row("k", "c")]))
+    # Django connects to MySQL with CLIENT.FOUND_ROWS: the skipped row counts as matched.
+    found_rows = connection.vendor == "mysql" and isinstance(executor, DjangoExecutor)
+    assert inserted == (2 if found_rows else 1)
+    stored = executor.rows(("SELECT id, payload, created_at, published_at, priority "
+                            "FROM queue_messages WHERE topic = 't' ORDER BY id", []))
+    assert [r[0] for r in stored] == ["a", "b", "c"]
+    assert bytes(stored[0][1]) == b'{"n": 1}'
+    assert abs(int(stored[0][2]) - time.time() * 1000) < 60_000  # the database clock
+    assert (int(stored[0][3]), int(stored[0][4])) == (1000, 50)
+
+
+def test_load_messages_is_mysql_only(executor: Executor) -> None:
+    """Run for real by tests/spark/test_statements.py (it needs a connection opened for
+    bulk loads and the data source's in-memory file); here: its shape, and that only
+    MySQL has it."""
+    if connection.vendor != "mysql":
+        with pytest.raises(NotImplementedError, match="no LOAD DATA"):
+            executor.sql.load_messages("f", "t")
+        return
+    text, params = executor.sql.load_messages("f", "t")
+    assert text.startswith("LOAD DATA LOCAL INFILE %s INTO TABLE `queue_messages`")
+    assert params == ["f", "t"]
+
+
+def test_postgresql_publishes_through_a_staging_table(executor: Executor) -> None:
+    """COPY into a staging table of the transaction's own, then one INSERT that skips
+    stored ids; the commit drops the table."""
+    if connection.vendor != "postgresql":
+        assert not hasattr(executor.sql, "create_staging")  # COPY is PostgreSQL's
+        return
+    sql = executor.sql
+    assert isinstance(sql, PostgreSQLStatements)
+    for ids, expected in ((["a", "b", "b"], 2), (["b", "c"], 1)):
+        with executor.transaction():
+            executor.run(sql.create_staging())
+            executor.copy_rows(sql.copy_staging(), [
+                ("k", mid, b'{"n": 1}', '{"m": 1}', 1000, 50, 0) for mid in ids])
+            assert executor.run(sql.publish_staged("t")) == expected
+    assert executor.rows(("SELECT to_regclass('pg_temp.sqlqueue_spark_staging')", [])) == [
+        (None,)]
+    assert executor.rows(("SELECT id FROM queue_messages ORDER BY id", [])) == [
+        ("a",), ("b",), ("c",)]

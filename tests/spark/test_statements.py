@@ -1,16 +1,17 @@
-"""Every named statement of sqlqueue.integrations.spark.sql, on the real database.
+"""The data source's use of the shared statements (sqlqueue.storage.statements), on the
+real database: what tests/integration/test_statement_layer.py cannot show through both
+executors (a real LOAD DATA, the plans Spark's reads rely on, the write horizon seen by
+another connection, the core's leases and heartbeats agreeing with Spark's).
 
 These run through the data source's own Django-free connections; the tables were made by
-Django's migrations, and the core's statements (leases, heartbeats) must agree with them.
+Django's migrations.
 """
 
 from __future__ import annotations
 
-import inspect
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +20,6 @@ from django.db import connection
 from sqlqueue import send_message
 from sqlqueue.integrations.spark.connect import Connection, Database
 from sqlqueue.integrations.spark.infile import MemoryInfile
-from sqlqueue.integrations.spark.sql.base import Statements
-from sqlqueue.integrations.spark.sql.mysql import MySQLStatements
-from sqlqueue.integrations.spark.sql.postgresql import PostgreSQLStatements
-from sqlqueue.integrations.spark.sql.sqlite import SQLiteStatements
 from sqlqueue.integrations.spark.tables import TABLES
 from sqlqueue.integrations.spark.writer import _csv_bytes
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
@@ -41,42 +38,14 @@ def row(pk: str, mid: str, payload: str = '{"n": 1}') -> tuple[Any, ...]:
     return (pk, mid, payload, None, 1000, 50, 0)
 
 
-def offsets(db: Connection, topic: str) -> list[int]:
-    return [r[0] for r in db.rows(db.sql.rows_in_range(MESSAGES, MESSAGES.columns[:1], 0,
-                                                       1 << 62, topic))]
-
-
-def test_every_statement_is_covered_here() -> None:
-    """A new statement of the data source needs a test in this file (its name appears
-    below); the shared layer's have theirs in tests/integration/test_statement_layer.py."""
-    source = Path(__file__).read_text()
-    names = {name for cls in (Statements, MySQLStatements, PostgreSQLStatements,
-                              SQLiteStatements)
-             for name, value in vars(cls).items()
-             if inspect.isfunction(value) and not name.startswith("_")}
-    assert sorted(n for n in names if f"sql.{n}(" not in source) == []
-
-
 def test_database_now_ms(db: Connection) -> None:
     (now,) = db.one(db.sql.database_now_ms()) or (0,)
     assert abs(int(now) - time.time() * 1000) < 60_000
 
 
-def test_insert_messages_skips_stored_keys(db: Connection) -> None:
-    with db.transaction():
-        assert db.run(db.sql.insert_messages("t", [row("k", "a"), row("k", "b")])) == 2
-    with db.transaction():
-        assert db.run(db.sql.insert_messages("t", [row("k", "a"), row("k", "c")])) == 1
-    stored = {m.id: m for m in QueueMessage.objects.filter(topic="t")}
-    assert sorted(stored) == ["a", "b", "c"]
-    assert bytes(stored["a"].payload) == b'{"n": 1}'
-    assert abs(stored["a"].created_at - time.time() * 1000) < 60_000  # the database clock
-    assert (stored["a"].published_at, stored["a"].priority) == (1000, 50)
-
-
 def test_load_messages_and_stored_keys(db: Connection, mysql_only: None) -> None:
     rows = [row("k", "a", '{"x": "a, \\"quoted\\"\\nvalue"}'), row("k", "b")]
-    db.run(db.sql.insert_messages("t", [row("k", "b")]))  # stored already
+    db.run(db.sql.store_new_messages("t", [row("k", "b")]))  # stored already
     infile = MemoryInfile(_csv_bytes(rows))
     infile.install(db.raw)
     with db.transaction():
@@ -88,46 +57,9 @@ def test_load_messages_and_stored_keys(db: Connection, mysql_only: None) -> None
 
 
 def test_select_message_offsets_on_sqlite(db: Connection) -> None:
-    db.run(db.sql.insert_messages("t", [row("k", "a")]))
+    db.run(db.sql.store_new_messages("t", [row("k", "a")]))
     assert [r[1:] for r in db.rows(db.sql.select_message_offsets(
         "t", [("k", "a"), ("x", "a")]))] == [("k", "a")]
-
-
-def test_log_bounds_rows_in_range_and_table_rows(db: Connection) -> None:
-    first = send_message("t", {"n": 1}, partition_key="k").offset
-    send_message("other", {"n": 2})
-    last = send_message("t", {"n": 3}, partition_key="k").offset
-    QueueMessage.objects.create(topic="t", partition_key="k", id="replay", payload=b"{}",
-                                created_at=1, published_at=1, consumer_group="g2")
-    QueueMessage.objects.create(topic="t_dlq", partition_key="k", id="dead", payload=b"{}",
-                                created_at=1, published_at=1, consumer_group="g1",
-                                original_topic="t", last_error="boom")
-    assert db.one(db.sql.log_bounds(MESSAGES, "t")) == (first, last + 1)
-    assert db.one(db.sql.log_bounds(MESSAGES, None))[0] == first  # type: ignore[index]
-    columns = MESSAGES.columns[:2]
-    assert [r[0] for r in db.rows(db.sql.rows_in_range(MESSAGES, columns, first, last))] == [
-        first, first + 1]
-    in_group = db.rows(db.sql.rows_in_range(MESSAGES, columns, 0, 1 << 40, "t", "g1"))
-    assert [r[0] for r in in_group] == [first, last]  # not g2's replay
-    dead = db.rows(db.sql.rows_in_range(TABLES["dead_letters"], columns, 0, 1 << 40, "t"))
-    assert [r[1] for r in dead] == ["t_dlq"]
-    PartitionOffset.objects.create(consumer_group="g", topic="t", partition_key="b",
-                                   offset_acked=5, updated_at=1)
-    PartitionOffset.objects.create(consumer_group="g", topic="t", partition_key="a",
-                                   offset_acked=6, updated_at=1)
-    PartitionOffset.objects.create(consumer_group="g", topic="u", partition_key="a",
-                                   offset_acked=7, updated_at=1)
-    table = TABLES["offsets"]
-    assert [r[2] for r in db.rows(db.sql.table_rows(table, table.columns, "t"))] == ["a", "b"]
-
-
-def test_head_offset_created_at_of_and_offsets_from(db: Connection) -> None:
-    assert db.one(db.sql.head_offset()) == (None,)
-    sent = [send_message("t", {"n": n}).offset for n in range(4)]
-    assert db.one(db.sql.head_offset()) == (sent[-1],)
-    created = QueueMessage.objects.get(offset=sent[1]).created_at
-    assert db.one(db.sql.created_at_of(sent[1])) == (created,)
-    assert [r[0] for r in db.rows(db.sql.offsets_from(sent[1], 2))] == sent[1:3]
 
 
 def test_write_horizon_sees_an_open_writing_transaction(db_url: str, db: Connection) -> None:
@@ -139,7 +71,7 @@ def test_write_horizon_sees_an_open_writing_transaction(db_url: str, db: Connect
     if connection.vendor == "postgresql":
         with Database.from_url(db_url).connect() as writer:
             writer.run((writer.sql.begin_sql, []))
-            writer.run(writer.sql.insert_messages("t", [row("k", "open")]))
+            writer.run(writer.sql.store_new_messages("t", [row("k", "open")]))
             (started,) = writer.one(("SELECT FLOOR(EXTRACT(EPOCH FROM now()) * 1000)", []))
             with db.transaction(begin=db.sql.begin_snapshot_sql):
                 seen = db.sql.parse_write_horizon(db.one(statement))
@@ -154,7 +86,7 @@ def test_write_horizon_sees_an_open_writing_transaction(db_url: str, db: Connect
     with Database.from_url(db_url).connect() as writer:
         opened = time.time() * 1000
         writer.run((writer.sql.begin_sql, []))
-        writer.run(writer.sql.insert_messages("t", [row("k", "open")]))
+        writer.run(writer.sql.store_new_messages("t", [row("k", "open")]))
         # INNODB_TRX is a snapshot, refreshed when nobody read it for 0.1 s. Read inside
         # a transaction of our own (begin_snapshot_sql), a fresh one lists that too.
         deadline = time.monotonic() + 10
@@ -192,9 +124,9 @@ def test_partition_rows_and_partition_states(db: Connection) -> None:
 def test_discover_partitions_is_a_loose_index_scan(db: Connection) -> None:
     with db.transaction():
         for chunk in range(4):  # enough rows for the planner to prefer the loose scan
-            db.run(db.sql.insert_messages("t", [row(f"k{n % 10}", f"{chunk}-{n}")
+            db.run(db.sql.store_new_messages("t", [row(f"k{n % 10}", f"{chunk}-{n}")
                                                 for n in range(500)]))
-        db.run(db.sql.insert_messages("u", [row("elsewhere", "x")]))
+        db.run(db.sql.store_new_messages("u", [row("elsewhere", "x")]))
     if connection.vendor == "mysql":
         db.rows(("ANALYZE TABLE queue_messages", []))
     elif connection.vendor == "postgresql":
@@ -223,7 +155,7 @@ def test_rows_in_range_reads_the_primary_key(db: Connection) -> None:
         # A table of a few pages is read whole, rightly: give the planner a real one.
         with db.transaction():
             for chunk in range(6):
-                db.run(db.sql.insert_messages("t", [row(f"k{n % 10}", f"{chunk}-{n}")
+                db.run(db.sql.store_new_messages("t", [row(f"k{n % 10}", f"{chunk}-{n}")
                                                     for n in range(500)]))
         db.run(("ANALYZE queue_messages", []))
         plan = str(db.rows(("EXPLAIN " + sql, params)))
@@ -245,14 +177,6 @@ def test_group_watermarks_ensure_and_advance(db: Connection) -> None:
     # A runconsumer's hint of the first pending offset is unknown once Spark moved it.
     assert dict(PartitionOffset.objects.values_list("partition_key", "first_pending")) == {
         "a": 12, "b": None}
-
-
-def test_drop_open_states_keeps_acked_history(db: Connection) -> None:
-    for offset, acked in ((1, True), (2, False), (3, False)):
-        DeliveryState.objects.create(consumer_group="g", topic="t", partition_key="k",
-                                     message_offset=offset, acked=acked)
-    assert db.run(db.sql.drop_open_states("g", "t", 2)) == 1
-    assert sorted(DeliveryState.objects.values_list("message_offset", flat=True)) == [1, 3]
 
 
 def test_heartbeats(db: Connection) -> None:
@@ -298,7 +222,7 @@ def test_identifiers_are_quoted(db: Connection) -> None:
     texts = [s[0] for s in (
         sql.log_bounds(MESSAGES, "t"), sql.rows_in_range(MESSAGES, MESSAGES.columns, 0, 1),
         sql.head_offset(), sql.created_at_of(1), sql.offsets_from(0, 1),
-        sql.insert_messages("t", [row("k", "a")]), sql.ensure_watermarks("g", "t", ["a"], 0),
+        sql.store_new_messages("t", [row("k", "a")]), sql.ensure_watermarks("g", "t", ["a"], 0),
     )]
     for text in texts:
         assert not re.search(r"(?<![`\"'])\boffset\b(?![`\"])", text), text
@@ -312,26 +236,3 @@ def test_list_pauses_reads_what_operators_paused(db: Connection) -> None:
     pause(topic="all.of.it")
     assert sorted(tuple(r) for r in db.rows(db.sql.list_pauses())) == [("", "all.of.it"),
                                                                        ("g", "t")]
-
-
-def test_postgresql_publishes_through_a_staging_table(db: Connection) -> None:
-    """COPY into a staging table of the transaction's own, then one INSERT that skips
-    stored ids; the commit (or a rollback) drops the table."""
-    if connection.vendor != "postgresql":
-        pytest.skip("COPY and the staging table are PostgreSQL's")
-    assert isinstance(db.sql, PostgreSQLStatements)
-    for ids, expected in ((["a", "b", "b"], 2), (["b", "c"], 1)):
-        with db.transaction():
-            db.run(db.sql.create_staging())
-            db.copy_rows(db.sql.copy_staging(), [
-                ("k", mid, b'{"n": 1}', '{"m": 1}', 1000, 50, 0) for mid in ids])
-            assert db.run(db.sql.publish_staged("t")) == expected
-    with pytest.raises(RuntimeError), db.transaction():
-        db.run(db.sql.create_staging())
-        raise RuntimeError("the chunk fails")
-    assert db.one(("SELECT to_regclass('pg_temp.sqlqueue_spark_staging')", [])) == (None,)
-    stored = {m.id: m for m in QueueMessage.objects.filter(topic="t")}
-    assert sorted(stored) == ["a", "b", "c"]
-    assert bytes(stored["a"].payload) == b'{"n": 1}'
-    assert stored["a"].metadata == {"m": 1}
-    assert abs(stored["a"].created_at - time.time() * 1000) < 60_000  # the database clock

@@ -105,7 +105,7 @@ def test_the_stream_holds_back_behind_an_open_publishing_transaction(
     late = Database.from_url(db_url).connect()
     try:
         late.run((late.sql.begin_sql, []))
-        late.run(late.sql.insert_messages("live", [("p0", "late", '{"id": "late"}', None,
+        late.run(late.sql.store_new_messages("live", [("p0", "late", '{"id": "late"}', None,
                                                     1, 50, 0)]))
         (after,) = publish("live", "after")
         with connection.cursor() as cursor:

@@ -28,7 +28,7 @@ from sqlqueue.naming import check_name
 from sqlqueue.publishing import messages as publishing
 
 EXECUTOR_MODULES = ("source", "reader", "writer", "stream", "group", "horizon", "rows",
-                    "sql.mysql", "sql.sqlite")
+                    "connect", "tables")
 
 
 def test_executor_modules_import_without_django() -> None:
@@ -187,7 +187,7 @@ class CountingDatabase:
     snapshot listing (oldest writer, newest transaction)."""
 
     def __init__(self) -> None:
-        from sqlqueue.integrations.spark.sql import statements_for
+        from sqlqueue.storage.statements import statements_for
 
         self.sql = statements_for("mysql")
         self.now_ms = 1_000_000
@@ -264,7 +264,7 @@ class DeadlockingDatabase:
     """A Connection whose first INSERT the server "rolls back" for a deadlock."""
 
     def __init__(self) -> None:
-        from sqlqueue.integrations.spark.sql import statements_for
+        from sqlqueue.storage.statements import statements_for
 
         self.sql = statements_for("sqlite")
         self.inserts: list[list[Any]] = []
@@ -307,7 +307,7 @@ class DeadlockingPostgreSQL(DeadlockingDatabase):
     """The same, on PostgreSQL: the first COPY's transaction is rolled back."""
 
     def __init__(self) -> None:
-        from sqlqueue.integrations.spark.sql import statements_for
+        from sqlqueue.storage.statements import statements_for
 
         self.sql = statements_for("postgresql")
         self.inserts = []

@@ -100,7 +100,7 @@ class FakeDialect:
 def runner(monkeypatch: pytest.MonkeyPatch) -> Any:
     def with_dialect(*seen: WriteHorizon | Exception | None) -> Runner:
         dialect = FakeDialect(*seen)
-        monkeypatch.setattr(settling_module, "dialect_for", lambda connection: dialect)
+        monkeypatch.setattr(settling_module, "store", lambda using: dialect)
         return Runner([], conf=QueueSettings(MAX_TRANSACTION_AGE=AGE / 1000))
 
     return with_dialect

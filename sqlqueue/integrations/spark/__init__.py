@@ -2,9 +2,10 @@
 
 Layout: ``source`` (the ``sqlqueue`` Python Data Source) with ``reader`` (batch reads),
 ``writer`` and ``rows`` (publishing rows), ``stream``, ``horizon`` and ``group``
-(streaming, as a consumer group too); ``connect``, ``options``, ``tables``, ``arrow`` and
-``sql`` (the database side, one statement module per vendor). None of these import
-Django: Spark's executors run them. Driver side only: ``session`` (a local session),
+(streaming, as a consumer group too); ``connect``, ``options``, ``tables`` and ``arrow``
+(the database side; its statements are the shared layer's, sqlqueue.storage.statements).
+None of these import Django: Spark's executors run them. Driver side only: ``session`` (a
+local session),
 ``settings`` (options from a Django project), ``archive`` with ``archive_layout``
 (Parquet export before garbage collection, ``manage.py queue archive``) and ``analytics``
 with ``analytics_inputs`` and ``analytics_aggregates`` (the report job).

@@ -162,10 +162,10 @@ class Archiver:
         collection keeps the topic's messages until a later run exports them."""
         from django.db import connections, transaction
 
-        from sqlqueue.storage.sql import dialect_for
+        from sqlqueue.storage import store
 
         connection = connections[self.alias]
-        dialect = dialect_for(connection)
+        dialect = store(connection)
         with transaction.atomic(using=self.alias), connection.cursor() as cursor:
             _, watermarks = dialect.topic_watermarks(cursor, topic)
             for partition in watermarks:
@@ -199,11 +199,11 @@ class Archiver:
                 before: int | None) -> Iterator[_Piece]:
         from django.db import connections
 
-        from sqlqueue.storage.sql import dialect_for
+        from sqlqueue.storage import store
 
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            _, watermarks = dialect_for(connection).topic_watermarks(cursor, topic)
+            _, watermarks = store(connection).topic_watermarks(cursor, topic)
         for partition in sorted(watermarks):
             marks = watermarks[partition]
             finished = min(marks.get(group, 0) for group in groups)
@@ -327,7 +327,7 @@ class Archiver:
         """Move the batch's files into place, then record the positions it reached."""
         from django.db import connections, transaction
 
-        from sqlqueue.storage.sql import dialect_for
+        from sqlqueue.storage import store
 
         for staged, final in journal["files"]:
             source, target = self.directory / staged, self.directory / final
@@ -335,7 +335,7 @@ class Archiver:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(source, target)
         connection = connections[self.alias]
-        dialect = dialect_for(connection)
+        dialect = store(connection)
         with transaction.atomic(using=self.alias), connection.cursor() as cursor:
             for topic, partition, reaches in journal["watermarks"]:
                 dialect.ensure_watermark(cursor, self.group, topic, partition)

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from sqlqueue.integrations.spark.errors import InvalidOption
-from sqlqueue.integrations.spark.sql import Statement, Statements, statements_for
+from sqlqueue.storage.statements import Statement, Statements, statements_for
 
 MYSQL_SCHEMES = ("mysql", "mariadb", "mysql2")
 POSTGRESQL_SCHEMES = ("postgres", "postgresql", "pgsql")
@@ -212,7 +212,8 @@ class Connection:
         self.sql = statements
 
     def _sql(self, text: str) -> str:
-        return text if self.sql.placeholder == "%s" else text.replace("%s", "?")
+        # sqlite3 takes qmark placeholders; the other drivers take the statements' %s.
+        return text.replace("%s", "?") if self.sql.vendor == "sqlite" else text
 
     def run(self, statement: Statement) -> int:
         """Execute; return the number of rows changed."""

@@ -69,6 +69,11 @@ class Table:
     #: the column the ``topic`` option filters on
     topic_column: str = "topic"
 
+    @property
+    def dead_letters_only(self) -> bool:
+        """Its rows are the log's dead letters (``ExportStatements`` filters them)."""
+        return self.option == "dead_letters"
+
     def column(self, name: str) -> Column:
         for column in self.columns:
             if column.name == name:

@@ -36,10 +36,10 @@ from sqlqueue.integrations.spark.errors import BulkLoadMismatch
 from sqlqueue.integrations.spark.infile import BulkLoadUnavailable, MemoryInfile
 from sqlqueue.integrations.spark.options import SourceOptions
 from sqlqueue.integrations.spark.rows import Prepared, RowPreparer
-from sqlqueue.integrations.spark.sql.postgresql import PostgreSQLStatements
 from sqlqueue.literals import escaped_length
 from sqlqueue.storage.chunks import statement_chunks
 from sqlqueue.storage.retry import retry_victims
+from sqlqueue.storage.statements import PostgreSQLStatements
 
 logger = logging.getLogger("sqlqueue.spark")
 
@@ -123,12 +123,12 @@ class ChunkPublisher:
         inserted = 0
         with self.db.transaction():
             for chunk in _statement_chunks(rows):
-                inserted += self.db.run(self.db.sql.insert_messages(self.topic, chunk))
+                inserted += self.db.run(self.db.sql.store_new_messages(self.topic, chunk))
         return inserted
 
     def _copy(self, rows: Sequence[Prepared], sql: PostgreSQLStatements) -> int:
         """PostgreSQL: COPY into a staging table of the transaction's own, then one
-        INSERT that skips stored ids (``sql.postgresql``)."""
+        INSERT that skips stored ids (``sqlqueue.storage.statements.bulk``)."""
         with self.db.transaction():
             self.db.run(sql.create_staging())
             self.db.copy_rows(sql.copy_staging(), (

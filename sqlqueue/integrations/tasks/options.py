@@ -18,8 +18,8 @@ from datetime import timedelta
 from typing import Any
 
 from sqlqueue.consuming.registry import OPTION_SETTINGS
-from sqlqueue.exceptions import ConfigurationError, InvalidMessage
-from sqlqueue.publishing.messages import check_name
+from sqlqueue.exceptions import ConfigurationError
+from sqlqueue.naming import check_name
 from sqlqueue.setting_converters import CONVERTERS, BadValue
 
 DEFAULT_GROUP = "tasks"
@@ -73,7 +73,7 @@ def parse_options(alias: str, raw: Any) -> TaskOptions:
             values[key] = convert(raw[key])
         except BadValue as bad:
             problems.append(f"{key!r} {bad.reason}; got {raw[key]!r}")
-        except InvalidMessage as bad:  # a group or prefix that is no valid name
+        except ValueError as bad:  # a group or prefix that is no valid name
             problems.append(str(bad).rstrip("."))
     if problems:
         raise ConfigurationError(f"{where}: {'; '.join(problems)}.")

@@ -47,7 +47,6 @@ from sqlqueue.storage.statements.tables import (
 from sqlqueue.storage.statements.vendors import Statement
 
 #: a row to build an ``insert_messages`` statement's text with (its values are unused)
-SAMPLE_ROW = MessageRow("", "", "", b"", None, 0, 0, None, 0)
 
 
 class ConsumingStatements(DeliveryStatements, LeaseStatements):
@@ -109,10 +108,6 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
         if keys:
             cursor.execute(*self.sql.remember_idempotency_keys(keys, window_ms))
 
-    def delete_expired_idempotency_keys_sql(self) -> str:
-        """``delete_expired_idempotency_keys`` (sqlqueue.storage.statements.vendors)."""
-        return self.sql.delete_expired_idempotency_keys(0)[0]
-
     def delete_expired_idempotency_keys(self, cursor: CursorWrapper, limit: int) -> int:
         """``delete_expired_idempotency_keys``: garbage-collect keys whose window has
         passed, at most ``limit`` per statement (idx_idempotency_expires)."""
@@ -127,10 +122,6 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
     def max_query_params(self) -> int:
         """The most parameters one statement may carry on this connection."""
         return self.connection.features.max_query_params or 65_535
-
-    def insert_messages_sql(self, count: int) -> str:
-        """``insert_messages`` of ``count`` rows (sqlqueue.storage.statements.publishing)."""
-        return self.sql.store_messages([SAMPLE_ROW] * count)[0]
 
     @staticmethod
     def insert_messages_params(rows: Sequence[MessageRow]) -> list[Any]:
@@ -158,10 +149,6 @@ class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
         raise NotImplementedError
 
     # -- select_message_offsets --------------------------------------------------------
-    def select_message_offsets_sql(self, count: int, *, lock: bool) -> str:
-        """``select_message_offsets`` of ``count`` keys, for EXPLAIN."""
-        return self.sql.select_message_offsets("", [("", "")] * count, lock=lock)[0]
-
     def select_message_offsets(
         self, cursor: CursorWrapper, topic: str, keys: Iterable[MessageKey], *, lock: bool
     ) -> dict[MessageKey, int]:

@@ -27,10 +27,6 @@ class DeliveryStatements(VendorHooks):
     """Mixin for ``Dialect``: the subscriber's reads and writes of messages and state."""
 
     # fetch_messages ---------------------------------------------------------------------
-    def fetch_messages_sql(self) -> str:
-        """``fetch_messages`` (sqlqueue.storage.statements.delivery), for EXPLAIN."""
-        return self.sql.fetch_messages("", "", "", 0, 0)[0]
-
     def fetch_messages(
         self, cursor: CursorWrapper, group: str, topic: str, partition: str,
         after: int, limit: int,
@@ -44,18 +40,10 @@ class DeliveryStatements(VendorHooks):
     #: it in well under one).
     narrows_fetches = False
 
-    def partitions_with_rows_sql(self) -> str:
-        """``partitions_with_rows`` (sqlqueue.storage.statements.delivery), for EXPLAIN."""
-        return self.sql.partitions_with_rows("", 0, 0)[0]
-
     def partitions_with_rows(self, cursor: CursorWrapper, topic: str, after: int,
                              upto: int) -> set[str]:
         cursor.execute(*self.sql.partitions_with_rows(topic, after, upto))
         return {str(row[0]) for row in cursor.fetchall()}
-
-    def fetch_partitions_sql(self, count: int) -> str:
-        """``fetch_partitions`` of ``count`` partitions, for EXPLAIN."""
-        return self.sql.fetch_partitions("", "", [("", 0)] * count, 0)[0]
 
     def fetch_partitions(
         self, cursor: CursorWrapper, group: str, topic: str,
@@ -98,10 +86,6 @@ class DeliveryStatements(VendorHooks):
         )
 
     # list_offsets -------------------------------------------------------------------------
-    def list_offsets_sql(self) -> str:
-        """``list_offsets``: ``partition_rows`` of the offsets alone, for EXPLAIN."""
-        return self.sql.partition_rows(("offset",), "", "", 0, 0, 0)[0]
-
     def list_offsets(
         self, cursor: CursorWrapper, topic: str, partition: str, after: int, upto: int,
         limit: int,
@@ -140,10 +124,6 @@ class DeliveryStatements(VendorHooks):
         return [r[0] for r in cursor.fetchall() if r[0] is not None]
 
     # mark_delivered ---------------------------------------------------------------------
-    def mark_delivered_sql(self, count: int) -> str:
-        """``mark_delivered`` of ``count`` messages, for EXPLAIN."""
-        return self.sql.mark_delivered("", "", [("", 0, 0)] * count)[0]
-
     def mark_delivered(
         self, cursor: CursorWrapper, group: str, topic: str,
         deliveries: Sequence[tuple[str, int, int]],
@@ -153,10 +133,6 @@ class DeliveryStatements(VendorHooks):
             self.execute_rows(cursor, *self.sql.mark_delivered(group, topic, deliveries))
 
     # write_outcomes --------------------------------------------------------------------
-    def write_outcomes_sql(self, count: int) -> str:
-        """``write_outcomes`` of ``count`` messages, for EXPLAIN."""
-        return self.sql.write_outcomes("", "", [OutcomeWrite("", 0, False, 0)] * count)[0]
-
     def write_outcomes(
         self, cursor: CursorWrapper, group: str, topic: str, writes: Sequence[OutcomeWrite]
     ) -> None:
@@ -242,11 +218,6 @@ class DeliveryStatements(VendorHooks):
         return groups, partitions
 
     # dead letters ---------------------------------------------------------------------------
-    def insert_dead_letter_sql(self) -> str:
-        """``insert_dead_letter`` (sqlqueue.storage.statements.delivery), for EXPLAIN."""
-        return self.sql.insert_dead_letter(dead_letter_topic="", dead_letter_id="", offset=0,
-                                           attempts=0, last_error="", detail="", group="")[0]
-
     def insert_dead_letter(
         self, cursor: CursorWrapper, *, dead_letter_topic: str, dead_letter_id: str,
         offset: int, attempts: int, last_error: str, detail: str, group: str,
@@ -266,10 +237,6 @@ class DeliveryStatements(VendorHooks):
         return self.last_inserted_offset(cursor)
 
     # garbage collection -------------------------------------------------------------------
-    def delete_messages_upto_sql(self) -> str:
-        """``delete_messages_upto`` (sqlqueue.storage.statements.vendors), for EXPLAIN."""
-        return self.sql.delete_messages_upto("", "", 0, 0)[0]
-
     def delete_messages_upto(
         self, cursor: CursorWrapper, topic: str, partition: str, upto: int, limit: int
     ) -> int:

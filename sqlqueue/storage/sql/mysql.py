@@ -8,7 +8,6 @@ time zone nor from the worker's clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError
@@ -17,13 +16,11 @@ from django.db.backends.utils import CursorWrapper
 from sqlqueue.exceptions import ConfigurationError
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.literals import escaped_length
-from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect, MessageRow
+from sqlqueue.storage.sql.base import Dialect, MessageRow
 from sqlqueue.storage.statements import MySQLStatements
 from sqlqueue.storage.statements.vendors import MySQLVendor
 
 ER_DUP_ENTRY = 1062
-
-
 
 #: What a one-row INSERT adds to its row's payload and metadata literals: the statement's
 #: text, and the topic, key and id (at most 255 bytes each, escaped twice as long).
@@ -42,11 +39,6 @@ class MySQLDialect(Dialect):
     server_identity_sql = MySQLVendor.server_identity_sql
 
     # -- connection_charset --------------------------------------------------------------
-    @property
-    def connection_charset_sql(self) -> str:
-        """``connection_charset`` (sqlqueue.storage.statements.sessions)."""
-        return self.sql.connection_charset()[0]
-
     def check_connection(self) -> None:
         """A connection whose character set is not utf8mb4 would store the UTF-8 bytes of
         topics, keys and ids as latin1 (or utf8mb3) characters: ``kéy🦆`` comes back as
@@ -73,52 +65,17 @@ class MySQLDialect(Dialect):
         self._checked_connection = raw
 
     # -- insert_messages ---------------------------------------------------------------
-    # The hot path of publishing. Two things make it cheap on these servers:
-    # - created_at is left to the column's DEFAULT (the database clock, migration 0006):
-    #   an expression repeated in every row costs the server more to parse than the
-    #   row costs to store;
-    # - the VALUES are written as literals, escaped by the client library's own
-    #   mysql_real_escape_string for the connection's character set, the same escaping
-    #   mysqlclient applies to parameters, minus its per-parameter type dispatch.
+    # The hot path of publishing: ``store_messages`` of MySQLStatements leaves created_at
+    # to the column's DEFAULT, and ``execute_rows`` writes the values as literals.
     max_rows_per_insert = 1000  # no parameters to bound it; max_statement_bytes does
-    _LITERAL_COLUMNS = tuple(c for c in Dialect._INSERT_COLUMNS if c != "created_at")
-
-    def created_at_default_sql(self, *, drop: bool = False) -> str:
-        """``created_at_default`` (migration 0006): stamp ``created_at`` with the
-        database clock when an INSERT leaves it out (``drop``: undo that)."""
-        return self.sql.created_at_default(drop=drop)[0]
-
-    def insert_messages_statement(self, rows: Sequence[MessageRow]) -> bytes:
-        """``insert_messages`` for MySQL: a multi-row INSERT with the values inlined, as
-        bytes (what mysqlclient sends; no parameters left to interpolate)."""
-        self.connection.ensure_connection()  # the escaping is the live connection's
-        escape = self.connection.connection.string_literal
-        names: dict[str, bytes] = {}  # topics and partition keys repeat: escape each once
-
-        def name(value: str) -> bytes:
-            found = names.get(value)
-            if found is None:
-                found = names[value] = escape(value.encode("utf-8"))
-            return found
-
-        values = []
-        for r in rows:
-            # A UUID made by sqlqueue is hex digits and dashes: nothing to escape.
-            message_id = b"'%s'" % r.id.encode("ascii") if r.fresh_id else escape(
-                r.id.encode("utf-8"))
-            metadata = b"NULL" if r.metadata is None else escape(r.metadata.encode("utf-8"))
-            deliver_after = (b"%d" % r.deliver_at_ms if r.delay_ms is None
-                             else b"%s + %d" % (self._now_ms_bytes, r.delay_ms))
-            values.append(b"(%s,%s,%s,_binary%s,%s,%d,%d,%s)" % (
-                name(r.topic), name(r.partition_key), message_id, escape(r.payload), metadata,
-                r.published_at, r.priority, deliver_after))
-        return self._insert_head + b",".join(values)
 
     def execute_rows(self, cursor: CursorWrapper, sql: str, params: Sequence[Any]) -> None:
         """With the values inlined: mysqlclient escapes parameter by parameter in Python,
-        which took an eighth of a draining runconsumer's main thread. Numbers are
-        formatted, and each distinct string (the group, the topic, a partition key:
-        they repeat on every row) is escaped once, by the live connection."""
+        which took an eighth of a draining runconsumer's main thread (and of publishing,
+        and of a lag scrape's thousands of probes). Numbers are formatted, and each
+        distinct string (the group, the topic, a partition key: they repeat on every
+        row) is escaped once, by the live connection (mysql_real_escape_string for the
+        connection's character set, the same escaping mysqlclient applies)."""
         self.connection.ensure_connection()  # the escaping is the live connection's
         raw = self.connection.connection
         escaped: dict[str, bytes] = {}
@@ -132,6 +89,8 @@ class MySQLDialect(Dialect):
                 if found is None:
                     found = escaped[value] = raw.string_literal(value.encode("utf-8"))
                 values.append(found)
+            elif kind is bytes:  # a payload
+                values.append(raw.string_literal(value))
             elif value is None:
                 values.append(b"NULL")
             elif kind is bool:
@@ -140,43 +99,11 @@ class MySQLDialect(Dialect):
                 values.append(bytes(raw.literal(value)))
         cursor.execute(sql.encode("utf-8") % tuple(values))  # type: ignore[arg-type]
 
-    def first_offsets_above_statement(
-        self, topic: str, pairs: Sequence[tuple[str, int]]
-    ) -> tuple[str | bytes, list[Any] | None]:
-        """``first_offsets_above`` with the values inlined, like ``insert_messages``: a
-        scrape of many lagging groups sends thousands of probes, and mysqlclient's
-        per-parameter escaping of three values each cost more than the server's
-        answer. The topic and the watermarks' partition keys are escaped once."""
-        self.connection.ensure_connection()  # the escaping is the live connection's
-        escape = self.connection.connection.string_literal
-        q = self.quote
-        head = (f"(SELECT MIN({q('offset')}) FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = "
-                ).encode() + escape(topic.encode("utf-8")) + (
-                    f" AND {q('partition_key')} = ").encode()
-        above = f" AND {q('offset')} > ".encode()
-        keys: dict[str, bytes] = {}
-        probes = []
-        for key, watermark in pairs:
-            escaped = keys.get(key)
-            if escaped is None:
-                escaped = keys[key] = escape(key.encode("utf-8"))
-            probes.append(b"%s%s%s%d)" % (head, escaped, above, watermark))
-        return b"SELECT " + b", ".join(probes), None
-
-    @cached_property
-    def _insert_head(self) -> bytes:
-        columns = ", ".join(self.quote(c) for c in self._LITERAL_COLUMNS)
-        return f"INSERT INTO {self.quote(MESSAGE_TABLE)} ({columns}) VALUES ".encode()
-
-    @cached_property
-    def _now_ms_bytes(self) -> bytes:
-        return self.now_ms_sql.encode()
-
     def insert_messages(
         self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None,
         prepared: bool = False,
     ) -> list[int] | None:
-        cursor.execute(self.insert_messages_statement(rows))  # type: ignore[arg-type]
+        self.execute_rows(cursor, *self.sql.store_messages(rows))
         return self.inserted_offsets(cursor, len(rows))
 
     def inserted_offsets(self, cursor: CursorWrapper, count: int) -> list[int] | None:

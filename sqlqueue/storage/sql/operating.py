@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from django.db.backends.utils import CursorWrapper
 
-from sqlqueue.storage.statements import Statements
+from sqlqueue.storage.sql.tables import VendorHooks
 
 # =========================================================================================
 # Operating: what the lag dashboard and ``manage.py queue status`` read. Every statement
@@ -34,22 +33,14 @@ class PendingSummary:
     oldest_due_at: int | None
 
 
-class OperatingStatements:
+class OperatingStatements(VendorHooks):
     """Mixin for ``Dialect``: the operator's reads."""
-
-    sql: Statements
 
     def partition_heads(self, cursor: CursorWrapper, topic: str) -> dict[str, int]:
         """``partition_heads`` (sqlqueue.storage.statements.vendors): partition -> newest
         offset."""
         cursor.execute(*self.sql.partition_heads(topic))
         return {r[0]: int(r[1]) for r in cursor.fetchall() if r[0] is not None}
-
-    def pending_summary_sql(self, count: int, counted: bool = True) -> str:
-        """``pending_summary`` of ``count`` partitions, for EXPLAIN (parameters per
-        partition: key, [topic, key, watermark, cap,] topic, key, watermark, group, group)."""
-        return self.sql.pending_summary("", "", [("", 0)] * count,
-                                        0 if counted else None)[0]
 
     def pending_summary(
         self, cursor: CursorWrapper, topic: str, group: str, watermarks: dict[str, int],
@@ -68,11 +59,6 @@ class OperatingStatements:
                                              None if due is None else int(due))
         return result
 
-    def first_offsets_above_sql(self, count: int) -> str:
-        """``first_offsets_above`` (sqlqueue.storage.statements.operating) of ``count``
-        pairs, for EXPLAIN."""
-        return self.sql.first_offsets_above("", [("", 0)] * count)[0]
-
     def first_offsets_above(
         self, cursor: CursorWrapper, topic: str, pairs: Sequence[tuple[str, int]]
     ) -> list[int | None]:
@@ -81,20 +67,12 @@ class OperatingStatements:
         found: list[int | None] = []
         for start in range(0, len(pairs), PENDING_BRANCHES_PER_STATEMENT):
             chunk = pairs[start:start + PENDING_BRANCHES_PER_STATEMENT]
-            sql, params = self.first_offsets_above_statement(topic, chunk)
-            cursor.execute(sql, params)  # type: ignore[arg-type]  # bytes on MySQL
+            # Inlined on MySQL (execute_rows): a scrape of many lagging groups sends
+            # thousands of probes, and binding three values each cost more than the
+            # server's answer.
+            self.execute_rows(cursor, *self.sql.first_offsets_above(topic, chunk))
             found += [None if first is None else int(first) for first in cursor.fetchone()]
         return found
-
-    def first_offsets_above_statement(
-        self, topic: str, pairs: Sequence[tuple[str, int]]
-    ) -> tuple[str | bytes, list[Any] | None]:
-        """``first_offsets_above`` with its parameters (MySQL inlines them)."""
-        return self.sql.first_offsets_above(topic, pairs)
-
-    def message_dues_sql(self, offsets: Sequence[int]) -> str:
-        """``message_dues`` (sqlqueue.storage.statements.operating), for EXPLAIN."""
-        return self.sql.message_dues(offsets)[0]
 
     def message_dues(
         self, cursor: CursorWrapper, offsets: Sequence[int]
@@ -106,10 +84,6 @@ class OperatingStatements:
                           for offset, due, group in cursor.fetchall())
         return result
 
-    def acked_among_sql(self, count: int) -> str:
-        """``acked_among`` of ``count`` pairs, for EXPLAIN."""
-        return self.sql.acked_among("", "", [("", 0)] * count)[0]
-
     def acked_among(
         self, cursor: CursorWrapper, group: str, topic: str, pairs: Sequence[tuple[str, int]]
     ) -> set[tuple[str, int]]:
@@ -120,20 +94,12 @@ class OperatingStatements:
             found.update((key, int(offset)) for key, offset in cursor.fetchall())
         return found
 
-    def offset_counter_sql(self) -> str:
-        """``offset_counter`` (sqlqueue.storage.statements.vendors)."""
-        return self.sql.offset_counter()[0]
-
     def offset_counter(self, cursor: CursorWrapper) -> int | None:
         """``offset_counter``: where the log's offset counter stands (None: unknown). It
         only grows: lower than before means the database lost writes."""
         cursor.execute(*self.sql.offset_counter())
         row = cursor.fetchone()
         return None if row is None or row[0] is None else int(row[0])
-
-    def dead_letter_counts_sql(self) -> str:
-        """``dead_letter_counts`` (sqlqueue.storage.statements.operating), for EXPLAIN."""
-        return self.sql.dead_letter_counts("", "", 0)[0]
 
     def dead_letter_counts(
         self, cursor: CursorWrapper, dead_letter_topic: str, group: str, cap: int

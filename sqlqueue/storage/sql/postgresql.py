@@ -25,7 +25,7 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.horizon import WriteHorizon
-from sqlqueue.storage.sql.base import SAMPLE_ROW, Dialect, MessageRow
+from sqlqueue.storage.sql.base import Dialect, MessageRow
 from sqlqueue.storage.sql.prepared import (
     STATEMENT_GONE,
     Variant,
@@ -44,23 +44,8 @@ UNIQUE_VIOLATION = "23505"
 #: below it its three more round trips (a savepoint, the offsets) outweigh what COPY saves
 #: (docs/benchmarks.md, "PostgreSQL")
 COPY_MIN_ROWS = 50
-
-
-def listen_wakeups_sql() -> str:
-    """``listen_wakeups`` (sqlqueue.storage.statements.publishing): a plain module
-    function, for the listener's own connection (it has no dialect)."""
-    return PostgreSQLStatements().listen_wakeups()[0]
-
-
-def server_session_pid_sql() -> str:
-    """``server_session_pid``, for connections without a dialect (the listener's)."""
-    return PostgreSQLStatements().server_session_pid()[0]
-
-
-def name_session_sql() -> str:
-    """``name_session``, for connections without a dialect (the listener's); one
-    parameter, the name."""
-    return PostgreSQLStatements().name_session("")[0]
+#: the builders, for connections without a dialect (the wake-up listener's)
+STATEMENTS = PostgreSQLStatements()
 
 
 def reaches_server_directly(cursor: Any, driver_pid: int) -> bool:
@@ -68,7 +53,7 @@ def reaches_server_directly(cursor: Any, driver_pid: int) -> bool:
     its server session directly? Every connection pooler (PgBouncer, RDS Proxy, ...)
     answers the startup with a cancel key of its own, so the process id it reports
     differs from the ``pg_backend_pid()`` of the session behind."""
-    cursor.execute(server_session_pid_sql())
+    cursor.execute(*STATEMENTS.server_session_pid())
     reached = cursor.fetchone()
     return reached is not None and int(reached[0]) == driver_pid
 
@@ -104,24 +89,12 @@ class PostgreSQLDialect(Dialect):
         return int(row[0])
 
     # -- insert_messages ---------------------------------------------------------------
-    def insert_messages_sql(self, count: int, *, skip_stored: bool = False) -> str:
-        """``insert_messages`` for PostgreSQL (sqlqueue.storage.statements.publishing)."""
-        return self.sql.store_messages([SAMPLE_ROW] * count, skip_stored=skip_stored)[0]
-
     # -- wake-ups -----------------------------------------------------------------------
     notifies_wakeups = True
     narrows_fetches = True  # planning a UNION ALL of 16 fetches took 3-5 ms
 
-    def notify_wakeup_sql(self) -> str:
-        """``notify_wakeup`` (sqlqueue.storage.statements.publishing)."""
-        return self.sql.notify_wakeup("")[0]
-
     def notify_wakeup(self, cursor: CursorWrapper, topic: str) -> None:
         cursor.execute(*self.sql.notify_wakeup(topic))
-
-    def delete_inserted_messages_sql(self) -> str:
-        """``delete_inserted_messages`` (sqlqueue.storage.statements.publishing)."""
-        return self.sql.delete_inserted_messages([])[0]
 
     # COPY has no parameter limit: a chunk is bounded by max_statement_bytes, and the
     # rows of a chunk smaller than COPY_MIN_ROWS fit one INSERT's parameters.
@@ -217,15 +190,6 @@ class PostgreSQLDialect(Dialect):
         return name
 
     # -- copy_messages -----------------------------------------------------------------
-    def reserve_offsets_sql(self) -> str:
-        """``reserve_offsets`` (sqlqueue.storage.statements.publishing); parameters: the
-        table, its identity column, how many offsets."""
-        return self.sql.reserve_offsets(0)[0]
-
-    def copy_messages_sql(self) -> str:
-        """``copy_messages`` (sqlqueue.storage.statements.publishing)."""
-        return self.sql.copy_messages()[0]
-
     def copy_messages(self, cursor: CursorWrapper, rows: Sequence[MessageRow]) -> list[int]:
         """``insert_messages`` of a large batch: the offsets and the clock are read first
         (``reserve_offsets``), then the rows stream in through psycopg's ``copy()``,
@@ -242,7 +206,7 @@ class PostgreSQLDialect(Dialect):
             reserved = cursor.fetchone()
             assert reserved is not None
             now_ms, offsets = int(reserved[0]), sorted(int(o) for o in reserved[1])
-            sql = self.copy_messages_sql()
+            sql = self.sql.copy_messages()[0]
             # Logged like any statement (DEBUG, CaptureQueriesContext), though it does not
             # go through Django's execute().
             logged = getattr(cursor, "debug_sql", None)
@@ -300,10 +264,6 @@ class PostgreSQLDialect(Dialect):
         Django never uses) is pending: it has no session, hence no start time."""
         cursor.execute(*self.sql.write_horizon())
         return self.sql.parse_write_horizon(cursor.fetchone())
-
-    def horizon_privileges_sql(self) -> str:
-        """``horizon_privileges`` (sqlqueue.storage.statements.sessions)."""
-        return self.sql.horizon_privileges()[0]
 
     def max_statement_bytes(self) -> int:
         # Far below PostgreSQL's 1 GB limit on a statement's text: the size of one

@@ -5,17 +5,23 @@ connection: MySQL's values escaped inline, PostgreSQL's COPY stream).
 Each statement is a named builder returning a ``Statement`` (SQL with ``%s``
 placeholders, and its parameters) for one vendor. Two thin executors run them: the
 Django dialects (``sqlqueue.storage.sql``) and the Spark executors' own DB-API
-connections (``sqlqueue.integrations.spark.sql``), which must not import Django.
+connections (``sqlqueue.integrations.spark.connect``), which must not import Django.
 tests/integration/test_statement_layer.py runs every builder against every database.
 """
 
 from __future__ import annotations
 
+from sqlqueue.storage.statements.bulk import BulkStatements, MySQLBulk, PostgreSQLBulk
 from sqlqueue.storage.statements.delivery import DeliveryStatements, PostgreSQLDelivery
+from sqlqueue.storage.statements.export import ExportStatements
 from sqlqueue.storage.statements.membership import MembershipStatements
 from sqlqueue.storage.statements.operating import OperatingStatements
 from sqlqueue.storage.statements.postgresql import PostgreSQLVendor
-from sqlqueue.storage.statements.publishing import PostgreSQLPublishing, PublishingStatements
+from sqlqueue.storage.statements.publishing import (
+    MySQLPublishing,
+    PostgreSQLPublishing,
+    PublishingStatements,
+)
 from sqlqueue.storage.statements.schedules import ScheduleStatements
 from sqlqueue.storage.statements.sessions import (
     MySQLSessions,
@@ -33,11 +39,11 @@ from sqlqueue.storage.statements.watermarks import WatermarkStatements
 
 class Statements(PublishingStatements, DeliveryStatements, WatermarkStatements,
                  MembershipStatements, OperatingStatements, ScheduleStatements,
-                 SessionStatements):
+                 SessionStatements, ExportStatements, BulkStatements):
     """Every shared statement; a vendor's hooks come first in its subclass's bases."""
 
 
-class MySQLStatements(MySQLSessions, MySQLVendor, Statements):
+class MySQLStatements(MySQLPublishing, MySQLBulk, MySQLSessions, MySQLVendor, Statements):
     pass
 
 
@@ -45,8 +51,8 @@ class SQLiteStatements(SQLiteVendor, Statements):
     pass
 
 
-class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLDelivery, PostgreSQLSessions,
-                           PostgreSQLVendor, Statements):
+class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLDelivery, PostgreSQLBulk,
+                           PostgreSQLSessions, PostgreSQLVendor, Statements):
     pass
 
 

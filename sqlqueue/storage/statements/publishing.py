@@ -2,8 +2,8 @@
 and the idempotency window's keys; PostgreSQL's own (its INSERT returning offsets, COPY
 with reserved offsets, wake-ups by ``NOTIFY``) in ``PostgreSQLPublishing``. Each returns
 a ``Statement``; ``sqlqueue.storage.sql`` runs them on a Django connection (MySQL's
-INSERT, whose values the live connection escapes, stays there), and the Spark writer
-reads ``select_message_offsets`` to check what a bulk load stored."""
+with the values escaped inline by the live connection), and the Spark writer reads
+``select_message_offsets`` to check what a bulk load stored."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ INSERT_COLUMNS = (
     "topic", "partition_key", "id", "payload", "metadata", "created_at",
     "published_at", "priority", "deliver_after",
 )
+#: the columns a published row gives values for where ``created_at`` is left to the
+#: database (its column DEFAULT on MySQL, the clock expression elsewhere)
+VALUE_COLUMNS = tuple(c for c in INSERT_COLUMNS if c != "created_at")
 #: The NOTIFY channel of wake-ups (sqlqueue.wakeups); its payload is the topic. NOTIFY
 #: stays within one database, so the channel needs no database name.
 WAKEUP_CHANNEL = "sqlqueue_wakeups"
@@ -128,6 +131,32 @@ class PublishingStatements(Vendor):
             f"VALUES {', '.join([one_row] * len(keys))} {upsert}",
             [value for high, low, offset in keys for value in (high, low, offset, window_ms)],
         )
+
+
+class MySQLPublishing(PublishingStatements):
+    """MySQL's and MariaDB's INSERT (a mixin of ``MySQLStatements``)."""
+
+    def store_messages(self, rows: Sequence[MessageRow]) -> Statement:
+        """``insert_messages`` on the hot path of publishing: ``created_at`` is left to
+        the column's DEFAULT (the database clock, migration 0006), since an expression
+        repeated in every row costs the server more to parse than the row costs to
+        store; a row's ``deliver_after`` is the clock plus its delay only where it has
+        one. The executor inlines the values (``execute_rows``)."""
+        at_once, delayed = _MYSQL_ROW % "%s", _MYSQL_ROW % f"{self.now_ms_sql} + %s"
+        params: list[Any] = []
+        values: list[str] = []
+        for r in rows:
+            values.append(at_once if r.delay_ms is None else delayed)
+            params += [r.topic, r.partition_key, r.id, r.payload, r.metadata,
+                       r.published_at, r.priority,
+                       r.deliver_at_ms if r.delay_ms is None else r.delay_ms]
+        return (f"INSERT INTO {self.quote(MESSAGE_TABLE)} ({self.names(VALUE_COLUMNS)}) "
+                f"VALUES {','.join(values)}", params)
+
+
+#: a MySQL row of ``store_messages``: the payload is bytes (``_binary``), and the
+#: ``deliver_after`` expression is filled in per row (``%%s`` stays a placeholder)
+_MYSQL_ROW = "(%%s,%%s,%%s,_binary%%s,%%s,%%s,%%s,%s)"
 
 
 class PostgreSQLPublishing(Vendor):

@@ -1,6 +1,6 @@
 """Named statements about a database session rather than the queue's rows: what a
-connection is (its character set, a Galera node?), how it waits for locks, and the
-schema change that lets MySQL stamp ``created_at`` itself. Each returns a ``Statement``,
+connection is (its character set, a Galera node?), how it waits for locks, and how an
+executor outside Django begins a transaction. Each returns a ``Statement``,
 or None where the vendor needs none; the Django dialects and the Spark executors run
 them."""
 
@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlqueue.storage.statements.tables import MESSAGE_TABLE
 from sqlqueue.storage.statements.vendors import Statement, Vendor
 
 
 class SessionStatements(Vendor):
     """What every vendor answers (a mixin of ``Statements``)."""
+
+    #: begins a transaction (an executor outside Django: the Spark data source's)
+    begin_sql = "BEGIN"
+    #: begins a transaction that the database lists among the open ones at once (where
+    #: ``write_horizon`` is not None)
+    begin_snapshot_sql = ""
 
     def bound_lock_waits(self, seconds: int) -> Statement | None:
         """``bound_lock_waits``: give up a row-lock wait of this session after
@@ -34,6 +39,10 @@ class SessionStatements(Vendor):
 
 class MySQLSessions(SessionStatements):
     """MySQL's and MariaDB's (a mixin of ``MySQLStatements``)."""
+
+    begin_sql = "START TRANSACTION"
+    # A plain START TRANSACTION starts InnoDB's transaction only at the first table read.
+    begin_snapshot_sql = "START TRANSACTION WITH CONSISTENT SNAPSHOT"
 
     def bound_lock_waits(self, seconds: int) -> Statement:
         return "SET SESSION innodb_lock_wait_timeout = %s", [seconds]
@@ -68,13 +77,6 @@ class MySQLSessions(SessionStatements):
     def autoinc_lock_mode(self) -> Statement:
         """``autoinc_lock_mode``: 0 or 1: a multi-row INSERT gets consecutive offsets."""
         return "SELECT @@innodb_autoinc_lock_mode", []
-
-    def created_at_default(self, *, drop: bool = False) -> Statement:
-        """``created_at_default`` (migration 0006): stamp ``created_at`` with the
-        database clock when an INSERT leaves it out (``drop``: undo that)."""
-        change = "DROP DEFAULT" if drop else f"SET DEFAULT ({self.now_ms_sql})"
-        return (f"ALTER TABLE {self.quote(MESSAGE_TABLE)} ALTER COLUMN "
-                f"{self.quote('created_at')} {change}", [])
 
 
 class PostgreSQLSessions(SessionStatements):

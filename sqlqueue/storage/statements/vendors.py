@@ -3,7 +3,7 @@
 A ``Vendor`` knows its identifier quoting, its clock, its locking read, its upserts, how
 to list a topic's partitions and how to read the write horizon. Both executors use the
 same vendor objects: Django's (``sqlqueue.storage.sql``) and the Spark executors' own
-DB-API connections (``sqlqueue.integrations.spark.sql``).
+DB-API connections (``sqlqueue.integrations.spark.connect``).
 """
 
 from __future__ import annotations
@@ -304,6 +304,12 @@ class SQLiteVendor(OnConflictVendor):
     vendor = "sqlite"
     now_ms_sql = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
     offset_index_hint = "INDEXED BY idx_topic_partition_offset"
+    # One writer at a time: BEGIN IMMEDIATE takes the write lock at once, so a writer
+    # waits for another instead of failing halfway with "database is locked".
+    begin_sql = "BEGIN IMMEDIATE"
+    # A range of the log is read by rowid range, not by scanning every index entry of
+    # the topic (which SQLite prefers when a topic is given; ``ExportStatements``).
+    no_index = "+"
 
     @staticmethod
     def greatest_sql(a: str, b: str) -> str:
