@@ -12,12 +12,13 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from sqlqueue.admin.display import DateRangeFilters, EpochMsDateRangeFilter, from_epoch_ms
 from sqlqueue.admin.messages import JsonColumns, ReadOnlyAdmin
+from sqlqueue.integrations.tasks.repairs import task_of_dead_letter
 from sqlqueue.models import DeadLetter
 from sqlqueue.operations.dead_letters import (
     BulkResult,
@@ -41,7 +42,8 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
     ordering = ("-offset",)
     actions = ("replay", "discard")
     fields = ("offset", "consumer_group", "original_topic", "partition_key", "message_id",
-              "failure_count", "failed", "traceback", "payload_json", "metadata_json")
+              "failure_count", "failed", "task_result", "traceback", "payload_json",
+              "metadata_json")
     readonly_fields = fields
     change_list_template = "admin/sqlqueue/deadletter/change_list.html"
     change_form_template = "admin/sqlqueue/deadletter/change_form.html"
@@ -102,6 +104,21 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
     def error_summary(self, obj: DeadLetter) -> str:
         lines = obj.last_error.strip().splitlines()
         return lines[-1][:120] if lines else ""
+
+    @admin.display(description="task result")
+    def task_result(self, obj: DeadLetter) -> SafeString:
+        """The result page of the task whose message this is (a Tasks backend's dead
+        letter), where the task can be retried or discarded."""
+        record = task_of_dead_letter(obj)
+        try:
+            url = record and reverse("admin:sqlqueue_taskrecord_change", args=[record.pk],
+                                     current_app=self.admin_site.name)
+        except NoReverseMatch:  # the results page is not registered
+            url = None
+        if record is None or not url:
+            return format_html("<span>{}</span>", "-")
+        return format_html('<a id="sqlqueue-dead-letter-task" href="{}">{} ({})</a>', url,
+                           record.task_path, record.get_status_display())
 
     @admin.display(description="last error")
     def traceback(self, obj: DeadLetter) -> SafeString:
