@@ -244,6 +244,32 @@ class FlowControl(models.Model):
         return f"{self.consumer_group or '*'}:{self.topic or '*'} paused"
 
 
+class RunnerAction(models.TextChoices):
+    DRAIN = "drain", "drain and stop"
+    STOP = "stop", "stop at once"
+
+
+class RunnerRequest(models.Model):
+    """An operator's request that one runner (``runconsumer``, by its subscriber name)
+    stop: ``drain`` (finish the running handlers first, as on SIGTERM) or ``stop`` (at
+    once). The runner reads its row once per lease renew interval, obeys a request made
+    after it started, and stamps ``obeyed_at`` (added by sqlqueue, not in the RFC)."""
+
+    runner_name = _name(primary_key=True)
+    action = models.CharField(max_length=5, choices=RunnerAction.choices)
+    requested_by = _name(blank=True, db_default="")
+    requested_at = _epoch_ms()
+    obeyed_at = _epoch_ms(db_default=0)
+
+    class Meta:
+        db_table = "queue_runner_requests"
+        verbose_name = "runner request"
+        permissions = [("stop_runner", "Can ask a runner to drain and stop, or to stop at once")]
+
+    def __str__(self) -> str:
+        return f"{self.runner_name}: {self.get_action_display()}"
+
+
 class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
     def of_group(self, group: str) -> DeadLetterQuerySet:
         return self.filter(consumer_group=group)

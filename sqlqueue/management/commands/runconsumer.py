@@ -18,6 +18,7 @@ from django.db import connections
 from sqlqueue import __version__
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.consuming import supervisor
+from sqlqueue.consuming.control import RunnerControl
 from sqlqueue.consuming.counter import OffsetCounterWatch
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.registry import Consumer, select_consumers
@@ -223,6 +224,7 @@ class Command(BaseCommand):
                 exit_when_stuck=options["exit_when_stuck"],
             )
             runner.timers.append(OffsetCounterWatch(runner.alias, runner.clock.now_ms))
+            runner.timers.append(RunnerControl.of(runner))  # the admin's stop requests
             if not options["no_schedules"]:
                 schedules = configured_schedules()
                 if schedules:
