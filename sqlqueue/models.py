@@ -351,3 +351,26 @@ class ScheduleState(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class StoredSchedule(models.Model):
+    """A schedule kept in the database besides ``SQLQUEUE["SCHEDULES"]`` (issue 42):
+    created, edited, paused and run from the admin. ``entry`` is written exactly as an
+    entry of the setting (``every`` or ``cron``, ``topic`` or ``task``, ...) and checked the
+    same way; every ``runconsumer`` reloads these rows every few seconds. Its ticks are
+    claimed through its ``queue_schedules`` row, as a setting's are: each is published
+    once however many runners run."""
+
+    name = _name(primary_key=True)
+    entry = models.JSONField(help_text="The schedule, as an entry of SQLQUEUE['SCHEDULES'].")
+    paused = models.BooleanField(default=False, help_text="A paused schedule publishes "
+                                 "nothing; resumed, it starts from then (no catch-up).")
+    changed_at = models.DateTimeField(auto_now=True)
+    changed_by = _name(blank=True, default="")
+
+    class Meta:
+        db_table = "queue_stored_schedules"
+        verbose_name = "editable schedule"
+
+    def __str__(self) -> str:
+        return self.name

@@ -30,7 +30,7 @@ from sqlqueue.management.queue_verbs.common import InertOutput
 from sqlqueue.naming import check_name
 from sqlqueue.operations.preflight import ensure_ready
 from sqlqueue.scheduling import configured_schedules
-from sqlqueue.scheduling.ticker import Ticker
+from sqlqueue.scheduling.stored import ReloadingTicker
 
 #: where --metrics-port listens unless told otherwise: this host only (the metrics have no
 #: authentication; docs/guides/monitoring.md says how to expose them)
@@ -226,9 +226,10 @@ class Command(BaseCommand):
             runner.timers.append(OffsetCounterWatch(runner.alias, runner.clock.now_ms))
             runner.timers.append(RunnerControl.of(runner))  # the admin's stop requests
             if not options["no_schedules"]:
-                schedules = configured_schedules()
-                if schedules:
-                    runner.timers.append(Ticker(schedules, runner.clock.now_ms))
+                # The setting's schedules and the stored ones (reloaded every few seconds:
+                # the admin may add one at any time).
+                runner.timers.append(ReloadingTicker(configured_schedules(),
+                                                     runner.clock.now_ms))
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from exc
         if options["verbosity"] >= 2:
