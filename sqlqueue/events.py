@@ -29,9 +29,13 @@ WATERMARK_WENT_BACK = "sqlqueue.watermark.went_back"
 #: ERROR, the log's offset counter read lower than before: seen, now, server (writes the
 #: database lost: a failover to a replica that was behind, a restore)
 OFFSET_COUNTER_WENT_BACK = "sqlqueue.offsets.counter_went_back"
+#: WARNING, an operator asked this runner to stop (the admin, issue 42): subscriber,
+#: action ("drain" or "stop"), requested_by, requested_at (epoch ms, database clock)
+RUNNER_STOP_REQUESTED = "sqlqueue.runner.stop_requested"
 
 EVENTS = (RUNNER_STARTED, RUNNER_RECONNECTING, MESSAGE_HANDLED, HANDLER_FAILED,
-          MESSAGE_DEAD_LETTERED, LEASES_CHANGED, WATERMARK_WENT_BACK, OFFSET_COUNTER_WENT_BACK)
+          MESSAGE_DEAD_LETTERED, LEASES_CHANGED, WATERMARK_WENT_BACK, OFFSET_COUNTER_WENT_BACK,
+          RUNNER_STOP_REQUESTED)
 
 
 def fields(event: str, **values: Any) -> dict[str, Any]:

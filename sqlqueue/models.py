@@ -244,6 +244,32 @@ class FlowControl(models.Model):
         return f"{self.consumer_group or '*'}:{self.topic or '*'} paused"
 
 
+class RunnerAction(models.TextChoices):
+    DRAIN = "drain", "drain and stop"
+    STOP = "stop", "stop at once"
+
+
+class RunnerRequest(models.Model):
+    """An operator's request that one runner (``runconsumer``, by its subscriber name)
+    stop: ``drain`` (finish the running handlers first, as on SIGTERM) or ``stop`` (at
+    once). The runner reads its row once per lease renew interval, obeys a request made
+    after it started, and stamps ``obeyed_at`` (added by sqlqueue, not in the RFC)."""
+
+    runner_name = _name(primary_key=True)
+    action = models.CharField(max_length=5, choices=RunnerAction.choices)
+    requested_by = _name(blank=True, db_default="")
+    requested_at = _epoch_ms()
+    obeyed_at = _epoch_ms(db_default=0)
+
+    class Meta:
+        db_table = "queue_runner_requests"
+        verbose_name = "runner request"
+        permissions = [("stop_runner", "Can ask a runner to drain and stop, or to stop at once")]
+
+    def __str__(self) -> str:
+        return f"{self.runner_name}: {self.get_action_display()}"
+
+
 class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
     def of_group(self, group: str) -> DeadLetterQuerySet:
         return self.filter(consumer_group=group)
@@ -322,6 +348,29 @@ class ScheduleState(models.Model):
         db_table = "queue_schedules"
         verbose_name = "schedule"
         permissions = [("run_schedule", "Can publish a schedule's tick now")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class StoredSchedule(models.Model):
+    """A schedule kept in the database besides ``SQLQUEUE["SCHEDULES"]`` (issue 42):
+    created, edited, paused and run from the admin. ``entry`` is written exactly as an
+    entry of the setting (``every`` or ``cron``, ``topic`` or ``task``, ...) and checked the
+    same way; every ``runconsumer`` reloads these rows every few seconds. Its ticks are
+    claimed through its ``queue_schedules`` row, as a setting's are: each is published
+    once however many runners run."""
+
+    name = _name(primary_key=True)
+    entry = models.JSONField(help_text="The schedule, as an entry of SQLQUEUE['SCHEDULES'].")
+    paused = models.BooleanField(default=False, help_text="A paused schedule publishes "
+                                 "nothing; resumed, it starts from then (no catch-up).")
+    changed_at = models.DateTimeField(auto_now=True)
+    changed_by = _name(blank=True, default="")
+
+    class Meta:
+        db_table = "queue_stored_schedules"
+        verbose_name = "editable schedule"
 
     def __str__(self) -> str:
         return self.name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -25,6 +26,19 @@ from sqlqueue.operations.dead_letters import (
     replay_dead_letters,
 )
 
+#: What a dead letter's message was to an integration, as a link (or None: not one of
+#: its own): the Tasks backend registers its task's result page
+#: (``register_dead_letter_link``), so the admin imports no integration.
+DeadLetterLink = Callable[[DeadLetter, str], SafeString | None]
+_dead_letter_links: list[DeadLetterLink] = []
+
+
+def register_dead_letter_link(link: DeadLetterLink) -> None:
+    """Show ``link(dead_letter, admin_site_name)`` on a dead letter's page."""
+    if link not in _dead_letter_links:
+        _dead_letter_links.append(link)
+
+
 #: dead letters one "replay all matching" request replays; the rest on the next click, or
 #: from the command line (manage.py queue dead-letters replay --all), which shows progress
 BULK_REPLAY_LIMIT = 5_000
@@ -41,7 +55,8 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
     ordering = ("-offset",)
     actions = ("replay", "discard")
     fields = ("offset", "consumer_group", "original_topic", "partition_key", "message_id",
-              "failure_count", "failed", "traceback", "payload_json", "metadata_json")
+              "failure_count", "failed", "task_result", "traceback", "payload_json",
+              "metadata_json")
     readonly_fields = fields
     change_list_template = "admin/sqlqueue/deadletter/change_list.html"
     change_form_template = "admin/sqlqueue/deadletter/change_form.html"
@@ -102,6 +117,16 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
     def error_summary(self, obj: DeadLetter) -> str:
         lines = obj.last_error.strip().splitlines()
         return lines[-1][:120] if lines else ""
+
+    @admin.display(description="task result")
+    def task_result(self, obj: DeadLetter) -> SafeString:
+        """The result page of the task whose message this is (a Tasks backend's dead
+        letter), where the task can be retried or discarded."""
+        for link in _dead_letter_links:
+            shown = link(obj, self.admin_site.name)
+            if shown is not None:
+                return shown
+        return format_html("<span>{}</span>", "-")
 
     @admin.display(description="last error")
     def traceback(self, obj: DeadLetter) -> SafeString:

@@ -1,5 +1,6 @@
-"""The schedules page: every entry of ``SQLQUEUE["SCHEDULES"]`` with its next tick, the
-last tick it published (with its message) and how each consumer group fared with it, and
+"""The schedules page: every entry of ``SQLQUEUE["SCHEDULES"]`` (read-only) and every
+stored schedule (edited on its own admin page, issue 42) with its next tick, the last
+tick it published (with its message) and how each consumer group fared with it, and
 "Run now" for operators with ``sqlqueue.run_schedule``."""
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class ScheduleStateAdmin(ReadOnlyAdmin):
             "title": "Schedules",
             "schedules": schedule_overview(current_time_ms()),
             "may_run": request.user.has_perm("sqlqueue.run_schedule"),
+            "may_add": request.user.has_perm("sqlqueue.add_storedschedule"),
+            "may_edit": request.user.has_perm("sqlqueue.view_storedschedule"),
         })
 
     def run_view(self, request: HttpRequest) -> HttpResponse:

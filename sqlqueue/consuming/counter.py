@@ -23,7 +23,7 @@ CHECK_INTERVAL_MS = 60_000
 
 
 class OffsetCounterWatch:
-    """A runner timer (``Runner.timers``) that reads the counter once a minute."""
+    """A runner timer (``Pacer.timers``) that reads the counter once a minute."""
 
     def __init__(self, alias: str, now_ms: Callable[[], int],
                  interval_ms: int = CHECK_INTERVAL_MS) -> None:

@@ -32,7 +32,7 @@ from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.handoff import EXIT_STUCK, HandlerPool
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.liveness import touch
-from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, Pacer, Timer, _Once
+from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, Pacer, _Once
 from sqlqueue.consuming.pauses import PauseWatch, stored_pauses
 from sqlqueue.consuming.registry import Consumer, groups_known_here, refuse_routed_elsewhere
 from sqlqueue.consuming.server import RECONNECT_BACKOFF, ServerChanged, ServerWatch
@@ -82,6 +82,7 @@ class Runner:
         refuse_routed_elsewhere(consumers, self.conf)
         self.name = name or default_name()
         self.threads = threads or self.conf.THREADS
+        self.shutdown_timeout = float(self.conf.SHUTDOWN_TIMEOUT)  # 0 once told: at once
         self.until_empty = until_empty
         self.max_messages = max_messages
         self.server = ServerWatch(conf=self.conf, alias=self.alias,
@@ -113,11 +114,6 @@ class Runner:
                            subscribers=self.subscribers, paused=self._paused,
                            until_empty=until_empty, max_messages=max_messages)
 
-    @property
-    def timers(self) -> list[Timer]:
-        """Periodic jobs run on the main thread between passes (the schedules' ticker)."""
-        return self.pacer.timers
-
     def _handler_pool(self) -> HandlerPool:
         return HandlerPool(name=self.name, threads=self.threads, alias=self.alias,
                            instruments=self.instruments, stopping=self.stopping,
@@ -130,7 +126,11 @@ class Runner:
         self.exit_code = EXIT_STUCK
         self.stop()
 
-    def stop(self) -> None:
+    def stop(self, *, at_once: bool = False) -> None:
+        """Stop after the running handlers finish (up to SHUTDOWN_TIMEOUT), or ``at_once``
+        (their messages come back after their visibility timeout)."""
+        if at_once:
+            self.shutdown_timeout = 0.0
         self.stopping.set()
         self.wakeup.set()
 
@@ -347,7 +347,7 @@ class Runner:
         (up to SHUTDOWN_TIMEOUT); record their outcomes, move the watermarks over them,
         hand the partitions over; stop the threads. ``run`` ends with it."""
         self.pool.take_back_queued()  # given back with the first outcomes recorded below
-        deadline = time.monotonic() + self.conf.SHUTDOWN_TIMEOUT
+        deadline = time.monotonic() + self.shutdown_timeout
         try:
             connection = connections[self.alias]
             with (connection.execute_wrapper(self.server.bound_transaction_lock_waits),
@@ -366,7 +366,7 @@ class Runner:
         if self.pool.in_flight > 0:
             logger.warning("%s handler(s) still running after %ss; their messages will be "
                            "redelivered after the visibility timeout.", self.pool.in_flight,
-                           self.conf.SHUTDOWN_TIMEOUT)
+                           self.shutdown_timeout)
         self.pool.stop_threads()
         for subscriber in self.subscribers:
             self.stats.update({f"{subscriber.consumer.name}:{k}": v

@@ -10,16 +10,17 @@ from django.db import connections, transaction
 
 from sqlqueue.conf import get_settings
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.models import DeliveryState, PartitionOffset
+from sqlqueue.models import DeliveryState, PartitionOffset, StoredSchedule
 from sqlqueue.operations.lag import known_subscriptions
 from sqlqueue.scheduling import Schedule, configured_schedules
+from sqlqueue.scheduling.stored import active_stored_schedules
 from sqlqueue.scheduling.ticker import alias_for, publish_tick
 from sqlqueue.storage import store
 from sqlqueue.storage.sql.schedules import PublishedTick, ScheduleRow
 
 
 class UnknownSchedule(SqlqueueError, LookupError):
-    """A name that is not in ``SQLQUEUE["SCHEDULES"]``."""
+    """A name that is not in ``SQLQUEUE["SCHEDULES"]`` nor a stored schedule."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class ScheduleView:
     next_tick_ms: int | None
     #: consumer group -> what became of the last published message for it
     outcomes: dict[str, str] = field(default_factory=dict)
+    #: "settings" (read-only here), "database" (edited in the admin), "" (removed)
+    source: str = "settings"
+    paused: bool = False
 
     @property
     def definition(self) -> str:
@@ -41,26 +45,33 @@ class ScheduleView:
     @property
     def target(self) -> str:
         if self.schedule is None:
-            return "(removed from settings)"
+            return "(paused)" if self.paused else "(removed from settings)"
         if self.schedule.task is not None:
             return f"task {self.schedule.task}"
         return f"topic {self.schedule.topic}"
 
 
 def schedule_overview(now_ms: int) -> list[ScheduleView]:
-    """Every configured schedule, then the rows of removed ones, by name."""
+    """Every schedule (the setting's, then the stored ones), then the rows of removed
+    ones, by name. A paused stored schedule has no next tick."""
     conf = get_settings()
     schedules = {s.name: s for s in configured_schedules(conf)}
+    stored = {name: (paused, entry) for name, paused, entry in StoredSchedule.objects.using(
+        conf.DATABASE).values_list("name", "paused", "entry") if name not in schedules}
+    active = {s.name: s for s in active_stored_schedules(conf)}
+    every = {**active, **schedules}
     rows: dict[str, ScheduleRow] = {}
-    for alias in sorted({alias_for(s, conf) for s in schedules.values()} | {conf.DATABASE}):
+    for alias in sorted({alias_for(s, conf) for s in every.values()} | {conf.DATABASE}):
         with connections[alias].cursor() as cursor:
             rows.update(store(alias).read_schedules(cursor))
     views = []
-    for name in sorted(set(schedules) | set(rows)):
-        schedule, row = schedules.get(name), rows.get(name)
+    for name in sorted(set(every) | set(stored) | set(rows)):
+        schedule, row = every.get(name), rows.get(name)
+        source = "settings" if name in schedules else "database" if name in stored else ""
         views.append(ScheduleView(
             name, schedule, row, _next_tick(schedule, row, now_ms),
             _outcomes(row, alias_for(schedule, conf) if schedule else conf.DATABASE),
+            source=source, paused=bool(stored.get(name, (False,))[0]),
         ))
     return views
 
@@ -113,8 +124,10 @@ def run_schedule_now(name: str) -> PublishedTick:
     conf = get_settings()
     schedules = {s.name: s for s in configured_schedules(conf)}
     if name not in schedules:
-        raise UnknownSchedule(f"No schedule named {name!r} in SQLQUEUE['SCHEDULES'] "
-                              f"(configured: {', '.join(sorted(schedules)) or 'none'}).")
+        schedules.update(_stored(name))
+    if name not in schedules:
+        raise UnknownSchedule(f"No schedule named {name!r} in SQLQUEUE['SCHEDULES'] nor "
+                              f"stored (configured: {', '.join(sorted(schedules)) or 'none'}).")
     schedule = schedules[name]
     alias = alias_for(schedule, conf)
     connection = connections[alias]
@@ -127,6 +140,20 @@ def run_schedule_now(name: str) -> PublishedTick:
     return published
 
 
+def _stored(name: str) -> dict[str, Schedule]:
+    """The stored schedule ``name``, paused or not (run now is an operator's own tick)."""
+    from sqlqueue.scheduling.definitions import ScheduleError, parse_schedule
+
+    entry = StoredSchedule.objects.using(get_settings().DATABASE).filter(
+        name=name).values_list("entry", flat=True).first()
+    if entry is None:
+        return {}
+    try:
+        return {name: parse_schedule(name, entry)}
+    except ScheduleError as error:
+        raise UnknownSchedule(f"Stored schedule {name!r} is not usable: {error}") from error
+
+
 def forget_schedule(name: str) -> bool:
     """Delete the row a schedule removed from the settings left behind (its history: last
     tick and message). A configured schedule cannot be forgotten: its row is what makes
@@ -135,6 +162,8 @@ def forget_schedule(name: str) -> bool:
     if name in {s.name for s in configured_schedules(conf)}:
         raise UnknownSchedule(f"{name!r} is still in SQLQUEUE['SCHEDULES']: remove it from "
                               "the settings (and deploy) first.")
+    if StoredSchedule.objects.using(conf.DATABASE).filter(name=name).exists():
+        raise UnknownSchedule(f"{name!r} is a stored schedule: delete it in the admin first.")
     connection = connections[conf.DATABASE]
     with transaction.atomic(using=conf.DATABASE), connection.cursor() as cursor:
         return store(connection).delete_schedule(cursor, name) > 0

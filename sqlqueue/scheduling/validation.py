@@ -16,13 +16,18 @@ def schedule_errors(conf: QueueSettings) -> list[ScheduleError]:
     schedules, errors = parse_schedules(dict(conf.SCHEDULES))
     for schedule in schedules:
         try:
-            if schedule.topic is not None:
-                _check_message(schedule, conf)
-            else:
-                target_for(schedule).check(schedule)
+            check_schedule(schedule, conf)
         except ScheduleError as error:
             errors.append(error)
     return errors
+
+
+def check_schedule(schedule: Schedule, conf: QueueSettings) -> None:
+    """What needs the project to judge of one parsed schedule; raises ``ScheduleError``."""
+    if schedule.topic is not None:
+        _check_message(schedule, conf)
+    else:
+        target_for(schedule).check(schedule)
 
 
 def _where(schedule: Schedule) -> str:

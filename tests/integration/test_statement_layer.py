@@ -182,6 +182,19 @@ def test_list_pauses(executor: Executor) -> None:
     assert sorted(executor.rows(executor.sql.list_pauses())) == [("", "all.of.it"), ("g", "t")]
 
 
+def test_runner_requests(executor: Executor) -> None:
+    from sqlqueue.operations.runners import request_runner_stop
+
+    sql = executor.sql
+    assert executor.rows(sql.runner_request("web-1.42")) == []
+    executor.run(sql.heartbeat("g", "t", "web-1.42"))
+    at = request_runner_stop("web-1.42", "drain", by="ops").requested_at_ms
+    assert executor.rows(sql.runner_request("web-1.42")) == [("drain", "ops", at)]
+    assert executor.run(sql.obey_runner_request("web-1.42", at + 1)) == 0  # a newer one
+    assert executor.run(sql.obey_runner_request("web-1.42", at)) == 1
+    assert executor.rows(sql.runner_request("web-1.42")) == []
+
+
 def test_write_horizon() -> None:
     """Read inside a transaction that has written a row (the executors' own rule)."""
     from django.db import transaction

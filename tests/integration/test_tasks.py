@@ -334,14 +334,14 @@ def test_the_admin_shows_results_read_only_and_escaped() -> None:
     assert "<script>alert(1)" not in page.text
     assert "builtins.ValueError" in page.text
     assert client.get(reverse("admin:sqlqueue_taskrecord_add")).status_code == 403
-    # Issue 37: the list says why a task failed; its page leads to running it again.
+    # Issue 37: the list says why a task failed; its page leads to running it again
+    # (issue 42: its Retry button, which replays its dead letter).
     assert "ValueError: &lt;script&gt;alert(1)&lt;/script&gt;" in listing.text
-    dead = QueueMessage.objects.get(topic="tasks.default_dlq")
-    replay = reverse("admin:sqlqueue_deadletter_replay_one", args=[dead.offset])
-    assert f'id="sqlqueue-replay-task" href="{replay}"' in page.text
+    retry = reverse("admin:sqlqueue_taskrecord_retry_one", args=[failed.id])
+    assert f'href="{retry}" id="sqlqueue-retry-task"' in page.text
     done_page = client.get(reverse("admin:sqlqueue_taskrecord_change", args=[done.id]))
-    assert 'id="sqlqueue-replay-task"' not in done_page.text
-    client.post(replay, {"confirmed": "yes"})
+    assert 'id="sqlqueue-retry-task"' not in done_page.text
+    client.post(retry, {"confirmed": "yes"})
     run_tasks()
     assert tasks.always_fails.get_result(failed.id).attempts == 6  # ran again (3 more)
 

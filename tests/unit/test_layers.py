@@ -36,9 +36,10 @@ FORBIDDEN = {
     ADMIN: ("sqlqueue.storage", "sqlqueue.publishing", "sqlqueue.consuming",
             "sqlqueue.scheduling", INTEGRATIONS, MANAGEMENT, "sqlqueue.metrics",
             "sqlqueue.views", "sqlqueue.checks", "sqlqueue.apps"),
-    # The Tasks backend is a consumer and a publisher; its results page is an admin page.
-    TASKS: (OPERATIONS, SPARK, MANAGEMENT, "sqlqueue.metrics", "sqlqueue.views",
-            "sqlqueue.checks", "sqlqueue.apps"),
+    # The Tasks backend is a consumer and a publisher; its results page is an admin page,
+    # whose retry and discard act through sqlqueue.operations (the dead letters' verbs).
+    TASKS: (SPARK, MANAGEMENT, "sqlqueue.metrics", "sqlqueue.views", "sqlqueue.checks",
+            "sqlqueue.apps"),
     # Spark's executors import no Django; its driver side reads positions and pauses.
     SPARK: ("sqlqueue.publishing", "sqlqueue.scheduling", TASKS, *FACES),
     "sqlqueue.metrics": ("sqlqueue.storage", "sqlqueue.models", "sqlqueue.publishing",

@@ -18,6 +18,7 @@ from django.db import connections
 from sqlqueue import __version__
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.consuming import supervisor
+from sqlqueue.consuming.control import RunnerControl
 from sqlqueue.consuming.counter import OffsetCounterWatch
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.registry import Consumer, select_consumers
@@ -29,7 +30,7 @@ from sqlqueue.management.queue_verbs.common import InertOutput
 from sqlqueue.naming import check_name
 from sqlqueue.operations.preflight import ensure_ready
 from sqlqueue.scheduling import configured_schedules
-from sqlqueue.scheduling.ticker import Ticker
+from sqlqueue.scheduling.stored import ReloadingTicker
 
 #: where --metrics-port listens unless told otherwise: this host only (the metrics have no
 #: authentication; docs/guides/monitoring.md says how to expose them)
@@ -222,11 +223,13 @@ class Command(BaseCommand):
                 instruments=instruments,
                 exit_when_stuck=options["exit_when_stuck"],
             )
-            runner.timers.append(OffsetCounterWatch(runner.alias, runner.clock.now_ms))
+            runner.pacer.timers.append(OffsetCounterWatch(runner.alias, runner.clock.now_ms))
+            runner.pacer.timers.append(RunnerControl.of(runner))  # the admin's stop requests
             if not options["no_schedules"]:
-                schedules = configured_schedules()
-                if schedules:
-                    runner.timers.append(Ticker(schedules, runner.clock.now_ms))
+                # The setting's schedules and the stored ones (reloaded every few seconds:
+                # the admin may add one at any time).
+                runner.pacer.timers.append(ReloadingTicker(configured_schedules(),
+                                                     runner.clock.now_ms))
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from exc
         if options["verbosity"] >= 2:

@@ -99,3 +99,15 @@ class LeaseStatements(VendorHooks):
         """``list_pauses``: every pause, as (group, topic); "" matches any."""
         cursor.execute(*self.sql.list_pauses())
         return [(str(group), str(topic)) for group, topic in cursor.fetchall()]
+
+    # runner control (issue 42) ----------------------------------------------------------------
+    def runner_request(self, cursor: CursorWrapper, name: str) -> tuple[str, str, int] | None:
+        """``runner_request``: (action, requested_by, requested_at) not yet obeyed."""
+        cursor.execute(*self.sql.runner_request(name))
+        row = cursor.fetchone()
+        return None if row is None else (str(row[0]), str(row[1]), int(row[2]))
+
+    def obey_runner_request(self, cursor: CursorWrapper, name: str, requested_at: int) -> bool:
+        """``obey_runner_request``: stamp it obeyed; False if it was replaced meanwhile."""
+        cursor.execute(*self.sql.obey_runner_request(name, requested_at))
+        return bool(cursor.rowcount)

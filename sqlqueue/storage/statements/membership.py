@@ -1,7 +1,7 @@
 """Named statements of membership: heartbeats, partition leases with their fencing
-generation, and the pauses a subscriber obeys. Each returns a ``Statement``; the
-executors run it (``sqlqueue.storage.sql.leases`` for Django, the Spark consumer group
-for its own connections)."""
+generation, the pauses a subscriber obeys, and an operator's request that a runner stop.
+Each returns a ``Statement``; the executors run it (``sqlqueue.storage.sql.leases`` for
+Django, the Spark consumer group for its own connections)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from sqlqueue.storage.statements.tables import (
     HEARTBEAT_KEY,
     HEARTBEATS_TABLE,
     LEASES_TABLE,
+    RUNNER_REQUESTS_TABLE,
 )
 from sqlqueue.storage.statements.vendors import Statement, Vendor
 
@@ -156,3 +157,26 @@ class MembershipStatements(Vendor):
         holds one row per pause an operator made (a handful), read whole."""
         q = self.quote
         return f"SELECT {q('consumer_group')}, {q('topic')} FROM {q(FLOW_CONTROL_TABLE)}", []
+
+    # runner control (issue 42) ------------------------------------------------------------
+    def runner_request(self, name: str) -> Statement:
+        """``runner_request``: the request not yet obeyed that the runner ``name`` stop,
+        as (action, requested_by, requested_at): one primary-key read."""
+        q = self.quote
+        return (
+            f"SELECT {q('action')}, {q('requested_by')}, {q('requested_at')} FROM "
+            f"{q(RUNNER_REQUESTS_TABLE)} WHERE {q('runner_name')} = %s AND "
+            f"{q('obeyed_at')} = 0",
+            [name],
+        )
+
+    def obey_runner_request(self, name: str, requested_at: int) -> Statement:
+        """``obey_runner_request``: stamp the request read (database time); a newer one an
+        operator made meanwhile (another ``requested_at``) stays to be read."""
+        q = self.quote
+        return (
+            f"UPDATE {q(RUNNER_REQUESTS_TABLE)} SET {q('obeyed_at')} = {self.now_ms_sql} "
+            f"WHERE {q('runner_name')} = %s AND {q('requested_at')} = %s AND "
+            f"{q('obeyed_at')} = 0",
+            [name, requested_at],
+        )

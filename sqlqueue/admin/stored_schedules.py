@@ -1,0 +1,163 @@
+"""Schedules kept in the database (issue 42): created, edited, paused, resumed, run now
+and deleted here; the setting's are listed read-only on the Schedules page beside them.
+Every form is checked as ``manage.py check`` checks ``SQLQUEUE["SCHEDULES"]`` (cron by
+croniter, the time zone by zoneinfo, the topic, payload or task)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from sqlqueue.models import StoredSchedule
+from sqlqueue.operations.schedules import UnknownSchedule, run_schedule_now
+from sqlqueue.operations.stored_schedules import (
+    ScheduleError,
+    check_stored_schedule,
+    schedule_definition,
+    set_paused,
+)
+
+#: form field -> entry key, for the plain values (JSON ones are parsed)
+PLAIN = ("every", "cron", "timezone", "topic", "partition_key", "priority", "task",
+         "jitter", "catch_up")
+JSON = ("payload", "args", "kwargs")
+
+
+class StoredScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
+    every = forms.FloatField(required=False, help_text="Seconds between ticks (or a cron).")
+    cron = forms.CharField(required=False, help_text="minute hour day-of-month month "
+                           "day-of-week, e.g. 0 7 * * 1-5")
+    timezone = forms.CharField(required=False, help_text="For cron: an IANA name such as "
+                               "Europe/Paris (UTC if empty).")
+    topic = forms.CharField(required=False, help_text="Publish a message to this topic ...")
+    payload = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
+                              help_text="... with this JSON payload.")
+    partition_key = forms.CharField(required=False)
+    priority = forms.IntegerField(required=False)
+    task = forms.CharField(required=False, help_text="... or enqueue this Django @task "
+                           "(its dotted path) ...")
+    args = forms.CharField(required=False, help_text="... with these JSON args (a list) ...")
+    kwargs = forms.CharField(required=False, help_text="... and kwargs (an object).")
+    jitter = forms.FloatField(required=False, help_text="Seconds of random delay, at most.")
+    catch_up = forms.IntegerField(required=False, help_text="Missed ticks published "
+                                  "after an outage (1 if empty).")
+
+    class Meta:
+        model = StoredSchedule
+        fields = ("name", "paused")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        entry = self.instance.entry if isinstance(self.instance.entry, dict) else {}
+        for key in PLAIN:
+            self.initial.setdefault(key, entry.get(key))
+        for key in JSON:
+            if key in entry:
+                self.initial.setdefault(key, json.dumps(entry[key]))
+        if self.instance.pk:
+            self.fields["name"].disabled = True  # its row of ticks is keyed by it
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        entry: dict[str, Any] = {key: data[key] for key in PLAIN
+                                 if data.get(key) not in (None, "")}
+        for key in JSON:
+            if data.get(key) not in (None, ""):
+                try:
+                    entry[key] = json.loads(data[key])
+                except ValueError as exc:
+                    self.add_error(key, f"Not JSON: {exc}.")
+                    return data
+        if isinstance(entry.get("every"), float) and entry["every"].is_integer():
+            entry["every"] = int(entry["every"])
+        try:
+            check_stored_schedule(data.get("name") or self.instance.name, entry)
+        except ScheduleError as error:
+            raise forms.ValidationError(f"{error} ({error.check_id})") from error
+        self.instance.entry = entry
+        return data
+
+
+@admin.register(StoredSchedule)
+class StoredScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    form = StoredScheduleForm
+    list_display = ("name", "timing", "target", "state", "changed_at", "changed_by")
+    list_filter = ("paused",)
+    search_fields = ("name",)
+    ordering = ("name",)
+    actions = ("pause", "resume", "run_now")
+    readonly_fields = ("overview",)
+    fieldsets = (
+        (None, {"fields": ("name", "paused", "overview")}),
+        ("When", {"fields": ("every", "cron", "timezone", "jitter", "catch_up")}),
+        ("What", {"fields": ("topic", "payload", "partition_key", "priority", "task",
+                             "args", "kwargs")}),
+    )
+
+    def save_model(self, request: HttpRequest, obj: StoredSchedule, form: Any,
+                   change: bool) -> None:
+        obj.changed_by = request.user.get_username()
+        super().save_model(request, obj, form, change)
+
+    @admin.display(description="timing")
+    def timing(self, obj: StoredSchedule) -> str:
+        return _parsed(obj) or "(not usable)"
+
+    @admin.display(description="publishes")
+    def target(self, obj: StoredSchedule) -> str:
+        entry = obj.entry if isinstance(obj.entry, dict) else {}
+        return f"task {entry['task']}" if "task" in entry else f"topic {entry.get('topic')}"
+
+    @admin.display(description="state", ordering="paused")
+    def state(self, obj: StoredSchedule) -> str:
+        return "paused" if obj.paused else "active"
+
+    @admin.display(description="ticks")
+    def overview(self, obj: StoredSchedule) -> SafeString:
+        url = reverse("admin:sqlqueue_schedulestate_changelist",
+                      current_app=self.admin_site.name)
+        return format_html('Next and last tick, and each group\'s outcome: <a href="{}">'
+                           "Schedules</a> (the setting's schedules are listed there too, "
+                           "read-only).", url)
+
+    # -- actions -------------------------------------------------------------------------
+    def has_run_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("sqlqueue.run_schedule")
+
+    @admin.action(description="Pause (publish nothing until resumed)",
+                  permissions=["change"])
+    def pause(self, request: HttpRequest, queryset: QuerySet[StoredSchedule]) -> None:
+        changed = set_paused(queryset.values_list("name", flat=True), True,
+                             by=request.user.get_username())
+        self.message_user(request, f"Paused {changed} schedule(s).", messages.SUCCESS)
+
+    @admin.action(description="Resume (from now: missed ticks are not published)",
+                  permissions=["change"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[StoredSchedule]) -> None:
+        changed = set_paused(queryset.values_list("name", flat=True), False,
+                             by=request.user.get_username())
+        self.message_user(request, f"Resumed {changed} schedule(s).", messages.SUCCESS)
+
+    @admin.action(description="Run now (publish one tick now)", permissions=["run"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet[StoredSchedule]) -> None:
+        for name in queryset.values_list("name", flat=True):
+            try:
+                tick = run_schedule_now(name)
+            except UnknownSchedule as error:
+                self.message_user(request, str(error), messages.ERROR)
+            else:
+                self.message_user(request, f"Published a tick of {name}: message "
+                                  f"{tick.message_id} (offset {tick.offset}).",
+                                  messages.SUCCESS)
+
+
+def _parsed(obj: StoredSchedule) -> str:
+    return schedule_definition(obj.name, obj.entry)

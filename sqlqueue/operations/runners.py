@@ -1,0 +1,79 @@
+"""Runner control (issue 42): ask a running ``runconsumer``, by its subscriber name, to
+drain and stop or to stop at once.
+
+The request is a row of ``queue_runner_requests``; the runner reads its own row once per
+``LEASE_RENEW_INTERVAL`` (``sqlqueue.consuming.control``), so it obeys within one renew
+interval, logs who asked, and stamps the row obeyed. **Drain and stop** is what SIGTERM
+does: nothing new is taken, queued messages are given back, running handlers finish (up
+to ``SHUTDOWN_TIMEOUT``), their outcomes are recorded and the partitions handed over.
+**Stop at once** does the same without waiting for running handlers: their messages are
+delivered again after their visibility timeout (at least once, as after a crash).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import connections, transaction
+
+from sqlqueue.conf import MAX_NAME_BYTES, get_settings
+from sqlqueue.exceptions import SqlqueueError
+from sqlqueue.models import RunnerAction, RunnerRequest, SubscriberHeartbeat
+from sqlqueue.storage import store
+
+ACTIONS = {"drain": RunnerAction.DRAIN, "stop": RunnerAction.STOP}
+
+
+class NotARunningRunner(SqlqueueError, LookupError):
+    """No live runner has that name (it stopped, or never ran), or the action is unknown."""
+
+
+@dataclass(frozen=True)
+class PendingRequest:
+    runner: str
+    action: str  # "drain" or "stop"
+    requested_by: str
+    requested_at_ms: int
+
+    @property
+    def description(self) -> str:
+        return RunnerAction(self.action).label
+
+
+def live_runners(*, using: str | None = None) -> list[str]:
+    """The names of the runners with a live heartbeat (in any subscription), sorted."""
+    alias = using or get_settings().DATABASE
+    with connections[alias].cursor() as cursor:
+        now = store(alias).database_now_ms(cursor)
+    since = now - int(get_settings().LEASE_DURATION * 1000)
+    return sorted(set(SubscriberHeartbeat.objects.using(alias).filter(
+        heartbeat_at__gte=since, deregistered_at=0).values_list("subscriber_name", flat=True)))
+
+
+def request_runner_stop(runner: str, action: str, *, by: str = "",
+                        using: str | None = None) -> PendingRequest:
+    """Ask the live runner ``runner`` to ``drain`` (and stop) or to ``stop`` at once. A
+    request not obeyed yet is replaced (the latest word counts)."""
+    if action not in ACTIONS:
+        raise NotARunningRunner(f"Unknown action {action!r}: 'drain' (drain and stop) or "
+                                "'stop' (stop at once).")
+    alias = using or get_settings().DATABASE
+    if len(runner.encode("utf-8")) > MAX_NAME_BYTES or runner not in live_runners(using=alias):
+        raise NotARunningRunner(
+            f"No live runner named {runner!r}: it stopped, or never ran (the names are "
+            "those of the admin's Subscribers and leases page).")
+    connection = connections[alias]
+    with transaction.atomic(using=alias), connection.cursor() as cursor:
+        now = store(connection).database_now_ms(cursor)
+        RunnerRequest.objects.using(alias).update_or_create(
+            runner_name=runner, defaults={"action": ACTIONS[action], "requested_at": now,
+                                          "requested_by": by[:255], "obeyed_at": 0})
+    return PendingRequest(runner, action, by[:255], now)
+
+
+def pending_requests(*, using: str | None = None) -> list[PendingRequest]:
+    """The requests no runner has obeyed yet, oldest first."""
+    alias = using or get_settings().DATABASE
+    return [PendingRequest(*row) for row in RunnerRequest.objects.using(alias)
+            .filter(obeyed_at=0).order_by("requested_at")
+            .values_list("runner_name", "action", "requested_by", "requested_at")]

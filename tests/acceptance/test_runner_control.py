@@ -1,0 +1,71 @@
+"""Issue 42: a real ``runconsumer`` asked, by its name, to drain and stop or to stop at
+once (what the admin's Subscribers page does): it obeys within one lease renew interval,
+logs who asked, and hands its partitions over."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sqlqueue import OutgoingMessage, send_messages
+from sqlqueue.models import RunnerRequest
+from sqlqueue.operations.runners import live_runners, request_runner_stop
+from tests.acceptance.processes import FAST_LEASES, runconsumer, wait_for
+from tests.testapp.models import HandlerCall
+
+pytestmark = pytest.mark.django_db(transaction=True)
+TOPIC = "accept.work"
+RENEW_MS = int(FAST_LEASES["LEASE_RENEW_INTERVAL"] * 1000)
+
+
+def started_offsets() -> set[int]:
+    return set(HandlerCall.objects.filter(event="started")
+               .values_list("message_offset", flat=True))
+
+
+def finished_offsets() -> set[int]:
+    return set(HandlerCall.objects.filter(event="finished")
+               .values_list("message_offset", flat=True))
+
+
+def obeyed_within_ms(name: str) -> int:
+    request = RunnerRequest.objects.get(runner_name=name)
+    assert request.obeyed_at > 0, "the request was never stamped obeyed"
+    return request.obeyed_at - request.requested_at  # both of the database clock
+
+
+def test_drain_and_stop_finishes_running_handlers_then_exits(processes: list) -> None:
+    send_messages(TOPIC, [OutgoingMessage({"sleep": 0.5}, partition_key=f"k{n % 2}")
+                          for n in range(10)])
+    process = runconsumer("--group", "workers", "--threads", "2", "--name", "drain-me",
+                          settings=FAST_LEASES)
+    processes.append(process)
+    wait_for(lambda: len(started_offsets()) >= 2, what="two handlers to start")
+    assert "drain-me" in live_runners()
+    request_runner_stop("drain-me", "drain", by="alice")
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "drain-me: alice asked this runner to drain and stop" in err
+    assert obeyed_within_ms("drain-me") <= RENEW_MS + 500  # one renew interval (+ a pass)
+    # Every handler that started finished; the rest was given back, not charged.
+    assert finished_offsets() == started_offsets() and len(started_offsets()) < 10
+    assert "drain-me" not in live_runners()  # it said goodbye: its partitions are free
+
+
+def test_stop_at_once_does_not_wait_for_a_running_handler(processes: list) -> None:
+    send_messages(TOPIC, [OutgoingMessage({"sleep": 60}, partition_key="k")])
+    process = runconsumer("--group", "workers", "--threads", "1", "--name", "stop-me",
+                          settings=FAST_LEASES)
+    processes.append(process)
+    wait_for(lambda: bool(started_offsets()), what="the handler to start")
+    asked = time.monotonic()
+    request_runner_stop("stop-me", "stop", by="bob")
+    _, err = process.communicate(timeout=30)
+    took = time.monotonic() - asked
+    assert process.returncode == 0, err
+    assert "stop-me: bob asked this runner to stop at once" in err
+    assert obeyed_within_ms("stop-me") <= RENEW_MS + 500
+    assert took < 10, f"stopping at once took {took:.1f}s (the handler sleeps 60 s)"
+    assert not finished_offsets()  # its message comes back after its visibility timeout
+    assert "stop-me" not in live_runners()

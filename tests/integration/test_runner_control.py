@@ -1,0 +1,158 @@
+"""Issue 42: an operator asks a runner, by name, to drain and stop or to stop at once
+(sqlqueue.operations.runners); the runner's timer (sqlqueue.consuming.control) reads the
+request once per renew interval, logs who asked, and stops. The real process is in
+tests/acceptance/test_runner_control.py."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.db import connection
+
+from sqlqueue import events
+from sqlqueue.consuming.control import RunnerControl
+from sqlqueue.models import RunnerRequest, SubscriberHeartbeat
+from sqlqueue.operations.runners import (
+    NotARunningRunner,
+    live_runners,
+    pending_requests,
+    request_runner_stop,
+)
+from sqlqueue.storage.sql import dialect_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def alive(name: str) -> None:
+    with connection.cursor() as cursor:
+        dialect_for(connection).heartbeat(cursor, "g", "t", name)
+
+
+class Clock:
+    """The database's clock, moved on by the test."""
+
+    def __init__(self) -> None:
+        with connection.cursor() as cursor:
+            self.ms = dialect_for(connection).database_now_ms(cursor)
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def control_of(name: str, clock: Clock, stops: list[bool]) -> RunnerControl:
+    control = RunnerControl(name, "default", clock, 10_000, stops.append)
+    control.mark_start()
+    return control
+
+
+def test_only_a_live_runner_can_be_asked_and_the_action_is_named() -> None:
+    alive("web-1.42")
+    assert live_runners() == ["web-1.42"]
+    with pytest.raises(NotARunningRunner, match=r"No live runner named 'web-9\.99'"):
+        request_runner_stop("web-9.99", "drain")
+    with pytest.raises(NotARunningRunner, match="Unknown action 'pause'"):
+        request_runner_stop("web-1.42", "pause")
+    SubscriberHeartbeat.objects.update(deregistered_at=1)  # said goodbye
+    with pytest.raises(NotARunningRunner):
+        request_runner_stop("web-1.42", "stop")
+    assert not RunnerRequest.objects.exists()
+
+
+def test_the_runner_obeys_within_one_renew_interval_and_logs_who_asked(
+        caplog: pytest.LogCaptureFixture) -> None:
+    alive("web-1.42")
+    clock, stops = Clock(), []
+    control = control_of("web-1.42", clock, stops)
+    control.run_due()  # nothing asked yet: its next read is one interval away
+    assert stops == [] and control.next_due_ms() == clock.ms + 10_000
+    clock.ms += 1
+    request_runner_stop("web-1.42", "drain", by="alice")
+    assert [p.description for p in pending_requests()] == ["drain and stop"]
+    clock.ms += 5_000
+    control.run_due()
+    assert stops == []  # not due yet: the polls cost no statement
+    clock.ms += 5_000
+    with caplog.at_level(logging.WARNING, logger="sqlqueue.consumer"):
+        control.run_due()
+    assert stops == [False]
+    (record,) = [r for r in caplog.records
+                 if getattr(r, "event", None) == events.RUNNER_STOP_REQUESTED]
+    assert "alice asked this runner to drain and stop" in record.getMessage()
+    assert (record.subscriber, record.action, record.requested_by) == (  # type: ignore[attr-defined]
+        "web-1.42", "drain", "alice")
+    assert pending_requests() == [] and RunnerRequest.objects.get().obeyed_at > 0
+    assert control.next_due_ms() is None  # obeyed once: it reads no more
+
+
+def test_stop_at_once_is_passed_on() -> None:
+    alive("web-1.42")
+    clock, stops = Clock(), []
+    control = control_of("web-1.42", clock, stops)
+    clock.ms += 1
+    request_runner_stop("web-1.42", "stop", by="bob")
+    control.run_due()
+    assert stops == [True]
+
+
+def test_a_request_for_an_earlier_process_of_the_same_name_is_ignored() -> None:
+    alive("worker-a")
+    request_runner_stop("worker-a", "drain", by="alice")
+    clock, stops = Clock(), []
+    clock.ms += 1  # this process started after the request
+    control = control_of("worker-a", clock, stops)
+    control.run_due()
+    assert stops == [] and pending_requests() == []
+    assert control.next_due_ms() == clock.ms + 10_000  # still listening
+
+
+def test_the_admin_asks_after_confirmation_and_logs_who_asked() -> None:
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+    from django.urls import reverse
+
+    alive("web-1.42")
+    boss = User.objects.create_user("boss", "boss@example.com", "pw", is_staff=True)
+    boss.user_permissions.add(*Permission.objects.filter(
+        codename__in=["view_subscriberstatus", "stop_runner"]))
+    client = Client()
+    client.force_login(boss)
+    page = client.get(reverse("admin:sqlqueue_subscriberstatus_changelist"))
+    url = reverse("admin:sqlqueue_subscriberstatus_stop_runner")
+    assert f"{url}?runner=web-1.42&amp;action=drain" in page.text
+
+    asked = client.get(url, {"runner": "web-1.42", "action": "drain"})
+    assert "Ask runner web-1.42 to drain and stop?" in asked.text
+    assert not RunnerRequest.objects.exists()  # asking changes nothing
+    done = client.post(f"{url}?runner=web-1.42&action=drain", {"confirmed": "yes"},
+                       follow=True)
+    assert "Asked runner web-1.42 to drain and stop; it obeys within" in done.text
+    assert "asked to drain and stop by boss; not obeyed yet" in done.text
+    request = RunnerRequest.objects.get()
+    assert (request.action, request.requested_by) == ("drain", "boss")
+    entry = LogEntry.objects.get()
+    assert entry.user == boss and entry.object_id == "web-1.42"
+    assert "Asked runner web-1.42 to drain and stop." in entry.get_change_message()
+
+    gone = client.post(f"{url}?runner=web-9.99&action=stop", {"confirmed": "yes"},
+                       follow=True)
+    assert "No live runner named" in gone.text
+
+
+def test_asking_a_runner_needs_its_permission() -> None:
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+    from django.urls import reverse
+
+    alive("web-1.42")
+    viewer = User.objects.create_user("viewer", "v@example.com", "pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_subscriberstatus"))
+    client = Client()
+    client.force_login(viewer)
+    page = client.get(reverse("admin:sqlqueue_subscriberstatus_changelist"))
+    assert "web-1.42" in page.text and "stop at once" not in page.text
+    url = reverse("admin:sqlqueue_subscriberstatus_stop_runner")
+    assert client.post(f"{url}?runner=web-1.42&action=stop",
+                       {"confirmed": "yes"}).status_code == 403
+    assert not RunnerRequest.objects.exists()
