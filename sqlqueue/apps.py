@@ -18,6 +18,9 @@ class SqlqueueConfig(AppConfig):
         from sqlqueue.integrations.tasks.retention import prune_results
 
         register_pruner(prune_results)  # expired task results go with the log's garbage
+        from sqlqueue.consuming.rollup import prune_minute_stats
+
+        register_pruner(prune_minute_stats)  # the live overview's rows older than an hour
         from sqlqueue.integrations.tasks.schedules import register_task_target
 
         register_task_target()  # schedules naming a task enqueue it

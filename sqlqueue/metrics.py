@@ -21,16 +21,14 @@ from prometheus_client import Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from sqlqueue.consuming.instruments import Instruments
+from sqlqueue.consuming.instruments import DURATION_BUCKETS, Instruments
 from sqlqueue.operations.lag_shapes import SEVERITY
 from sqlqueue.operations.state import SubscriptionState, subscription_states
 
 #: "database": the alias the subscription's tables are in (SQLQUEUE["DATABASE"], or a
 #: route's: every database the queue lives in is read).
 LABELS = ["group", "topic", "database"]
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
-
 
 
 def _gauges() -> list[tuple[str, str, object]]:

@@ -374,3 +374,8 @@ class StoredSchedule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+# The admin's per-minute rollup, in a module of its own (imported here: one of the app's
+# models).
+from sqlqueue.stats_models import MinuteStats as MinuteStats  # noqa: E402

@@ -7,12 +7,25 @@ Prometheus counters and histograms.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sqlqueue.consuming.handlers import Delivery
+
+#: the upper bounds (seconds) of the handler duration histogram's buckets, shared by
+#: ``sqlqueue_handler_duration_seconds`` and the admin's per-minute rollup
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
 
 class Instruments:
     def handled(self, group: str, topic: str, outcome: str, duration: float,
                 latency: float) -> None:
         """A handler finished: ``outcome`` (ack, acked, retry, fail, reject), ``duration``
         seconds it ran, ``latency`` seconds from the message being due to its start."""
+
+    def finished(self, delivery: Delivery, outcome: str) -> None:
+        """The same handler run, for what needs the message itself (its attempt, when
+        it was published): called right after ``handled``."""
 
     def polled(self, group: str, topic: str, delivered: int) -> None:
         """One pass over a subscription handed out ``delivered`` messages."""

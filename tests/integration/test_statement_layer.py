@@ -677,3 +677,21 @@ def test_postgresql_publishes_through_a_staging_table(executor: Executor) -> Non
         (None,)]
     assert executor.rows(("SELECT id FROM queue_messages ORDER BY id", [])) == [
         ("a",), ("b",), ("c",)]
+
+
+def test_minute_stats(executor: Executor) -> None:
+    sql = executor.sql
+    now = int(executor.rows(sql.database_now_ms())[0][0])
+    minute = now - now % 60_000
+    executor.run(sql.add_minute_stats("g", "t", minute, {"ack": 2, "duration_03": 2,
+                                                         "duration_sum": 0.08}))
+    executor.run(sql.add_minute_stats("g", "t", minute, {"ack": 1, "fail": 1,
+                                                         "duration_sum": 0.5}))  # adds
+    executor.run(sql.add_minute_stats("g", "t", 60_000, {"published": 7}))  # long ago
+    columns = ("published", "ack", "fail", "duration_03", "duration_sum")
+    rows = executor.rows(sql.read_minute_stats(minute - 3_600_000, columns))
+    assert [(r[0], r[1], int(r[2]), *map(int, r[3:7]), round(float(r[7]), 3))
+            for r in rows] == [("g", "t", minute, 0, 3, 1, 2, 0.58)]
+    assert len(executor.rows(sql.read_minute_stats(0, columns))) == 2
+    assert executor.run(sql.delete_minute_stats(3_600_000)) == 1
+    assert len(executor.rows(sql.read_minute_stats(0, columns))) == 1

@@ -22,6 +22,7 @@ from sqlqueue.consuming.control import RunnerControl
 from sqlqueue.consuming.counter import OffsetCounterWatch
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.registry import Consumer, select_consumers
+from sqlqueue.consuming.rollup import MinuteRollup
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.consuming.server import RECONNECT_BACKOFF
 from sqlqueue.consuming.wakeups import describe_channels
@@ -225,6 +226,8 @@ class Command(BaseCommand):
             )
             runner.pacer.timers.append(OffsetCounterWatch(runner.alias, runner.clock.now_ms))
             runner.pacer.timers.append(RunnerControl.of(runner))  # the admin's stop requests
+            rollup = MinuteRollup.of(runner)  # the admin's live overview
+            runner.pacer.timers.append(rollup)
             if not options["no_schedules"]:
                 # The setting's schedules and the stored ones (reloaded every few seconds:
                 # the admin may add one at any time).
@@ -244,6 +247,7 @@ class Command(BaseCommand):
         if options["supervisor_lifeline"] is not None:
             supervisor.attach(options["supervisor_lifeline"], runner.stop)
         status = runner.run(install_signal_handlers=False)
+        rollup.flush()  # the last seconds' counts
         if options["verbosity"] >= 1:
             self._report(runner)
         if options["supervisor_lifeline"] is not None and runner.reached_max_messages:

@@ -16,6 +16,7 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.storage.sql.delivery import DeliveryStatements
 from sqlqueue.storage.sql.leases import LeaseStatements
+from sqlqueue.storage.sql.minute_stats import MinuteStatsStatements
 from sqlqueue.storage.sql.operating import (
     DUES_PER_STATEMENT,
     PENDING_BRANCHES_PER_STATEMENT,
@@ -59,7 +60,8 @@ MISSING_QUEUE_TABLE = re.compile(
     r"|no such table: (?:\w+\.)?queue_\w+", re.IGNORECASE)
 
 
-class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements):
+class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements,
+              MinuteStatsStatements):
     """Named statements for one database vendor, bound to one connection."""
 
     vendor = ""

@@ -15,6 +15,7 @@ from sqlqueue.storage.statements.bulk import BulkStatements, MySQLBulk, PostgreS
 from sqlqueue.storage.statements.delivery import DeliveryStatements, PostgreSQLDelivery
 from sqlqueue.storage.statements.export import ExportStatements
 from sqlqueue.storage.statements.membership import MembershipStatements
+from sqlqueue.storage.statements.minute_stats import MinuteStatsStatements
 from sqlqueue.storage.statements.operating import OperatingStatements
 from sqlqueue.storage.statements.postgresql import PostgreSQLVendor
 from sqlqueue.storage.statements.publishing import (
@@ -39,7 +40,7 @@ from sqlqueue.storage.statements.watermarks import WatermarkStatements
 
 class Statements(PublishingStatements, DeliveryStatements, WatermarkStatements,
                  MembershipStatements, OperatingStatements, ScheduleStatements,
-                 SessionStatements, ExportStatements, BulkStatements):
+                 SessionStatements, ExportStatements, BulkStatements, MinuteStatsStatements):
     """Every shared statement; a vendor's hooks come first in its subclass's bases."""
 
 

@@ -13,10 +13,11 @@ SCHEDULES_TABLE = "queue_schedules"
 TASK_RESULTS_TABLE = "queue_task_results"
 RUNNER_REQUESTS_TABLE = "queue_runner_requests"
 STORED_SCHEDULES_TABLE = "queue_stored_schedules"
-#: every table ``migrate`` creates: the RFC's five, then sqlqueue's own six
+MINUTE_STATS_TABLE = "queue_minute_stats"
+#: every table ``migrate`` creates: the RFC's five, then sqlqueue's own seven
 ALL_TABLES = (MESSAGE_TABLE, STATE_TABLE, LEASES_TABLE, OFFSETS_TABLE, HEARTBEATS_TABLE,
               TASK_RESULTS_TABLE, IDEMPOTENCY_TABLE, FLOW_CONTROL_TABLE, SCHEDULES_TABLE,
-              RUNNER_REQUESTS_TABLE, STORED_SCHEDULES_TABLE)
+              RUNNER_REQUESTS_TABLE, STORED_SCHEDULES_TABLE, MINUTE_STATS_TABLE)
 
 #: the primary key of a delivery state row
 STATE_KEY = ("consumer_group", "topic", "partition_key", "message_offset")

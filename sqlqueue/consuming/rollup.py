@@ -1,0 +1,181 @@
+"""The per-minute rollup behind the admin's live overview (issue 42): what this runner's
+handlers did, counted in memory per (group, topic, minute of database time) and added to
+``queue_minute_stats`` by a runner timer (``Pacer.timers``) every few seconds, one upsert
+per row in one transaction. Several runners add to the same rows.
+
+It wraps the runner's ``Instruments`` (Prometheus' or none), so it sees exactly the runs
+``sqlqueue_handled_total`` and ``sqlqueue_handler_duration_seconds`` count, with the same
+outcome labels and duration buckets: the page agrees with ``/metrics``. Besides, per
+minute: ``published``, messages first delivered to the group, counted in the minute they
+were published (their ``created_at``: the log has no index to count publishes by time,
+and runners do not publish); ``dead_lettered``, runs that end in a dead letter (a reject,
+or a failure or retry at the last attempt).
+
+Rows older than ``KEEP_MS`` go with garbage collection (``prune_minute_stats``, a pruner
+``sqlqueue.apps`` registers).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from bisect import bisect_left
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from django.db import Error as AnyDatabaseError
+from django.db import connections, transaction
+
+from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.instruments import DURATION_BUCKETS, Instruments
+from sqlqueue.storage import store
+
+if TYPE_CHECKING:
+    from sqlqueue.consuming.handlers import Delivery
+    from sqlqueue.consuming.runner import Runner
+
+logger = logging.getLogger("sqlqueue.consumer")
+
+MINUTE_MS = 60_000
+#: how often a runner adds what it counted (milliseconds of the database clock)
+FLUSH_INTERVAL_MS = 10_000
+#: how long rows are kept: the page's hour, and a few minutes for late additions
+KEEP_MS = 70 * MINUTE_MS
+#: the outcomes not counted (as in ``sqlqueue.metrics.ProcessMetrics``)
+UNCOUNTED = "not_started"
+
+#: (group, topic, minute) -> column -> amount
+Pending = dict[tuple[str, str, int], dict[str, float]]
+
+
+def duration_column(seconds: float) -> str:
+    """The column of the histogram bucket a run of ``seconds`` falls in (Prometheus'
+    ``le``: a value equal to a bound is in that bound's bucket)."""
+    return f"duration_{bisect_left(DURATION_BUCKETS, seconds):02d}"
+
+
+def minute_of(ms: int) -> int:
+    return ms - ms % MINUTE_MS
+
+
+class MinuteRollup(Instruments):
+    """An ``Instruments`` that counts into the rollup and passes every call on to
+    ``inner``; also a runner timer that writes the counts."""
+
+    def __init__(self, inner: Instruments, *, alias: str, conf: QueueSettings,
+                 now_ms: Callable[[], int], estimate_ms: Callable[[], int],
+                 interval_ms: int = FLUSH_INTERVAL_MS) -> None:
+        self.inner = inner
+        self.alias = alias
+        self.conf = conf
+        self._now_ms = now_ms  # the main thread's (the timer's)
+        self._estimate_ms = estimate_ms  # any thread's (handler threads count)
+        self.interval_ms = interval_ms
+        self._next_ms = 0
+        self._lock = threading.Lock()
+        self._pending: Pending = {}
+        self._max_attempts: dict[tuple[str, str], int] = {}
+
+    @classmethod
+    def of(cls, runner: Runner) -> MinuteRollup:
+        """The rollup of a ``Runner``, wrapping its instruments (its handler pool reports
+        to the rollup from now on)."""
+        rollup = cls(runner.instruments, alias=runner.alias, conf=runner.conf,
+                     now_ms=runner.clock.now_ms, estimate_ms=runner.clock.estimate_ms)
+        runner.instruments = runner.pool.instruments = rollup
+        return rollup
+
+    # -- counting, on handler threads ---------------------------------------------------------
+    def handled(self, group: str, topic: str, outcome: str, duration: float,
+                latency: float) -> None:
+        self.inner.handled(group, topic, outcome, duration, latency)
+        if outcome == UNCOUNTED:
+            return
+        minute = minute_of(self._estimate_ms())
+        with self._lock:
+            row = self._row(group, topic, minute)
+            row[outcome] = row.get(outcome, 0) + 1
+            column = duration_column(duration)
+            row[column] = row.get(column, 0) + 1
+            row["duration_sum"] = row.get("duration_sum", 0.0) + duration
+
+    def finished(self, delivery: Delivery, outcome: str) -> None:
+        self.inner.finished(delivery, outcome)
+        if outcome == UNCOUNTED:
+            return
+        group, topic = delivery.consumer.group, delivery.consumer.topic
+        dead = outcome == "reject" or (outcome in ("fail", "retry") and delivery.attempt
+                                       >= self._last_attempt(delivery))
+        now_minute = minute_of(self._estimate_ms())
+        with self._lock:
+            if delivery.attempt == 1:
+                row = self._row(group, topic, minute_of(delivery.row.created_at))
+                row["published"] = row.get("published", 0) + 1
+            if dead:
+                row = self._row(group, topic, now_minute)
+                row["dead_lettered"] = row.get("dead_lettered", 0) + 1
+
+    def _row(self, group: str, topic: str, minute: int) -> dict[str, float]:
+        return self._pending.setdefault((group, topic, minute), {})
+
+    def _last_attempt(self, delivery: Delivery) -> int:
+        key = (delivery.consumer.group, delivery.consumer.topic)
+        if key not in self._max_attempts:
+            self._max_attempts[key] = delivery.consumer.options(self.conf).max_attempts
+        return self._max_attempts[key]
+
+    # -- the rest is the inner instruments' ----------------------------------------------------
+    def polled(self, group: str, topic: str, delivered: int) -> None:
+        self.inner.polled(group, topic, delivered)
+
+    def statement(self) -> None:
+        self.inner.statement()
+
+    def leases_changed(self, group: str, topic: str, gained: int, lost: int) -> None:
+        self.inner.leases_changed(group, topic, gained, lost)
+
+    def reconnected(self) -> None:
+        self.inner.reconnected()
+
+    # -- writing, on the main thread ----------------------------------------------------------
+    def next_due_ms(self) -> int | None:
+        return self._next_ms
+
+    def run_due(self) -> None:
+        now = self._now_ms()
+        if now < self._next_ms:
+            return
+        self._next_ms = now + self.interval_ms
+        self.flush()
+
+    def flush(self) -> bool:
+        """Add what was counted since the last flush to the table (one transaction);
+        on a database error keep it for the next flush. True when written."""
+        with self._lock:
+            taken, self._pending = self._pending, {}
+        if not taken:
+            return True
+        try:
+            with transaction.atomic(using=self.alias), \
+                    connections[self.alias].cursor() as cursor:
+                store(self.alias).add_minute_stats(cursor, taken)
+        except AnyDatabaseError as exc:  # the consumer loop reconnects; add them next time
+            logger.debug("Could not write the per-minute rollup: %s", exc)
+            self._keep(taken)
+            return False
+        return True
+
+    def _keep(self, taken: Pending) -> None:
+        with self._lock:
+            for key, columns in taken.items():
+                row = self._pending.setdefault(key, {})
+                for column, amount in columns.items():
+                    row[column] = row.get(column, 0) + amount
+
+
+def prune_minute_stats(database: str, batch: int) -> tuple[int, bool]:
+    """A garbage-collection pruner (``register_pruner``): the rows older than
+    ``KEEP_MS``. ``batch`` is not needed: a pass finds a minute's rows at most."""
+    with connections[database].cursor() as cursor:
+        return store(database).delete_minute_stats(cursor, KEEP_MS), False
+
