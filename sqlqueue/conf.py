@@ -25,6 +25,9 @@ from sqlqueue.naming import MAX_NAME_BYTES as MAX_NAME_BYTES  # re-exported
 from sqlqueue.naming import redacted_url
 from sqlqueue.setting_converters import CONVERTERS, BadValue
 
+#: the upper bounds (seconds) of the handler duration histogram's buckets, shared by
+#: ``sqlqueue_handler_duration_seconds`` (/metrics) and the admin's per-minute rollup
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 @dataclass(frozen=True)
 class QueueSettings:

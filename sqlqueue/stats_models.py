@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from sqlqueue.conf import DURATION_BUCKETS
 from sqlqueue.conf import MAX_NAME_BYTES as NAME_LENGTH
-from sqlqueue.consuming.instruments import DURATION_BUCKETS
 
 #: the outcome columns, the labels of ``sqlqueue_handled_total``
 OUTCOMES = ("ack", "acked", "retry", "fail", "reject")

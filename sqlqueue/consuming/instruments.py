@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sqlqueue.conf import DURATION_BUCKETS as DURATION_BUCKETS
+
 if TYPE_CHECKING:
     from sqlqueue.consuming.handlers import Delivery
-
-#: the upper bounds (seconds) of the handler duration histogram's buckets, shared by
-#: ``sqlqueue_handler_duration_seconds`` and the admin's per-minute rollup
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
 class Instruments:
