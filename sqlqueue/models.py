@@ -321,6 +321,14 @@ class SubscriberStatus(QueueMessage):
         verbose_name_plural = "subscribers and leases"
 
 
+class LiveOverview(QueueMessage):
+    """The admin's live overview page (no rows of its own: the numbers are MinuteStats')."""
+
+    class Meta:
+        proxy = True
+        verbose_name = verbose_name_plural = "live overview"
+
+
 # The results table of the Django Tasks backend (sqlqueue.integrations.tasks), defined
 # next to the backend it serves; imported here so that it belongs to this app.
 from sqlqueue.integrations.tasks.models import TaskRecord  # noqa: E402, F401

@@ -48,8 +48,7 @@ class MinuteStats(models.Model):
 
     class Meta:
         db_table = "queue_minute_stats"
-        verbose_name = "live overview"
-        verbose_name_plural = "live overview"
+        verbose_name = verbose_name_plural = "minute stats"
 
     def __str__(self) -> str:
         return f"{self.consumer_group}:{self.topic} at {self.minute}"

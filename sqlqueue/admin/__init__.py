@@ -3,6 +3,7 @@ subscribers (read-only data; every action calls the service functions in
 ``sqlqueue.operations``)."""
 
 from sqlqueue.admin import (
+    activity,
     dead_letters,
     lag,
     messages,
@@ -11,4 +12,5 @@ from sqlqueue.admin import (
     subscribers,
 )
 
-__all__ = ["dead_letters", "lag", "messages", "schedules", "stored_schedules", "subscribers"]
+__all__ = ["activity", "dead_letters", "lag", "messages", "schedules", "stored_schedules",
+           "subscribers"]
