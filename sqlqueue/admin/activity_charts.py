@@ -14,8 +14,8 @@ from django.utils.safestring import SafeString
 
 from sqlqueue.operations.overview import Minute
 
-WIDTH, HEIGHT = 640, 190
-LEFT, RIGHT, TOP, BOTTOM = 56, 12, 12, 40  # margins: the axes' labels
+WIDTH, HEIGHT = 500, 190
+LEFT, RIGHT, TOP, BOTTOM = 70, 12, 12, 40  # margins: the axes' labels
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Series:
     value: Callable[[Minute], float | None]
     color: str
     dash: str  # stroke-dasharray: the pattern that tells the series apart without colour
+    marker: str = ""  # "circle" or "square" at each minute with a value (sparse series)
 
 
 THROUGHPUT = (
@@ -33,8 +34,8 @@ THROUGHPUT = (
     Series("dead-lettered", lambda m: m.dead_lettered, "#c62828", "10 3 2 3"),
 )
 LATENCY = (
-    Series("p50", lambda m: m.p50, "#1565c0", ""),
-    Series("p95", lambda m: m.p95, "#6a1b9a", "8 4"),
+    Series("p50", lambda m: m.p50, "#1565c0", "", "circle"),
+    Series("p95", lambda m: m.p95, "#6a1b9a", "8 4", "square"),
 )
 
 
@@ -54,8 +55,8 @@ def legend(series: Sequence[Series]) -> SafeString:
         format_html_join("", '<li style="list-style:none;padding:0"><svg width="28" '
                              'height="10" aria-hidden="true"><line x1="0" y1="5" x2="28" '
                              'y2="5" stroke="{}" stroke-width="2.5" stroke-dasharray="{}"/>'
-                             "</svg> {}</li>",
-                         ((s.color, s.dash, s.label) for s in series)))
+                             "{}</svg> {}</li>",
+                         ((s.color, s.dash, _marker(s, 14, 5), s.label) for s in series)))
 
 
 def _chart(minutes: Sequence[Minute], series: Sequence[Series], y_title: str, label: str,
@@ -104,16 +105,29 @@ def _polylines(line: Sequence[float | None], series: Series,
     """One polyline per run of minutes with a value (a percentile has none in a minute
     without runs: a gap, not a drop to zero)."""
     runs: list[list[str]] = [[]]
+    markers = []
     for index, value in enumerate(line):
         if value is None:
             runs.append([])
         else:
             runs[-1].append(f"{_n(x(index))},{_n(y(value))}")
-    return format_html_join("", (
+            markers.append(_marker(series, x(index), y(value)))
+    lines = format_html_join("", (
         '<polyline points="{}" fill="none" stroke="{}" stroke-width="2" '
         'stroke-dasharray="{}"><title>{}</title></polyline>'),
-        ((" ".join(run if len(run) > 1 else run * 2), series.color, series.dash,
-          series.label) for run in runs if run))
+        ((" ".join(run), series.color, series.dash, series.label)
+         for run in runs if len(run) > 1))
+    return format_html("{}{}", lines, format_html_join("", "{}", ((m,) for m in markers)))
+
+
+def _marker(series: Series, cx: float, cy: float) -> SafeString:
+    if series.marker == "circle":
+        return format_html('<circle cx="{}" cy="{}" r="3" fill="{}"/>', _n(cx), _n(cy),
+                           series.color)
+    if series.marker == "square":
+        return format_html('<rect x="{}" y="{}" width="6" height="6" fill="{}"/>',
+                           _n(cx - 3), _n(cy - 3), series.color)
+    return SafeString("")
 
 
 def _count_text(value: float) -> str:
