@@ -75,9 +75,9 @@ test-spark: bootstrap
 # browser tests at 1366 px, and those of the custom pages on each stack's Django (19, 20).
 docs-images: bootstrap bootstrap-lts
 	SQLQUEUE_REFRESH_DOCS_IMAGES=1 DATABASE_URL=sqlite:////tmp/sqlqueue-docs-images.sqlite3 \
-		$(PY) -m pytest tests/browser -k "laptop_width or styled_like or retried_from_its_page or drain_and_stop or created_and_ticked" $(PYTEST_ARGS)
+		$(PY) -m pytest tests/browser -k "laptop_width or styled_like or retried_from_its_page or drain_and_stop or created_and_ticked or shows_and_refreshes" $(PYTEST_ARGS)
 	SQLQUEUE_REFRESH_DOCS_IMAGES=1 DATABASE_URL=sqlite:////tmp/sqlqueue-docs-images.sqlite3 \
-		$(LTS_PY) -m pytest -p no:cacheprovider tests/browser -k "styled_like or retried_from_its_page or drain_and_stop or created_and_ticked" $(PYTEST_ARGS)
+		$(LTS_PY) -m pytest -p no:cacheprovider tests/browser -k "styled_like or retried_from_its_page or drain_and_stop or created_and_ticked or shows_and_refreshes" $(PYTEST_ARGS)
 
 # The built wheel installed in a fresh virtualenv: acceptance and browser tiers against it.
 test-wheel: bootstrap
