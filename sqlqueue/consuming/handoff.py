@@ -227,7 +227,7 @@ class HandlerPool:
         duration = time.time() - started
         self.instruments.handled(consumer.group, consumer.topic, outcome.kind, duration,
                                  max(0.0, started - due_ms / 1000))
-        self.instruments.finished(outcome.delivery, outcome.kind)
+        self.instruments.finished(outcome.delivery, outcome.kind, duration)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("%s/%s@%s: %s after %.3fs (attempt %s).", consumer.topic,
                          outcome.delivery.partition_key, row.offset, outcome.kind, duration,

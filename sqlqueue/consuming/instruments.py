@@ -21,9 +21,9 @@ class Instruments:
         """A handler finished: ``outcome`` (ack, acked, retry, fail, reject), ``duration``
         seconds it ran, ``latency`` seconds from the message being due to its start."""
 
-    def finished(self, delivery: Delivery, outcome: str) -> None:
+    def finished(self, delivery: Delivery, outcome: str, duration: float) -> None:
         """The same handler run, for what needs the message itself (its attempt, when
-        it was published): called right after ``handled``."""
+        it was published): called right after ``handled``, with the same values."""
 
     def polled(self, group: str, topic: str, delivered: int) -> None:
         """One pass over a subscription handed out ``delivered`` messages."""
