@@ -18,8 +18,8 @@ Rows older than ``KEEP_MS`` go with garbage collection (``prune_minute_stats``, 
 from __future__ import annotations
 
 import logging
-import threading
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,7 @@ from sqlqueue.storage import store
 
 if TYPE_CHECKING:
     from sqlqueue.consuming.handlers import Delivery
+    from sqlqueue.consuming.registry import Consumer
     from sqlqueue.consuming.runner import Runner
 
 logger = logging.getLogger("sqlqueue.consumer")
@@ -39,6 +40,8 @@ logger = logging.getLogger("sqlqueue.consumer")
 MINUTE_MS = 60_000
 #: how often a runner adds what it counted (milliseconds of the database clock)
 FLUSH_INTERVAL_MS = 10_000
+#: how often it sums up its handler threads' runs in between (what waits stays small)
+SUM_INTERVAL_MS = 1_000
 #: how long rows are kept: the page's hour, and a few minutes for late additions
 KEEP_MS = 70 * MINUTE_MS
 #: the outcomes not counted (as in ``sqlqueue.metrics.ProcessMetrics``)
@@ -80,8 +83,10 @@ class MinuteRollup(Instruments):
         self._estimate_ms = estimate_ms  # any thread's (handler threads count)
         self.interval_ms = interval_ms
         self._next_ms = 0
-        self._lock = threading.Lock()
-        self._pending: Pending = {}
+        self._next_sum_ms = 0
+        #: (consumer, outcome, duration, attempt, created_at, database ms) per run
+        self._runs: deque[tuple[Consumer, str, float, int, int, int]] = deque()
+        self._pending: Pending = {}  # summed up, not yet written (main thread only)
         self._max_attempts: dict[tuple[str, str], int] = {}
 
     @classmethod
@@ -93,46 +98,47 @@ class MinuteRollup(Instruments):
         runner.instruments = runner.pool.instruments = rollup
         return rollup
 
-    # -- counting, on handler threads ---------------------------------------------------------
-    # One lock and a few dictionary updates per run (bench.rollup measures it): the
-    # Prometheus counting stays in ``handled``, this in ``finished``, which has it all.
+    # -- counting --------------------------------------------------------------------------
+    # A handler thread only appends what it saw to a deque (atomic, no lock: a lock taken
+    # by every handler thread made them queue behind each other on a busy machine);
+    # the main thread sums it up when it writes. The Prometheus counting stays in
+    # ``handled``; this is ``finished``, which has the message too.
     def handled(self, group: str, topic: str, outcome: str, duration: float,
                 latency: float) -> None:
         self.inner.handled(group, topic, outcome, duration, latency)
 
     def finished(self, delivery: Delivery, outcome: str, duration: float) -> None:
         self.inner.finished(delivery, outcome, duration)
-        if outcome == UNCOUNTED:
-            return
-        consumer = delivery.consumer
-        group, topic = consumer.group, consumer.topic
-        dead = outcome == "reject" or (outcome in FAILED and delivery.attempt
-                                       >= self._last_attempt(delivery))
-        now = self._estimate_ms()
-        key = (group, topic, now - now % MINUTE_MS)
-        column = _DURATION_COLUMNS[bisect_left(DURATION_BUCKETS, duration)]
-        pending = self._pending
-        with self._lock:
-            row = pending.get(key)
-            if row is None:
-                row = pending[key] = dict(_EMPTY_ROW)
-            row[outcome] += 1
-            row[column] += 1
-            row["duration_sum"] += duration
-            if dead:
-                row["dead_lettered"] += 1
-            if delivery.attempt == 1:
-                created = delivery.row.created_at
-                key = (group, topic, created - created % MINUTE_MS)
-                row = pending.get(key)
-                if row is None:
-                    row = pending[key] = dict(_EMPTY_ROW)
-                row["published"] += 1
+        if outcome != UNCOUNTED:
+            self._runs.append((delivery.consumer, outcome, duration, delivery.attempt,
+                               delivery.row.created_at, self._estimate_ms()))
 
-    def _last_attempt(self, delivery: Delivery) -> int:
-        key = (delivery.consumer.group, delivery.consumer.topic)
+    def _sum_up(self) -> None:
+        """Add the runs the handler threads reported to the rows not yet written."""
+        runs = self._runs
+        while runs:
+            consumer, outcome, duration, attempt, created, now = runs.popleft()
+            group, topic = consumer.group, consumer.topic
+            row = self._row(group, topic, now - now % MINUTE_MS)
+            row[outcome] += 1
+            row[_DURATION_COLUMNS[bisect_left(DURATION_BUCKETS, duration)]] += 1
+            row["duration_sum"] += duration
+            if outcome == "reject" or (outcome in FAILED
+                                       and attempt >= self._last_attempt(consumer)):
+                row["dead_lettered"] += 1
+            if attempt == 1:
+                self._row(group, topic, created - created % MINUTE_MS)["published"] += 1
+
+    def _row(self, group: str, topic: str, minute: int) -> dict[str, float]:
+        row = self._pending.get((group, topic, minute))
+        if row is None:
+            row = self._pending[(group, topic, minute)] = dict(_EMPTY_ROW)
+        return row
+
+    def _last_attempt(self, consumer: Consumer) -> int:
+        key = (consumer.group, consumer.topic)
         if key not in self._max_attempts:
-            self._max_attempts[key] = delivery.consumer.options(self.conf).max_attempts
+            self._max_attempts[key] = consumer.options(self.conf).max_attempts
         return self._max_attempts[key]
 
     # -- the rest is the inner instruments' ----------------------------------------------------
@@ -150,20 +156,22 @@ class MinuteRollup(Instruments):
 
     # -- writing, on the main thread ----------------------------------------------------------
     def next_due_ms(self) -> int | None:
-        return self._next_ms
+        return min(self._next_ms, self._next_sum_ms)
 
     def run_due(self) -> None:
         now = self._now_ms()
-        if now < self._next_ms:
-            return
-        self._next_ms = now + self.interval_ms
-        self.flush()
+        if now >= self._next_ms:
+            self._next_ms = self._next_sum_ms = now + self.interval_ms
+            self.flush()
+        elif now >= self._next_sum_ms:
+            self._next_sum_ms = now + SUM_INTERVAL_MS
+            self._sum_up()
 
     def flush(self) -> bool:
         """Add what was counted since the last flush to the table (one transaction);
         on a database error keep it for the next flush. True when written."""
-        with self._lock:
-            taken, self._pending = self._pending, {}
+        self._sum_up()
+        taken, self._pending = self._pending, {}
         if not taken:
             return True
         try:
@@ -177,11 +185,10 @@ class MinuteRollup(Instruments):
         return True
 
     def _keep(self, taken: Pending) -> None:
-        with self._lock:
-            for key, columns in taken.items():
-                row = self._pending.setdefault(key, dict(_EMPTY_ROW))
-                for column, amount in columns.items():
-                    row[column] += amount
+        for key, columns in taken.items():
+            row = self._pending.setdefault(key, dict(_EMPTY_ROW))
+            for column, amount in columns.items():
+                row[column] += amount
 
 
 def prune_minute_stats(database: str, batch: int) -> tuple[int, bool]:
