@@ -1,5 +1,6 @@
 """Django models mirroring the five tables of the RFC "SQL-Based Distributed Queue", and
-three of sqlqueue's own four (the fourth, ``queue_task_results``, is the Tasks backend's).
+sqlqueue's own (``queue_task_results`` is the Tasks backend's, ``queue_minute_stats`` in
+``sqlqueue.stats_models``).
 
 Table and column names, keys and units are the RFC's (timestamps are epoch milliseconds
 in BIGINT UNSIGNED). Columns the RFC lacks carry a database default, so a row written by

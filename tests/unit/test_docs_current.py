@@ -11,7 +11,8 @@ from django.apps import apps
 from sqlqueue.conf import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
-NUMBERS = {"five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11}
+NUMBERS = {"five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11,
+           "twelve": 12}
 
 
 def prose() -> dict[Path, str]:
