@@ -65,10 +65,6 @@ def duration_column(seconds: float) -> str:
     return _DURATION_COLUMNS[bisect_left(DURATION_BUCKETS, seconds)]
 
 
-def minute_of(ms: int) -> int:
-    return ms - ms % MINUTE_MS
-
-
 class MinuteRollup(Instruments):
     """An ``Instruments`` that counts into the rollup and passes every call on to
     ``inner``; also a runner timer that writes the counts."""
@@ -161,7 +157,8 @@ class MinuteRollup(Instruments):
     def run_due(self) -> None:
         now = self._now_ms()
         if now >= self._next_ms:
-            self._next_ms = self._next_sum_ms = now + self.interval_ms
+            self._next_ms = now + self.interval_ms
+            self._next_sum_ms = now + SUM_INTERVAL_MS
             self.flush()
         elif now >= self._next_sum_ms:
             self._next_sum_ms = now + SUM_INTERVAL_MS

@@ -116,3 +116,44 @@ def test_garbage_collection_deletes_the_rows_older_than_it_keeps() -> None:
         rows = store(connection).read_minute_stats(cursor, 0, ("ack",))
     assert [(r[2], int(r[3])) for r in rows] == [(minute, 1)]
     assert prune_minute_stats("default", 1000) == (0, False)  # nothing left to delete
+
+
+def test_the_timer_sums_up_every_second_and_writes_every_ten(register: Any) -> None:
+    register("t", "g", lambda message: None)
+    send_messages("t", [OutgoingMessage(n) for n in range(2)])
+    runner = Runner(select_consumers(["g"], []), conf=fast_settings())
+    clock = {"ms": 0}
+    rollup = MinuteRollup(runner.instruments, alias="default", conf=runner.conf,
+                          now_ms=lambda: clock["ms"], estimate_ms=lambda: 120_000)
+    rollup.run_due()  # the first turn writes (nothing yet)
+    assert rollup.next_due_ms() == 1_000
+    for delivery in fetched_deliveries(runner):
+        rollup.finished(delivery, "ack", 0.001)
+    clock["ms"] = 1_000
+    rollup.run_due()  # summed up, not written
+    assert not rollup._runs and rollup.next_due_ms() == 2_000
+    assert rows() == []
+    clock["ms"] = 10_000
+    rollup.run_due()
+    # Acked in the minute of the clock, published in the minute of their created_at.
+    assert [(r[2], int(r[3]), int(r[4])) for r in rows()] == [(60_000, 0, 2), (120_000, 2, 0)]
+
+
+def fetched_deliveries(runner: Runner) -> list[Any]:
+    from sqlqueue.consuming.handlers import Delivery
+    from sqlqueue.storage.sql.tables import FetchedRow
+
+    consumer = runner.subscribers[0].consumer
+    deliveries = []
+    for offset in (1, 2):
+        row = FetchedRow.__new__(FetchedRow)
+        for name, value in (("offset", offset), ("created_at", 60_000), ("deliver_after", 0)):
+            object.__setattr__(row, name, value)
+        deliveries.append(Delivery(consumer=consumer, alias="default", partition_key="",
+                                   row=row, attempt=1, sequence=offset))
+    return deliveries
+
+
+def rows() -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        return store(connection).read_minute_stats(cursor, 0, ("ack", "published"))
