@@ -55,8 +55,8 @@ def empty_rollup() -> None:
 
 def counting_cost(runs: int = 200_000) -> dict[str, float]:
     """Microseconds per handler run the rollup costs, without a database: on the handler
-    thread (``handled`` and ``finished``: an append to a deque) and on the main thread
-    (summing the runs up into rows)."""
+    thread (``handled`` and ``finished``: counting into the thread's own rows) and on the
+    main thread (summing the threads' rows up, per row: next to nothing per run)."""
     from sqlqueue.conf import get_settings
     from sqlqueue.consuming.handlers import Delivery
     from sqlqueue.consuming.instruments import Instruments

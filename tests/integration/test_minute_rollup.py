@@ -118,7 +118,8 @@ def test_garbage_collection_deletes_the_rows_older_than_it_keeps() -> None:
     assert prune_minute_stats("default", 1000) == (0, False)  # nothing left to delete
 
 
-def test_the_timer_sums_up_every_second_and_writes_every_ten(register: Any) -> None:
+def test_the_timer_writes_every_ten_seconds_what_every_thread_counted(
+        register: Any) -> None:
     register("t", "g", lambda message: None)
     send_messages("t", [OutgoingMessage(n) for n in range(2)])
     runner = Runner(select_consumers(["g"], []), conf=fast_settings())
@@ -126,17 +127,20 @@ def test_the_timer_sums_up_every_second_and_writes_every_ten(register: Any) -> N
     rollup = MinuteRollup(runner.instruments, alias="default", conf=runner.conf,
                           now_ms=lambda: clock["ms"], estimate_ms=lambda: 120_000)
     rollup.run_due()  # the first turn writes (nothing yet)
-    assert rollup.next_due_ms() == 1_000
-    for delivery in fetched_deliveries(runner):
-        rollup.finished(delivery, "ack", 0.001)
-    clock["ms"] = 1_000
-    rollup.run_due()  # summed up, not written
-    assert not rollup._runs and rollup.next_due_ms() == 2_000
-    assert rows() == []
+    assert rollup.next_due_ms() == 10_000
+    first, second = fetched_deliveries(runner)
+    rollup.finished(first, "ack", 0.001)  # on this thread, and on another
+    other = threading.Thread(target=lambda: rollup.finished(second, "ack", 0.001))
+    other.start()
+    other.join()
+    clock["ms"] = 9_999
+    rollup.run_due()
+    assert rows() == []  # not yet
     clock["ms"] = 10_000
     rollup.run_due()
     # Acked in the minute of the clock, published in the minute of their created_at.
     assert [(r[2], int(r[3]), int(r[4])) for r in rows()] == [(60_000, 0, 2), (120_000, 2, 0)]
+    assert rollup.next_due_ms() == 20_000
 
 
 def fetched_deliveries(runner: Runner) -> list[Any]:
