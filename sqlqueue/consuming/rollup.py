@@ -134,10 +134,12 @@ class MinuteRollup(Instruments):
         dead = outcome == "reject" or (outcome in FAILED
                                        and attempt >= self._last_attempt(consumer))
         now = self._estimate_ms()
+        key = (group, topic, now - now % MINUTE_MS)
         column = _DURATION_COLUMNS[bisect_left(DURATION_BUCKETS, duration)]
-        counts = self._counts()
+        counts = getattr(self._local, "counts", None) or self._new_counts()
         with counts.lock:
-            row = _row(counts.rows, (group, topic, now - now % MINUTE_MS))
+            rows = counts.rows
+            row = rows.get(key) or _row(rows, key)
             row[outcome] += 1
             row[column] += 1
             row["duration_sum"] += duration
@@ -145,15 +147,13 @@ class MinuteRollup(Instruments):
                 row["dead_lettered"] += 1
             if attempt == 1:
                 created = delivery.row.created_at
-                _row(counts.rows, (group, topic, created - created % MINUTE_MS))[
-                    "published"] += 1
+                _row(rows, (group, topic, created - created % MINUTE_MS))["published"] += 1
 
-    def _counts(self) -> ThreadCounts:
-        counts: ThreadCounts | None = getattr(self._local, "counts", None)
-        if counts is None:
-            counts = self._local.counts = ThreadCounts()
-            with self._threads_lock:
-                self._threads.append(counts)
+    def _new_counts(self) -> ThreadCounts:
+        """This thread's rows, at its first run."""
+        counts = self._local.counts = ThreadCounts()
+        with self._threads_lock:
+            self._threads.append(counts)
         return counts
 
     def _sum_up(self) -> None:
