@@ -6,6 +6,7 @@ starting again after a lost connection. A mixin of ``Runner``.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.clock import Clock
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.subscriber import Subscriber
+from sqlqueue.consuming.takeover import record_first_server, void_old_server
 from sqlqueue.horizon import SettledCache
 from sqlqueue.storage.sql import dialect_for
 
@@ -24,6 +26,8 @@ from sqlqueue.storage.sql import dialect_for
 #: connections, where a 10 s cap cost up to 10 s more (wave-3 trial). An attempt is one
 #: connection attempt: cheap for the server even from many runners.
 RECONNECT_BACKOFF = (0.5, 1.0, 2.0)
+
+logger = logging.getLogger("sqlqueue.consumer")
 
 
 def lock_wait_seconds(conf: QueueSettings) -> int:
@@ -67,17 +71,24 @@ class ServerWatch:
         self._check_server(server)
         return int(head)
 
-        return int(head)
-
     def _check_server(self, server: str) -> None:
         """Raise ServerChanged if ``server`` is not the one this process talked to."""
         if self._server is None:
+            # Recorded before any lease is taken here (see sqlqueue.consuming.takeover).
+            record_first_server(self.alias, server)
             self._server = server
         elif server != self._server:
             raise ServerChanged(self._server, server)
 
     def _forget_server(self, server: str) -> None:
-        self._server = server
+        before, self._server = self._server, server
+        try:
+            if before is not None:
+                void_old_server(self.alias, before, server)
+        except AnyDatabaseError as exc:
+            logger.warning("Could not void the leases and deliveries of the old server "
+                           "(%s): they run out instead (LEASE_DURATION, VISIBILITY_TIMEOUT).",
+                           exc)
         self._horizon.forget()  # a horizon of the old server says nothing here
         self.clock.invalidate()
         for subscriber in self.subscribers:
@@ -89,11 +100,15 @@ class ServerWatch:
         return execute(sql, params, many, context)
 
     def _bound_lock_waits(self, connection: Any, cursor: Any) -> None:
-        """Once per database connection (a new one after a reconnect): for the session,
+        """Once per database connection (a new one after a reconnect): which server it
+        reaches (``ServerChanged``); its lock waits bounded for the session,
         unless the connection goes through a pooler, whose sessions other clients get
         next; then in each transaction (``_bound_transaction_lock_waits``)."""
         if connection.connection is not self._bounded_connection:
             dialect = dialect_for(connection)
+            # A new connection (the first, or after a lost one) may reach another server:
+            # known before this cycle takes or writes anything.
+            self._check_server(dialect.server_identity(cursor))
             self._pooled = (dialect.bound_transaction_lock_waits(1) is not None
                             and dialect.through_pooler(cursor))
             if not self._pooled:

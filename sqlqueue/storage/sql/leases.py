@@ -99,3 +99,21 @@ class LeaseStatements(VendorHooks):
         """``list_pauses``: every pause, as (group, topic); "" matches any."""
         cursor.execute(*self.sql.list_pauses())
         return [(str(group), str(topic)) for group, topic in cursor.fetchall()]
+
+    # the server record (a failover) ---------------------------------------------------------
+    def record_server(self, cursor: CursorWrapper, server: str,
+                      replacing: Sequence[str] | None = None) -> bool:
+        """``ensure_server_record`` then ``record_server``: did the record change to name
+        ``server`` (it named one of ``replacing``, or any other server when not given)?
+        The record stays locked until commit."""
+        cursor.execute(*self.sql.ensure_server_record())
+        cursor.execute(*self.sql.record_server(server, replacing))
+        return int(cursor.rowcount) == 1
+
+    def void_grants(self, cursor: CursorWrapper) -> tuple[int, int]:
+        """``void_leases`` and ``void_deliveries``: how many leases and deliveries of the
+        old server were voided."""
+        cursor.execute(*self.sql.void_leases())
+        leases = int(cursor.rowcount)
+        cursor.execute(*self.sql.void_deliveries())
+        return leases, int(cursor.rowcount)

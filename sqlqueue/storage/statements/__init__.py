@@ -12,6 +12,7 @@ tests/integration/test_statement_layer.py runs every builder against every datab
 from __future__ import annotations
 
 from sqlqueue.storage.statements.delivery import DeliveryStatements, PostgreSQLDelivery
+from sqlqueue.storage.statements.failover import FailoverStatements
 from sqlqueue.storage.statements.membership import MembershipStatements
 from sqlqueue.storage.statements.operating import OperatingStatements
 from sqlqueue.storage.statements.postgresql import PostgreSQLVendor
@@ -33,7 +34,7 @@ from sqlqueue.storage.statements.watermarks import WatermarkStatements
 
 class Statements(PublishingStatements, DeliveryStatements, WatermarkStatements,
                  MembershipStatements, OperatingStatements, ScheduleStatements,
-                 SessionStatements):
+                 SessionStatements, FailoverStatements):
     """Every shared statement; a vendor's hooks come first in its subclass's bases."""
 
 
