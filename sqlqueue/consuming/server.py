@@ -107,8 +107,9 @@ class ServerWatch:
         if connection.connection is not self._bounded_connection:
             dialect = dialect_for(connection)
             # A new connection (the first, or after a lost one) may reach another server:
-            # known before this cycle takes or writes anything.
-            self._check_server(dialect.server_identity(cursor))
+            # known before this cycle takes or writes anything (the head query's answer,
+            # as at every poll).
+            self._head(dialect, cursor)
             self._pooled = (dialect.bound_transaction_lock_waits(1) is not None
                             and dialect.through_pooler(cursor))
             if not self._pooled:
