@@ -78,10 +78,10 @@ class PatroniCluster:
         self.nodes: list[subprocess.Popen[bytes] | None] = [None] * size
 
     def _spawn(self, name: str, *command: str) -> subprocess.Popen[bytes]:
-        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 (the child keeps it)
-        return subprocess.Popen(list(command), user=self.uid, group=self.gid, extra_groups=[],
-                                cwd=self.root, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        with open(self.root / f"{name}.log", "ab") as log:  # the child keeps its own copy
+            return subprocess.Popen(list(command), user=self.uid, group=self.gid,
+                                    extra_groups=[], cwd=self.root, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
 
     def url(self, database: str) -> str:
         """Every node, the writable one chosen at connect (libpq's multi-host string)."""
