@@ -57,6 +57,20 @@ def server_session_pid_sql() -> str:
     return PostgreSQLStatements().server_session_pid()[0]
 
 
+def server_identity_sql() -> str:
+    """``server_identity``, for connections without a dialect (the listener's): the
+    address and port the server answered on, and when it started."""
+    return PostgreSQLStatements().server_identity()[0]
+
+
+def server_address(identity: str) -> tuple[str, int] | None:
+    """(host, port) of a ``server_identity`` answer ('10.0.0.5:5432 started ...'); None
+    when the session came in through a Unix socket (no address)."""
+    address = identity.split(" started ", 1)[0]
+    host, _, port = address.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
 def name_session_sql() -> str:
     """``name_session``, for connections without a dialect (the listener's); one
     parameter, the name."""
