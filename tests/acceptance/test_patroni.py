@@ -16,7 +16,6 @@ the reason when they are missing)."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ import pytest
 from tests.acceptance.patroni import PatroniCluster, can_start_patroni, own_patroni
 from tests.acceptance.processes import ROOT, runconsumer, wait_for
 from tests.acceptance.servers import manage
+from tests.history.checker import check, report
+from tests.history.model import Fault, GroupConfig, History, Publish, Run
 
 DATABASE = "patroni_test"
 TOPIC = "accept.patroni"
@@ -37,9 +38,11 @@ WORKER_SETTINGS = {"RETENTION": 3600}
 #: delivery must resume this soon after the promotion (the issue's bar)
 RESUME_WITHIN = 10.0
 
-# About 50 messages a second over the partitions, one send_message per autocommit;
-# prints "<id> <offset>" once its commit returned. On a database error (the failover) it
-# waits a little and goes on with the next id, as an application with retries would.
+# About 40 messages a second over the partitions, one send_message per autocommit;
+# prints "ok <id> <partition> <offset> <began ms> <ended ms>" once its commit returned,
+# or "failed <id> <partition> - ..." on a database error (the failover: its commit may
+# or may not have happened; the new primary says), then waits a little and goes on with
+# the next id, as an application with retries would.
 PUBLISH = f"""
 import os, time
 from django.db import Error, connection
@@ -47,13 +50,15 @@ from sqlqueue import send_message
 n = 0
 while not os.path.exists(os.environ["STOP_FILE"]):
     n += 1
+    partition, began = f"p{{n % {PARTITIONS}}}", time.time() * 1000
     try:
-        sent = send_message({TOPIC!r}, {{}}, id=f"m{{n}}", partition_key=f"p{{n % {PARTITIONS}}}")
+        offset = send_message({TOPIC!r}, {{}}, id=f"m{{n}}", partition_key=partition).offset
     except Error:
+        print("failed", f"m{{n}}", partition, "-", began, time.time() * 1000, flush=True)
         connection.close()
         time.sleep(0.2)
         continue
-    print(sent.id, sent.offset, flush=True)
+    print("ok", f"m{{n}}", partition, offset, began, time.time() * 1000, flush=True)
     time.sleep(0.02)
 """
 
@@ -63,15 +68,15 @@ pytestmark = pytest.mark.skipif(
            "them), PostgreSQL 15 and the postgres user, as root")
 
 
-def journal(paths: list[Path]) -> list[tuple[str, str, int, str, int, float]]:
-    """(event, id, offset, partition, attempt, wall time) of every handler call."""
+def journal(paths: list[Path]) -> list[tuple[str, str, int, str, int, float, str]]:
+    """(event, id, offset, partition, attempt, wall time, runner) of every handler call."""
     found = []
-    for path in paths:
+    for runner, path in enumerate(paths):
         if path.exists():
             for line in path.read_text().splitlines():
                 event, message_id, offset, partition, attempt, at = line.split()
                 found.append((event, message_id, int(offset), partition, int(attempt),
-                              float(at)))
+                              float(at), f"w{runner}"))
     return found
 
 
@@ -83,6 +88,44 @@ def stored(cluster: PatroniCluster, node: int) -> set[tuple[str, int]]:
     rows = cluster.sql(node, 'SELECT id, "offset" FROM queue_messages '
                              f"WHERE topic = '{TOPIC}'", DATABASE)
     return {(i, int(o)) for i, o in (line.split("|") for line in rows.splitlines() if line)}
+
+
+def history_of(published: str, calls: list[tuple[str, str, int, str, int, float, str]],
+               cluster: PatroniCluster, node: int, fault: Fault) -> History:
+    """The run as the history checker reads it (tests/history): the publishes (one whose
+    commit failed counts as committed if the new primary has it: the database decides an
+    in-doubt commit), every handler call, the failover, and the new primary's state."""
+    stored_ids = dict(stored(cluster, node))
+    publishes = []
+    for line in published.splitlines():
+        fields = line.split()
+        if len(fields) != 6 or fields[0] not in ("ok", "failed"):
+            continue
+        kind, message_id, partition, offset, began, ended = fields
+        committed = kind == "ok" or message_id in stored_ids
+        publishes.append(Publish(
+            "publisher", TOPIC, partition, message_id,
+            int(offset) if kind == "ok" else stored_ids.get(message_id), float(began),
+            float(began), float(ended), committed))
+    starts = {(c[1], c[4], c[6]): c for c in calls if c[0] == "start"}
+    ends = {(c[1], c[4], c[6]): c for c in calls if c[0] == "end"}
+    runs = [Run("patroni", TOPIC, partition, offset, message_id, attempt, runner,
+                at * 1000, ends[key][5] * 1000 if key in ends else None,
+                "ok" if key in ends else "cut")
+            for key, (_, message_id, offset, partition, attempt, at, runner) in starts.items()]
+    history = History(TOPIC, {"patroni": GroupConfig(visibility_ms=60_000)},
+                      publishes=publishes, runs=runs, faults=[fault])
+    offsets = {p: int(o) for p, o in (line.split("|") for line in cluster.sql(
+        node, "SELECT partition_key, offset_acked FROM queue_offsets WHERE "
+        f"consumer_group = 'patroni' AND topic = '{TOPIC}'", DATABASE).splitlines())}
+    acked = {(p, int(o)) for p, o in (line.split("|") for line in cluster.sql(
+        node, "SELECT partition_key, message_offset FROM queue_delivery_state WHERE "
+        f"consumer_group = 'patroni' AND topic = '{TOPIC}' AND acked", DATABASE).splitlines())}
+    partition_of = {p.id: p.partition for p in publishes}
+    history.final.stored = {(partition_of.get(i, ""), o): i for i, o in stored_ids.items()}
+    history.final.acked = {("patroni", p, o) for p, o in history.final.stored
+                           if (p, o) in acked or o <= offsets.get(p, 0)}
+    return history
 
 
 def test_a_patroni_failover_loses_and_skips_nothing_and_resumes_within_seconds(
@@ -116,8 +159,8 @@ def test_a_patroni_failover_loses_and_skips_nothing_and_resumes_within_seconds(
         stop.touch()
         published, errors = publisher.communicate(timeout=60)
         assert publisher.returncode == 0, errors
-        acked = {(i, int(o)) for i, o in (line.split() for line in published.splitlines()
-                                          if re.fullmatch(r"m\d+ \d+", line))}
+        acked = {(fields[1], int(fields[3])) for fields in
+                 (line.split() for line in published.splitlines()) if fields[:1] == ["ok"]}
         surviving = stored(cluster, 1)
         try:
             wait_for(lambda: surviving <= ended(journals), timeout=120, interval=0.5,
@@ -126,19 +169,24 @@ def test_a_patroni_failover_loses_and_skips_nothing_and_resumes_within_seconds(
             skipped = sorted(surviving - ended(journals), key=lambda m: m[1])
             raise AssertionError(f"{len(skipped)} of {len(surviving)} messages on the new "
                                  f"primary never handled: {skipped[:20]}") from None
-        calls = journal(journals)
         logs = []
         for worker in processes[:2]:
             worker.terminate()
             logs.append(worker.communicate(timeout=60)[1])
+        calls = journal(journals)
+        # The failover, from the kill until delivery had to be back.
+        history = history_of(published, calls, cluster, 1, Fault(
+            "failover", killed_at * 1000, (promoted_at + RESUME_WITHIN) * 1000))
+    violations = check(history)
+    assert not violations, report(history, violations)
     lost = acked - surviving
     # When each partition was first served again: a handler started on a delivery of
     # the new primary (the old one is dead: any start after the promotion is one).
     resumed = {}
-    for event, _, _, partition, _, at in sorted(calls, key=lambda call: call[-1]):
+    for event, _, _, partition, _, at, _ in sorted(calls, key=lambda call: call[5]):
         if event == "start" and at > promoted_at and partition not in resumed:
             resumed[partition] = at - promoted_at
-    redelivered = sum(1 for event, *_, attempt, _ in calls if event == "start" and attempt > 1)
+    redelivered = sum(1 for c in calls if c[0] == "start" and c[4] > 1)
     duplicates = len([c for c in calls if c[0] == "end"]) - len(ended(journals))
     print(f"\nPatroni, 2 nodes, synchronous_mode, kill -9 of the primary under load: "
           f"promoted {promoted_at - killed_at:.1f} s after the kill; published "
@@ -146,7 +194,9 @@ def test_a_patroni_failover_loses_and_skips_nothing_and_resumes_within_seconds(
           f"acked but lost {len(lost)}, handled {len(surviving & ended(journals))} of "
           f"{len(surviving)} (skipped 0), handled twice {duplicates}, attempts > 1 "
           f"{redelivered}; delivery resumed {min(resumed.values()):.1f} s after the "
-          f"promotion, every partition served again within {max(resumed.values()):.1f} s")
+          f"promotion, every partition served again within {max(resumed.values()):.1f} s; "
+          f"history checked: {len(history.publishes)} publishes, {len(history.runs)} runs, "
+          "0 violations")
     assert not lost, sorted(lost, key=lambda m: m[1])[:20]
     assert len(resumed) == PARTITIONS, resumed
     assert max(resumed.values()) <= RESUME_WITHIN, resumed

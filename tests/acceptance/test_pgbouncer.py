@@ -47,13 +47,13 @@ def handled(server: PostgreSQL) -> tuple[int, int]:
     return int(distinct), int(total)
 
 
-def server_sessions(server: PostgreSQL) -> tuple[int, int]:
+def server_sessions(server: PostgreSQL, database: str = DATABASE) -> tuple[int, int]:
     """(sessions of the database other than listeners, listening sessions), this
     query's own session left out."""
     counts = server.sql(
         "SELECT COUNT(*) FILTER (WHERE query NOT LIKE 'LISTEN%'), "
         "COUNT(*) FILTER (WHERE query LIKE 'LISTEN%') FROM pg_stat_activity "
-        f"WHERE datname = '{DATABASE}' AND pid <> pg_backend_pid()", DATABASE)
+        f"WHERE datname = '{database}' AND pid <> pg_backend_pid()", database)
     others, listeners = counts.strip().split("|")
     return int(others), int(listeners)
 
@@ -172,17 +172,28 @@ def warnings_of_check(url: str) -> str:
 
 
 def run_paced(processes: list, server: PostgreSQL, url: str, direct: str, name: str,
-              settings: dict[str, object]) -> tuple[subprocess.Popen[str], float]:
+              settings: dict[str, object], listens: bool = True,
+              ) -> tuple[subprocess.Popen[str], float]:
     """A runner on ``url`` (``direct``: the listener alias's address, when the settings
-    name one) and ``PACED`` messages; returns the runner and the p50 latency."""
+    name one) and ``PACED`` messages once it listens (``listens``) or has handled a first
+    one; returns the runner and the p50 latency."""
     database = direct.rsplit("/", 1)[-1]
     runner = runconsumer("--group", "workers", "--name", name, settings=settings,
                          env={"DATABASE_URL": url, "SQLQUEUE_TEST_LISTEN_URL": direct})
     processes.append(runner)
+    if listens:
+        wait_for(lambda: server_sessions(server, database)[1] == 1, what=f"{name} listening")
+    else:  # started and polling: a first message handled
+        manage(url, "shell", "-c", "from sqlqueue import send_message; "
+               "send_message('accept.work', {}, partition_key='warm-up')")
+        wait_for(lambda: server.sql("SELECT COUNT(*) FROM testapp_handlercall WHERE "
+                                    "event = 'finished'", database).strip() == "1",
+                 what=f"{name} running")
     publish_paced(url)
     wait_for(lambda: int(server.sql(
         "SELECT COUNT(DISTINCT message_offset) FROM testapp_handlercall WHERE "
-        "event = 'finished'", database)) >= PACED, timeout=60, what=name)
+        "event = 'finished'", database)) >= PACED + (0 if listens else 1), timeout=60,
+        what=name)
     return runner, latency_p50_ms(server, database)
 
 
@@ -218,7 +229,8 @@ def test_through_the_pool_the_listener_goes_past_it_and_nothing_is_inherited(
             url = {"socket": socket_bouncer.url(database), "pooled": bouncer.url(database),
                    "direct": address}[kind]
             other, figures[name] = run_paced(processes, server, url, address,
-                                             f"run{len(figures)}", settings)
+                                             f"run{len(figures)}", settings,
+                                             listens=kind != "socket")
             if kind == "socket":
                 socket_runner = other
                 assert "through a Unix socket" in warnings_of_check(url)  # W106
