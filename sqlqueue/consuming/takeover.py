@@ -5,17 +5,19 @@ deliveries the old server granted are void there, instead of being waited out
 Each database keeps a record of the server its leases and deliveries were granted by
 (``sqlqueue.storage.statements.failover``). A runner records its server when it first
 talks to it, before it takes any lease there; the first runner that notices a change from
-the server the record names voids every lease and every delivery in flight, under the
-record's lock, and records the new server. Whoever comes later finds the new server
-recorded and voids nothing: what was granted since is the new server's.
+the server the record names voids every lease, every heartbeat and every delivery in
+flight, under the record's lock, and records the new server. Whoever comes later finds
+the new server recorded and voids nothing: what was granted since is the new server's.
 
 Nothing weakens. A voided lease expires under a new generation, so a subscriber still on
 the old server, whose connection then reaches the new one, fails its fence and writes
 nothing as owner (an atomic handler's ack checks its server too, SPEC I16); the voided
-deliveries are delivered again (at least once). When the record names neither the
-runner's previous server nor nobody (another runner recorded the new server first, or
-reaches it under another address), nothing is voided and the old grants run out as
-before.
+deliveries are delivered again (at least once). The voided heartbeats only say who is
+alive for the fair shares: each subscriber that reaches the new server heartbeats at once,
+and one that died with the old one no longer keeps a share of partitions unserved until
+its heartbeat runs out. When the record names neither the runner's previous server nor
+nobody (another runner recorded the new server first, or reaches it under another
+address), nothing is voided and the old grants run out as before.
 """
 
 from __future__ import annotations

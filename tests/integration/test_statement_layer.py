@@ -528,7 +528,11 @@ def test_server_record_and_voids(executor: Executor) -> None:
     executor.run(sql.write_outcomes("g", "t", [OutcomeWrite("k", failed, False, 10**15,
                                                             "boom"),
                                                OutcomeWrite("k", acked, True, 0)]))
+    executor.run(sql.heartbeat("g", "t", "w"))
+    assert executor.rows(sql.live_subscribers("g", "t", 30_000)) == [("w",)]
     assert executor.run(sql.void_leases()) == 1  # not the record
+    assert executor.run(sql.void_heartbeats()) == 1
+    assert executor.rows(sql.live_subscribers("g", "t", 30_000)) == []
     assert executor.run(sql.void_deliveries()) == 1
     ((_, owner, generation, age),) = executor.rows(sql.list_leases("g", "t"))
     assert (owner, int(generation)) == ("w", 2) and int(age) >= 30_000

@@ -111,9 +111,10 @@ class LeaseStatements(VendorHooks):
         return int(cursor.rowcount) == 1
 
     def void_grants(self, cursor: CursorWrapper) -> tuple[int, int]:
-        """``void_leases`` and ``void_deliveries``: how many leases and deliveries of the
-        old server were voided."""
+        """``void_leases``, ``void_heartbeats`` and ``void_deliveries``: how many leases
+        and deliveries of the old server were voided."""
         cursor.execute(*self.sql.void_leases())
         leases = int(cursor.rowcount)
+        cursor.execute(*self.sql.void_heartbeats())
         cursor.execute(*self.sql.void_deliveries())
         return leases, int(cursor.rowcount)

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlqueue.storage.statements.tables import GROUP_KEY, LEASES_TABLE, STATE_TABLE
+from sqlqueue.storage.statements.tables import (
+    GROUP_KEY,
+    HEARTBEATS_TABLE,
+    LEASES_TABLE,
+    STATE_TABLE,
+)
 from sqlqueue.storage.statements.vendors import Statement, Vendor
 
 #: the key of the server record in queue_partition_leases (group, topic, partition)
@@ -74,6 +79,14 @@ class FailoverStatements(Vendor):
             f"{q('generation')} = {q('generation')} + 1 WHERE {q('consumer_group')} <> %s",
             [SERVER_RECORD_KEY[0]],
         )
+
+    def void_heartbeats(self) -> Statement:
+        """``void_heartbeats``: no subscriber counts as alive until it heartbeats on this
+        server, so that the fair shares are those of the subscribers that reached it (a
+        subscriber that died with the old server no longer keeps a share unserved)."""
+        q = self.quote
+        return (f"UPDATE {q(HEARTBEATS_TABLE)} SET {q('heartbeat_at')} = 0 "
+                f"WHERE {q('heartbeat_at')} > %s", [0])
 
     def void_deliveries(self) -> Statement:
         """``void_deliveries``: deliveries in flight become visible at once. Only rows
