@@ -127,7 +127,9 @@ class DeliveryState(models.Model):
 
 
 class PartitionLease(models.Model):
-    """Which subscriber owns a (group, topic, partition), until when, with which generation."""
+    """Which subscriber owns a (group, topic, partition), until when, with which generation.
+    The row under the empty group records which server granted them (failover:
+    ``sqlqueue.consuming.takeover``)."""
 
     pk = models.CompositePrimaryKey("consumer_group", "topic", "partition_key")
     consumer_group = _name()

@@ -382,7 +382,7 @@ class Runner:
     # -- the server -----------------------------------------------------------------------------
     def _forget_server(self, server: str) -> None:
         """The connection reached another server: nothing learnt on the old one holds."""
-        self.server.server = server
+        self.server.changed_to(server)
         self.horizon.forget()
         self.clock.invalidate()
         for subscriber in self.subscribers:

@@ -313,7 +313,8 @@ class TestInsideATransactionTestCase(ToolkitCases, TransactionTestCase):
 
         self.place_order("lease")
         run_consumers(group="billing")
-        self.assertEqual(list(PartitionLease.objects.all()), [])
+        # (the row under the empty group records the server: sqlqueue.consuming.takeover)
+        self.assertEqual(list(PartitionLease.objects.exclude(consumer_group="")), [])
 
 
 class TestAcrossRoutedDatabases(TransactionTestCase):

@@ -48,6 +48,14 @@ COPY_MIN_ROWS = 50
 STATEMENTS = PostgreSQLStatements()
 
 
+def server_address(identity: str) -> tuple[str, int] | None:
+    """(host, port) of a ``server_identity`` answer ('10.0.0.5:5432 started ...'); None
+    when the session came in through a Unix socket (no address)."""
+    address = identity.split(" started ", 1)[0]
+    host, _, port = address.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
 def reaches_server_directly(cursor: Any, driver_pid: int) -> bool:
     """Does the connection whose driver was told ``driver_pid`` at connect time reach
     its server session directly? Every connection pooler (PgBouncer, RDS Proxy, ...)
