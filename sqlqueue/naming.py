@@ -138,7 +138,7 @@ def has_unstorable_text(text: str) -> bool:
 
 
 def storable_text(value: object, max_chars: int = MAX_STORED_TEXT_CHARS) -> str:
-    """``value`` as text every database stores (SPEC I15): NUL and lone surrogates
+    """``value`` as text every database stores (guarantee I15): NUL and lone surrogates
     replaced by U+FFFD, at most ``max_chars`` characters (the start and the end kept).
     Never raises: a value whose ``str()`` raises is described by its type."""
     if type(value) is not str:

@@ -136,7 +136,7 @@ def encode_metadata(metadata: Any, conf: QueueSettings) -> str | None:
             )
         if "\x00" in key or "\x00" in value:
             # PostgreSQL's jsonb cannot hold one: refused on every database alike, before
-            # anything is sent (SPEC I15), rather than a DataError on one of them.
+            # anything is sent (guarantee I15), rather than a DataError on one of them.
             raise InvalidMessage(f"metadata {key[:50]!r} contains the NUL character "
                                  "(U+0000), which databases cannot store as text.")
     if not metadata:
