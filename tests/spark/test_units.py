@@ -48,7 +48,7 @@ def test_executor_modules_import_without_django() -> None:
 ])
 def test_names_follow_the_publishing_rules(value: str) -> None:
     try:
-        publishing.check_name("id", value)
+        publishing.check_message_name("id", value)
         expected = None
     except InvalidMessage as exc:
         expected = str(exc)
