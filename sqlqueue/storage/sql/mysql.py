@@ -80,23 +80,25 @@ class MySQLDialect(Dialect):
         raw = self.connection.connection
         escaped: dict[str, bytes] = {}
         values: list[bytes] = []
+        # Bound once: a 1,000-row publish passes 8,000 values through this loop.
+        append, cached, string_literal = values.append, escaped.get, raw.string_literal
         for value in params:  # one loop, no call per value: this runs for every message
             kind = type(value)
             if kind is int:
-                values.append(b"%d" % value)
+                append(b"%d" % value)
             elif kind is str:
-                found = escaped.get(value)
+                found = cached(value)
                 if found is None:
-                    found = escaped[value] = raw.string_literal(value.encode("utf-8"))
-                values.append(found)
+                    found = escaped[value] = string_literal(value.encode("utf-8"))
+                append(found)
             elif kind is bytes:  # a payload
-                values.append(raw.string_literal(value))
+                append(string_literal(value))
             elif value is None:
-                values.append(b"NULL")
+                append(b"NULL")
             elif kind is bool:
-                values.append(b"1" if value else b"0")
+                append(b"1" if value else b"0")
             else:
-                values.append(bytes(raw.literal(value)))
+                append(bytes(raw.literal(value)))
         cursor.execute(sql.encode("utf-8") % tuple(values))  # type: ignore[arg-type]
 
     def insert_messages(
