@@ -2,11 +2,11 @@
 
 Every ``LEASE_RENEW_INTERVAL`` a subscriber heartbeats, renews the leases it holds, reads
 who is alive and who holds what, and then gives up or takes partitions so that with S
-live subscribers and P partitions each holds floor(P/S) or ceil(P/S) (SPEC I12): the
+live subscribers and P partitions each holds floor(P/S) or ceil(P/S) (guarantee I12): the
 subscribers sorted by name, the first P mod S get one more. All times are the database's
-(SPEC I11); locally, a lease is trusted only until a deadline computed from the database's
+(guarantee I11); locally, a lease is trusted only until a deadline computed from the database's
 own view of it, minus a safety margin, on the monotonic clock, so a paused or cut-off
-subscriber stops starting handlers before anyone else can take its partitions (SPEC I5).
+subscriber stops starting handlers before anyone else can take its partitions (guarantee I5).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class LeaseKeeper:
                 # acquiring at once (the lock waits are bounded, a deadlock costs a tick).
                 candidates = sorted((free[start:] + free[:start])[:wanted])
                 # An expired lease is still locked while its paused holder's transaction
-                # stays open (fencing, SPEC I5): the lock wait is bounded; try again later.
+                # stays open (fencing, guarantee I5): the lock wait is bounded; try again later.
                 self._unless_locked(dialect, "acquiring leases", lambda: dialect.acquire_leases(
                     cursor, self.group, self.topic, candidates, self.name, self.duration_ms))
                 self._adopt(dialect.list_leases(cursor, self.group, self.topic), started)

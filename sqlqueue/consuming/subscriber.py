@@ -43,7 +43,7 @@ class Subscriber:
         self.consumer = consumer
         # The database clock (epoch ms), read at each decision rather than once a cycle: a
         # statement can wait seconds for a lock, and a reading from before the wait would
-        # stamp visibility, backoff and covered_at_ms that far in the past (SPEC I4, I10).
+        # stamp visibility, backoff and covered_at_ms that far in the past (guarantee I4, I10).
         self.clock = clock
         # The same clock read on handler threads (extend_visibility): never a query.
         self.hold_clock = hold_clock or clock
@@ -165,7 +165,7 @@ class Subscriber:
         """Inside the cycle's transaction: share-lock this (group, topic)'s leases and keep
         only the partitions still held with the same generation. Until the transaction
         ends nobody can take them over, so every write that follows is made as owner
-        (fencing against a subscriber that was paused or cut off, SPEC I5)."""
+        (fencing against a subscriber that was paused or cut off, guarantee I5)."""
         if not self.partitions:
             return
         # Only this subscriber's own lease rows (primary-key lookups): a peer paused inside
@@ -315,7 +315,7 @@ class Subscriber:
         """Acks and retries in one statement; returns the retries as written. Their
         backoffs start from a reading of the clock taken just before; if the statement
         waited for a lock, they are stamped again from a fresh one (the locks are held by
-        now), so that no wait cuts one short (SPEC I9)."""
+        now), so that no wait cuts one short (guarantee I9)."""
         now = self.clock()
         retries = [retry.stamped(now) for retry in retries]
         write_acks(cursor, self.dialect, self.group, self.topic, acks,

@@ -11,7 +11,7 @@ the new server recorded and voids nothing: what was granted since is the new ser
 
 Nothing weakens. A voided lease expires under a new generation, so a subscriber still on
 the old server, whose connection then reaches the new one, fails its fence and writes
-nothing as owner (an atomic handler's ack checks its server too, SPEC I16); the voided
+nothing as owner (an atomic handler's ack checks its server too, guarantee I16); the voided
 deliveries are delivered again (at least once). The voided heartbeats only say who is
 alive for the fair shares: each subscriber that reaches the new server heartbeats at once,
 and one that died with the old one no longer keeps a share of partitions unserved until

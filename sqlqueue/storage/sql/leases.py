@@ -19,7 +19,7 @@ def _lease_rows(rows: Sequence[Sequence[Any]]) -> list[LeaseRow]:
     return [(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
 
 
-class LeaseStatements(VendorHooks):
+class LeaseAccess(VendorHooks):
     """Mixin for ``Dialect``: leases, heartbeats and pauses."""
 
     # leases -------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, transaction
 from django.db.backends.utils import CursorWrapper
 
+from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.base import Dialect, MessageRow
 from sqlqueue.storage.sql.prepared import (
@@ -66,7 +67,7 @@ def reaches_server_directly(cursor: Any, driver_pid: int) -> bool:
     return reached is not None and int(reached[0]) == driver_pid
 
 
-class DuplicateMessage(IntegrityError):
+class DuplicateMessage(IntegrityError, SqlqueueError):
     """An ``insert_messages`` row whose (topic, partition_key, id) is stored already,
     inside a transaction.
 
