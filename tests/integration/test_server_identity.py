@@ -24,6 +24,7 @@ from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner, ServerChanged
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.operations.positions import reset_position
+from sqlqueue.storage import store
 from sqlqueue.storage.sql import dialect_for
 from tests.integration.consuming_helpers import fast_settings, register
 
@@ -265,7 +266,7 @@ def test_a_failover_voids_the_old_servers_leases_and_deliveries_at_once(
             assert PartitionLease.objects.get(
                 consumer_group="g", partition_key="k").generation >= old + 2
             with connection.cursor() as cursor, pytest.raises(ServerChanged) as changed:
-                late._head(dialect_for(connection), cursor)  # (its cycle's first read)
+                late.server.head(store(connection), cursor)  # (its cycle's first read)
             late._forget_server(changed.value.now)
         assert len([r for r in caplog.records if r.getMessage().startswith("Voided")]) == 1
         assert first.subscribers[0].leases.owned  # the new grants stay the new server's
@@ -273,7 +274,7 @@ def test_a_failover_voids_the_old_servers_leases_and_deliveries_at_once(
         release.set()
         for runner in made:
             runner.stop()
-            runner._shutdown()
+            runner.shutdown()
 
 
 def test_a_stale_holder_cannot_write_after_the_void(
