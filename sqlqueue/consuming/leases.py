@@ -31,6 +31,9 @@ QUICK_TICK = 0.25  # seconds between ticks while a rebalance is under way
 FREE_LEASE_RECHECK = 1.0
 #: while busy, look this often between ticks whether a subscriber joined or left
 MEMBERSHIP_RECHECK = 1.0
+#: the same for an --until-empty runner: whoever finishes first leaves its partitions to
+#: the others, whose exit waits for them to be taken and read to the end
+WATCH_RECHECK = QUICK_TICK
 # While waiting for partitions to be handed over, quick ticks go on for about two renew
 # intervals without progress: the time a holder may take to notice a new member, finish
 # its in-flight work on the partitions it gives up, and let go.
@@ -106,8 +109,13 @@ class LeaseKeeper:
             self._free_noticed_at = now
             self.hurry()
 
-    def membership_check_due(self) -> bool:
-        return time.monotonic() - self._members_checked_at >= MEMBERSHIP_RECHECK
+    def awaiting_share(self) -> bool:
+        """Short of the fair share at the last tick, and still ticking quickly for the
+        partitions a holder is to hand over (for about two renew intervals at most)."""
+        return len(self.owned) < self.share and self._quick_left > 0
+
+    def membership_check_due(self, every: float = MEMBERSHIP_RECHECK) -> bool:
+        return time.monotonic() - self._members_checked_at >= every
 
     def check_membership(self, cursor: CursorWrapper, dialect: Dialect,
                          discovered: Iterable[str]) -> None:
