@@ -102,11 +102,13 @@ test-lts: bootstrap-lts
 test: lint docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-wheel test-lts
 
 # The topology report's runs (docs/guides/topologies.md), the soak ones included, with
-# their figures printed: servers of the tests' own (MariaDB replicas, a Galera cluster).
-topologies: bootstrap
+# their figures printed: servers of the tests' own (MariaDB replicas, a Galera cluster,
+# a Patroni + etcd cluster: bootstrap installs Debian's patroni and etcd-server for it).
+topologies:
+	@SQLQUEUE_BOOTSTRAP_TOPOLOGIES=1 ./.ci/bootstrap
 	DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -s -m "" tests/acceptance/test_failover.py \
 		tests/acceptance/test_async_failover.py tests/acceptance/test_semisync.py \
-		tests/acceptance/test_galera.py $(PYTEST_ARGS)
+		tests/acceptance/test_galera.py tests/acceptance/test_patroni.py $(PYTEST_ARGS)
 
 # Long fault run with its history checked, not part of `make test`
 # (docs/guides/operations.md): on a database server of its own (SOAK_DATABASE=mariadb or

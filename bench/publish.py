@@ -5,7 +5,10 @@
     .venv/bin/python -m bench.publish --single 5000 --bulk 100000 --json out.json
 
 Measures, on an emptied queue table, the median of --rounds runs (3 by default):
-  single: one send_message per transaction.atomic() (what a web request does)
+  single: one send_message per transaction.atomic() (what a web request does), and one
+          outside any transaction (autocommit), each beside its floor measured in the same
+          run, the blocks taken in turns: a bare INSERT of the same payload through
+          Django's cursor, in atomic() and in autocommit (``single_vs_floor``: the ratios)
   bulk:   send_messages in batches of --batch messages, one transaction per batch
   bulk from --processes publishers at once (2 by default): the aggregate rate
 """
@@ -65,16 +68,40 @@ def _ensure_postgresql_database(url: str, *, afresh: bool) -> None:
             server.execute(sql.SQL("CREATE DATABASE {}").format(name))
 
 
-def bench_single(count: int) -> float:
-    from django.db import transaction
+def bench_single(count: int) -> dict[str, dict[str, Any]]:
+    """One message at a time, four ways in turns (``bench.baseline.interleaved``):
+    ``publish_atomic`` (``send_message`` in its own ``atomic()``), ``publish_autocommit``
+    (outside any transaction), and their floors ``insert_atomic`` and
+    ``insert_autocommit``: the same payload's JSON in a bare INSERT through Django's
+    cursor."""
+    from django.db import connection, transaction
 
+    from bench.baseline import FloorTable, interleaved
     from sqlqueue import send_message
 
-    started = time.perf_counter()
-    for n in range(count):
-        with transaction.atomic():
-            send_message("bench.single", {"seq": n, "t": time.time()}, partition_key=f"p{n % 16}")
-    return count / (time.perf_counter() - started)
+    def publish(first: int, size: int) -> None:
+        for n in range(first, first + size):
+            send_message("bench.single", {"seq": n, "t": time.time()},
+                         partition_key=f"p{n % 16}")
+
+    def insert(first: int, size: int) -> None:
+        for n in range(first, first + size):  # a cursor each, as one INSERT in a view takes
+            with connection.cursor() as cursor:
+                cursor.execute(FloorTable.insert_sql,
+                               [f"p{n % 16}", json.dumps({"seq": n, "t": time.time()})])
+
+    def atomically(way: Callable[[int, int], None]) -> Callable[[int, int], None]:
+        def each_in_atomic(first: int, size: int) -> None:
+            for n in range(first, first + size):
+                with transaction.atomic():
+                    way(n, 1)
+        return each_in_atomic
+
+    with FloorTable():
+        return interleaved({"publish_atomic": atomically(publish),
+                            "insert_atomic": atomically(insert),
+                            "publish_autocommit": publish, "insert_autocommit": insert},
+                           count)
 
 
 def bench_bulk(count: int, batch: int) -> float:
@@ -136,6 +163,7 @@ def main() -> None:
         bulk_worker(args.bulk_worker, args.batch, args.start_at)
         return
 
+    from bench.baseline import machine_probe
     from bench.common import reset, setup
 
     setup(args.url)
@@ -148,7 +176,11 @@ def main() -> None:
             measured.append(round(scenario()))
         return measured
 
-    single = rounds(lambda: bench_single(args.single))
+    probe = machine_probe()
+    singles = []
+    for _ in range(args.rounds):
+        reset()
+        singles.append(bench_single(args.single))
     bulk = rounds(lambda: bench_bulk(args.bulk, args.batch))
     parallel = rounds(lambda: bench_bulk_parallel(args.bulk, args.batch, args.processes,
                                                   args.url))
@@ -157,9 +189,9 @@ def main() -> None:
         "server_version": _server_version(),
         "python": platform.python_version(),
         "django": django.get_version(),
-        "single_per_s": statistics.median_low(single),
+        "probe": probe,
+        **single_results(singles),
         "bulk_per_s": statistics.median_low(bulk),
-        "single_rounds_per_s": single,
         "bulk_rounds_per_s": bulk,
         "bulk_parallel_per_s": statistics.median_low(parallel),
         "bulk_parallel_rounds_per_s": parallel,
@@ -173,6 +205,26 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as out:
             json.dump(results, out, indent=2)
+
+
+def single_results(singles: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """``bench_single``'s rounds as the report's figures: each way's median rate and
+    its rounds, the CPU per message, and each publish as a share of its floor
+    (``bench.baseline.ratio``, over all the rounds' blocks, with the spread)."""
+    from bench.baseline import ratio
+
+    ways = {way: {"per_s": statistics.median_low(r[way]["per_s"] for r in singles),
+                  "rounds_per_s": [r[way]["per_s"] for r in singles],
+                  "cpu_us": round(statistics.median(r[way]["cpu_us"] for r in singles), 1),
+                  "block_s": [s for r in singles for s in r[way]["block_s"]]}
+            for way in singles[0]}
+    versus = {mode: ratio(ways[f"publish_{mode}"], ways[f"insert_{mode}"])
+              for mode in ("atomic", "autocommit")}
+    for figures in ways.values():
+        del figures["block_s"]
+    return {"single_per_s": ways["publish_atomic"]["per_s"],
+            "single_rounds_per_s": ways["publish_atomic"]["rounds_per_s"],
+            "single_ways": ways, "single_vs_floor": versus}
 
 
 def _server_version() -> str:

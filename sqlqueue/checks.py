@@ -2,7 +2,7 @@
 
 Settings checks (``sqlqueue.E001``-``E009``, ``W001``-``W004``, ``E202`` for ``TASKS``
 entries) run with every ``manage.py check``. Database checks (``E101``-``E106``,
-``W101``-``W105``) need a connection, so Django runs them only with ``check --database``
+``W101``-``W107``) need a connection, so Django runs them only with ``check --database``
 and before ``migrate``.
 """
 
@@ -24,9 +24,8 @@ from sqlqueue.storage.sql import SUPPORTED_VENDORS
 from sqlqueue.storage.sql.postgresql import reaches_server_directly
 from sqlqueue.storage.statements import MySQLStatements, PostgreSQLStatements
 from sqlqueue.storage.statements.tables import ALL_TABLES
+from sqlqueue.wakeups.postgresql import past_pooler_problem
 
-#: the tables whose collation sqlqueue.E104 checks: all nine (each migration converts its own)
-QUEUE_TABLES = ALL_TABLES
 MIN_MYSQL = (8, 0)
 MIN_MARIADB = (10, 11)
 MIN_SQLITE = (3, 35)
@@ -117,8 +116,43 @@ def check_database(
     **kwargs: Any,
 ) -> list[CheckMessage]:
     conf, _ = validate(getattr(settings, "SQLQUEUE", None), settings.DATABASES)
-    if conf is None or (databases is not None and conf.DATABASE not in databases):
-        return []  # the settings check reports the problem; or this database is not asked for
+    if conf is None:
+        return []  # the settings check reports the problem
+    messages = []
+    if databases is None or conf.DATABASE in databases:
+        messages += _check_queue_database(conf)
+    for alias in _other_aliases(conf):
+        if databases is None or alias in databases:
+            messages += _check_other_alias(alias, conf)
+    return messages
+
+
+def _other_aliases(conf: QueueSettings) -> list[str]:
+    """The aliases sqlqueue uses beside ``DATABASE``: routed topics' databases and read
+    replicas (the listener aliases are the listener's own psycopg sessions, trusted
+    behind a pooler: see the topologies guide)."""
+    return [alias for alias in dict.fromkeys(
+        [*conf.databases, *(replica for _, replica in conf.READ_REPLICAS)])
+        if alias != conf.DATABASE]
+
+
+def _check_other_alias(alias: str, conf: QueueSettings) -> list[CheckMessage]:
+    """The pooler checks (W106, W107) of a routed database or a read replica."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return []
+    try:
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            direct = reaches_server_directly(cursor, connection.connection.info.backend_pid)
+    except DatabaseError as exc:
+        return [Warning(f"Could not inspect database {alias!r}: {exc}",
+                        hint=f"Run 'manage.py check --database {alias}' once it is reachable.",
+                        id="sqlqueue.W103")]
+    return [] if direct else _pooler_problems(connection, conf)
+
+
+def _check_queue_database(conf: QueueSettings) -> list[CheckMessage]:
     connection = connections[conf.DATABASE]
     if connection.vendor not in SUPPORTED_VENDORS:
         return [Error(
@@ -163,7 +197,7 @@ def _check_mysql(connection: BaseDatabaseWrapper, conf: QueueSettings) -> list[C
         cursor.execute(*sql.server_settings())
         charset, max_packet = cursor.fetchone()
         isolation = _isolation_level(cursor, sql)
-        cursor.execute(*sql.table_collations(QUEUE_TABLES))
+        cursor.execute(*sql.table_collations(ALL_TABLES))  # each migration converts its own
         collations = dict(cursor.fetchall())
         galera = dialect.is_galera(cursor)
     if galera:
@@ -312,11 +346,16 @@ def _pooler_problems(connection: BaseDatabaseWrapper,
     warn about what breaks in transaction mode and before PgBouncer 1.21."""
     messages: list[CheckMessage] = []
     alias = connection.alias
-    if conf.WAKEUPS and not conf.has_listen_alias(alias):
+    consumed = alias in conf.databases  # runners consume there (a replica: the admin reads)
+    problem = (past_pooler_problem(alias)
+               if consumed and conf.WAKEUPS and not conf.has_listen_alias(alias) else None)
+    if problem is not None:
         messages.append(Warning(
             f"Database {alias!r} is reached through a connection pooler and the wake-up "
             "listener has no alias of its own: a LISTEN through a transaction pool hears "
-            "nothing, so runners switch their listener off (with a warning) and poll.",
+            "nothing, and the listener cannot reach the server behind the pooler directly "
+            f"either ({problem}), so runners switch their listener off (with a warning) "
+            "and poll.",
             hint=f"Add an alias that connects straight to PostgreSQL (or through a "
                  f"session-mode pool) and set SQLQUEUE['WAKEUP_LISTEN_DATABASES'] = "
                  f"{{{alias!r}: '<that alias>'}} (or {{{alias!r}: {alias!r}}} if this one is "

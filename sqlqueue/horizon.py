@@ -2,7 +2,7 @@
 which must not import Django, share it.
 
 Offsets come from AUTO_INCREMENT when a row is inserted, but the row becomes visible when
-its transaction commits, so a row can appear *below* offsets already visible (SPEC I4). A
+its transaction commits, so a row can appear *below* offsets already visible (guarantee I4). A
 row is *settled* once no transaction that could still commit a row below it is open:
 rows inserted (``created_at``, the database clock) before the horizon are settled.
 

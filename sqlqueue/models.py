@@ -128,7 +128,9 @@ class DeliveryState(models.Model):
 
 
 class PartitionLease(models.Model):
-    """Which subscriber owns a (group, topic, partition), until when, with which generation."""
+    """Which subscriber owns a (group, topic, partition), until when, with which generation.
+    The row under the empty group records which server granted them (failover:
+    ``sqlqueue.consuming.takeover``)."""
 
     pk = models.CompositePrimaryKey("consumer_group", "topic", "partition_key")
     consumer_group = _name()
@@ -271,18 +273,13 @@ class RunnerRequest(models.Model):
         return f"{self.runner_name}: {self.get_action_display()}"
 
 
-class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
-    def of_group(self, group: str) -> DeadLetterQuerySet:
-        return self.filter(consumer_group=group)
-
-
 #: A dead letter names the group that failed it and the topic it came from.
 IS_DEAD_LETTER = ~models.Q(consumer_group="") & ~models.Q(original_topic="")
 
 
 class DeadLetterManager(models.Manager["DeadLetter"]):
-    def get_queryset(self) -> DeadLetterQuerySet:
-        return DeadLetterQuerySet(self.model, using=self._db).filter(IS_DEAD_LETTER)
+    def get_queryset(self) -> models.QuerySet[DeadLetter]:
+        return super().get_queryset().filter(IS_DEAD_LETTER)
 
 
 class DeadLetter(QueueMessage):

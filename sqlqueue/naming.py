@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+import zlib
 from typing import Any
 
 MAX_NAME_BYTES = 255  # VARCHAR(255) columns of the RFC schema
@@ -137,7 +138,7 @@ def has_unstorable_text(text: str) -> bool:
 
 
 def storable_text(value: object, max_chars: int = MAX_STORED_TEXT_CHARS) -> str:
-    """``value`` as text every database stores (SPEC I15): NUL and lone surrogates
+    """``value`` as text every database stores (guarantee I15): NUL and lone surrogates
     replaced by U+FFFD, at most ``max_chars`` characters (the start and the end kept).
     Never raises: a value whose ``str()`` raises is described by its type."""
     if type(value) is not str:
@@ -199,3 +200,16 @@ def redacted_url(url: str) -> str:
             f"{key}=***" if key.lower() in _SECRET_PARAMETERS else pair
             for pair in query.split("&") for key in [pair.partition("=")[0]])
     return f"{scheme}://{location}{question}{query}"
+
+
+#: the partition keys of messages published without one: this prefix and a number
+UNKEYED_PREFIX = "default-"
+
+
+def unkeyed_partition(message_id: str, partitions: int) -> str:
+    """Spread unkeyed messages over ``partitions`` keys, deterministically by id.
+
+    Deterministic so that publishing the same id twice (a retried job, a Spark task
+    retry) lands on the same key and is deduplicated; ``send_message`` and the Spark
+    writer share it."""
+    return f"{UNKEYED_PREFIX}{zlib.crc32(message_id.encode('utf-8')) % partitions}"

@@ -14,11 +14,13 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
+from sqlqueue.exceptions import SqlqueueError
+
 MAX_DLQ_SUFFIX_BYTES = 64
 REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
-class BadValue(Exception):
+class BadValue(SqlqueueError):
     """A setting's value that cannot be used: the check id to report and why."""
 
     def __init__(self, check_id: str, reason: str) -> None:

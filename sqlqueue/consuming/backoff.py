@@ -1,4 +1,4 @@
-"""Retry spacing (SPEC I9): exponential, bounded, jittered."""
+"""Retry spacing (guarantee I9): exponential, bounded, jittered."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The database clock, read once in a while and extrapolated with a monotonic clock.
 
-Every lease, visibility and backoff decision uses database time (SPEC I11), so workers
+Every lease, visibility and backoff decision uses database time (guarantee I11), so workers
 whose wall clocks are wrong neither take over leases nor redeliver early. Reading the
 server's time for every decision would cost a round trip each; instead the clock is
 re-anchored every few seconds and extrapolated in between with ``time.monotonic()``,
@@ -9,7 +9,7 @@ which only measures elapsed time and ignores wall-clock jumps.
 The clock is never behind the database's: the monotonic anchor is taken *before* the
 database is asked, so the extrapolation is ahead by at most one round trip. That is the
 safe side for every use: a visibility timeout or a backoff ends a little later, and a time
-stamped after a read (``covered_at_ms``, SPEC I4) is never earlier than the read.
+stamped after a read (``covered_at_ms``, guarantee I4) is never earlier than the read.
 
 It is cheap to read (no query between re-anchors), so callers read it again after any
 statement that may have waited for a lock instead of carrying one reading through a

@@ -207,7 +207,7 @@ class Fetcher:
                 [(state.partition_key, state.fetched_upto) for state in wanted], limit)
             # The head first, the clock after it: covered_at_ms must not be earlier than
             # the read that found the head, or a later write horizon could close the
-            # window over a publisher still open (SPEC I4).
+            # window over a publisher still open (guarantee I4).
             head()
             now_ms = self.clock()
             for state in wanted:

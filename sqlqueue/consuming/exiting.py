@@ -42,7 +42,7 @@ class ExitSettler:
         is read again until it passes them, for up to ``settle_seconds``. Where it cannot
         (a publisher's transaction still open, or no view of open transactions:
         MAX_TRANSACTION_AGE), the rest is left for the partitions' next holder, as the
-        late-commit rule requires (SPEC I4)."""
+        late-commit rule requires (guarantee I4)."""
         deadline = time.monotonic() + self.settle_seconds
         waiting = list(subscribers)
         while True:

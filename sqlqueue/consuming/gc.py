@@ -1,4 +1,4 @@
-"""Garbage collection of the message log (SPEC I8).
+"""Garbage collection of the message log (guarantee I8).
 
 A row may go once every *known* group of its topic is done with it (its watermark on that
 partition covers the row) and RETENTION has passed since then. Known groups are those

@@ -75,7 +75,7 @@ class Delivery:
     view: DeliveryView = field(default_factory=Unchecked, repr=False)
     generation: int | None = None  # of the partition's lease when it was delivered
     #: the database server that delivered it (the runner's, checked in the transaction
-    #: that marked it): an atomic handler commits its ack there or nowhere (SPEC I16)
+    #: that marked it): an atomic handler commits its ack there or nowhere (guarantee I16)
     server: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # queued -> started | given_back | refused; started -> finished | timed_out -> returned_late
@@ -90,14 +90,14 @@ class Delivery:
 
     def start(self) -> bool:
         """Claim the delivery for a handler thread; False if it was given back, if the
-        partition's lease can no longer be trusted (then nothing starts: SPEC I5), or if
-        its visibility timeout ran out while it waited (SPEC I10)."""
+        partition's lease can no longer be trusted (then nothing starts: guarantee I5), or if
+        its visibility timeout ran out while it waited (guarantee I10)."""
         with self._lock:
             if self._state != "queued":
                 return False
-            # Not if the lease is no longer trusted (SPEC I5), nor if its visibility
+            # Not if the lease is no longer trusted (guarantee I5), nor if its visibility
             # timeout ran out while it waited in the queue (the main thread was held
-            # up): the message may be delivered again already (SPEC I10).
+            # up): the message may be delivered again already (guarantee I10).
             if not self.view.may_start(self):
                 # Out of "queued" for good: the main thread, which is told it did not
                 # start, must not take it back again (counted out of flight twice, the
@@ -200,7 +200,7 @@ def build_message(delivery: Delivery, extend: bool = True) -> Message:
     )
 
 
-def run(delivery: Delivery) -> Outcome:
+def handle(delivery: Delivery) -> Outcome:
     """Call the handler; never raises (a handler's exception is an outcome)."""
     consumer = delivery.consumer
     try:
@@ -266,7 +266,7 @@ async def _awaited(awaitable: Any) -> Any:
 
 
 def _run_atomic(delivery: Delivery, message: Message) -> None:
-    """The handler's writes and the ack commit together, or not at all (SPEC I13)."""
+    """The handler's writes and the ack commit together, or not at all (guarantee I13)."""
     consumer = delivery.consumer
     with transaction.atomic(using=delivery.alias):
         call_handler(consumer.handler, message)
@@ -280,7 +280,7 @@ def _confirm_server(delivery: Delivery) -> None:
     the server that delivered the message. After a failover a queued delivery of the old
     primary can open a fresh connection to the promoted replica before the runner has
     noticed; there the same offset may name another message, which the ack would mark
-    handled unseen (SPEC I16). The handler's writes are rolled back with it."""
+    handled unseen (guarantee I16). The handler's writes are rolled back with it."""
     if delivery.server is None:
         return
     connection = connections[delivery.alias]
@@ -291,7 +291,7 @@ def _confirm_server(delivery: Delivery) -> None:
             f"{delivery.consumer.topic}/{delivery.partition_key}@{delivery.row.offset} was "
             f"delivered by the database server {delivery.server!r}, but this handler's "
             f"connection reaches {now!r} (a failover): its transaction is rolled back and "
-            "its ack not written there (SPEC I16).")
+            "its ack not written there (guarantee I16).")
 
 
 class DeliveredByAnotherServer(SqlqueueError):
@@ -335,7 +335,7 @@ def _delay_of(retry: Retry) -> float | None:
 
 
 def _error_text(exc: BaseException) -> str:
-    """The traceback to store: made safe and capped (``storable_text``, SPEC I15). An
+    """The traceback to store: made safe and capped (``storable_text``, guarantee I15). An
     exception that cannot even be formatted (a hostile ``__str__`` is handled by
     ``traceback`` itself; a RecursionError on a deep chain is not) is named by its type."""
     try:

@@ -205,7 +205,7 @@ class HandlerPool:
                 continue
             started = time.time()
             try:
-                outcome = handlers.run(delivery)
+                outcome = handlers.handle(delivery)
             finally:
                 if connections[self.alias].in_atomic_block:  # a handler left one open
                     connections[self.alias].close()

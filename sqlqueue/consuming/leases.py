@@ -2,11 +2,11 @@
 
 Every ``LEASE_RENEW_INTERVAL`` a subscriber heartbeats, renews the leases it holds, reads
 who is alive and who holds what, and then gives up or takes partitions so that with S
-live subscribers and P partitions each holds floor(P/S) or ceil(P/S) (SPEC I12): the
+live subscribers and P partitions each holds floor(P/S) or ceil(P/S) (guarantee I12): the
 subscribers sorted by name, the first P mod S get one more. All times are the database's
-(SPEC I11); locally, a lease is trusted only until a deadline computed from the database's
+(guarantee I11); locally, a lease is trusted only until a deadline computed from the database's
 own view of it, minus a safety margin, on the monotonic clock, so a paused or cut-off
-subscriber stops starting handlers before anyone else can take its partitions (SPEC I5).
+subscriber stops starting handlers before anyone else can take its partitions (guarantee I5).
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ QUICK_TICK = 0.25  # seconds between ticks while a rebalance is under way
 FREE_LEASE_RECHECK = 1.0
 #: while busy, look this often between ticks whether a subscriber joined or left
 MEMBERSHIP_RECHECK = 1.0
+#: the same for an --until-empty runner: whoever finishes first leaves its partitions to
+#: the others, whose exit waits for them to be taken and read to the end
+WATCH_RECHECK = QUICK_TICK
 # While waiting for partitions to be handed over, quick ticks go on for about two renew
 # intervals without progress: the time a holder may take to notice a new member, finish
 # its in-flight work on the partitions it gives up, and let go.
@@ -106,8 +109,13 @@ class LeaseKeeper:
             self._free_noticed_at = now
             self.hurry()
 
-    def membership_check_due(self) -> bool:
-        return time.monotonic() - self._members_checked_at >= MEMBERSHIP_RECHECK
+    def awaiting_share(self) -> bool:
+        """Short of the fair share at the last tick, and still ticking quickly for the
+        partitions a holder is to hand over (for about two renew intervals at most)."""
+        return len(self.owned) < self.share and self._quick_left > 0
+
+    def membership_check_due(self, every: float = MEMBERSHIP_RECHECK) -> bool:
+        return time.monotonic() - self._members_checked_at >= every
 
     def check_membership(self, cursor: CursorWrapper, dialect: Dialect,
                          discovered: Iterable[str]) -> None:
@@ -165,7 +173,7 @@ class LeaseKeeper:
                 # acquiring at once (the lock waits are bounded, a deadlock costs a tick).
                 candidates = sorted((free[start:] + free[:start])[:wanted])
                 # An expired lease is still locked while its paused holder's transaction
-                # stays open (fencing, SPEC I5): the lock wait is bounded; try again later.
+                # stays open (fencing, guarantee I5): the lock wait is bounded; try again later.
                 self._unless_locked(dialect, "acquiring leases", lambda: dialect.acquire_leases(
                     cursor, self.group, self.topic, candidates, self.name, self.duration_ms))
                 self._adopt(dialect.list_leases(cursor, self.group, self.topic), started)

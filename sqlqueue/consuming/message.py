@@ -40,7 +40,7 @@ def _datetime(epoch_ms: int) -> datetime:
 
 def decode_payload(raw: bytes) -> Any:
     """The JSON payload; bytes that are not UTF-8 JSON, or nest too deep to decode (a row
-    written by another RFC implementation), are handed over unchanged (SPEC I15)."""
+    written by another RFC implementation), are handed over unchanged (guarantee I15)."""
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):

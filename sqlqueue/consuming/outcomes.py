@@ -47,7 +47,7 @@ def write_acks(cursor: CursorWrapper, dialect: Dialect, group: str, topic: str,
                acks: Iterable[Ack], retries: Iterable[RetryAt] = ()) -> None:
     """Ack ``acks`` for ``group`` (an acked row stays acked), and schedule ``retries``
     with them: one statement, none at all for nothing. Error texts are stored made safe
-    (``storable_text``): whatever a handler raised, its outcome is written (SPEC I15)."""
+    (``storable_text``): whatever a handler raised, its outcome is written (guarantee I15)."""
     dialect.write_outcomes(cursor, group, topic, [
         *(OutcomeWrite(a.partition_key, a.offset, acked=True, invisible_until=0)
           for a in acks),
@@ -60,7 +60,7 @@ def write_acks(cursor: CursorWrapper, dialect: Dialect, group: str, topic: str,
 
 def ack(alias: str, group: str, topic: str, partition_key: str, offset: int) -> None:
     """Ack one message in the caller's transaction on ``alias``: its ack commits with the
-    handler's (or task's) own writes, or not at all (SPEC I13)."""
+    handler's (or task's) own writes, or not at all (guarantee I13)."""
     connection = connections[alias]
     with connection.cursor() as cursor:
         write_acks(cursor, store(connection), group, topic, [Ack(partition_key, offset)])
@@ -75,7 +75,7 @@ def give_back(cursor: CursorWrapper, dialect: Dialect, group: str, topic: str,
 
 def dead_letter_id(original_id: str, group: str) -> str:
     """The id of a group's dead letter: unique per (message id, group) in the dead-letter
-    topic, so two groups can dead-letter the same message (SPEC I6)."""
+    topic, so two groups can dead-letter the same message (guarantee I6)."""
     candidate = f"{original_id}@{group}"
     if len(candidate.encode("utf-8")) <= MAX_NAME_BYTES:
         return candidate

@@ -11,7 +11,7 @@ Offsets of the partition fall in three zones::
 * ``W`` moves over a done row only once the row is *settled*: no publishing transaction
   that could still commit a row below it is open (the write horizon). Rows committed
   late, below rows already fetched, are found by sweeping the window (late commits,
-  SPEC I4).
+  guarantee I4).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class PartitionState:
         """Entries to hand to handlers now, best first. ``answered``: offsets whose
         handler has finished (or timed out) with an outcome not recorded yet: not
         delivered again until it is (never because the main thread was slow to record
-        it, SPEC §10 I5)."""
+        it, guarantee I5)."""
         if ordered:
             return self._next_in_order(now_ms, answered)
         due = [e for e in self.entries.values() if not e.done and e.offset not in answered
@@ -130,7 +130,7 @@ class PartitionState:
         """One run at a time, in offset order. Nothing starts while a delivery of the
         partition is in flight and within its visibility timeout: a message committed
         late, below it (found by a sweep), waits for that run to end instead of running
-        beside it (SPEC §10 I5). Then the first open entry holds the partition."""
+        beside it (guarantee I5). Then the first open entry holds the partition."""
         if any(e.in_flight and not self._redeliverable(e, now_ms, answered)
                for e in self.entries.values()):
             return []
@@ -147,7 +147,7 @@ class PartitionState:
     @staticmethod
     def overdue(entry: Entry, now_ms: int) -> bool:
         """In flight past its visibility timeout (and not extended): its handler hangs or
-        died, and the message may be delivered again (at least once, SPEC I10)."""
+        died, and the message may be delivered again (at least once, guarantee I10)."""
         return (entry.in_flight and 0 < entry.visible_again_ms <= now_ms
                 and now_ms >= entry.held_until_ms)
 

@@ -11,10 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from django.db import connections
-
-from sqlqueue.storage import store
-
 #: Seconds between two reads of the pauses by a running subscriber. SPEC §9 asks that
 #: nothing new starts within 2 s of a pause; one read a second leaves a second for the
 #: handler threads to see it.
@@ -29,7 +25,13 @@ def matches(pauses: Iterable[Pause], group: str, topic: str) -> bool:
 
 
 def stored_pauses(alias: str) -> Callable[[], list[Pause]]:
-    """What a runner's ``PauseWatch`` reads: the pauses in ``alias``'s table."""
+    """What a runner's ``PauseWatch`` reads: the pauses in ``alias``'s table. Django is
+    imported here, not with the module: the Spark executors import this module (its
+    ``matches``) and must not import Django."""
+    from django.db import connections
+
+    from sqlqueue.storage import store
+
     def read() -> list[Pause]:
         connection = connections[alias]
         with connection.cursor() as cursor:

@@ -1,7 +1,7 @@
 """Deciding what to write for the outcomes handlers sent back: no database, no cursor.
 
 ``plan`` turns outcomes into a ``Plan``: acks, retries (with their backoff and the time
-they become visible again, SPEC I9), dead letters (rejected, or out of attempts, SPEC I7)
+they become visible again, guarantee I9), dead letters (rejected, or out of attempts, guarantee I7)
 and give-backs (a delivery no handler started: no attempt charged). Outcomes of
 deliveries this subscriber no longer trusts are dropped: made on another server, or on a
 partition whose lease went elsewhere or came back under a new generation (the owner

@@ -88,7 +88,7 @@ class Runner:
         self.server = ServerWatch(conf=self.conf, alias=self.alias,
                                   instruments=self.instruments,
                                   owns_session=self.owns_connection)
-        # The database's time (SPEC I11); a test may pass one it moves itself.
+        # The database's time (guarantee I11); a test may pass one it moves itself.
         self.clock: Clock = clock or DatabaseClock(self.server.database_now)
         self.subscribers = [Subscriber(c, self.conf, self.alias, self.name,
                                        clock=self.clock.now_ms,
@@ -287,7 +287,7 @@ class Runner:
             with transaction.atomic(using=self.alias):
                 subscriber.fence(cursor)
                 # The clock is read only now, after the fence's lock wait (however long):
-                # every time this transaction stamps comes from after it (SPEC I4, I10).
+                # every time this transaction stamps comes from after it (guarantee I4, I10).
                 settled = self.horizon.settled_before(cursor, self.clock.now_ms())
                 subscriber.record(cursor, outcomes)
                 deliveries = subscriber.poll(cursor, head, budget)
@@ -382,7 +382,7 @@ class Runner:
     # -- the server -----------------------------------------------------------------------------
     def _forget_server(self, server: str) -> None:
         """The connection reached another server: nothing learnt on the old one holds."""
-        self.server.server = server
+        self.server.changed_to(server)
         self.horizon.forget()
         self.clock.invalidate()
         for subscriber in self.subscribers:

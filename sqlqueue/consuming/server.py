@@ -6,6 +6,7 @@ dropping the connection after a lost one. ``Runner`` owns one ``ServerWatch``.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from django.db import connections
 
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.instruments import Instruments
+from sqlqueue.consuming.takeover import record_first_server, void_old_server
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.storage import store
 
@@ -22,6 +24,8 @@ from sqlqueue.storage import store
 #: connections, where a 10 s cap cost up to 10 s more (wave-3 trial). An attempt is one
 #: connection attempt: cheap for the server even from many runners.
 RECONNECT_BACKOFF = (0.5, 1.0, 2.0)
+
+logger = logging.getLogger("sqlqueue.consumer")
 
 
 def lock_wait_seconds(conf: QueueSettings) -> int:
@@ -68,9 +72,24 @@ class ServerWatch:
     def check(self, server: str) -> None:
         """Raise ServerChanged if ``server`` is not the one this process talked to."""
         if self.server is None:
+            # Recorded before any lease is taken here (see sqlqueue.consuming.takeover).
+            record_first_server(self.alias, server)
             self.server = server
         elif server != self.server:
             raise ServerChanged(self.server, server)
+
+    def changed_to(self, server: str) -> None:
+        """The connection reached ``server`` instead: what the old server granted
+        (leases, deliveries in flight) is void there at once, if this runner is the first
+        to notice (sqlqueue.consuming.takeover); the caller forgets what it knew."""
+        before, self.server = self.server, server
+        try:
+            if before is not None:
+                void_old_server(self.alias, before, server)
+        except AnyDatabaseError as exc:
+            logger.warning("Could not void the leases and deliveries of the old server "
+                           "(%s): they run out instead (LEASE_DURATION, VISIBILITY_TIMEOUT).",
+                           exc)
 
     def count_statement(self, execute: Callable[..., Any], sql: str, params: Any,
                          many: bool, context: Any) -> Any:
@@ -78,13 +97,18 @@ class ServerWatch:
         return execute(sql, params, many, context)
 
     def bound_lock_waits(self, connection: Any, cursor: Any) -> None:
-        """Once per database connection (a new one after a reconnect): for the session,
+        """Once per database connection (a new one after a reconnect): which server it
+        reaches (``ServerChanged``); its lock waits bounded for the session,
         unless the connection goes through a pooler, whose sessions other clients get
         next; then in each transaction (``bound_transaction_lock_waits``)."""
         if not self.owns_session:
             return
         if connection.connection is not self._bounded_connection:
             dialect = store(connection)
+            # A new connection (the first, or after a lost one) may reach another server:
+            # known before this cycle takes or writes anything (the head query's answer,
+            # as at every poll).
+            self.head(dialect, cursor)
             self._pooled = (dialect.bound_transaction_lock_waits(1) is not None
                             and dialect.through_pooler(cursor))
             if not self._pooled:

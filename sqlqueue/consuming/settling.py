@@ -32,7 +32,7 @@ class HorizonWatch:
         fresh INNODB_TRX snapshot lists this connection's own transaction; and no plain
         read has fixed the snapshot yet. Under REPEATABLE READ a horizon read after one
         could pass a writer that committed in between: no longer listed as open, yet
-        invisible to this transaction's check of the window (SPEC I4). A horizon cached
+        invisible to this transaction's check of the window (guarantee I4). A horizon cached
         from an earlier transaction was read before this snapshot: safe too."""
         return self._cache.get(lambda previous: self._read(cursor, now_ms, previous))
 

@@ -24,7 +24,7 @@ from sqlqueue.consuming import recording
 from sqlqueue.consuming.delivering import RESTAMP_AFTER_MS, Fetcher, HeldView
 from sqlqueue.consuming.discovery import PartitionFinder
 from sqlqueue.consuming.handlers import Delivery, Outcome, published_id
-from sqlqueue.consuming.leases import LeaseKeeper
+from sqlqueue.consuming.leases import MEMBERSHIP_RECHECK, WATCH_RECHECK, LeaseKeeper
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, give_back, write_acks
 from sqlqueue.consuming.partition import PartitionState
@@ -43,7 +43,7 @@ class Subscriber:
         self.consumer = consumer
         # The database clock (epoch ms), read at each decision rather than once a cycle: a
         # statement can wait seconds for a lock, and a reading from before the wait would
-        # stamp visibility, backoff and covered_at_ms that far in the past (SPEC I4, I10).
+        # stamp visibility, backoff and covered_at_ms that far in the past (guarantee I4, I10).
         self.clock = clock
         # The same clock read on handler threads (extend_visibility): never a query.
         self.hold_clock = hold_clock or clock
@@ -65,8 +65,8 @@ class Subscriber:
         self.check_server: Callable[[str], None] = lambda server: None
         self.stats: Counter[str] = Counter()
         # An --until-empty runner: an idle subscriber that waits for partitions another
-        # member holds watches the membership too, so that it takes over what a member
-        # that finished released within a second, not at its next renewal.
+        # member holds watches the membership too (every WATCH_RECHECK), so that it takes
+        # over what a member that finished released at once, not at its next renewal.
         self.watch_when_idle = False
         self.finder = PartitionFinder(group=consumer.group, topic=consumer.topic,
                                       alias=alias, leases=self.leases,
@@ -123,7 +123,8 @@ class Subscriber:
         working on the partitions gained or lost. Returns the queued deliveries of
         partitions being handed over that were taken back from the pool."""
         if (not self.leases.due() and (self.outstanding or self.watch_when_idle)
-                and self.leases.membership_check_due()):
+                and self.leases.membership_check_due(
+                    WATCH_RECHECK if self.watch_when_idle else MEMBERSHIP_RECHECK)):
             # Busy (or told to watch): at most one cheap read a second (a worker's idle
             # polls stay at one statement).
             self.leases.check_membership(cursor, self.dialect, self.discovered)
@@ -165,7 +166,7 @@ class Subscriber:
         """Inside the cycle's transaction: share-lock this (group, topic)'s leases and keep
         only the partitions still held with the same generation. Until the transaction
         ends nobody can take them over, so every write that follows is made as owner
-        (fencing against a subscriber that was paused or cut off, SPEC I5)."""
+        (fencing against a subscriber that was paused or cut off, guarantee I5)."""
         if not self.partitions:
             return
         # Only this subscriber's own lease rows (primary-key lookups): a peer paused inside
@@ -315,7 +316,7 @@ class Subscriber:
         """Acks and retries in one statement; returns the retries as written. Their
         backoffs start from a reading of the clock taken just before; if the statement
         waited for a lock, they are stamped again from a fresh one (the locks are held by
-        now), so that no wait cuts one short (SPEC I9)."""
+        now), so that no wait cuts one short (guarantee I9)."""
         now = self.clock()
         retries = [retry.stamped(now) for retry in retries]
         write_acks(cursor, self.dialect, self.group, self.topic, acks,
@@ -356,10 +357,12 @@ class Subscriber:
         return any(state.busy(now_ms) for state in self.partitions.values())
 
     def caught_up(self, head: Callable[[], int]) -> bool:
-        """Every partition is held by a live subscriber, and this one read each of its
-        own to the end at the current head."""
+        """Every partition is held by a live subscriber, this one holds its fair share (or
+        waited long enough for a holder to hand it over: a newcomer is not done while
+        another member still drains the partitions that are to be its own), and it read
+        each of its own to the end at the current head."""
         held = set(self.partitions) | self.leases.others
-        return (self.finder.found_at(head)
+        return (self.finder.found_at(head) and not self.leases.awaiting_share()
                 and all(key in held for key in self.discovered)
                 and all(state.exhausted and state.covered >= head()
                         for state in self.partitions.values()))

@@ -1,5 +1,5 @@
 """A subscriber's watermarks: moving each partition's watermark over settled, done rows,
-after sweeping the window for rows committed late (SPEC I4), and noticing one that went
+after sweeping the window for rows committed late (guarantee I4), and noticing one that went
 back. ``Subscriber`` owns one ``WatermarkKeeper``; runs on the runner's main thread, in
 its transactions.
 """

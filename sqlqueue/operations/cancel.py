@@ -3,7 +3,7 @@
 A cancelled message is settled for that group without running: its delivery state is
 acked, and a copy is kept in the dead-letter topic with the reason ``cancelled`` (so the
 admin's dead-letter pages show it as cancelled, ``replay`` undoes a mistaken cancel and
-``discard`` forgets it). Other groups still receive it (SPEC I6).
+``discard`` forgets it). Other groups still receive it (guarantee I6).
 
 Like the position repairs (sqlqueue.operations.positions), each partition touched has its
 lease revoked in the same transaction, so a running subscriber that had already fetched

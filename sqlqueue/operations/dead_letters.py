@@ -2,7 +2,7 @@
 
 A dead letter is a row of ``<topic><DLQ_SUFFIX>`` whose ``consumer_group`` names the group
 whose attempts failed. Replaying it publishes a copy to the original topic addressed to
-that group only (``consumer_group`` set), so no other group sees it again (SPEC I6, I7),
+that group only (``consumer_group`` set), so no other group sees it again (guarantees I6, I7),
 and removes the dead letter, in one transaction.
 """
 

@@ -5,7 +5,7 @@ A running subscriber keeps a partition's progress in memory (what it fetched, wh
 retry is due), so a repair made behind its back would be ignored or undone. Each repair
 therefore *revokes* the partition's lease in its own transaction: the lease row is
 locked (waiting for the holder's current write to commit), its generation bumped and
-its holder cleared. The holder's next write fails its fencing check (SPEC I5), it drops
+its holder cleared. The holder's next write fails its fencing check (guarantee I5), it drops
 the partition, and whoever acquires it next starts from what the database now says,
 within about one renew interval. Handlers in flight on that partition finish, but their
 outcomes are not recorded: those messages are delivered again (at least once).

@@ -2,7 +2,7 @@
 heartbeats, dead letters and pauses, so that garbage collection no longer waits for it.
 
 A group that left the code base still has its ``queue_offsets`` rows, which keep it
-*known* to garbage collection (SPEC I8): it shows STOP for ever and holds every message of
+*known* to garbage collection (guarantee I8): it shows STOP for ever and holds every message of
 its topics back. Retiring it is refused while a live subscriber of the group runs (it
 would write its state back at once): stop those first, and remove the consumer from the
 code, since a process that registers the group counts it too.

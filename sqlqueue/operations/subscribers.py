@@ -2,9 +2,9 @@
 whether the split is fair, and leases nobody renews any more.
 
 A subscriber is live while its heartbeat is younger than ``LEASE_DURATION`` and it has
-not said goodbye; the fair share of each is floor(P/S) or ceil(P/S) partitions (SPEC
-I12). A stale lease is one whose holder stopped renewing it: it is free for the taking,
-and some live subscriber should take it within one renew interval.
+not said goodbye; the fair share of each is floor(P/S) or ceil(P/S) partitions
+(guarantee I12). A stale lease is one whose holder stopped renewing it: it is free for
+the taking, and some live subscriber should take it within one renew interval.
 """
 
 from __future__ import annotations

@@ -185,7 +185,7 @@ def _insert_one(
     connection: BaseDatabaseWrapper, dialect: Dialect, topic: str, row: MessageRow,
     wake: str | None = None, prepared: bool = False,
 ) -> SentMessage:
-    """INSERT one message; an id still stored in its partition is a dedup hit. ``wake``
+    """Store one message; an id still stored in its partition is a dedup hit. ``wake``
     and ``prepared``: ``Dialect.insert_messages``'s (``wake`` sent only if the row is
     stored)."""
     for round_ in range(MAX_DEDUP_ROUNDS):

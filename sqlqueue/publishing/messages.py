@@ -11,7 +11,6 @@ import json
 import math
 import os
 import time
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -26,9 +25,10 @@ from sqlqueue.naming import (  # re-exported: the publishing API names them
     DEFAULT_PRIORITY as DEFAULT_PRIORITY,
 )
 from sqlqueue.naming import MAX_NAME_BYTES, MAX_PRIORITY, MIN_PRIORITY
+from sqlqueue.naming import UNKEYED_PREFIX as UNKEYED_PREFIX  # re-exported
+from sqlqueue.naming import unkeyed_partition as unkeyed_partition  # re-exported
 from sqlqueue.storage.sql.base import MessageRow
 
-UNKEYED_PREFIX = "default-"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -56,7 +56,7 @@ class SentMessage:
     created: bool = field(default=True)
 
 
-def check_name(kind: str, value: Any, *, max_bytes: int = MAX_NAME_BYTES) -> str:
+def check_message_name(kind: str, value: Any, *, max_bytes: int = MAX_NAME_BYTES) -> str:
     """A topic, partition key or id: a non-empty str of printable characters."""
     try:
         return naming.check_name(kind, value, max_bytes)
@@ -66,7 +66,7 @@ def check_name(kind: str, value: Any, *, max_bytes: int = MAX_NAME_BYTES) -> str
 
 def check_topic(topic: Any, conf: QueueSettings) -> str:
     # Leave room for the dead-letter suffix so that topic + DLQ_SUFFIX still fits.
-    return check_name("topic", topic, max_bytes=conf.max_topic_bytes)
+    return check_message_name("topic", topic, max_bytes=conf.max_topic_bytes)
 
 
 # One encoder for every payload: building one per call costs more than small payloads.
@@ -136,7 +136,7 @@ def encode_metadata(metadata: Any, conf: QueueSettings) -> str | None:
             )
         if "\x00" in key or "\x00" in value:
             # PostgreSQL's jsonb cannot hold one: refused on every database alike, before
-            # anything is sent (SPEC I15), rather than a DataError on one of them.
+            # anything is sent (guarantee I15), rather than a DataError on one of them.
             raise InvalidMessage(f"metadata {key[:50]!r} contains the NUL character "
                                  "(U+0000), which databases cannot store as text.")
     if not metadata:
@@ -224,15 +224,6 @@ def new_message_id() -> str:
     return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
 
 
-def unkeyed_partition(message_id: str, partitions: int) -> str:
-    """Spread unkeyed messages over ``partitions`` keys, deterministically by id.
-
-    Deterministic so that publishing the same id twice (a retried job, a Spark task
-    retry) lands on the same key and is deduplicated.
-    """
-    return f"{UNKEYED_PREFIX}{zlib.crc32(message_id.encode('utf-8')) % partitions}"
-
-
 def prepare(topic: str, message: OutgoingMessage, conf: QueueSettings,
             published_at: int, trace_context: Any = tracing.CURRENT) -> MessageRow:
     """Validate one message for an already checked topic and turn it into a row.
@@ -249,11 +240,11 @@ def prepare_fields(topic: str, payload: Any, partition_key: Any, message_id: Any
     """``prepare`` of a message given as its fields (``send_message``'s arguments),
     without building an ``OutgoingMessage`` first."""
     fresh_id = message_id is None
-    message_id = new_message_id() if fresh_id else check_name("id", message_id)
+    message_id = new_message_id() if fresh_id else check_message_name("id", message_id)
     if partition_key is None:
         partition_key = unkeyed_partition(message_id, conf.DEFAULT_PARTITIONS)
     else:
-        partition_key = check_name("partition_key", partition_key)
+        partition_key = check_message_name("partition_key", partition_key)
     delay_ms, deliver_at_ms = schedule(delay, deliver_at)
     return MessageRow(
         topic=topic,

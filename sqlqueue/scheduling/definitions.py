@@ -23,6 +23,7 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.naming import check_name
 from sqlqueue.publishing.messages import DEFAULT_PRIORITY
 
@@ -38,7 +39,7 @@ MAX_CATCH_UP = 1000
 RESERVED_METADATA = ("schedule", "tick")
 
 
-class ScheduleError(ValueError):
+class ScheduleError(SqlqueueError, ValueError):
     """One thing wrong with one schedule; ``check_id`` is its system check id."""
 
     def __init__(self, check_id: str, message: str) -> None:

@@ -2,7 +2,7 @@
 
 Every decision of when a message may be delivered (a retry's backoff, a scheduled
 ``delay``/``deliver_at``, a visibility timeout) is taken by the runner against the
-database clock it reads (SPEC I11). ``run_consumers`` gives its runner that clock plus the
+database clock it reads (guarantee I11). ``run_consumers`` gives its runner that clock plus the
 offset ``advance_clock`` adds, so a retry due in an hour is delivered at once after
 ``advance_clock(3600)``; nothing sleeps. Leases keep the real database time (they are
 taken and dropped within one ``run_consumers``).

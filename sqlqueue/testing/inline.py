@@ -75,7 +75,7 @@ class InlinePool(HandlerPool):
             try:
                 outcome = _handle_in_savepoint(delivery)
             except BaseException:
-                # KeyboardInterrupt (handlers.run turns everything else, SystemExit
+                # KeyboardInterrupt (handlers.handle turns everything else, SystemExit
                 # included, into an outcome): no outcome will come back for the shutdown
                 # to wait for.
                 self.in_flight -= 1
@@ -94,9 +94,9 @@ def _handle_in_savepoint(delivery: handlers.Delivery) -> Outcome:
     its writes commit as it goes (on SQLite a transaction around it would hold the write
     lock that its writes through another alias wait for)."""
     if not connections[delivery.alias].in_atomic_block:
-        return handlers.run(delivery)
+        return handlers.handle(delivery)
     with transaction.atomic(using=delivery.alias):
-        return handlers.run(delivery)
+        return handlers.handle(delivery)
 
 
 class InlineRunner(Runner):

@@ -8,6 +8,7 @@ import logging
 import threading
 from collections.abc import Iterable
 
+from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.wakeups import Ring
 
 logger = logging.getLogger("sqlqueue.wakeups")
@@ -18,7 +19,7 @@ RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 STOP_CHECK = 0.5
 
 
-class ChannelOff(Exception):
+class ChannelOff(SqlqueueError):
     """Raised by ``listen`` when the channel cannot work as configured (a LISTEN through
     a transaction pooler): the thread logs it once and ends, without retrying; the runner
     keeps polling as if it had no such channel."""

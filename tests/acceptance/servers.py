@@ -205,7 +205,9 @@ class PgBouncer:
     fewer than its clients, so that they take turns on the same server sessions. It runs
     as the postgres user (PgBouncer refuses root), with trust authentication."""
 
-    def __init__(self, postgres: PostgreSQL, pool_mode: str, pool_size: int) -> None:
+    def __init__(self, postgres: PostgreSQL, pool_mode: str, pool_size: int,
+                 via_socket: bool = False) -> None:
+        """``via_socket``: reach PostgreSQL through its Unix socket, not TCP."""
         self.postgres = postgres
         self.root = Path(tempfile.mkdtemp(prefix="sqlqueue-pgbouncer-"))
         os.chown(self.root, postgres.uid, postgres.gid)
@@ -213,7 +215,7 @@ class PgBouncer:
         (self.root / "users.txt").write_text('"postgres" ""\n')
         (self.root / "pgbouncer.ini").write_text(
             "[databases]\n"
-            f"* = host=127.0.0.1 port={postgres.port}\n"
+            f"* = host={postgres.root if via_socket else '127.0.0.1'} port={postgres.port}\n"
             "[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
             f"auth_type = trust\nauth_file = {self.root / 'users.txt'}\n"
@@ -252,8 +254,8 @@ class PgBouncer:
 
 @contextlib.contextmanager
 def own_pgbouncer(postgres: PostgreSQL, pool_mode: str = "transaction",
-                  pool_size: int = 3) -> Iterator[PgBouncer]:
-    bouncer = PgBouncer(postgres, pool_mode, pool_size).start()
+                  pool_size: int = 3, via_socket: bool = False) -> Iterator[PgBouncer]:
+    bouncer = PgBouncer(postgres, pool_mode, pool_size, via_socket).start()
     try:
         yield bouncer
     finally:

@@ -28,6 +28,14 @@ def test_quick_suite_reports_every_scenario(mysql_only: None, tmp_path: Path) ->
     assert own["publish"]["bulk_parallel_processes"] == 2
     assert own["publish"]["bulk_parallel_per_s"] > 0
     assert [d["processes"] for d in own["drain"]] == [1, 2, 1]
+    # Each one-message publish beside its floor, and the machine's probe.
+    assert set(own["publish"]["single_ways"]) == {
+        "publish_atomic", "insert_atomic", "publish_autocommit", "insert_autocommit"}
+    assert set(own["publish"]["single_vs_floor"]) == {"atomic", "autocommit"}
+    assert set(own["publish"]["probe"]) == {"cpu_loop_ms", "fsync_ms", "commit_ms"}
+    report = (tmp_path / "results.md").read_text()
+    assert "Machine probe at the start" in report
+    assert "| one-message publish outside a transaction vs a bare Django INSERT" in report
     # The 0.1 target is the benchmark's (docs/benchmarks.md); on a loaded machine the drain
     # polls a few extra times while handlers finish. What a test can hold under any load:
     # batching works, well under one statement per message.
@@ -57,7 +65,8 @@ def test_postgresql_targets_are_judged_from_the_peer_figures() -> None:
     def peer(single: float, drain: float, p99: float) -> dict[str, Any]:
         return {"enqueue_single": {"msgs_per_s": single}, "enqueue_bulk": {"na": True},
                 "drain_1": {"jobs_per_s": drain / 2}, "drain_2": {"jobs_per_s": drain},
-                "latency": {"lat_ms_p50": p99 / 2, "lat_ms_p95": p99, "lat_ms_p99": p99}}
+                "latency": {"lat_ms_p50": p99 / 2, "lat_ms_p95": p99, "lat_ms_p99": p99,
+                            "lat_ms_max": 2 * p99}}
 
     section = {
         "machine": {"database": "postgresql", "database_settings": {}},
@@ -72,7 +81,7 @@ def test_postgresql_targets_are_judged_from_the_peer_figures() -> None:
         ("publish-to-start latency p99 at 100 msg/s, default settings", False),  # 30 ms
     ]
     report = "\n".join(postgresql_markdown(section, rounds=3))
-    assert "| procrastinate | 400 | n/a | 100 | 200 | 150 / 300 / 300 |" in report
+    assert "| procrastinate | 400 | n/a | 100 | 200 | 150 / 300 / 300 / 600 |" in report
     assert "| publish-to-start latency p99 at 100 msg/s, default settings | <= 25 ms | 30 ms" \
         in report
     # Without the peers (--no-peers) nothing can be judged but nothing breaks either.
@@ -92,3 +101,39 @@ def test_the_reference_insert_bounds_the_publish_ratio_in_the_report() -> None:
     # A run without it (--peers chosen without the reference) adds nothing.
     del peers[REFERENCE]
     assert "no queue" not in "\n".join(peer_table(peers, rounds=3))
+
+
+def test_a_publish_is_judged_against_its_floor_from_the_same_blocks() -> None:
+    from bench.baseline import interleaved, ratio
+    from bench.suite import floor_targets, publish_rows
+
+    calls: list[tuple[str, int, int]] = []
+    measured = interleaved({"ours": lambda first, size: calls.append(("ours", first, size)),
+                            "floor": lambda first, size: calls.append(("floor", first, size))},
+                           count=60, block=25)
+    # Blocks of 25 in turns, the order reversed every other block; the last one short.
+    assert calls == [("ours", 0, 25), ("floor", 0, 25), ("floor", 25, 25), ("ours", 25, 25),
+                     ("ours", 50, 10), ("floor", 50, 10)]
+    assert len(measured["ours"]["block_s"]) == 3
+    # Every block of ours twice as long as the floor's: half its rate, in every stretch.
+    half = ratio({"block_s": [2.0, 4.0, 2.0, 6.0]}, {"block_s": [1.0, 2.0, 1.0, 3.0]},
+                 chunks=2)
+    assert half == {"ratio": 0.5, "low": 0.5, "high": 0.5}
+    drifting = ratio({"block_s": [1.0, 1.0]}, {"block_s": [1.0, 0.5]}, chunks=2)
+    assert drifting == {"ratio": 0.75, "low": 0.5, "high": 1.0}
+
+    way = {"per_s": 900, "cpu_us": 150.0}
+    publish = {"single_per_s": 900,
+               "single_ways": {"publish_atomic": way, "insert_atomic": way,
+                               "publish_autocommit": way, "insert_autocommit": way},
+               "single_vs_floor": {"atomic": {"ratio": 0.96, "low": 0.9, "high": 1.0},
+                                   "autocommit": {"ratio": 0.85, "low": 0.8, "high": 0.9}}}
+    assert [(name, ok) for name, _, _, ok in floor_targets(publish)] == [
+        ("one-message publish outside a transaction vs a bare Django INSERT, same run", False),
+        ("one-message publish in atomic() vs a bare Django INSERT, same run", True)]
+    rows = publish_rows(publish)
+    assert len(rows) == 2 and "**85%** of it (stretches 80%-90%)" in rows[1]
+    # Results from before the floors were measured: the plain row, no targets.
+    assert floor_targets({"single_per_s": 900}) == []
+    assert publish_rows({"single_per_s": 900}) == [
+        "| publish, one message per transaction | 900 msg/s |"]

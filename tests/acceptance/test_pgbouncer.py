@@ -47,13 +47,13 @@ def handled(server: PostgreSQL) -> tuple[int, int]:
     return int(distinct), int(total)
 
 
-def server_sessions(server: PostgreSQL) -> tuple[int, int]:
+def server_sessions(server: PostgreSQL, database: str = DATABASE) -> tuple[int, int]:
     """(sessions of the database other than listeners, listening sessions), this
     query's own session left out."""
     counts = server.sql(
         "SELECT COUNT(*) FILTER (WHERE query NOT LIKE 'LISTEN%'), "
         "COUNT(*) FILTER (WHERE query LIKE 'LISTEN%') FROM pg_stat_activity "
-        f"WHERE datname = '{DATABASE}' AND pid <> pg_backend_pid()", DATABASE)
+        f"WHERE datname = '{database}' AND pid <> pg_backend_pid()", database)
     others, listeners = counts.strip().split("|")
     return int(others), int(listeners)
 
@@ -171,48 +171,76 @@ def warnings_of_check(url: str) -> str:
     return result.stdout + result.stderr
 
 
-def test_through_the_pool_the_listener_stays_off_loudly_and_nothing_is_inherited(
+def run_paced(processes: list, server: PostgreSQL, url: str, direct: str, name: str,
+              settings: dict[str, object], listens: bool = True,
+              ) -> tuple[subprocess.Popen[str], float]:
+    """A runner on ``url`` (``direct``: the listener alias's address, when the settings
+    name one) and ``PACED`` messages once it listens (``listens``) or has handled a first
+    one; returns the runner and the p50 latency."""
+    database = direct.rsplit("/", 1)[-1]
+    runner = runconsumer("--group", "workers", "--name", name, settings=settings,
+                         env={"DATABASE_URL": url, "SQLQUEUE_TEST_LISTEN_URL": direct})
+    processes.append(runner)
+    if listens:
+        wait_for(lambda: server_sessions(server, database)[1] == 1, what=f"{name} listening")
+    else:  # started and polling: a first message handled
+        manage(url, "shell", "-c", "from sqlqueue import send_message; "
+               "send_message('accept.work', {}, partition_key='warm-up')")
+        wait_for(lambda: server.sql("SELECT COUNT(*) FROM testapp_handlercall WHERE "
+                                    "event = 'finished'", database).strip() == "1",
+                 what=f"{name} running")
+    publish_paced(url)
+    wait_for(lambda: int(server.sql(
+        "SELECT COUNT(DISTINCT message_offset) FROM testapp_handlercall WHERE "
+        "event = 'finished'", database)) >= PACED + (0 if listens else 1), timeout=60,
+        what=name)
+    return runner, latency_p50_ms(server, database)
+
+
+def test_through_the_pool_the_listener_goes_past_it_and_nothing_is_inherited(
         processes: list) -> None:
     """Default settings through a transaction pool: the listener finds the pooler and
-    says so once, LISTENs nowhere, and the runner keeps its quick polls (latency near a
-    direct connection's: printed); no server session of the pool is left with
-    sqlqueue's lock_timeout, application_name or LISTEN; ``check`` warns (W106)."""
+    listens on a session of its own straight to the server behind it (latency as direct:
+    printed); no server session of the pool is left with sqlqueue's lock_timeout,
+    application_name or LISTEN; ``check`` does not warn. Behind a pooler that reaches
+    PostgreSQL through a Unix socket there is no address to reach: the listener stays
+    off with one warning, the runner polls quickly (printed too), and ``check`` warns
+    (W106) with the reason."""
     with own_postgresql() as server, own_pgbouncer(server, "transaction",
-                                                   pool_size=POOL_SIZE) as bouncer:
-        migrated(server, DATABASE)
+                                                   pool_size=POOL_SIZE) as bouncer, \
+            own_pgbouncer(server, "transaction", pool_size=POOL_SIZE,
+                          via_socket=True) as socket_bouncer:
+        direct = migrated(server, DATABASE)
         pooled = bouncer.url(DATABASE)
-        assert "sqlqueue.W106" in warnings_of_check(pooled)
-        runner = runconsumer("--group", "workers", "--name", "pooled", settings=SLOW_POLLS,
-                             env={"DATABASE_URL": pooled})
-        processes.append(runner)
-        publish_paced(pooled)
-        wait_for(lambda: handled(server)[0] >= PACED, timeout=60, what="every message")
-        assert server_sessions(server)[1] == 0  # nobody LISTENs
+        assert "sqlqueue.W106" not in warnings_of_check(pooled)  # the listener gets past
+        runner, pooled_p50 = run_paced(processes, server, pooled, direct, "pooled",
+                                       SLOW_POLLS)
+        assert server_sessions(server)[1] == 1  # its own LISTEN session, direct
         assert what_the_pool_hands_out(pooled) == {("0", "", "")}
-        pooled_p50 = latency_p50_ms(server, DATABASE)
-
-        # For comparison: the recommended set-up (a listener alias straight to the
-        # server), and no pooler at all.
         figures = {"through PgBouncer (transaction mode), default settings": pooled_p50}
-        for name, through_pool, listen_alias in (
-                ("through PgBouncer, listener alias direct", True, True),
-                ("direct", False, False)):
+        for name, kind, settings in (
+                ("PgBouncer on PostgreSQL's Unix socket, default settings (listener off)",
+                 "socket", SLOW_POLLS),
+                ("through PgBouncer, listener alias direct", "pooled",
+                 {**SLOW_POLLS, "WAKEUP_LISTEN_DATABASES": {"default": "listen"}}),
+                ("direct", "direct", SLOW_POLLS)):
             database = f"{DATABASE}_{len(figures)}"
-            direct = migrated(server, database)
-            settings = {**SLOW_POLLS, **({"WAKEUP_LISTEN_DATABASES": {"default": "listen"}}
-                                         if listen_alias else {})}
-            url = bouncer.url(database) if through_pool else direct
-            processes.append(runconsumer(
-                "--group", "workers", "--name", f"run{len(figures)}", settings=settings,
-                env={"DATABASE_URL": url, "SQLQUEUE_TEST_LISTEN_URL": direct}))
-            publish_paced(url)
-            wait_for(lambda database=database: int(server.sql(
-                "SELECT COUNT(DISTINCT message_offset) FROM testapp_handlercall WHERE "
-                "event = 'finished'", database)) >= PACED, timeout=60, what=name)
-            figures[name] = latency_p50_ms(server, database)
+            address = migrated(server, database)
+            url = {"socket": socket_bouncer.url(database), "pooled": bouncer.url(database),
+                   "direct": address}[kind]
+            other, figures[name] = run_paced(processes, server, url, address,
+                                             f"run{len(figures)}", settings,
+                                             listens=kind != "socket")
+            if kind == "socket":
+                socket_runner = other
+                assert "through a Unix socket" in warnings_of_check(url)  # W106
         print("\npublish-to-handler p50 at POLL_INTERVAL=1 s: " + "; ".join(
             f"{name} {p50} ms" for name, p50 in figures.items()))
-        runner.terminate()
-        _, log = runner.communicate(timeout=30)
-        assert log.count(POOLED_WARNING) == 1, log[-3000:]
-        assert "got packet 'A' from server when not linked" not in bouncer.log()
+        for process in (runner, socket_runner):
+            process.terminate()
+        logs = [process.communicate(timeout=30)[1] for process in (runner, socket_runner)]
+        assert POOLED_WARNING not in logs[0], logs[0][-3000:]
+        assert logs[1].count(POOLED_WARNING) == 1, logs[1][-3000:]
+        assert "through a Unix socket" in logs[1]
+        for pool in (bouncer, socket_bouncer):
+            assert "got packet 'A' from server when not linked" not in pool.log()

@@ -9,7 +9,7 @@ import pytest
 from django.core.checks import Error
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
-from django.db import connection
+from django.db import connection, connections
 from django.test import override_settings
 
 from sqlqueue import ConfigurationError, send_message
@@ -188,7 +188,16 @@ def test_packet_that_cannot_hold_an_escaped_payload_and_metadata_warns(
 
 @pytest.fixture
 def pooled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check sees a connection pooler (a pg_backend_pid() other than the connection's)."""
+    """The check sees a connection pooler (a pg_backend_pid() other than the connection's)
+    and no way past it (every session the listener could open is pooled too)."""
+    monkeypatch.setattr("sqlqueue.checks.reaches_server_directly", lambda cursor, pid: False)
+    monkeypatch.setattr("sqlqueue.wakeups.postgresql.reaches_server_directly",
+                        lambda cursor, pid: False)
+
+
+@pytest.fixture
+def pooled_with_a_way_past(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pooler the listener can reach past: the server behind answers it directly."""
     monkeypatch.setattr("sqlqueue.checks.reaches_server_directly", lambda cursor, pid: False)
 
 
@@ -205,6 +214,38 @@ def test_postgresql_through_a_pooler_without_a_listener_alias_warns(
     (message,) = without_binding_warning(check_database(databases=["default"]))
     assert message.id == "sqlqueue.W106"
     assert "WAKEUP_LISTEN_DATABASES" in (message.hint or "")
+    assert "is not the server behind it" in message.msg  # why it cannot go past
+
+
+def test_postgresql_through_a_pooler_the_listener_can_reach_past_is_fine(
+        postgresql: None, pooled_with_a_way_past: None) -> None:
+    """The listener will listen straight to the server behind the pooler (issue 39)."""
+    assert ids(without_binding_warning(check_database(databases=["default"]))) == []
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "routes"])
+def test_every_alias_sqlqueue_uses_gets_the_pooler_checks(
+        postgresql: None, pooled: None) -> None:
+    """A routed database is consumed (W106 and W107), a read replica only read (W107);
+    each is checked when ``--database`` names it (issue 39)."""
+    options = connections["routes"].settings_dict.setdefault("OPTIONS", {})
+    already = options.get("server_side_binding")
+    options["server_side_binding"] = True
+    try:
+        with override_settings(SQLQUEUE={"ROUTES": {"other.*": "routes"}}):
+            routed = check_database(databases=["routes"])
+        with override_settings(SQLQUEUE={"READ_REPLICAS": {"default": "routes"}}):
+            replica = check_database(databases=["routes"])
+            both = check_database(databases=["default", "routes"])
+    finally:
+        if already is None:
+            del options["server_side_binding"]
+        else:
+            options["server_side_binding"] = already
+    assert ids(routed) == ["sqlqueue.W106", "sqlqueue.W107"]
+    assert all("'routes'" in m.msg for m in routed)
+    assert ids(replica) == ["sqlqueue.W107"]
+    assert ids(without_binding_warning(both)) == ["sqlqueue.W106", "sqlqueue.W107"]
 
 
 @pytest.mark.parametrize("sqlqueue_settings", [

@@ -25,7 +25,7 @@ from sqlqueue.consuming import watermarks as watermarks_module
 from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.models import DeliveryState, PartitionOffset
-from sqlqueue.storage.sql.delivery import DeliveryStatements
+from sqlqueue.storage.sql.delivery import DeliveryAccess
 from tests.integration.consuming_helpers import (
     RUN_TIMEOUT,
     ManualClock,
@@ -154,7 +154,7 @@ def test_an_atomic_handler_reaching_another_server_commits_nothing_there(
     runner = Runner(select_consumers(["g"]), conf=fast_settings())
     # The main thread fenced against this server; a handler's connection answers as if
     # it reached the promoted replica.
-    monkeypatch.setattr(DeliveryStatements, "server_identity",
+    monkeypatch.setattr(DeliveryAccess, "server_identity",
                         lambda self, cursor: "the promoted replica")
     runner.start_handler_threads()
     try:

@@ -47,10 +47,14 @@ def acked_above_the_watermark(done: int) -> int:
 
 
 def run(runner: Runner, delivered: Calls) -> list[float | None]:
-    """Passes until a handler ran; the delay each pass asked for."""
+    """Passes until one handed a message to the handlers (how many passes the reading
+    took: how soon a handler thread then runs it is another matter); the delay each pass
+    asked for. Then the handler's run, waited for."""
     runner.start_handler_threads()
     try:
-        return run_until(runner, lambda: bool(delivered.offsets))
+        delays = run_until(runner, lambda: runner.pool.dispatched > 0)
+        run_until(runner, lambda: bool(delivered.offsets))
+        return delays
     finally:
         runner.stop()
         runner.shutdown()

@@ -24,6 +24,7 @@ from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner, ServerChanged
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.operations.positions import reset_position
+from sqlqueue.storage import store
 from sqlqueue.storage.sql import dialect_for
 from tests.integration.consuming_helpers import fast_settings, register
 
@@ -68,12 +69,13 @@ def test_outcomes_of_deliveries_made_on_the_old_server_are_dropped(
         register: Any, runner_of_g: Callable[[], Runner],
         monkeypatch: pytest.MonkeyPatch) -> None:
     attempts: list[int] = []
-    release = threading.Event()
+    release, release_again = threading.Event(), threading.Event()
 
     def handler(message: Message) -> None:
         attempts.append(message.attempt)
-        if message.attempt == 1:
-            release.wait(30)
+        # The old server's delivery is void on the new one: delivered again at once,
+        # held here until the old one's outcome was dropped.
+        (release if message.attempt == 1 else release_again).wait(30)
         connections.close_all()
 
     register("t", "g", handler)
@@ -93,6 +95,7 @@ def test_outcomes_of_deliveries_made_on_the_old_server_are_dropped(
     # ... which is not written: the message is delivered again on the "new" server.
     assert not DeliveryState.objects.filter(message_offset=sent.offset, acked=True).exists()
     cycle_until(runner, lambda: attempts == [1, 2])
+    release_again.set()
     cycle_until(runner, lambda: DeliveryState.objects.filter(
         message_offset=sent.offset, acked=True).exists() or subscriber.stats["acked"] >= 1)
 
@@ -219,3 +222,78 @@ def test_reconnect_attempts_are_at_most_two_seconds_apart(
     monkeypatch.setattr(runner.stopping, "wait", no_wait)
     runner.run(install_signal_handlers=False)
     assert waits[:3] == [0.5, 1.0, 2.0] and max(waits) == 2.0
+
+
+def test_a_failover_voids_the_old_servers_leases_and_deliveries_at_once(
+        register: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The first runner that notices the change voids what the old server granted (issue
+    39): the message in flight there is delivered again at once, not after its 60 s
+    visibility timeout, under a lease of a new generation; a runner still holding an old
+    lease fails its fence; a runner noticing later voids nothing more."""
+    from sqlqueue.models import PartitionLease
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server to change")
+    attempts: list[int] = []
+    release = threading.Event()
+
+    def handler(message: Message) -> None:
+        attempts.append(message.attempt)
+        if message.attempt == 1:
+            release.wait(30)
+        connections.close_all()
+
+    register("t", "g", handler)
+    made = [Runner(select_consumers(["g"]), conf=fast_settings(VISIBILITY_TIMEOUT=60),
+                   name=name) for name in ("first", "late")]
+    first, late = made
+    for runner in made:
+        runner.start_handler_threads()
+    try:
+        send_message("t", {}, partition_key="k")
+        cycle_until(first, lambda: attempts == [1])
+        late.run_once()  # knows the old server too; holds nothing
+        old = PartitionLease.objects.get(consumer_group="g", partition_key="k").generation
+        move_to_another_server(monkeypatch)
+        with caplog.at_level(logging.WARNING, logger="sqlqueue.consumer"):
+            started = time.monotonic()
+            cycle_until(first, lambda: attempts == [1, 2], timeout=10)
+            assert time.monotonic() - started < 5  # not the visibility timeout
+            (voided,) = [r.getMessage() for r in caplog.records
+                         if r.getMessage().startswith("Voided")]
+            assert "1 lease(s) and 1 delivery(ies)" in voided
+            assert PartitionLease.objects.get(
+                consumer_group="g", partition_key="k").generation >= old + 2
+            with connection.cursor() as cursor, pytest.raises(ServerChanged) as changed:
+                late.server.head(store(connection), cursor)  # (its cycle's first read)
+            late._forget_server(changed.value.now)
+        assert len([r for r in caplog.records if r.getMessage().startswith("Voided")]) == 1
+        assert first.subscribers[0].leases.owned  # the new grants stay the new server's
+    finally:
+        release.set()
+        for runner in made:
+            runner.stop()
+            runner.shutdown()
+
+
+def test_a_stale_holder_cannot_write_after_the_void(
+        register: Any, runner_of_g: Callable[[], Runner]) -> None:
+    """A subscriber that still believes in a lease the old server granted (its connection
+    reached the new server without it noticing) finds it voided at its fence."""
+    from sqlqueue.consuming.takeover import void_old_server
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server to change")
+    handled: list[int] = []
+    register("t", "g", lambda message: handled.append(message.offset))
+    runner = runner_of_g()
+    send_message("t", {}, partition_key="k")
+    cycle_until(runner, lambda: bool(handled))
+    subscriber = runner.subscribers[0]
+    assert "k" in subscriber.partitions
+    assert runner.server.server is not None
+    assert void_old_server("default", runner.server.server, "another server") is not None
+    with connection.cursor() as cursor:
+        subscriber.fence(cursor)
+    assert "k" not in subscriber.partitions and not subscriber.leases.owned

@@ -13,6 +13,7 @@ from django.db import DatabaseError, IntegrityError, connection, connections
 
 from sqlqueue.migrations._collation import binary_collation
 from sqlqueue.models import DeliveryState, PartitionOffset
+from sqlqueue.storage import store
 from sqlqueue.storage.sql import MessageRow, dialect_for
 
 pytestmark = pytest.mark.django_db
@@ -25,6 +26,15 @@ def row(pk: str = "k", mid: str = "i", **overrides: Any) -> MessageRow:
     }
     values.update(overrides)
     return MessageRow(**values)
+
+
+def test_store_is_the_executor_of_a_connection(settings: Any) -> None:
+    """``store()``: SQLQUEUE["DATABASE"] by default, an alias, or a connection; one
+    executor per connection, kept on it."""
+    assert store() is store("default") is store(connection) is dialect_for(connection)
+    settings.SQLQUEUE = {"DATABASE": "routes"}  # the same database under another alias
+    assert store() is store("routes") is not store("default")
+    assert store().connection is connections["routes"]
 
 
 def test_database_now_ms_is_the_server_clock_in_utc() -> None:

@@ -535,6 +535,41 @@ def test_server_identity(executor: Executor) -> None:
     assert executor.rows(executor.sql.server_identity()) == [(identity,)]  # stable
 
 
+def test_server_record_and_voids(executor: Executor) -> None:
+    """A failover's statements (sqlqueue.consuming.takeover): the record of which server
+    granted the leases, moved only from the servers named; then every lease expires
+    under a new generation and every delivery in flight without an error is visible."""
+    sql = executor.sql
+    executor.run(sql.ensure_server_record())
+    executor.run(sql.ensure_server_record())  # again: nothing changes
+    assert executor.rows(sql.read_server_record()) == [("",)]
+    assert executor.run(sql.record_server("server one")) == 1
+    assert executor.run(sql.record_server("server one")) == 0  # names it already
+    assert executor.run(sql.record_server("server two", replacing=["other", ""])) == 0
+    assert executor.run(sql.record_server("server two", replacing=["server one"])) == 1
+    assert executor.rows(sql.read_server_record()) == [("server two",)]
+    executor.run(sql.acquire_leases("g", "t", ["a"], "w", 30_000))
+    in_flight, failed, acked = (send_message("t", {}, partition_key="k").offset
+                                for _ in range(3))
+    executor.run(sql.mark_delivered("g", "t", [("k", o, 10**15)
+                                               for o in (in_flight, failed, acked)]))
+    executor.run(sql.write_outcomes("g", "t", [OutcomeWrite("k", failed, False, 10**15,
+                                                            "boom"),
+                                               OutcomeWrite("k", acked, True, 0)]))
+    executor.run(sql.heartbeat("g", "t", "w"))
+    assert executor.rows(sql.live_subscribers("g", "t", 30_000)) == [("w",)]
+    assert executor.run(sql.void_leases()) == 1  # not the record
+    assert executor.run(sql.void_heartbeats()) == 1
+    assert executor.rows(sql.live_subscribers("g", "t", 30_000)) == []
+    assert executor.run(sql.void_deliveries()) == 1
+    ((_, owner, generation, age),) = executor.rows(sql.list_leases("g", "t"))
+    assert (owner, int(generation)) == ("w", 2) and int(age) >= 30_000
+    assert executor.rows(sql.read_server_record()) == [("server two",)]
+    assert state(executor, in_flight)[1] == 0  # type: ignore[index]
+    assert state(executor, failed)[1] == 10**15  # type: ignore[index]
+    assert state(executor, acked)[:2] == (True, 0)  # type: ignore[index]
+
+
 def test_a_missing_queue_table_is_recognised_on_this_database() -> None:
     """What ``send_message`` turns into ``NotMigrated`` (issue 37): this vendor's own
     error text for a table that does not exist."""

@@ -295,8 +295,12 @@ class ToolkitCases:
                 advance_clock(1)  # the test settings' backoff is at most 0.1 s
                 reports.append(run_consumers(group="tasks"))
 
-            self.assertEqual(reports, [RunReport(retried=1), RunReport(retried=1),
-                                       RunReport(dead_lettered=1)])
+            # Each run ends once the retry waits on its backoff; a backoff of at most
+            # 0.1 s can also run out within a run on a slow machine, so the three runs'
+            # totals are what is certain.
+            self.assertEqual([sum(getattr(r, field) for r in reports)
+                              for field in ("acked", "retried", "dead_lettered")], [0, 2, 1])
+            self.assertGreaterEqual(reports[0].retried, 1)
             result.refresh()
             self.assertEqual(result.status.name, "FAILED")
             self.assertTrue("ValueError" in result.errors[-1].exception_class_path)
@@ -313,7 +317,8 @@ class TestInsideATransactionTestCase(ToolkitCases, TransactionTestCase):
 
         self.place_order("lease")
         run_consumers(group="billing")
-        self.assertEqual(list(PartitionLease.objects.all()), [])
+        # (the row under the empty group records the server: sqlqueue.consuming.takeover)
+        self.assertEqual(list(PartitionLease.objects.exclude(consumer_group="")), [])
 
 
 class TestAcrossRoutedDatabases(TransactionTestCase):

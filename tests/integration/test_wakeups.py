@@ -317,14 +317,56 @@ def test_postgresql_listener_survives_its_session_being_terminated(
     assert heard.get(timeout=10) == "wk.a"
 
 
+def test_postgresql_listener_behind_a_pooler_listens_straight_to_the_server_behind(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Its connection reaches the server through a pooler (pg_backend_pid() differs: the
+    first connection here) and no listener alias is set: it connects to the address the
+    server answered on, checks that it is the same server and a session of its own, and
+    listens there (issue 39: latency as direct behind PgBouncer with default settings)."""
+    postgresql_only()
+    from sqlqueue.storage.sql import postgresql as dialect_module
+
+    pooled = [True]  # the first connection goes through the "pooler"
+
+    def reaches_directly(cursor: Any, pid: int) -> bool:
+        if pooled:
+            return not pooled.pop()
+        return dialect_module.reaches_server_directly(cursor, pid)
+
+    monkeypatch.setattr("sqlqueue.wakeups.postgresql.reaches_server_directly",
+                        reaches_directly)
+    heard: queue.SimpleQueue[str] = queue.SimpleQueue()
+    past = PostgreSQLListener(connection_params("default"), ["wk.a"], heard.put,
+                              alias="default")
+    with caplog.at_level("INFO", logger="sqlqueue.wakeups"):
+        past.start()
+        try:
+            until(past.connected.is_set, what="the listener past the pooler")
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT application_name FROM pg_stat_activity "
+                               "WHERE pid = %s", [past.backend_pid])
+                assert cursor.fetchone()[0] == "sqlqueue wake-ups"
+            send_message("wk.a", {"n": 1})
+            assert "wk.a" in {heard.get(timeout=10), heard.get(timeout=10)}
+        finally:
+            past.stop()
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "straight to that server, at " in said and "'default'" in said
+
+
 def test_postgresql_listener_behind_a_pooler_stays_off_with_one_warning(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Its connection reaches the server through a pooler (pg_backend_pid() differs) and
-    no listener alias is set: no LISTEN, never connected, one warning, the thread ends
-    (so the runner keeps its quick polls)."""
+    """Its connection reaches the server through a pooler (pg_backend_pid() differs), no
+    listener alias is set and the server behind cannot be reached directly (here: the
+    address it answered on refuses connections): no LISTEN, never connected, one
+    warning, the thread ends (so the runner keeps its quick polls)."""
     postgresql_only()
+    from tests.acceptance.servers import free_port
+
     monkeypatch.setattr("sqlqueue.wakeups.postgresql.reaches_server_directly",
                         lambda cursor, pid: False)
+    monkeypatch.setattr("sqlqueue.wakeups.postgresql.server_address",
+                        lambda identity: ("127.0.0.1", free_port()))
     heard: queue.SimpleQueue[str] = queue.SimpleQueue()
     deaf = PostgreSQLListener(connection_params("default"), ["wk.a"], heard.put,
                               alias="default")
@@ -334,6 +376,7 @@ def test_postgresql_listener_behind_a_pooler_stays_off_with_one_warning(
     assert not deaf.is_alive() and not deaf.connected.is_set() and deaf.connections == 0
     (warning,) = [r.getMessage() for r in caplog.records]
     assert "'default'" in warning and "WAKEUP_LISTEN_DATABASES" in warning
+    assert "connecting straight to it at 127.0.0.1:" in warning
     assert heard.empty()
 
 

@@ -86,6 +86,20 @@ def atomic_across_a_failover(message: sqlqueue.Message) -> None:
     journal(message, "finished")
     with open(path, "a") as file:
         file.write(f"end {message.id} {message.offset}\n")
+@sqlqueue.consumer("accept.patroni", group="patroni")
+def across_a_patroni_failover(message: sqlqueue.Message) -> None:
+    """For tests/acceptance/test_patroni.py: journals each call's start and end, with the
+    wall clock (every process of the machine shares it), to SQLQUEUE_TEST_JOURNAL's file,
+    which outlives the killed primary."""
+    path = os.environ["SQLQUEUE_TEST_JOURNAL"]
+    fields = f"{message.id} {message.offset} {message.partition_key} {message.attempt}"
+    with open(path, "a") as file:
+        file.write(f"start {fields} {time.time()}\n")
+    time.sleep(0.02)  # an API call, say: the database is not touched
+    with open(path, "a") as file:
+        file.write(f"end {fields} {time.time()}\n")
+
+
 # -- async def handlers (issue 13): awaited on an event loop, the async ORM inside -------
 
 async def ajournal(message: sqlqueue.Message, event: str) -> None:

@@ -10,7 +10,7 @@ import pytest
 from sqlqueue import InvalidMessage, OutgoingMessage, SqlqueueError
 from sqlqueue.conf import QueueSettings
 from sqlqueue.publishing.messages import (
-    check_name,
+    check_message_name,
     check_priority,
     check_topic,
     encode_metadata,
@@ -35,13 +35,13 @@ def test_invalid_message_is_a_value_error_and_a_sqlqueue_error() -> None:
 )
 def test_bad_names(value: str) -> None:
     with pytest.raises(InvalidMessage):
-        check_name("partition_key", value)
+        check_message_name("partition_key", value)
 
 
 @pytest.mark.parametrize("value", [None, 7, b"bytes", uuid.uuid4()])
 def test_names_must_be_strings(value: Any) -> None:
     with pytest.raises(InvalidMessage, match="must be a string"):
-        check_name("id", value)
+        check_message_name("id", value)
 
 
 def test_good_names_include_unicode_and_spaces() -> None:
@@ -49,12 +49,12 @@ def test_good_names_include_unicode_and_spaces() -> None:
     # (U+2028, a line separator, is refused: tests/integration/test_cli_safety.py).
     for value in ["orders.created", "customer 7", "ключ", "🦆", "x" * 255, "é" * 127,
                   "no\u00a0break", " "]:
-        assert check_name("id", value) == value
+        assert check_message_name("id", value) == value
 
 
 def test_lone_surrogates_are_refused() -> None:
     with pytest.raises(InvalidMessage, match="not valid Unicode"):
-        check_name("id", "\ud800")
+        check_message_name("id", "\ud800")
 
 
 def test_topic_leaves_room_for_the_dead_letter_suffix() -> None:

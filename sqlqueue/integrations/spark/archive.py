@@ -50,6 +50,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.integrations.spark.archive_layout import (
     JOURNAL_FILE,
     LOCK_FILE,
@@ -78,7 +79,7 @@ ACKED_AT = [c.name for c in STATE_COLUMNS].index("acked_at")
 TOPIC_METADATA_KEY = b"sqlqueue.topic"
 
 
-class ArchiveError(Exception):
+class ArchiveError(SqlqueueError):
     """The archive cannot run (another run holds its lock, or pyarrow is missing)."""
 
 

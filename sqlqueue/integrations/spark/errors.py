@@ -1,15 +1,17 @@
 """Errors of the Spark data source.
 
-Spark executors and the driver's planner processes import these without Django, so they
-cannot derive from ``sqlqueue.SqlqueueError`` (whose module imports Django); they are
-``ValueError``/``RuntimeError`` subclasses instead. Spark reports them wrapped in its own
-exceptions, with this message in the text.
+Spark executors and the driver's planner processes import these without Django; they
+derive from ``sqlqueue.SqlqueueError`` (whose module imports no Django) and from
+``ValueError``/``RuntimeError``. Spark reports them wrapped in its own exceptions, with
+this message in the text.
 """
 
 from __future__ import annotations
 
+from sqlqueue.exceptions import SqlqueueError
 
-class SparkSourceError(Exception):
+
+class SparkSourceError(SqlqueueError):
     """Root of the data source's errors."""
 
 

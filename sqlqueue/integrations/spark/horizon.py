@@ -1,4 +1,4 @@
-"""Which offsets are settled: no row can still appear below them (late commits, SPEC I4).
+"""Which offsets are settled: no row can still appear below them (late commits, guarantee I4).
 
 Offsets come from AUTO_INCREMENT when a row is inserted, but the row becomes visible when
 its transaction commits, so a message can appear *below* offsets already visible. The

@@ -18,6 +18,8 @@ import ctypes.util
 import secrets
 from typing import Any
 
+from sqlqueue.exceptions import SqlqueueError
+
 # int (*init)(void **ptr, const char *filename, void *userdata)
 _INIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
                          ctypes.c_void_p)
@@ -31,7 +33,7 @@ _ERROR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes
 REFUSED_CODE = 2000  # CR_UNKNOWN_ERROR, as libmariadb's own refusal
 
 
-class BulkLoadUnavailable(RuntimeError):
+class BulkLoadUnavailable(SqlqueueError, RuntimeError):
     """The MySQL client library has no local-infile handler API (not libmariadb or
     libmysqlclient): the writer publishes through INSERT instead."""
 

@@ -190,10 +190,6 @@ class SourceOptions:
             dlq_suffix=dlq_suffix,
         )
 
-    @property
-    def topic_max_bytes(self) -> int:
-        return MAX_NAME_BYTES - len(self.dlq_suffix.encode("utf-8"))
-
     def require_topic(self, purpose: str) -> str:
         if self.topic is None:
             raise InvalidOption(f"option 'topic' is required to {purpose}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -24,10 +23,9 @@ import pyarrow as pa
 from sqlqueue.integrations.spark.arrow import timestamps_to_epoch_micros
 from sqlqueue.integrations.spark.errors import InvalidOption, InvalidRow
 from sqlqueue.integrations.spark.options import SourceOptions
-from sqlqueue.naming import MAX_JSON_DEPTH, check_json_depth, check_name
+from sqlqueue.naming import MAX_JSON_DEPTH, check_json_depth, check_name, unkeyed_partition
 
 DEFAULT_PRIORITY = 50
-UNKEYED_PREFIX = "default-"  # as sqlqueue.publishing.messages.UNKEYED_PREFIX
 CONTENT_ID_PREFIX = "sha256:"
 
 #: The columns a DataFrame to publish may have: name -> the Spark types accepted.
@@ -65,11 +63,6 @@ def check_write_schema(fields: Mapping[str, str]) -> None:
         raise InvalidOption("cannot publish this DataFrame: " + "; ".join(problems))
 
 
-def unkeyed_partition(message_id: str, partitions: int) -> str:
-    """As sqlqueue.publishing.messages.unkeyed_partition: spread by id, deterministically."""
-    return f"{UNKEYED_PREFIX}{zlib.crc32(message_id.encode('utf-8')) % partitions}"
-
-
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -92,7 +85,7 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def encode_payload(value: Any, max_bytes: int) -> str:
+def encode_row_payload(value: Any, max_bytes: int) -> str:
     if value is None:
         raise ValueError("payload is NULL")
     try:
@@ -114,7 +107,7 @@ def encode_payload(value: Any, max_bytes: int) -> str:
     return text
 
 
-def encode_metadata(value: Any, max_bytes: int) -> str | None:
+def encode_row_metadata(value: Any, max_bytes: int) -> str | None:
     if value is None:
         return None
     mapping = json.loads(value) if isinstance(value, str) else value
@@ -172,8 +165,8 @@ class RowPreparer:
 
     def _prepare_one(self, row: dict[str, Any], now_ms: int) -> Prepared:
         options = self.options
-        payload = encode_payload(row.get("payload"), options.max_payload_bytes)
-        metadata = encode_metadata(row.get("metadata"), options.max_payload_bytes)
+        payload = encode_row_payload(row.get("payload"), options.max_payload_bytes)
+        metadata = encode_row_metadata(row.get("metadata"), options.max_payload_bytes)
         priority = row.get("priority")
         if priority is not None and not 0 <= priority <= 255:
             raise ValueError(f"priority must be between 0 and 255; got {priority}")

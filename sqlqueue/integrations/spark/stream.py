@@ -3,7 +3,7 @@
 The stream's offset is ``{"offset": N}``: every row of the log below N has been planned.
 ``latestOffset`` moves N only over *settled* offsets (``horizon``), so a message whose
 publishing transaction commits late, below rows already visible, is never skipped
-(SPEC I4): the stream waits for it. Spark checkpoints the offsets of each micro-batch;
+(guarantee I4): the stream waits for it. Spark checkpoints the offsets of each micro-batch;
 after a restart it replays an unfinished batch with the same range, and a finished one
 never again.
 

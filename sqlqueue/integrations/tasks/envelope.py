@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlqueue.conf import MAX_NAME_BYTES
+from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.publishing.messages import MAX_NESTING
 
 
-class BadEnvelope(ValueError):
+class BadEnvelope(SqlqueueError, ValueError):
     """A message on a task topic that does not describe a task."""
 
 

@@ -54,7 +54,7 @@ class TaskRecordQuerySet(models.QuerySet["TaskRecord"]):
 
 def truncated(traceback: str) -> str:
     """The traceback to keep: capped, and made safe for jsonb (no NUL, no lone
-    surrogate: SPEC I15)."""
+    surrogate: guarantee I15)."""
     if len(traceback) > MAX_TRACEBACK_CHARS:
         half = MAX_TRACEBACK_CHARS // 2
         traceback = traceback[:half] + "\n[... traceback truncated ...]\n" + traceback[-half:]

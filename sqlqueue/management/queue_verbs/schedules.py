@@ -13,14 +13,14 @@ from sqlqueue.naming import escape_controls
 def schedules(out: OutputWrapper, options: dict[str, Any]) -> None:
     """``forget``, ``run``, or (the default) ``list``."""
     if options.get("schedule_action") == "forget":
-        forget(out, options["name"])
+        _forget(out, options["name"])
     elif options.get("schedule_action") == "run":
         run_now(out, options["name"])
     else:
         list_schedules(out)
 
 
-def forget(out: OutputWrapper, name: str) -> None:
+def _forget(out: OutputWrapper, name: str) -> None:
     from sqlqueue.operations.schedules import UnknownSchedule, forget_schedule
 
     try:

@@ -1,4 +1,5 @@
-"""Named SQL statements, one module per vendor; ``dialect_for()`` picks the right one."""
+"""The Django executor, one module per vendor; ``dialect_for()`` picks the right one
+(the layers above reach it through ``sqlqueue.storage.store()``)."""
 
 from __future__ import annotations
 

@@ -14,16 +14,16 @@ from django.db import DatabaseError, IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
-from sqlqueue.storage.sql.delivery import DeliveryStatements
-from sqlqueue.storage.sql.leases import LeaseStatements
-from sqlqueue.storage.sql.minute_stats import MinuteStatsStatements
+from sqlqueue.storage.sql.delivery import DeliveryAccess
+from sqlqueue.storage.sql.leases import LeaseAccess
+from sqlqueue.storage.sql.minute_stats import MinuteStatsAccess
 from sqlqueue.storage.sql.operating import (
     DUES_PER_STATEMENT,
     PENDING_BRANCHES_PER_STATEMENT,
-    OperatingStatements,
+    OperatingAccess,
     PendingSummary,
 )
-from sqlqueue.storage.sql.schedules import ScheduleStatements
+from sqlqueue.storage.sql.schedules import ScheduleAccess
 from sqlqueue.storage.sql.tables import (
     FetchedRow,
     IdempotencyDigest,
@@ -50,7 +50,7 @@ from sqlqueue.storage.statements.vendors import Statement
 #: a row to build an ``insert_messages`` statement's text with (its values are unused)
 
 
-class ConsumingStatements(DeliveryStatements, LeaseStatements):
+class ConsumingAccess(DeliveryAccess, LeaseAccess):
     """The subscriber's statements."""
 
 
@@ -60,8 +60,7 @@ MISSING_QUEUE_TABLE = re.compile(
     r"|no such table: (?:\w+\.)?queue_\w+", re.IGNORECASE)
 
 
-class Dialect(ConsumingStatements, OperatingStatements, ScheduleStatements,
-              MinuteStatsStatements):
+class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAccess):
     """Named statements for one database vendor, bound to one connection."""
 
     vendor = ""
@@ -240,15 +239,15 @@ __all__ = [
     "PENDING_BRANCHES_PER_STATEMENT",
     "STATE_KEY",
     "STATE_TABLE",
-    "ConsumingStatements",
-    "DeliveryStatements",
+    "ConsumingAccess",
+    "DeliveryAccess",
     "Dialect",
     "FetchedRow",
     "IdempotencyDigest",
-    "LeaseStatements",
+    "LeaseAccess",
     "MessageKey",
     "MessageRow",
-    "OperatingStatements",
+    "OperatingAccess",
     "OutcomeWrite",
     "PendingSummary",
     "VendorHooks",

@@ -23,7 +23,7 @@ from sqlqueue.storage.sql.tables import (
 FETCH_PARTITIONS_PER_STATEMENT = 64
 
 
-class DeliveryStatements(VendorHooks):
+class DeliveryAccess(VendorHooks):
     """Mixin for ``Dialect``: the subscriber's reads and writes of messages and state."""
 
     # fetch_messages ---------------------------------------------------------------------

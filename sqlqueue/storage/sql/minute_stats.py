@@ -14,7 +14,7 @@ from sqlqueue.storage.sql.tables import VendorHooks
 MinuteCounts = Mapping[tuple[str, str, int], Mapping[str, float]]
 
 
-class MinuteStatsStatements(VendorHooks):
+class MinuteStatsAccess(VendorHooks):
     """Mixin for ``Dialect``: the rollup's rows."""
 
     def add_minute_stats(self, cursor: CursorWrapper, counts: MinuteCounts) -> None:

@@ -33,7 +33,7 @@ class PendingSummary:
     oldest_due_at: int | None
 
 
-class OperatingStatements(VendorHooks):
+class OperatingAccess(VendorHooks):
     """Mixin for ``Dialect``: the operator's reads."""
 
     def partition_heads(self, cursor: CursorWrapper, topic: str) -> dict[str, int]:

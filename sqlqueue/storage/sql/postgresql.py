@@ -24,6 +24,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, transaction
 from django.db.backends.utils import CursorWrapper
 
+from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.base import Dialect, MessageRow
 from sqlqueue.storage.sql.prepared import (
@@ -48,6 +49,14 @@ COPY_MIN_ROWS = 50
 STATEMENTS = PostgreSQLStatements()
 
 
+def server_address(identity: str) -> tuple[str, int] | None:
+    """(host, port) of a ``server_identity`` answer ('10.0.0.5:5432 started ...'); None
+    when the session came in through a Unix socket (no address)."""
+    address = identity.split(" started ", 1)[0]
+    host, _, port = address.rpartition(":")
+    return (host, int(port)) if host and port.isdigit() else None
+
+
 def reaches_server_directly(cursor: Any, driver_pid: int) -> bool:
     """Does the connection whose driver was told ``driver_pid`` at connect time reach
     its server session directly? Every connection pooler (PgBouncer, RDS Proxy, ...)
@@ -58,7 +67,7 @@ def reaches_server_directly(cursor: Any, driver_pid: int) -> bool:
     return reached is not None and int(reached[0]) == driver_pid
 
 
-class DuplicateMessage(IntegrityError):
+class DuplicateMessage(IntegrityError, SqlqueueError):
     """An ``insert_messages`` row whose (topic, partition_key, id) is stored already,
     inside a transaction.
 

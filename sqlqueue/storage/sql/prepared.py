@@ -44,7 +44,7 @@ def statement_name(variant: Variant) -> str:
         "_wake" if wake else "")
 
 
-class SessionStatements:
+class PreparedSession:
     """What one server session (one driver connection) has prepared of sqlqueue's
     statements, and how often it ran those it has not."""
 
@@ -67,11 +67,11 @@ class SessionStatements:
         self.runs.clear()
 
 
-def session_statements(driver_connection: Any) -> SessionStatements:
-    """The ``SessionStatements`` of a psycopg connection, kept on it: it lives as long
+def session_statements(driver_connection: Any) -> PreparedSession:
+    """The ``PreparedSession`` of a psycopg connection, kept on it: it lives as long
     as the server session it describes (also across Django connections of a pool)."""
-    state: SessionStatements | None = getattr(driver_connection, "_sqlqueue_statements", None)
+    state: PreparedSession | None = getattr(driver_connection, "_sqlqueue_statements", None)
     if state is None:
-        state = SessionStatements()
+        state = PreparedSession()
         driver_connection._sqlqueue_statements = state
     return state

@@ -26,7 +26,7 @@ class ScheduleRow(NamedTuple):
     last_published_at: int | None
 
 
-class ScheduleStatements:
+class ScheduleAccess:
     """Mixin for ``Dialect``: the schedules' statements."""
 
     sql: Statements
@@ -78,4 +78,4 @@ def _row(values: Sequence[Any]) -> ScheduleRow:
     )
 
 
-__all__ = ["PublishedTick", "ScheduleRow", "ScheduleStatements"]
+__all__ = ["PublishedTick", "ScheduleAccess", "ScheduleRow"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from sqlqueue.storage.statements.bulk import BulkStatements, MySQLBulk, PostgreSQLBulk
 from sqlqueue.storage.statements.delivery import DeliveryStatements, PostgreSQLDelivery
 from sqlqueue.storage.statements.export import ExportStatements
+from sqlqueue.storage.statements.failover import FailoverStatements
 from sqlqueue.storage.statements.membership import MembershipStatements
 from sqlqueue.storage.statements.minute_stats import MinuteStatsStatements
 from sqlqueue.storage.statements.operating import OperatingStatements
@@ -40,7 +41,8 @@ from sqlqueue.storage.statements.watermarks import WatermarkStatements
 
 class Statements(PublishingStatements, DeliveryStatements, WatermarkStatements,
                  MembershipStatements, OperatingStatements, ScheduleStatements,
-                 SessionStatements, ExportStatements, BulkStatements, MinuteStatsStatements):
+                 SessionStatements, ExportStatements, BulkStatements, FailoverStatements,
+                 MinuteStatsStatements):
     """Every shared statement; a vendor's hooks come first in its subclass's bases."""
 
 

@@ -134,7 +134,7 @@ class DeliveryStatements(Vendor):
 
     def server_identity(self) -> Statement:
         """``server_identity``: which database server answers (``server_identity_sql``),
-        read inside an atomic handler's transaction before its ack (SPEC I16)."""
+        read inside an atomic handler's transaction before its ack (guarantee I16)."""
         return f"SELECT {self.server_identity_sql}", []
 
     # writes --------------------------------------------------------------------------------

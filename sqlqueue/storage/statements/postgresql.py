@@ -15,7 +15,7 @@ from sqlqueue.storage.statements.vendors import OnConflictVendor, Statement
 _BARE_COLUMN = re.compile(r'(?<![.\w"])("[^"]+")')
 
 
-def epoch_ms(clock: str) -> str:
+def epoch_ms_sql(clock: str) -> str:
     """A PostgreSQL timestamp expression in epoch milliseconds."""
     # EXTRACT(EPOCH ...) is numeric (PostgreSQL 14+): FLOOR truncates to the millisecond
     # like the other vendors' clocks, where a cast alone would round up.
@@ -27,7 +27,7 @@ class PostgreSQLVendor(OnConflictVendor):
     whole statement, as the other vendors' clocks are."""
 
     vendor = "postgresql"
-    now_ms_sql = f"({epoch_ms('statement_timestamp()')})"
+    now_ms_sql = f"({epoch_ms_sql('statement_timestamp()')})"
     # Waits for a concurrent writer of the row, then reads its newest committed version.
     locking_read_suffix = " FOR SHARE"
     # = ANY of an array: index lookups, where IN (subquery) may be planned as a join
@@ -69,7 +69,7 @@ class PostgreSQLVendor(OnConflictVendor):
         # its id (if it has none yet) before the clock is read, the order the exact
         # write horizon rests on (sqlqueue.storage.sql.postgresql).
         return (f"(CASE WHEN pg_current_xact_id() IS NOT NULL THEN "
-                f"{epoch_ms('clock_timestamp()')} END)")
+                f"{epoch_ms_sql('clock_timestamp()')} END)")
 
     def stored_columns(self, expression: str, table: str) -> str:
         # In ON CONFLICT DO UPDATE a bare column is ambiguous (the stored row's, or
@@ -90,10 +90,10 @@ class PostgreSQLVendor(OnConflictVendor):
         this_database = "(SELECT oid FROM pg_database WHERE datname = current_database())"
         return (
             f"WITH c AS MATERIALIZED (SELECT pg_stat_clear_snapshot() AS cleared, "
-            f"{epoch_ms('clock_timestamp()')} AS now_ms) "
+            f"{epoch_ms_sql('clock_timestamp()')} AS now_ms) "
             f"SELECT c.now_ms, a.oldest, a.hidden, (SELECT COUNT(*) FROM pg_prepared_xacts "
             f"WHERE database = current_database()) FROM c CROSS JOIN LATERAL ("
-            f"SELECT {epoch_ms('MIN(xact_start)')} AS oldest, "
+            f"SELECT {epoch_ms_sql('MIN(xact_start)')} AS oldest, "
             f"COUNT(*) FILTER (WHERE xact_start IS NULL) AS hidden FROM pg_stat_activity "
             f"WHERE backend_xid IS NOT NULL AND datid = {this_database} "
             f"AND c.now_ms IS NOT NULL) a",
