@@ -15,7 +15,12 @@ def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
     """The statements for ``connection``'s database; cached on the connection object."""
     dialect: Dialect | None = getattr(connection, "_sqlqueue_dialect", None)
     if dialect is None:
-        if connection.vendor == "mysql":
+        # A backend may bring its statements with it: the in-memory database the
+        # engine's unit tests run on (tests/engine/memory) has no SQL to run.
+        own_store = getattr(connection, "sqlqueue_store", None)
+        if own_store is not None:
+            dialect = own_store()
+        elif connection.vendor == "mysql":
             from sqlqueue.storage.sql.mysql import MySQLDialect
 
             dialect = MySQLDialect(connection)

@@ -1,0 +1,179 @@
+"""Runners on the in-memory database, stepped by hand in one thread, on a manual clock.
+
+``MemoryQueue`` registers a ``MemoryDatabase`` under two aliases (two connections to
+one database, as two ``runconsumer`` processes have), and gives every time the engine
+reads one source: the ``ManualClock``. The runner's database clock is it (``Runner(clock=
+...)``), the store's ``now_ms`` is it, and so are the ``time.monotonic()`` and
+``time.time()`` the engine's timers read (lease ticks, watermark steps, garbage
+collection): its modules see a ``ClockTime`` in place of the ``time`` module. Nothing
+waits: a test moves the clock.
+
+``SteppedRunner`` is ``Runner`` with ``sqlqueue.testing``'s ``InlinePool``: a ``step()``
+is one ``run_once()`` and then the handlers of what it handed out, on this thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+from django.db import connections
+
+from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming import gc
+from sqlqueue.consuming.registry import Consumer
+from sqlqueue.consuming.runner import Runner
+from sqlqueue.integrations.tasks.retention import prune_results
+from sqlqueue.testing.inline import InlinePool
+from tests.engine.memory.base import register, unregister
+from tests.engine.memory.tables import MemoryDatabase, Tables
+
+#: the two aliases of one in-memory database
+ALIASES = ("memory-a", "memory-b")
+#: where the manual clock starts (epoch ms: 2026-01-01)
+EPOCH_MS = 1_767_225_600_000
+#: modules whose ``time`` the clock replaces: the engine's timers
+TIMED_MODULES = (
+    "sqlqueue.consuming.discovery", "sqlqueue.consuming.exiting", "sqlqueue.consuming.gc",
+    "sqlqueue.consuming.handlers", "sqlqueue.consuming.handoff", "sqlqueue.consuming.leases",
+    "sqlqueue.consuming.limits", "sqlqueue.consuming.pauses", "sqlqueue.consuming.rollup",
+    "sqlqueue.consuming.runner", "sqlqueue.consuming.watermarks", "sqlqueue.horizon",
+    "sqlqueue.publishing.messages", "sqlqueue.testing.inline",
+)
+_databases = itertools.count(1)
+
+
+class ManualClock:
+    """Database time that moves only when told (a ``Clock``: ``Runner(clock=...)``)."""
+
+    def __init__(self, start_ms: int = EPOCH_MS) -> None:
+        self.ms = start_ms
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def estimate_ms(self) -> int:
+        return self.ms
+
+    def invalidate(self) -> None:
+        pass
+
+    def advance(self, milliseconds: int) -> None:
+        assert milliseconds >= 0, "the clock only moves forward"
+        self.ms += milliseconds
+
+
+class ClockTime:
+    """The ``time`` module as the engine's modules see it here: its clocks are the manual
+    clock; a ``sleep`` moves it. Everything else is the real module's."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self._clock = clock
+
+    def monotonic(self) -> float:
+        return self._clock.ms / 1000
+
+    time = perf_counter = monotonic
+
+    def time_ns(self) -> int:
+        return self._clock.ms * 1_000_000
+
+    def sleep(self, seconds: float) -> None:
+        self._clock.advance(round(seconds * 1000))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+class MemoryQueue:
+    """One in-memory database reachable as ``ALIASES``, and its clock."""
+
+    def __init__(self) -> None:
+        self.clock = ManualClock()
+        self.database = MemoryDatabase(self.clock.now_ms)
+        self.name = f"memory-{next(_databases)}"
+
+    @property
+    def tables(self) -> Tables:
+        return self.database.tables
+
+    def settings(self, alias: str = ALIASES[0], **overrides: Any) -> QueueSettings:
+        """Runner settings on ``alias``: short intervals, in clock time."""
+        values: dict[str, Any] = {
+            "DATABASE": alias, "POLL_INTERVAL": 0.05, "MIN_BACKOFF": 0.05,
+            "MAX_BACKOFF": 0.2, "VISIBILITY_TIMEOUT": 1.0, "LEASE_DURATION": 4.0,
+            "LEASE_RENEW_INTERVAL": 1.0, "SHUTDOWN_TIMEOUT": 0, "WAKEUPS": False,
+            "IDEMPOTENCY_WINDOW": 3600.0}
+        values.update(overrides)
+        return dataclasses.replace(QueueSettings(), **values)
+
+    def runner(self, consumers: Sequence[Consumer], *, alias: str = ALIASES[0],
+               name: str = "runner", **overrides: Any) -> SteppedRunner:
+        return SteppedRunner(consumers, conf=self.settings(alias, **overrides), threads=1,
+                             name=name, clock=self.clock)
+
+
+class SteppedRunner(Runner):
+    pool: InlinePool
+
+    def _handler_pool(self) -> InlinePool:
+        return InlinePool(name=self.name, threads=0, alias=self.alias,
+                          instruments=self.instruments, stopping=self.stopping,
+                          wakeup=self.wakeup, paused=self.pauses.paused, stats=self.stats,
+                          exit_when_stuck=None, on_stuck=self.stop)
+
+    def step(self) -> int:
+        """One pass, then the handlers of what it handed out (their outcomes are recorded
+        by the next pass). Returns how many handlers ran."""
+        self.run_once()
+        return self.pool.run_handed_out()
+
+    def stop_gracefully(self) -> None:
+        """What SIGTERM leads to: the last outcomes recorded, watermarks moved over
+        them, the leases handed over."""
+        self.stop()
+        self.shutdown()
+
+    def kill(self) -> None:
+        """The process dies: nothing more is written; its connection is gone (a server
+        rolls back what it had open)."""
+        self.stopping.set()
+        connections[self.alias].close()
+
+
+@contextmanager
+def memory_queue() -> Iterator[MemoryQueue]:
+    """A fresh in-memory database on ``ALIASES``, the engine's timers on its clock."""
+    queue = MemoryQueue()
+    register(queue.name, queue.database)
+    memory = {"ENGINE": "tests.engine.memory", "NAME": queue.name}
+    configured = connections.configure_settings(
+        {"default": dict(memory), **{alias: dict(memory) for alias in ALIASES}})
+    connections.settings.update({alias: configured[alias] for alias in ALIASES})
+    clock_time = ClockTime(queue.clock)
+    replaced: list[tuple[ModuleType, Any]] = []
+    pruners = list(gc._pruners)
+    # Task results are ORM rows: not in the in-memory database (nothing writes them).
+    gc._pruners[:] = [p for p in gc._pruners if p is not prune_results]
+    try:
+        for name in TIMED_MODULES:
+            module = sys.modules.get(name) or __import__(name, fromlist=["time"])
+            replaced.append((module, module.time))
+            module.time = clock_time  # type: ignore[attr-defined]
+        yield queue
+    finally:
+        for module, original in replaced:
+            module.time = original  # type: ignore[attr-defined]
+        gc._pruners[:] = pruners
+        for alias in ALIASES:
+            if alias in connections:  # opened in this thread
+                connections[alias].close()
+                del connections[alias]
+            connections.settings.pop(alias, None)
+        unregister(queue.name)

@@ -1,0 +1,187 @@
+"""The engine (``Runner``, its subscribers, leases, watermarks) on the in-memory database
+(tests/engine): no database, no wall-clock wait; the runners are stepped by hand and time
+moves only when a test moves the manual clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from sqlqueue import Message, send_message
+from sqlqueue.consuming.registry import Consumer, consumer, unregister
+from tests.engine.harness import ALIASES, MemoryQueue, SteppedRunner, memory_queue
+
+TOPIC = "engine.t"
+Seen = list[tuple[str, str, int, int]]  # (runner alias, id, attempt, clock ms)
+
+
+@pytest.fixture
+def queue() -> Iterator[MemoryQueue]:
+    with memory_queue() as q:
+        yield q
+
+
+@pytest.fixture
+def registered() -> Iterator[Callable[..., Consumer]]:
+    made: list[str] = []
+
+    def register(group: str, handle: Callable[[Message], Any], **options: Any) -> Consumer:
+        options = {"max_attempts": 3, "min_backoff": 0.5, "max_backoff": 2.0,
+                   "visibility_timeout": 1.0, **options}
+        made.append(group)
+        return consumer(TOPIC, group=group, **options)(handle)  # type: ignore[no-any-return]
+
+    yield register
+    for group in made:
+        unregister(group, TOPIC)
+
+
+def publish(ids_by_partition: dict[str, list[str]], alias: str = ALIASES[0]) -> None:
+    for partition, ids in ids_by_partition.items():
+        for message_id in ids:
+            send_message(TOPIC, message_id, partition_key=partition, id=message_id,
+                         using=alias)
+
+
+def steps(queue: MemoryQueue, runners: list[SteppedRunner], count: int,
+          every_ms: int = 50) -> None:
+    for _ in range(count):
+        for runner in runners:
+            runner.step()
+        queue.clock.advance(every_ms)
+
+
+def recorder(queue: MemoryQueue, seen: Seen, *, failing: Callable[[Message], bool] = (
+        lambda m: False)) -> Callable[[Message], None]:
+    def handle(message: Message) -> None:
+        seen.append((message.partition_key, message.id, message.attempt, queue.clock.ms))
+        if failing(message):
+            raise RuntimeError(f"{message.id} fails attempt {message.attempt}")
+    return handle
+
+
+def test_messages_are_delivered_in_offset_order_per_partition(queue, registered) -> None:
+    seen: Seen = []
+    registered("g", recorder(queue, seen))
+    publish({"p0": ["a1", "a2", "a3"], "p1": ["b1", "b2"]})
+    runner = queue.runner(_consumers("g"))
+    steps(queue, [runner], 10)
+    assert [i for p, i, *_ in seen if p == "p0"] == ["a1", "a2", "a3"]
+    assert [i for p, i, *_ in seen if p == "p1"] == ["b1", "b2"]
+    assert all(attempt == 1 for *_, attempt, _ in seen)
+
+
+def test_a_failure_is_retried_after_its_backoff_not_before(queue, registered) -> None:
+    seen: Seen = []
+    registered("g", recorder(queue, seen, failing=lambda m: m.attempt == 1))
+    publish({"p0": ["m"]})
+    runner = queue.runner(_consumers("g"))
+    steps(queue, [runner], 3, every_ms=10)  # the failure is recorded
+    failed_at = seen[0][3]
+    steps(queue, [runner], 40, every_ms=10)  # 400 ms: less than min_backoff (500 ms)
+    assert [(i, a) for _, i, a, _ in seen] == [("m", 1)]
+    steps(queue, [runner], 20, every_ms=10)
+    assert [(i, a) for _, i, a, _ in seen] == [("m", 1), ("m", 2)]
+    assert seen[1][3] - failed_at >= 500
+    assert queue.tables.states == {}  # acked, under the watermark: its state is gone
+
+
+def test_a_message_is_dead_lettered_after_max_attempts(queue, registered) -> None:
+    seen: Seen = []
+    registered("g", recorder(queue, seen, failing=lambda m: m.id == "doomed"))
+    publish({"p0": ["doomed", "fine"]})
+    runner = queue.runner(_consumers("g"))
+    steps(queue, [runner], 60, every_ms=100)
+    assert [a for _, i, a, _ in seen if i == "doomed"] == [1, 2, 3]
+    letters = [m for m in queue.tables.messages.values() if m.topic == TOPIC + "_dlq"]
+    assert [(m.id, m.failure_count, m.consumer_group) for m in letters] == [
+        ("doomed@g", 3, "g")]
+    assert "doomed fails attempt 3" in letters[0].last_error
+    assert [a for _, i, a, _ in seen if i == "fine"] == [1]
+
+
+def test_the_watermark_moves_over_acked_rows_and_their_state_goes(queue, registered) -> None:
+    seen: Seen = []
+    registered("g", recorder(queue, seen))
+    publish({"p0": ["a1", "a2"], "p1": ["b1"]})
+    runner = queue.runner(_consumers("g"))
+    steps(queue, [runner], 30)
+    last = max(queue.tables.messages)
+    watermarks = {k[2]: row.offset_acked for k, row in queue.tables.watermarks.items()}
+    assert watermarks == {"p0": last, "p1": last}
+    assert queue.tables.states == {}
+    runner.stop_gracefully()
+    assert queue.tables.leases == {}  # handed over at the stop
+
+
+def test_two_runners_share_the_partitions(queue, registered) -> None:
+    seen: Seen = []
+    registered("g", recorder(queue, seen))
+    publish({f"p{n}": [f"m{n}"] for n in range(4)})
+    first = queue.runner(_consumers("g"), alias=ALIASES[0], name="first")
+    second = queue.runner(_consumers("g"), alias=ALIASES[1], name="second")
+    steps(queue, [first, second], 80)
+    holders = [lease.leased_by for key, lease in queue.tables.leases.items() if key[0] == "g"]
+    assert sorted(holders) == ["first", "first", "second", "second"]
+    assert sorted(i for _, i, *_ in seen) == ["m0", "m1", "m2", "m3"]  # each once
+
+
+def test_a_vanished_runner_s_partitions_are_taken_over_after_its_lease(queue,
+                                                                        registered) -> None:
+    seen: Seen = []
+    registered("g", recorder(queue, seen))
+    publish({"p0": ["m1"]})
+    first = queue.runner(_consumers("g"), alias=ALIASES[0], name="first")
+    first.run_once()  # marked delivered, handed out, never started: then it dies
+    first.kill()
+    assert seen == []
+    second = queue.runner(_consumers("g"), alias=ALIASES[1], name="second")
+    steps(queue, [second], 30, every_ms=100)  # 3 s: the first's lease (4 s) still holds
+    assert seen == []
+    steps(queue, [second], 30, every_ms=100)
+    assert [(i, a) for _, i, a, _ in seen] == [("m1", 2)]  # the lost delivery was charged
+    assert queue.tables.leases[("g", TOPIC, "p0")].leased_by == "second"
+    assert queue.tables.leases[("g", TOPIC, "p0")].generation == 2
+
+
+def test_a_delivery_is_not_made_again_before_its_visibility_timeout(queue,
+                                                                    registered) -> None:
+    seen: Seen = []
+    registered("g", recorder(queue, seen), visibility_timeout=10.0)
+    publish({"p0": ["m1"]})
+    first = queue.runner(_consumers("g"), alias=ALIASES[0], name="first")
+    first.run_once()
+    marked_at = queue.clock.ms
+    first.kill()
+    second = queue.runner(_consumers("g"), alias=ALIASES[1], name="second")
+    steps(queue, [second], 90, every_ms=100)  # 9 s: leased long since, still invisible
+    assert queue.tables.leases[("g", TOPIC, "p0")].leased_by == "second"
+    assert seen == []
+    steps(queue, [second], 20, every_ms=100)
+    assert [(i, a) for _, i, a, _ in seen] == [("m1", 2)]
+    assert seen[0][3] >= marked_at + 10_000
+
+
+def test_an_ordered_partition_never_has_two_messages_out_at_once(queue, registered) -> None:
+    seen: Seen = []
+    out: list[int] = []
+    runner_box: list[SteppedRunner] = []
+
+    def handle(message: Message) -> None:
+        out.append(runner_box[0].pool.in_flight)
+        recorder(queue, seen, failing=lambda m: m.id == "a1" and m.attempt == 1)(message)
+
+    registered("g", handle, ordered=True, batch_size=10)
+    publish({"p0": ["a1", "a2", "a3"]})
+    runner_box.append(queue.runner(_consumers("g")))
+    steps(queue, runner_box, 60, every_ms=100)
+    assert [(i, a) for _, i, a, _ in seen] == [("a1", 1), ("a1", 2), ("a2", 1), ("a3", 1)]
+    assert set(out) == {1}  # each handler ran with itself the only one out
+
+
+def _consumers(group: str) -> list[Consumer]:
+    from sqlqueue.consuming.registry import select_consumers
+
+    return select_consumers([group], [TOPIC])
