@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import random
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -148,9 +149,12 @@ class SteppedRunner(Runner):
 
 
 @contextmanager
-def memory_queue() -> Iterator[MemoryQueue]:
-    """A fresh in-memory database on ``ALIASES``, the engine's timers on its clock."""
+def memory_queue(seed: int = 0) -> Iterator[MemoryQueue]:
+    """A fresh in-memory database on ``ALIASES``, the engine's timers on its clock; the
+    engine's own random choices (a retry's jitter) seeded with ``seed``."""
     queue = MemoryQueue()
+    randomness = random.getstate()
+    random.seed(seed)
     register(queue.name, queue.database)
     memory = {"ENGINE": "tests.engine.memory", "NAME": queue.name}
     configured = connections.configure_settings(
@@ -171,6 +175,7 @@ def memory_queue() -> Iterator[MemoryQueue]:
         for module, original in replaced:
             module.time = original  # type: ignore[attr-defined]
         gc._pruners[:] = pruners
+        random.setstate(randomness)
         for alias in ALIASES:
             if alias in connections:  # opened in this thread
                 connections[alias].close()

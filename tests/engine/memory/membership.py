@@ -143,12 +143,12 @@ class MembershipStatements:
                 t.leases[key] = dataclasses.replace(lease, renewed_at=0,
                                                     generation=lease.generation + 1)
                 leases += 1
-        for key, beat in list(t.heartbeats.items()):
+        for member, beat in list(t.heartbeats.items()):
             if beat.heartbeat_at > 0:
-                t.heartbeats[key] = dataclasses.replace(beat, heartbeat_at=0)
+                t.heartbeats[member] = dataclasses.replace(beat, heartbeat_at=0)
         deliveries = 0
-        for key, state in list(t.states.items()):
+        for delivery, state in list(t.states.items()):
             if not state.acked and state.last_error == "" and state.invisible_until > now:
-                t.states[key] = dataclasses.replace(state, invisible_until=0)
+                t.states[delivery] = dataclasses.replace(state, invisible_until=0)
                 deliveries += 1
         return leases, deliveries

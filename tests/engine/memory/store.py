@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError
 
@@ -29,6 +29,9 @@ from tests.engine.memory.tables import (
     WatermarkRow,
 )
 
+if TYPE_CHECKING:
+    from tests.engine.memory.base import DatabaseWrapper
+
 
 class DuplicateMessage(IntegrityError):
     """idx_topic_partition_id: the (topic, partition_key, id) is stored already."""
@@ -37,13 +40,13 @@ class DuplicateMessage(IntegrityError):
 class MemoryStore(MembershipStatements, Dialect):
     vendor = "memory"
 
-    def __init__(self, connection: Any) -> None:  # no SQL statements to build
-        self.connection = connection
+    def __init__(self, connection: DatabaseWrapper) -> None:  # no SQL statements to build
+        self.connection = self.wrapper = connection
         self.quote = connection.ops.quote_name
 
     @property
     def database(self) -> MemoryDatabase:
-        return self.connection.database  # type: ignore[no-any-return]
+        return self.wrapper.database
 
     def _tables(self, statement: str) -> Tables:
         self.connection.ensure_connection()
@@ -122,7 +125,7 @@ class MemoryStore(MembershipStatements, Dialect):
             del t.idempotency[digest]
         return len(expired)
 
-    # -- reads of a partition -----------------------------------------------------------------------
+    # -- reads of a partition ---------------------------------------------------------------
     def _partition(self, t: Tables, topic: str, partition: str) -> list[StoredMessage]:
         return [m for m in t.messages.values()
                 if m.topic == topic and m.partition_key == partition]

@@ -1,0 +1,298 @@
+"""The history checker's workload (tests/history) on the in-memory database: the engine
+driven deterministically, one seed one history.
+
+Every choice comes from the seed: what is published (committed, rolled back, an id
+twice), what each handler does (ack, fail, run slow, outlive its visibility timeout, or
+die with its runner mid-run), which of two runners takes the next step (a pass, or
+running the handlers it handed out), when the clock jumps, and when a runner is killed
+(dropped without a shutdown) and later replaced. The same seed gives the same history
+(``SQLQUEUE_HISTORY_SEED`` replays one); ``tests.history.checker`` checks it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from sqlqueue import Message, send_message
+from sqlqueue.consuming.registry import consumer, select_consumers, unregister
+from tests.engine.harness import ALIASES, MemoryQueue, SteppedRunner
+from tests.history.model import DeadLetter, Fault, FinalState, GroupConfig, History, Publish, Run
+
+TOPIC = "history.t"
+PARTITIONS = ("p0", "p1", "p2", "p3")
+GROUPS: dict[str, dict[str, bool]] = {
+    "h-any": {}, "h-ordered": {"ordered": True}, "h-atomic": {"atomic": True}}
+MAX_ATTEMPTS = 3
+MIN_BACKOFF_MS, MAX_BACKOFF_MS, VISIBILITY_MS = 50, 200, 1_000
+#: a live runner is stepped at least this often (clock ms); a dead one is replaced after
+CADENCE_MS, RESTART_AFTER_MS = 300, 2_000
+#: the alias publishers use (runners use ``ALIASES``, one each)
+PUBLISHER_ALIAS = ALIASES[0]
+
+
+@dataclass(frozen=True)
+class Shape:
+    messages: int = 40
+    #: chance, at each action, that a runner is killed; that everything pauses
+    kill_chance: float = 0.01
+    pause_chance: float = 0.005
+    #: the most steps of the run before the drain (which only steps runners)
+    drain_steps: int = 4_000
+
+
+class Killed(KeyboardInterrupt):
+    """A handler's runner dies under it (raised through ``InlinePool``, as ^C is)."""
+
+
+@dataclass
+class Slot:
+    """A runner's place: the runner now living there, and since when it is dead."""
+
+    alias: str
+    index: int
+    runner: SteppedRunner | None = None
+    lives: int = 0
+    dead_since: float | None = None
+    stepped_at: float = 0.0
+
+
+class SteppedWorkload:
+    def __init__(self, seed: int, queue: MemoryQueue, shape: Shape = Shape()) -> None:
+        self.seed, self.queue, self.shape = seed, queue, shape
+        self.random = random.Random(seed)
+        self.history = History(TOPIC, {
+            group: GroupConfig(ordered=bool(options.get("ordered")), max_attempts=MAX_ATTEMPTS,
+                               min_backoff_ms=MIN_BACKOFF_MS, max_backoff_ms=MAX_BACKOFF_MS,
+                               visibility_ms=VISIBILITY_MS)
+            for group, options in GROUPS.items()}, seed=seed)
+        self.slots = [Slot(alias, n) for n, alias in enumerate(ALIASES)]
+        self.stepping: Slot | None = None
+        self.published = 0
+
+    @property
+    def now(self) -> float:
+        return float(self.queue.clock.ms)
+
+    # -- the handlers ------------------------------------------------------------------------
+    def behaviour(self, group: str, message_id: str, attempt: int) -> tuple[str, int]:
+        """What the handler does for this attempt, and for how many clock ms."""
+        rng = random.Random(zlib.crc32(f"{self.seed}/{group}/{message_id}/{attempt}".encode()))
+        roll = rng.random()
+        if roll < 0.12:
+            return "fail", rng.randrange(0, 50)
+        if roll < 0.14 and attempt == 1:
+            return "outlive", VISIBILITY_MS + rng.randrange(200, 500)
+        if roll < 0.16:
+            return "die", rng.randrange(0, 100)
+        if roll < 0.30:
+            return "slow", rng.randrange(50, 300)
+        return "quick", 0
+
+    def handler(self, group: str) -> Callable[[Message], None]:
+        def handle(message: Message) -> None:
+            slot = self.stepping
+            assert slot is not None and slot.runner is not None
+            started, name = self.now, slot.runner.name
+            visible_until = self._visible_until(group, message)
+            what, busy_ms = self.behaviour(group, message.id, message.attempt)
+            self.queue.clock.advance(busy_ms)
+
+            def ran(outcome: str, finished: float | None) -> None:
+                self.history.ran(Run(group, TOPIC, message.partition_key, message.offset,
+                                     message.id, message.attempt, name, started, finished,
+                                     outcome, visible_until_ms=visible_until))  # type: ignore[arg-type]
+
+            if what == "die":
+                ran("cut", None)
+                raise Killed(name)
+            if what == "fail":
+                ran("fail", self.now)
+                raise RuntimeError(f"{message.id} fails attempt {message.attempt}")
+            if group == "h-atomic":
+                # Its own write, committed with the ack or not at all (SPEC I13).
+                send_message(TOPIC + ".out", message.id, partition_key=message.partition_key,
+                             using=slot.alias)
+                finished = self.now
+                transaction.on_commit(lambda: ran("ok", finished), using=slot.alias)
+            else:
+                ran("ok", self.now)
+
+        return handle
+
+    def _visible_until(self, group: str, message: Message) -> float | None:
+        """This delivery's visibility deadline, as its state row says now."""
+        state = self.queue.tables.states.get((group, TOPIC, message.partition_key,
+                                              message.offset))
+        if state is None or state.acked:
+            return None
+        if state.retry_count != message.attempt - 1:
+            return 0.0  # marked again since: its timeout had run out already
+        return float(state.invisible_until)
+
+    # -- the publishers ----------------------------------------------------------------------
+    def publish(self) -> None:
+        n = self.published
+        self.published += 1
+        message_id, partition = f"m{n}", self.random.choice(PARTITIONS)
+        roll = self.random.random()
+        self._publish(message_id, partition, rollback=roll < 0.10)
+        if roll > 0.9:  # the same id again: stored once, at the first's offset
+            self._publish(message_id, partition)
+
+    def _publish(self, message_id: str, partition: str, *, rollback: bool = False) -> None:
+        begun, offset, created = self.now, None, True
+        try:
+            with transaction.atomic(using=PUBLISHER_ALIAS):
+                sent = send_message(TOPIC, message_id, partition_key=partition, id=message_id,
+                                    using=PUBLISHER_ALIAS)
+                offset, created = sent.offset, sent.created
+                self.queue.clock.advance(self.random.randrange(0, 20))
+                commit_begun = self.now
+                if rollback:
+                    raise _RolledBack
+        except _RolledBack:
+            pass
+        self.queue.clock.advance(self.random.randrange(0, 5))
+        self.history.published(Publish("publisher", TOPIC, partition, message_id, offset,
+                                       begun, commit_begun, self.now, not rollback, created))
+
+    # -- the runners -------------------------------------------------------------------------
+    def start(self, slot: Slot) -> None:
+        slot.lives += 1
+        slot.runner = self.queue.runner(
+            select_consumers(list(GROUPS), [TOPIC]), alias=slot.alias,
+            name=f"runner-{slot.index}.{slot.lives}")
+        slot.dead_since, slot.stepped_at = None, self.now
+
+    def kill(self, slot: Slot) -> None:
+        assert slot.runner is not None
+        slot.runner.kill()
+        self.history.faulted(Fault("kill", self.now, self.now, slot.runner.name))
+        slot.runner, slot.dead_since = None, self.now
+
+    def step(self, slot: Slot, *, run_handlers: bool) -> None:
+        """A pass of ``slot``'s runner, or the handlers it handed out (nothing if a
+        handler killed it meanwhile)."""
+        if slot.runner is None:
+            return
+        self.stepping = slot
+        slot.stepped_at = self.now
+        try:
+            if run_handlers:
+                slot.runner.pool.run_handed_out()
+            else:
+                slot.runner.run_once()
+        except Killed:
+            self.kill(slot)
+        finally:
+            self.stepping = None
+
+    # -- the run -----------------------------------------------------------------------------
+    def run(self) -> History:
+        for group, options in GROUPS.items():
+            consumer(TOPIC, group=group, max_attempts=MAX_ATTEMPTS,
+                     min_backoff=MIN_BACKOFF_MS / 1000, max_backoff=MAX_BACKOFF_MS / 1000,
+                     visibility_timeout=VISIBILITY_MS / 1000,
+                     ordered=options.get("ordered", False),
+                     atomic=options.get("atomic", False))(self.handler(group))
+        try:
+            for slot in self.slots:
+                self.start(slot)
+            while self.published < self.shape.messages:
+                self.act()
+            self.drain()
+        finally:
+            for group in GROUPS:
+                unregister(group, TOPIC)
+        self.history.final = self.final_state()
+        return self.history
+
+    def act(self) -> None:
+        """One seeded action: a publish, a step of a runner, a kill, a restart, or a
+        pause of everything; then every runner left unstepped for ``CADENCE_MS`` steps
+        (a runner's loop passes every poll: it only stalls when paused, a fault)."""
+        self.queue.clock.advance(self.random.choice((0, 5, 20, 50, 100)))
+        roll = self.random.random()
+        slot = self.random.choice(self.slots)
+        if roll < 0.3:
+            self.publish()
+        elif slot.runner is None:
+            if self.now - (slot.dead_since or 0.0) >= RESTART_AFTER_MS:
+                self.start(slot)
+        elif roll < 0.3 + self.shape.kill_chance:
+            self.kill(slot)
+        elif roll < 0.3 + self.shape.kill_chance + self.shape.pause_chance:
+            self.pause_everything(self.random.randrange(2_000, 6_000))
+        else:
+            # Handlers sometimes start only after another action (busy threads).
+            self.step(slot, run_handlers=False)
+            if self.random.random() < 0.7:
+                self.step(slot, run_handlers=True)
+        for other in self.slots:
+            if other.runner is not None and self.now - other.stepped_at >= CADENCE_MS:
+                self.step(other, run_handlers=True)
+                self.step(other, run_handlers=False)
+
+    def pause_everything(self, milliseconds: int) -> None:
+        """The machine stops (a VM frozen): leases and visibility timeouts run out."""
+        began = self.now
+        self.queue.clock.advance(milliseconds)
+        for slot in self.slots:
+            if slot.runner is not None:
+                self.history.faulted(Fault("pause", began, self.now, slot.runner.name))
+
+    def drain(self) -> None:
+        """Every runner alive, stepped in turn, until every message is done; then each
+        stops gracefully."""
+        for _ in range(self.shape.drain_steps):
+            if not self.undone():
+                break
+            for slot in self.slots:
+                if slot.runner is None:  # a handler may still kill its runner
+                    self.start(slot)
+                for run_handlers in (False, True):
+                    if slot.runner is not None:
+                        self.step(slot, run_handlers=run_handlers)
+            self.queue.clock.advance(100)
+        for slot in self.slots:
+            if slot.runner is not None:
+                self.stepping = slot
+                slot.runner.pool.run_handed_out()
+                slot.runner.stop_gracefully()
+
+    def undone(self) -> list[tuple[str, str]]:
+        done = {(d.group, d.id) for d in self.dead_letters()}
+        done |= {(r.group, r.id) for r in self.history.runs if r.outcome == "ok"}
+        return [(group, p.id) for p in self.history.publishes if p.committed and p.created
+                for group in GROUPS if (group, p.id) not in done]
+
+    # -- what the database holds at the end ----------------------------------------------------
+    def dead_letters(self) -> list[DeadLetter]:
+        return [DeadLetter(m.consumer_group, str(json.loads(m.failure_detail or "{}")["id"]),
+                           m.failure_count, m.last_error)
+                for m in self.queue.tables.messages.values() if m.topic == TOPIC + "_dlq"]
+
+    def final_state(self) -> FinalState:
+        t = self.queue.tables
+        stored = {(m.partition_key, m.offset): m.id for m in t.messages.values()
+                  if m.topic == TOPIC}
+        acked = {(g, p, o) for (g, topic, p, o), state in t.states.items()
+                 if topic == TOPIC and state.acked}
+        for (group, topic, partition), row in t.watermarks.items():
+            if topic == TOPIC:
+                acked |= {(group, p, o) for (p, o) in stored
+                          if p == partition and o <= row.offset_acked}
+        written = {json.loads(m.payload) for m in t.messages.values()
+                   if m.topic == TOPIC + ".out"}
+        return FinalState(acked=acked, stored=stored, dead_letters=self.dead_letters(),
+                          collectable=True, atomic_writes={"h-atomic": written})
+
+
+class _RolledBack(Exception):
+    pass
