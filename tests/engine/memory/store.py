@@ -120,7 +120,8 @@ class MemoryStore(MembershipStatements, Dialect):
 
     def delete_expired_idempotency_keys(self, cursor: Any, limit: int) -> int:
         t, now = self._tables("delete_expired_idempotency_keys"), self._now()
-        expired = [d for d, (_, expires) in t.idempotency.items() if expires <= now][:limit]
+        expired = sorted((d for d, (_, expires) in t.idempotency.items() if expires <= now),
+                         key=lambda d: t.idempotency[d][1])[:limit]
         for digest in expired:
             del t.idempotency[digest]
         return len(expired)
@@ -294,7 +295,8 @@ class MemoryStore(MembershipStatements, Dialect):
         new = self.database.allocate_offset()
         t.messages[new] = dataclasses.replace(
             original, offset=new, topic=dead_letter_topic, id=dead_letter_id,
-            created_at=now, original_topic=original.topic, consumer_group=group,
+            created_at=now, deliver_after=0, original_topic=original.topic,
+            consumer_group=group,
             **failure)  # type: ignore[arg-type]
         t.message_ids[key] = new
 

@@ -1,0 +1,164 @@
+"""The in-memory store of the engine's unit tests (tests/engine) against the real
+statements: one script of named statements run on this database and on ``MemoryStore``,
+their answers compared. Offsets differ between the two (sequences), so they are
+compared by the message ids they name; times by what they decide."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, connections
+
+from sqlqueue.storage import store
+from sqlqueue.storage.sql import MessageRow
+from sqlqueue.storage.sql.base import Dialect
+from sqlqueue.storage.statements.delivery import OutcomeWrite
+from tests.engine.harness import ALIASES, memory_queue
+
+pytestmark = pytest.mark.django_db
+
+G, T, LONG = "g", "t", 60_000
+
+
+class Side:
+    """One database's run of the script: its store, and the offsets its messages got."""
+
+    def __init__(self, dialect: Dialect, cursor: Any) -> None:
+        self.d, self.c = dialect, cursor
+        self.offsets: dict[str, int] = {}
+
+    def o(self, message_id: str) -> int:
+        return self.offsets[message_id]
+
+    def name(self, offset: int) -> str:
+        return {o: i for i, o in self.offsets.items()}.get(offset, f"?{offset}")
+
+    def insert(self, *keys: tuple[str, str]) -> object:
+        rows = [MessageRow(T, pk, mid, b'"x"', None, 1, 50, None, 0) for pk, mid in keys]
+        try:
+            offsets = self.d.insert_messages(self.c, rows)
+        except IntegrityError as error:
+            return ("duplicate", self.d.is_duplicate_message(error))
+        found = self.d.select_message_offsets(self.c, T, [(pk, mid) for pk, mid in keys],
+                                              lock=False)
+        self.offsets.update({mid: found[(pk, mid)] for pk, mid in keys})
+        return offsets is None or len(offsets)
+
+    def rows(self, partition: str, topic: str = T, group: str = G) -> list[tuple[Any, ...]]:
+        return [(r.id, r.acked, _clock_free(r.invisible_until), r.retry_count,
+                 r.consumer_group)
+                for r in self.d.fetch_messages(self.c, group, topic, partition, 0, 100)]
+
+    def leases(self) -> list[tuple[str, str, int, bool]]:
+        return sorted((p, owner, generation, age < LONG)
+                      for p, owner, generation, age in self.d.list_leases(self.c, G, T))
+
+    def watermarks(self) -> dict[str, dict[str, str]]:
+        groups, by_partition = self.d.topic_watermarks(self.c, T)
+        return {p: {g: self.name(w) if w else "0" for g, w in marks.items()}
+                for p, marks in by_partition.items()} | {"groups": dict.fromkeys(groups, "")}
+
+
+def _clock_free(ms: int | None) -> int | str | None:
+    """A time the database stamped from its clock (now + something) says only that."""
+    return "from now" if ms is not None and ms > 10**12 else ms
+
+
+def ow(side: Side, mid: str, acked: bool, invisible_until: int = 0, error: str = "",
+       partition: str = "p0") -> OutcomeWrite:
+    return OutcomeWrite(partition, side.o(mid), acked, invisible_until, error)
+
+
+SCRIPT: list[tuple[str, Callable[[Side], object]]] = [
+    ("insert", lambda s: s.insert(("p0", "a"), ("p0", "b"), ("p1", "c"))),
+    ("insert a duplicate", lambda s: s.insert(("p0", "a"))),
+    ("discover_partitions", lambda s: sorted(s.d.discover_partitions(s.c, T))),
+    ("head_offset", lambda s: s.name(s.d.head_offset(s.c))),
+    ("fetch, never delivered", lambda s: s.rows("p0")),
+    ("mark_delivered", lambda s: s.d.mark_delivered(
+        s.c, G, T, [("p0", s.o("a"), 5_000), ("p0", s.o("b"), 6_000), ("p1", s.o("c"), 1)])),
+    ("mark_delivered again", lambda s: s.d.mark_delivered(s.c, G, T, [("p0", s.o("a"), 7_000)])),
+    ("fetch, delivered", lambda s: s.rows("p0")),
+    ("write_outcomes", lambda s: s.d.write_outcomes(s.c, G, T, [
+        ow(s, "a", True), ow(s, "b", False, 9_000, "boom")])),
+    ("fetch, acked and retrying", lambda s: s.rows("p0")),
+    ("mark_delivered an acked row", lambda s: s.d.mark_delivered(
+        s.c, G, T, [("p0", s.o("a"), 11_000), ("p0", s.o("b"), 10_000)])),
+    ("an acked row stays acked", lambda s: s.d.write_outcomes(s.c, G, T, [
+        ow(s, "a", False, 12_000, "late")])),
+    ("fetch, acked untouched", lambda s: s.rows("p0")),
+    ("give_back to a retry count", lambda s: s.d.give_back(s.c, G, T, "p0", s.o("b"), 0)),
+    ("give_back a first delivery", lambda s: s.d.give_back(s.c, G, T, "p1", s.o("c"), None)),
+    ("fetch, given back", lambda s: (s.rows("p0"), s.rows("p1"))),
+    ("extend_visibility", lambda s: (
+        s.d.extend_visibility(s.c, G, T, "p0", s.o("a"), 1_000),
+        s.d.extend_visibility(s.c, G, T, "p0", s.o("b"), 1_000),
+        s.d.extend_visibility(s.c, G, T, "p1", s.o("c"), 1_000))),
+    ("list_offsets", lambda s: [s.name(o) for o in s.d.list_offsets(
+        s.c, T, "p0", 0, s.o("b"), 10)]),
+    ("list_offsets above", lambda s: [s.name(o) for o in s.d.list_offsets(
+        s.c, T, "p0", s.o("a"), s.o("c"), 10)]),
+    ("fetch_messages_at", lambda s: [r.id for r in s.d.fetch_messages_at(
+        s.c, G, T, "p0", [s.o("b"), s.o("c")])]),
+    ("partitions_with_rows", lambda s: sorted(s.d.partitions_with_rows(
+        s.c, T, s.o("a"), s.o("c")))),
+    ("ensure_watermark", lambda s: s.d.ensure_watermark(s.c, G, T, "p0")),
+    ("advance_watermark", lambda s: (
+        s.d.advance_watermark(s.c, G, T, "p0", s.o("a")),
+        s.d.advance_watermark(s.c, G, T, "p0", s.o("a")),
+        s.d.ensure_watermark(s.c, G, T, "p0") == s.o("a"))),
+    ("topic_watermarks", lambda s: s.watermarks()),
+    ("delete_states_upto", lambda s: s.d.delete_states_upto(s.c, G, T, "p0", s.o("a"))),
+    ("fetch, state gone", lambda s: s.rows("p0")),
+    ("start_at_heads", lambda s: (s.d.start_at_heads(s.c, "g2", T),
+                                  s.d.start_at_heads(s.c, "g2", T), s.watermarks())),
+    ("insert_dead_letter", lambda s: s.d.insert_dead_letter(
+        s.c, dead_letter_topic="t_dlq", dead_letter_id="b@g", offset=s.o("b"), attempts=3,
+        last_error="boom", detail='{"id": "b"}', group=G)),
+    ("insert_dead_letter again", lambda s: s.d.insert_dead_letter(
+        s.c, dead_letter_topic="t_dlq", dead_letter_id="b@g", offset=s.o("b"), attempts=4,
+        last_error="boom", detail='{"id": "b"}', group=G)),
+    ("the dead letter", lambda s: [(r.id, r.consumer_group, r.deliver_after) for r in
+                                   s.d.fetch_messages(s.c, G, "t_dlq", "p0", 0, 10)]),
+    ("acquire_leases", lambda s: (
+        s.d.acquire_leases(s.c, G, T, ["p0", "p1"], "r1", LONG), s.leases())),
+    ("a live lease stays", lambda s: (
+        s.d.acquire_leases(s.c, G, T, ["p0"], "r2", LONG), s.leases())),
+    ("an expired lease changes hands", lambda s: (
+        s.d.acquire_leases(s.c, G, T, ["p0"], "r2", -1_000), s.leases())),
+    ("renew_leases", lambda s: (
+        s.d.renew_leases(s.c, G, T, "r1", LONG), s.d.renew_leases(s.c, G, T, "r2", LONG),
+        s.d.renew_leases(s.c, G, T, "r1", -1_000))),
+    ("fence_leases", lambda s: [(p, o, g) for p, o, g, _ in s.d.fence_leases(
+        s.c, G, T, ["p0"])[0]]),
+    ("release_leases", lambda s: (
+        s.d.release_leases(s.c, G, T, ["p0"], "r1"), s.d.release_leases(s.c, G, T, ["p0"], "r2"),
+        s.leases())),
+    ("heartbeats", lambda s: (
+        s.d.heartbeat(s.c, G, T, "r1"), s.d.heartbeat(s.c, G, T, "r2"),
+        s.d.live_subscribers(s.c, G, T, LONG), s.d.deregister(s.c, G, T, "r1"),
+        s.d.live_subscribers(s.c, G, T, LONG))),
+    ("purge_abandoned", lambda s: (
+        s.d.purge_abandoned(s.c, G, T, -1_000), s.d.live_subscribers(s.c, G, T, LONG),
+        s.leases())),
+    ("idempotency keys", lambda s: (
+        s.d.remember_idempotency_keys(s.c, [(1, 2, s.o("a"))], LONG),
+        {k: s.name(o) for k, o in s.d.select_idempotency_keys(
+            s.c, [(1, 2), (3, 4)], lock=False).items()},
+        s.d.delete_expired_idempotency_keys(s.c, 10))),
+    ("delete_messages_upto", lambda s: (
+        s.d.delete_messages_upto(s.c, T, "p0", s.o("a"), 10),
+        [r.id for r in s.d.fetch_messages(s.c, G, T, "p0", 0, 10)])),
+]
+
+
+def test_the_memory_store_answers_as_the_database_does() -> None:
+    with memory_queue() as queue:
+        memory = connections[ALIASES[0]]
+        with connection.cursor() as cursor, memory.cursor() as memory_cursor:
+            real, fake = Side(store(connection), cursor), Side(store(memory), memory_cursor)
+            for name, step in SCRIPT:
+                queue.clock.ms = real.d.database_now_ms(cursor)
+                assert step(fake) == step(real), name
