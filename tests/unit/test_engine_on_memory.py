@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from sqlqueue import Message, send_message
-from sqlqueue.consuming.registry import Consumer, consumer, unregister
+from sqlqueue.consuming.registry import Consumer, consumer, select_consumers, unregister
 from tests.engine.harness import ALIASES, MemoryQueue, SteppedRunner, memory_queue
 
 TOPIC = "engine.t"
-Seen = list[tuple[str, str, int, int]]  # (runner alias, id, attempt, clock ms)
+Seen = list[tuple[str, str, int, int]]  # (partition, id, attempt, clock ms at its start)
 
 
 @pytest.fixture
@@ -112,6 +112,7 @@ def test_the_watermark_moves_over_acked_rows_and_their_state_goes(queue, registe
     watermarks = {k[2]: row.offset_acked for k, row in queue.tables.watermarks.items()}
     assert watermarks == {"p0": last, "p1": last}
     assert queue.tables.states == {}
+    assert queue.database.statements["delete_states_upto"] >= 2  # after the advances
     runner.stop_gracefully()
     assert queue.tables.leases == {}  # handed over at the stop
 
@@ -182,6 +183,4 @@ def test_an_ordered_partition_never_has_two_messages_out_at_once(queue, register
 
 
 def _consumers(group: str) -> list[Consumer]:
-    from sqlqueue.consuming.registry import select_consumers
-
     return select_consumers([group], [TOPIC])
