@@ -4,7 +4,7 @@ logs who asked, and hands its partitions over."""
 
 from __future__ import annotations
 
-import time
+import subprocess
 
 import pytest
 
@@ -54,18 +54,20 @@ def test_drain_and_stop_finishes_running_handlers_then_exits(processes: list) ->
 
 
 def test_stop_at_once_does_not_wait_for_a_running_handler(processes: list) -> None:
-    send_messages(TOPIC, [OutgoingMessage({"sleep": 60}, partition_key="k")])
+    # The handler sleeps an hour, and a drain would wait for it an hour (SHUTDOWN_TIMEOUT):
+    # a stop that waited for it fails the (hang-only) timeout below.
+    send_messages(TOPIC, [OutgoingMessage({"sleep": 3600}, partition_key="k")])
     process = runconsumer("--group", "workers", "--threads", "1", "--name", "stop-me",
-                          settings=FAST_LEASES)
+                          settings={**FAST_LEASES, "SHUTDOWN_TIMEOUT": 3600})
     processes.append(process)
     wait_for(lambda: bool(started_offsets()), what="the handler to start")
-    asked = time.monotonic()
     request_runner_stop("stop-me", "stop", by="bob")
-    _, err = process.communicate(timeout=30)
-    took = time.monotonic() - asked
+    try:
+        _, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("stopping at once waited for the running handler") from None
     assert process.returncode == 0, err
     assert "stop-me: bob asked this runner to stop at once" in err
     assert obeyed_within_ms("stop-me") <= RENEW_MS + 500
-    assert took < 10, f"stopping at once took {took:.1f}s (the handler sleeps 60 s)"
     assert not finished_offsets()  # its message comes back after its visibility timeout
     assert "stop-me" not in live_runners()
