@@ -100,7 +100,6 @@ HANDLERS = [
 ]
 
 
-
 @contextlib.contextmanager
 def counted_waits() -> Iterator[list[float]]:
     """The seconds of every wait on a runner's doorbell and every ``time.sleep`` inside
@@ -119,6 +118,7 @@ def counted_waits() -> Iterator[list[float]]:
 
     with mock.patch.object(Doorbell, "wait", wait), mock.patch("time.sleep", sleep):
         yield waits
+
 
 class ToolkitCases:
     """The cases, for both kinds of Django test case."""

@@ -31,17 +31,10 @@ HANG_BOUND = 60
 ELAPSED_NAMES = {"took", "elapsed", "duration", "spent"}
 CLOCKS = {"monotonic", "time", "perf_counter", "monotonic_ns", "perf_counter_ns"}
 
-#: (path, line) allowed, each with its reason. The topology tier's failover tests (they
-#: start their own MySQL primary and replica, tests/acceptance/servers.py) were not
-#: converted in issue 40: nothing the test can read shows the worker's outcome recorded
-#: or dropped on the new server, or the queued delivery's transaction ended, yet.
+#: (path, line) allowed, each with its reason.
 ALLOWED: dict[tuple[str, int], str] = {
     ("tests/acceptance/test_async_failover.py", 165):
         "the replica's lag is the scenario (the fault), not a wait for something to happen",
-    ("tests/acceptance/test_failover.py", 70):
-        "not converted yet: a few polls for the worker to record or drop an outcome",
-    ("tests/acceptance/test_failover.py", 124):
-        "not converted yet: the queued delivery's transaction commits or rolls back",
 }
 
 
