@@ -252,6 +252,10 @@ class LeaseKeeper:
             self.hurry()  # check again soon for the rest
         return set(ready)
 
+    def lose(self, partition: str) -> None:
+        """The lease of ``partition`` is no longer this subscriber's (its fence saw it)."""
+        self.owned.pop(partition, None)
+
     def forget(self) -> None:
         """Hold nothing (the leases were on another server); acquire again at once."""
         self.owned.clear()

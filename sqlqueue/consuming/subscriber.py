@@ -182,7 +182,7 @@ class Subscriber:
             if owner != self.name or generation != held or age >= self.leases.duration_ms:
                 self._log_lost_lease(key, owner, generation, held, age)
                 del self.partitions[key]
-                self.leases.owned.pop(key, None)
+                self.leases.lose(key)
 
     def _log_lost_lease(self, key: str, owner: str, generation: int, held: int | None,
                         age_ms: int) -> None:

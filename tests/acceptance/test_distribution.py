@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import subprocess
 import time
 from collections import Counter, defaultdict
 
@@ -41,6 +42,10 @@ def publish(partitions: int, per_partition: int = 1, **payload: object) -> list[
     return [s.offset for s in sent]
 
 
+#: leases renewed once an hour: a handover a test sees within its timeout did not wait for one
+HOUR_LEASES = {"LEASE_DURATION": 3 * 3600, "LEASE_RENEW_INTERVAL": 3600, "POLL_INTERVAL": 0.05}
+
+
 def test_three_subscribers_share_twelve_partitions_then_two(processes: list) -> None:
     publish(12)
     settings = FAST_LEASES
@@ -48,21 +53,21 @@ def test_three_subscribers_share_twelve_partitions_then_two(processes: list) -> 
         processes.append(runconsumer("--group", "workers", "--name", f"s{n}",
                                      settings=settings))
     wait_for(lambda: live() == 3, what="three subscribers to heartbeat")
-    took = wait_for(lambda: shares() == [4, 4, 4], timeout=20, what="4/4/4")
-    assert took <= 2 * settings["LEASE_RENEW_INTERVAL"] + 1.0
+    # The fair split, not its speed: the timeouts only end a hang (how long a split takes
+    # is measured by bench/lease_split.py).
+    wait_for(lambda: shares() == [4, 4, 4], timeout=60, what="a 4/4/4 split")
     processes[0].send_signal(signal.SIGTERM)  # a graceful leave
     assert processes[0].wait(30) == 0
-    took = wait_for(lambda: shares() == [6, 6], timeout=20, what="6/6")
-    assert took <= 2 * settings["LEASE_RENEW_INTERVAL"] + 1.0
+    wait_for(lambda: shares() == [6, 6], timeout=60, what="a 6/6 split after the leave")
 
 
 def test_a_busy_subscriber_takes_over_a_graceful_leave_before_its_renewal(
         processes: list) -> None:
-    """Leases renewed only every 10 s (the default): the partitions a subscriber hands
-    over when it stops are picked up by a busy peer within seconds, not at the peer's
+    """Leases renewed only once an hour: the partitions a subscriber hands
+    over when it stops are picked up by a busy peer, not at the peer's
     next renewal (its fence sees them free)."""
     publish(8, per_partition=60, sleep=0.05)  # enough work to keep both busy throughout
-    settings = {"LEASE_DURATION": 30, "LEASE_RENEW_INTERVAL": 10, "POLL_INTERVAL": 0.05}
+    settings = HOUR_LEASES
     leaver = runconsumer("--group", "workers", "--name", "a-leaver", "--threads", "2",
                          settings=settings)
     stayer = runconsumer("--group", "workers", "--name", "b-stayer", "--threads", "2",
@@ -71,19 +76,19 @@ def test_a_busy_subscriber_takes_over_a_graceful_leave_before_its_renewal(
     wait_for(lambda: shares() == [4, 4], timeout=40, what="4/4")
     leaver.send_signal(signal.SIGTERM)
     assert leaver.wait(30) == 0
-    left = time.monotonic()
-    took = wait_for(lambda: shares() == [8], timeout=20, what="the stayer to hold all 8")
-    # The time from the leaver's exit; its renewal would have come up to 10 s later.
-    assert time.monotonic() - left <= 5, took
+    # Its renewal is an hour away: only the fence seeing the partitions free explains a
+    # takeover within the (hang-only) timeout.
+    wait_for(lambda: shares() == [8], timeout=60,
+             what="the stayer to take the leaver's 4 before its renewal")
 
 
 def test_a_busy_holder_hands_a_newcomer_its_share_before_its_renewal(
         processes: list) -> None:
-    """Leases renewed only every 10 s (the default): a subscriber that joins gets its
-    share from a busy holder within seconds, not at the holder's next renewal (a busy
+    """Leases renewed only once an hour: a subscriber that joins gets its
+    share from a busy holder, not at the holder's next renewal (a busy
     subscriber looks at the membership once a second)."""
     publish(8, per_partition=80, sleep=0.05)
-    settings = {"LEASE_DURATION": 30, "LEASE_RENEW_INTERVAL": 10, "POLL_INTERVAL": 0.05}
+    settings = HOUR_LEASES
     holder = runconsumer("--group", "workers", "--name", "a-holder", "--threads", "2",
                          settings=settings)
     processes.append(holder)
@@ -94,10 +99,10 @@ def test_a_busy_holder_hands_a_newcomer_its_share_before_its_renewal(
                            settings=settings)
     processes.append(newcomer)
     wait_for(lambda: live() == 2, timeout=30, what="the newcomer's first heartbeat")
-    joined = time.monotonic()
-    wait_for(lambda: shares() == [4, 4], timeout=30, what="4/4")
-    # From the newcomer's first heartbeat; the holder's renewal could be 10 s away.
-    assert time.monotonic() - joined <= 5
+    # The holder's renewal is an hour away: only its look at the membership explains the
+    # handover within the (hang-only) timeout.
+    wait_for(lambda: shares() == [4, 4], timeout=60,
+             what="the busy holder to hand the newcomer 4 before its renewal")
 
 
 def test_an_until_empty_newcomer_drains_its_share_of_a_busy_holders_partitions(
@@ -125,15 +130,15 @@ def test_an_until_empty_newcomer_drains_its_share_of_a_busy_holders_partitions(
 
 def test_an_idle_until_empty_worker_takes_over_a_leaving_members_partitions_at_once(
         processes: list) -> None:
-    """Leases renewed only every 60 s. An ``--until-empty`` worker shares a group with a
+    """Leases renewed only once an hour. An ``--until-empty`` worker shares a group with a
     member (played by the test) that holds 4 of 16 partitions: the worker takes its share,
     8, and drains them; 4 partitions nobody holds are left, so it is not done. Idle, it
     waits for them. When the member leaves (releases its leases and deregisters, as
     ``runconsumer`` does on SIGTERM), the worker takes the 12 within seconds, drains
-    them, and exits: not at its renewal a minute away. (An idle worker looked at the
+    them, and exits: not at its renewal an hour away. (An idle worker looked at the
     membership only at its renewal: two ``--until-empty`` workers draining 20,000
     messages took 12 s, not 2, when one left between the other's ticks.)"""
-    settings = {"LEASE_DURATION": 180, "LEASE_RENEW_INTERVAL": 60, "POLL_INTERVAL": 0.05}
+    settings = HOUR_LEASES
     offsets = publish(16, per_partition=2)
     member = {"consumer_group": "workers", "topic": TOPIC}
     with connection.cursor() as cursor:
@@ -153,9 +158,12 @@ def test_an_idle_until_empty_worker_takes_over_a_leaving_members_partitions_at_o
     assert worker.poll() is None  # 4 partitions nobody holds: not done
     PartitionLease.objects.filter(leased_by="a-member").delete()
     SubscriberHeartbeat.objects.filter(subscriber_name="a-member").delete()
-    left = time.monotonic()
-    assert worker.wait(30) == 0
-    assert time.monotonic() - left <= 10  # its renewal would come a minute after it began
+    # Its renewal is an hour away: the (hang-only) timeout fails a worker that waits for it.
+    try:
+        assert worker.wait(60) == 0
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the idle worker did not take over the leaver's partitions "
+                             "before its renewal") from None
     finished = Counter(finished_offsets("workers"))
     assert set(finished) == set(offsets)
     assert max(finished.values()) == 1
@@ -301,10 +309,8 @@ def test_a_thousand_partitions_ten_subscribers(processes: list) -> None:
         processes.append(runconsumer("--group", "workers", "--name", f"s{n:02d}",
                                      "--threads", "1", settings=settings))
     wait_for(lambda: live() == 10, timeout=60, what="ten subscribers")
-    took = wait_for(lambda: shares() == [100] * 10, timeout=60, what="100 each")
-    # Two renew intervals and a second. PostgreSQL gets two more intervals: its FOR SHARE
-    # fence writes a lock mark into each of a subscriber's 100 lease rows on every pass,
-    # which slows the split (3.5-4.9 s on a quiet machine, up to 10.8 s at load 4.5; issue
-    # 20 keeps it open: transaction-level advisory locks would avoid those writes).
-    renewals = 4 if connection.vendor == "postgresql" else 2
-    assert took <= renewals * settings["LEASE_RENEW_INTERVAL"] + 1.0, took
+    # The fair split, not its speed: the timeout only ends a hang. How long the split takes
+    # (PostgreSQL's FOR SHARE fence writes a lock mark into each of a subscriber's 100 lease
+    # rows on every pass, which slows it; issue 20) is measured by bench/lease_split.py,
+    # not asserted here: it failed this test on a loaded machine (load 8+).
+    wait_for(lambda: shares() == [100] * 10, timeout=180, what="a 100-each split")

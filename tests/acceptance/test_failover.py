@@ -11,7 +11,6 @@ outcome of the old delivery with it.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -35,18 +34,33 @@ def journal_has(path: Path, line: str) -> bool:
     return path.exists() and line in path.read_text().splitlines()
 
 
+def wait_for_passes(liveness: Path, passes: int, what: str) -> None:
+    """Until the worker's loop has turned ``passes`` more times (it touches its liveness
+    file at each turn): counted in passes, not seconds, however slow the machine."""
+    def touched() -> int | None:
+        return liveness.stat().st_mtime_ns if liveness.exists() else None
+
+    seen = {touched()}
+
+    def turned() -> bool:
+        seen.add(touched())
+        return len(seen - {None}) > passes
+
+    wait_for(turned, timeout=60, what=f"{passes} passes of the worker: {what}", interval=0.005)
+
+
 def test_an_outcome_from_the_old_server_never_acks_a_new_message(
         processes: list, mysql_only: None, tmp_path: Path) -> None:
     if not can_start_mariadb():
         pytest.skip("needs mariadbd and mariadb-install-db, as root")
     name = connection.settings_dict["NAME"]
-    journal = tmp_path / "journal"
+    journal, liveness = tmp_path / "journal", tmp_path / "alive"
     with own_mariadb(tmp_path / "replica") as replica:
         migrated(replica, name)
         proxy = Forwarder(int(connection.settings_dict["PORT"] or 3306))
         try:
             worker = runconsumer(
-                "--group", "failover", "--threads", "2",
+                "--group", "failover", "--threads", "2", "--liveness-file", str(liveness),
                 settings={"VISIBILITY_TIMEOUT": 10, "POLL_INTERVAL": 0.05},
                 env={"DATABASE_URL": f"mysql://root@127.0.0.1:{proxy.port}/{name}",
                      "SQLQUEUE_TEST_JOURNAL": str(journal)})
@@ -65,9 +79,9 @@ def test_an_outcome_from_the_old_server_never_acks_a_new_message(
                      what="the worker to serve the partition on the new server")
             wait_for(lambda: journal_has(journal, f"end before {before.offset}"),
                      what="the old handler to finish")
-            # Give the worker a few polls to record (or drop) that outcome on the new
-            # server before the message that reuses the offset arrives.
-            time.sleep(1.5)
+            # A few passes of the worker record (or drop) that outcome on the new server
+            # before the message that reuses the offset arrives.
+            wait_for_passes(liveness, 3, "the old outcome recorded or dropped")
             after = publish_on(replica.port, name, "after")
             assert after == before.offset  # the offset is reused
             wait_for(lambda: journal_has(journal, f"end after {after}"), timeout=30,
@@ -100,7 +114,7 @@ def test_an_atomic_handler_never_acks_on_the_server_it_was_not_delivered_by(
     if not can_start_mariadb():
         pytest.skip("needs mariadbd and mariadb-install-db, as root")
     name = connection.settings_dict["NAME"]
-    journal = tmp_path / "journal"
+    journal, liveness = tmp_path / "journal", tmp_path / "alive"
     topic = "accept.failover.atomic"
     with own_mariadb(tmp_path / "replica") as replica:
         migrated(replica, name)
@@ -108,6 +122,7 @@ def test_an_atomic_handler_never_acks_on_the_server_it_was_not_delivered_by(
         try:
             worker = runconsumer(
                 "--group", "failover-atomic", "--threads", "1",
+                "--liveness-file", str(liveness),
                 settings={"VISIBILITY_TIMEOUT": 30, "POLL_INTERVAL": 0.05},
                 env={"DATABASE_URL": f"mysql://root@127.0.0.1:{proxy.port}/{name}",
                      "SQLQUEUE_TEST_JOURNAL": str(journal)})
@@ -121,7 +136,9 @@ def test_an_atomic_handler_never_acks_on_the_server_it_was_not_delivered_by(
             proxy.switch(replica.port)
             wait_for(lambda: journal_has(journal, f"end b-2 {queued.offset}"),
                      what="the queued delivery to run on a connection to the replica")
-            time.sleep(1.0)  # its transaction commits (before the fix) or rolls back
+            # Its transaction commits (before the fix) or rolls back right after the
+            # journal's line, and its outcome is collected at a later pass.
+            wait_for_passes(liveness, 3, "the queued delivery's transaction ended")
             reused = [publish_on(replica.port, name, f"c-{n}", topic) for n in (1, 2)]
             assert reused == [first.offset, queued.offset]  # the offsets are reused
             wait_for(lambda: journal_has(journal, f"end c-2 {queued.offset}"), timeout=30,

@@ -4,7 +4,7 @@ logs who asked, and hands its partitions over."""
 
 from __future__ import annotations
 
-import time
+import subprocess
 
 import pytest
 
@@ -16,7 +16,6 @@ from tests.testapp.models import HandlerCall
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOPIC = "accept.work"
-RENEW_MS = int(FAST_LEASES["LEASE_RENEW_INTERVAL"] * 1000)
 
 
 def started_offsets() -> set[int]:
@@ -29,10 +28,12 @@ def finished_offsets() -> set[int]:
                .values_list("message_offset", flat=True))
 
 
-def obeyed_within_ms(name: str) -> int:
+def assert_obeyed(name: str) -> None:
+    """The request was stamped obeyed. That it is read once per renew interval is
+    tests/integration/test_runner_control.py's, on a clock the test moves: timed here, it
+    failed on a loaded machine."""
     request = RunnerRequest.objects.get(runner_name=name)
-    assert request.obeyed_at > 0, "the request was never stamped obeyed"
-    return request.obeyed_at - request.requested_at  # both of the database clock
+    assert request.obeyed_at >= request.requested_at > 0, "the request was never obeyed"
 
 
 def test_drain_and_stop_finishes_running_handlers_then_exits(processes: list) -> None:
@@ -47,25 +48,27 @@ def test_drain_and_stop_finishes_running_handlers_then_exits(processes: list) ->
     _, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
     assert "drain-me: alice asked this runner to drain and stop" in err
-    assert obeyed_within_ms("drain-me") <= RENEW_MS + 500  # one renew interval (+ a pass)
+    assert_obeyed("drain-me")
     # Every handler that started finished; the rest was given back, not charged.
     assert finished_offsets() == started_offsets() and len(started_offsets()) < 10
     assert "drain-me" not in live_runners()  # it said goodbye: its partitions are free
 
 
 def test_stop_at_once_does_not_wait_for_a_running_handler(processes: list) -> None:
-    send_messages(TOPIC, [OutgoingMessage({"sleep": 60}, partition_key="k")])
+    # The handler sleeps an hour, and a drain would wait for it an hour (SHUTDOWN_TIMEOUT):
+    # a stop that waited for it fails the (hang-only) timeout below.
+    send_messages(TOPIC, [OutgoingMessage({"sleep": 3600}, partition_key="k")])
     process = runconsumer("--group", "workers", "--threads", "1", "--name", "stop-me",
-                          settings=FAST_LEASES)
+                          settings={**FAST_LEASES, "SHUTDOWN_TIMEOUT": 3600})
     processes.append(process)
     wait_for(lambda: bool(started_offsets()), what="the handler to start")
-    asked = time.monotonic()
     request_runner_stop("stop-me", "stop", by="bob")
-    _, err = process.communicate(timeout=30)
-    took = time.monotonic() - asked
+    try:
+        _, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("stopping at once waited for the running handler") from None
     assert process.returncode == 0, err
     assert "stop-me: bob asked this runner to stop at once" in err
-    assert obeyed_within_ms("stop-me") <= RENEW_MS + 500
-    assert took < 10, f"stopping at once took {took:.1f}s (the handler sleeps 60 s)"
+    assert_obeyed("stop-me")
     assert not finished_offsets()  # its message comes back after its visibility timeout
     assert "stop-me" not in live_runners()

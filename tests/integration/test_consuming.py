@@ -3,7 +3,7 @@ ordering, atomic handlers, scheduling, priorities, watermarks and cost."""
 
 from __future__ import annotations
 
-import itertools
+import math
 import threading
 import time
 from collections import defaultdict
@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 import sqlqueue
 from sqlqueue import Message, OutgoingMessage, send_message, send_messages
+from sqlqueue.consuming.backoff import JITTER
 from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
@@ -105,23 +106,31 @@ def test_retry_then_success(register: Any) -> None:
     assert not QueueMessage.objects.filter(topic="t_dlq").exists()
 
 
-def test_backoff_spaces_retries(register: Any) -> None:
-    journal = Journal()
+def test_backoff_spaces_retries(
+        register: Any, clocked: Callable[[str], tuple[Runner, ManualClock]]) -> None:
+    """min(max_backoff, min_backoff * 2^(n-1)), plus up to 33% jitter: never early, capped
+    by max_backoff. On a clock the test moves, so a slow machine changes nothing."""
+    attempts: list[int] = []
 
     def failing(message: Message) -> None:
-        journal(message)
-        if message.attempt < 4:
+        attempts.append(message.attempt)
+        if message.attempt < 5:
             raise RuntimeError("not yet")
 
-    register("t", "g", failing)
-    sent = send_message("t", 1)
-    drain(["g"], conf=fast_settings(MIN_BACKOFF=0.1, MAX_BACKOFF=0.3))
-    times = journal.times[sent.offset]
-    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
-    # min(max_backoff, min_backoff * 2^(n-1)) at least; never early.
-    assert len(gaps) == 3
-    assert gaps[0] >= 0.1 and gaps[1] >= 0.2 and gaps[2] >= 0.3
-    assert gaps[2] < 0.3 * 1.33 + 1.0  # capped by max_backoff (+ jitter, + scheduling)
+    register("t", "g", failing)  # fast_settings(): MIN_BACKOFF 0.02 s, MAX_BACKOFF 0.1 s
+    send_message("t", 1)
+    runner, clock = clocked("g")
+    stats = runner.subscribers[0].stats
+    for failed, base_ms in enumerate([20, 40, 80, 100], start=1):  # the last one capped
+        run_until(runner, lambda n=failed: stats["retried"] == n)  # its retry is scheduled
+        clock.advance(base_ms - 1)
+        for _ in range(3):
+            runner.run_once()
+        assert attempts == list(range(1, failed + 1)), f"attempt {failed + 1} came early"
+        clock.advance(math.ceil(base_ms * JITTER) + 2)  # past the largest jitter
+        run_until(runner, lambda n=failed: len(attempts) == n + 1)
+    run_until(runner, lambda: stats["acked"] == 1)
+    assert attempts == [1, 2, 3, 4, 5]
 
 
 def test_retry_with_an_explicit_delay(register: Any) -> None:
@@ -418,11 +427,13 @@ def test_an_idle_subscriber_polls_with_one_query(register: Any) -> None:
         assert time.monotonic() < deadline, watermarks("g")
         runner.run_once()
         time.sleep(0.02)
+    # The pauses are read once a second (sqlqueue.consuming.pauses), not each poll: an
+    # hour here, so that a slow machine's three passes do not span two reads.
+    runner.pauses.interval = 3600
     pause_reads = 0
     for _ in range(3):
         with CaptureQueriesContext(connection) as queries:
             runner.run_once()
-        # The pauses are read once a second (sqlqueue.consuming.pauses), not each poll.
         polls = [q["sql"] for q in queries if "queue_flow_control" not in q["sql"]]
         pause_reads += len(queries) - len(polls)
         assert len(polls) == 1, polls  # the log's head, nothing else

@@ -342,10 +342,10 @@ def test_a_fence_locks_only_its_own_lease_rows(server_database: None) -> None:
                 cursor.execute("SHOW lock_timeout" if connection.vendor == "postgresql"
                                else "SELECT @@SESSION.innodb_lock_wait_timeout")
                 assert cursor.fetchone()[0] in (1, "1s")
-                started = time.monotonic()
+                # No lock wait: one would end, after the bounded second, in the error
+                # below instead of a renewed row (the peer's transaction stays open).
                 assert dialect.renew_leases(cursor, "g", "t", "busy", 30_000,
                                             partitions=["b"]) == 1
-                assert time.monotonic() - started < 0.5  # no lock wait
                 # Taking over the paused peer's partition waits, and gives up after the
                 # bounded wait with an error the runner recognises.
                 with pytest.raises(DatabaseError) as raised:

@@ -211,25 +211,30 @@ def test_postgresql_is_not_held_back_by_a_long_read(server_database: None) -> No
     long, gets none and cannot commit a row."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's exact horizon")
-    started = threading.Event()
+    started, done = threading.Event(), threading.Event()
 
     def long_read() -> None:
         try:
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute("SELECT COUNT(*) FROM queue_messages")
                 started.set()
-                cursor.execute("SELECT pg_sleep(3)")
+                # Reads on, in its one transaction, until the test has seen the horizon.
+                deadline = time.monotonic() + TIMEOUT  # bounds a hang only
+                while not done.is_set() and time.monotonic() < deadline:
+                    cursor.execute("SELECT pg_sleep(0.05)")
         finally:
             connections.close_all()
 
     reader = threading.Thread(target=long_read, daemon=True)
     reader.start()
     try:
-        assert started.wait(TIMEOUT)
+        assert started.wait(TIMEOUT), "the long read never began"
         began = database_now_ms()
-        time.sleep(0.3)
-        assert read_horizon().horizon() > began  # past the reader's start
+        wait_for(lambda read: read.horizon() > began and not done.is_set(),
+                 "the horizon pass the start of a read still open")
+        assert reader.is_alive(), "the read ended before the horizon passed its start"
     finally:
+        done.set()
         reader.join(TIMEOUT)
 
 
