@@ -80,7 +80,7 @@ class HeldView:
         state = self.partitions.get(delivery.partition_key)
         entry = state.entries.get(delivery.row.offset) if state else None
         if entry is not None and entry.attempt == delivery.attempt:
-            entry.held_until_ms = self.hold_clock() + round(seconds * 1000)
+            entry.hold_until(self.hold_clock() + round(seconds * 1000))
 
 
 class Fetcher:
@@ -159,9 +159,7 @@ class Fetcher:
             if (entry is None or entry.done or entry.in_flight
                     or entry.retry_count is None or entry.attempt != delivery.attempt):
                 continue
-            entry.in_flight = True
-            entry.visible_again_ms = entry.due_ms
-            entry.previous_retry_count = entry.retry_count - 1 if entry.retry_count else None
+            entry.adopt()
 
     def _keep_queued_visible(self, cursor: CursorWrapper) -> None:
         """A delivery still waiting in the pool's queue when its visibility timeout runs
@@ -180,7 +178,7 @@ class Fetcher:
                 continue
             self.dialect.extend_visibility(cursor, self.group, self.topic,
                                            delivery.partition_key, entry.offset, timeout_ms)
-            entry.visible_again_ms = self.clock() + timeout_ms
+            entry.visible_again_at(self.clock() + timeout_ms)
 
     def answered_offsets(self) -> dict[str, set[int]]:
         """By partition, the offsets of deliveries whose handler has answered with an

@@ -73,6 +73,9 @@ class HandlerPool:
         self.unrecorded += outcomes
 
     # -- handing out ----------------------------------------------------------------------
+    def report_to(self, instruments: Instruments) -> None:
+        self.instruments = instruments
+
     def start(self) -> None:
         for n in range(self.threads):
             # Named after the runner too: several runners in one process (tests) apart.
@@ -104,6 +107,10 @@ class HandlerPool:
             self.in_flight -= 1
             outcomes.setdefault(id(outcome.delivery.consumer), []).append(outcome)
             self.stats[outcome.kind] += 1
+
+    def lost(self) -> None:
+        """A delivery's outcome will never come back (its handler was interrupted)."""
+        self.in_flight -= 1
 
     def taken_back(self, deliveries: list[Delivery]) -> None:
         """Queued deliveries taken back on the main thread (partitions handed over, or
@@ -151,7 +158,7 @@ class HandlerPool:
                                    subscriber.group, limit)
                     self.done.put(Outcome(delivery, "fail", error=(
                         f"TimeoutError: the handler ran past its timeout of {limit:g}s.")))
-                    subscriber.stuck.append(delivery)
+                    subscriber.timed_out(delivery)
                     self._replace_handler_thread()
             self._exit_if_stuck(subscriber, limit, now)
 
@@ -159,11 +166,11 @@ class HandlerPool:
         """Under a supervisor, a handler thread stuck past its timeout for
         ``exit_when_stuck`` more seconds stops the process (a thread cannot be killed;
         a process can be replaced)."""
-        subscriber.stuck = [d for d in subscriber.stuck if d.running]  # forget returned ones
+        running = subscriber.still_stuck()
         grace = self.exit_when_stuck
         if grace is None or self.stopping.is_set():
             return
-        stuck = [d for d in subscriber.stuck if now - d.started_at > limit + grace]
+        stuck = [d for d in running if now - d.started_at > limit + grace]
         if stuck:
             logger.error("%s: %s handler(s) of %s stuck for more than %gs past their timeout; "
                          "stopping this process so that its supervisor replaces it.",

@@ -24,6 +24,8 @@ from sqlqueue import events
 from sqlqueue.storage.sql import Dialect
 
 logger = logging.getLogger("sqlqueue.leases")
+# What a subscriber stops working on is the consumer's news (its log since 0.1).
+consumer_logger = logging.getLogger("sqlqueue.consumer")
 
 PURGE_AFTER_LEASES = 10  # forget leases/heartbeats not renewed for 10 lease durations
 QUICK_TICK = 0.25  # seconds between ticks while a rebalance is under way
@@ -252,9 +254,24 @@ class LeaseKeeper:
             self.hurry()  # check again soon for the rest
         return set(ready)
 
-    def lose(self, partition: str) -> None:
-        """The lease of ``partition`` is no longer this subscriber's (its fence saw it)."""
-        self.owned.pop(partition, None)
+    def lose(self, partition: str, owner: str, generation: int, age_ms: int) -> None:
+        """The lease of ``partition`` is no longer this subscriber's: its fence saw the
+        row held by ``owner`` at ``generation``, renewed ``age_ms`` ago. Says who holds
+        it now; a row still under this subscriber's own name was not taken by it (it
+        expired, or is of another generation: taken and given back, or written by
+        another server before a failover)."""
+        lease = self.owned.pop(partition, None)
+        held = "none" if lease is None else lease.generation
+        if owner != self.name:
+            whom = f"to {owner!r}" if owner else "(nobody holds it)"
+        elif age_ms >= self.duration_ms:
+            whom = "(it expired before this subscriber renewed it)"
+        else:
+            whom = (f"(the database has generation {generation} under this subscriber's "
+                    f"name, this subscriber holds {held}: "
+                    "taken over and given back meanwhile, or another server's row)")
+        consumer_logger.warning("%s lost the lease on %s/%s %s; stopping work on it.",
+                                self.name, self.topic, partition, whom)
 
     def forget(self) -> None:
         """Hold nothing (the leases were on another server); acquire again at once."""

@@ -74,6 +74,14 @@ class Pacer:
         self._last_head = -1
         self._dispatched_before = 0
 
+    def add_timer(self, timer: Timer) -> None:
+        self.timers.append(timer)
+
+    def rely_on(self, covered_by_wakeups: Callable[[], bool]) -> None:
+        """The wake-up listeners exist: ``covered_by_wakeups`` tells whether they hear
+        every other process's publishes (polls may then slow down)."""
+        self.covered_by_wakeups = covered_by_wakeups
+
     def run_timers(self, delay: float) -> float:
         """Run the timers that are due; return ``delay`` shortened to the next one's time."""
         for timer in self.timers:

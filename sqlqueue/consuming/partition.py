@@ -40,6 +40,21 @@ class Entry:
     def attempt(self) -> int:
         return (self.retry_count or 0) + 1
 
+    def adopt(self) -> None:
+        """Read again from the database while its latest delivery is still this
+        process's (queued or running): in flight, as before the view was rebuilt."""
+        self.in_flight = True
+        self.visible_again_ms = self.due_ms
+        self.previous_retry_count = self.retry_count - 1 if self.retry_count else None
+
+    def visible_again_at(self, ms: int) -> None:
+        """Its visibility timeout was stamped again (still queued: database time)."""
+        self.visible_again_ms = ms
+
+    def hold_until(self, ms: int) -> None:
+        """``extend_visibility`` pushed its timeout back (the clock's estimate)."""
+        self.held_until_ms = ms
+
 
 @dataclass
 class PartitionState:

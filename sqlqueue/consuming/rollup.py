@@ -122,7 +122,7 @@ class MinuteRollup(Instruments):
         to the rollup from now on)."""
         rollup = cls(runner.instruments, alias=runner.alias, conf=runner.conf,
                      now_ms=runner.clock.now_ms, estimate_ms=runner.clock.estimate_ms)
-        runner.instruments = runner.pool.instruments = rollup
+        runner.report_to(rollup)
         return rollup
 
     # -- counting --------------------------------------------------------------------------

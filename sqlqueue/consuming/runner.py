@@ -92,12 +92,11 @@ class Runner:
         self.clock: Clock = clock or DatabaseClock(self.server.database_now)
         self.subscribers = [Subscriber(c, self.conf, self.alias, self.name,
                                        clock=self.clock.now_ms,
-                                       hold_clock=self.clock.estimate_ms)
+                                       hold_clock=self.clock.estimate_ms,
+                                       check_server=self.server.check,
+                                       watch_when_idle=until_empty)
                             for c in consumers]
-        for subscriber in self.subscribers:
-            subscriber.check_server = self.server.check
-            subscriber.watch_when_idle = until_empty
-        self.collector = GarbageCollector(self.conf, self.alias, groups_known_here(consumers))
+        self.collector = self._garbage_collector(groups_known_here(consumers))
         self.stopping = threading.Event()
         # Handler threads and stop() set it (a pass now); a publish rings it (a pass soon,
         # never sooner than FIRST_QUICK_POLL after the last: sqlqueue.wakeups.Doorbell).
@@ -120,9 +119,16 @@ class Runner:
                            wakeup=self.wakeup, paused=self.pauses.paused, stats=self.stats,
                            exit_when_stuck=self.exit_when_stuck, on_stuck=self._stuck)
 
+    def _garbage_collector(self, groups: dict[str, set[str]]) -> GarbageCollector:
+        return GarbageCollector(self.conf, self.alias, groups)
+
+    def report_to(self, instruments: Instruments) -> None:
+        """Count into ``instruments`` from now on (the minute rollup wraps the first)."""
+        self.instruments = instruments
+        self.pool.report_to(instruments)
+
     def _stuck(self) -> None:
-        """A handler stayed stuck past its timeout and the grace: this process stops so
-        that its supervisor replaces it."""
+        """A handler stuck past its timeout and grace: stop, for a supervisor to replace."""
         self.exit_code = EXIT_STUCK
         self.stop()
 
@@ -144,7 +150,7 @@ class Runner:
         self.start_handler_threads()
         self.wakeups = Wakeups(self.conf, self.alias, {s.topic for s in self.subscribers},
                                self.wakeup.ring)
-        self.pacer.covered_by_wakeups = self.wakeups.cover_other_processes
+        self.pacer.rely_on(self.wakeups.cover_other_processes)
         logger.info("Subscriber %s started: %s, %s handler thread(s).", self.name,
                     ", ".join(s.consumer.name for s in self.subscribers), self.threads,
                     extra=events.fields(events.RUNNER_STARTED, subscriber=self.name,
@@ -213,16 +219,13 @@ class Runner:
 
     # -- one pass ---------------------------------------------------------------------------
     def run_once(self) -> float | None:
-        """One pass of the loop, without its wait: what ``run`` does each time it wakes
-        (for tests, and for embedding the runner in a loop of your own; call
-        ``start_handler_threads`` first, and ``shutdown`` at the end). Returns how long
-        ``run`` would wait before the next pass, or None when an ``until_empty`` runner
-        has nothing left to do."""
+        """One pass over every subscription, without its wait: what ``run`` does each time
+        it wakes (for tests, and for a loop of your own: ``start_handler_threads`` first,
+        ``shutdown`` at the end). Returns how long ``run`` would wait before the next
+        pass, or None when an ``until_empty`` runner has nothing left to do."""
         return self._cycle()
 
     def _cycle(self) -> float | None:
-        """One pass over every subscription; returns how long to wait before the next
-        one (None: --until-empty found nothing left)."""
         connection = connections[self.alias]
         dialect = store(connection)
         with (connection.execute_wrapper(self.server.count_statement),
@@ -316,10 +319,9 @@ class Runner:
 
     def _hold_paused(self, subscriber: Subscriber, cursor: Any, outcomes: list[Outcome],
                      head: Callable[[], int]) -> None:
-        """A paused subscription fetches nothing: it records what its running handlers
-        did (and gives back what they did not start), and keeps its leases and heartbeat
-        (taking its share of new partitions too), so that it resumes where it stopped
-        and is not reported as STOP."""
+        """A paused subscription fetches nothing: it records what its running handlers did
+        (gives back what they did not start), and keeps its leases, heartbeat and share of
+        new partitions, to resume where it stopped and not be reported as STOP."""
         self._record(subscriber, cursor, outcomes)
         subscriber.discover(cursor, head)
         self.pool.taken_back(subscriber.keep_leases(cursor))
@@ -374,8 +376,7 @@ class Runner:
         self._close_connection()
 
     def _close_connection(self) -> None:
-        """The runner's own connection goes with it (sqlqueue.testing's runner, on the
-        caller's connection, keeps it open)."""
+        """Its own connection goes with it (sqlqueue.testing's, the caller's, stays open)."""
         if self.owns_connection:
             connections[self.alias].close()
 

@@ -39,7 +39,9 @@ logger = logging.getLogger("sqlqueue.consumer")
 class Subscriber:
     def __init__(self, consumer: Consumer, conf: QueueSettings, alias: str,
                  name: str = "subscriber", *, clock: Callable[[], int],
-                 hold_clock: Callable[[], int] | None = None) -> None:
+                 hold_clock: Callable[[], int] | None = None,
+                 check_server: Callable[[str], None] = lambda server: None,
+                 watch_when_idle: bool = False) -> None:
         self.consumer = consumer
         # The database clock (epoch ms), read at each decision rather than once a cycle: a
         # statement can wait seconds for a lock, and a reading from before the wait would
@@ -55,19 +57,15 @@ class Subscriber:
                                   conf.LEASE_RENEW_INTERVAL)
         self.partitions: dict[str, PartitionState] = {}  # the partitions this one holds
         self.outstanding: dict[int, Delivery] = {}  # handed to the pool, no outcome yet
-        # Timed out (counted as failed) while their handler thread still runs: under
-        # max_in_flight they still occupy a place.
-        self.stuck: list[Delivery] = []
+        self.stuck: list[Delivery] = []  # timed out, handler still running: in flight
         self.limits = None if consumer.rate_limit is None and consumer.max_in_flight is None \
             else Limits(consumer.rate_limit, consumer.max_in_flight,
                         warm_up=conf.LEASE_RENEW_INTERVAL)
-        # Told which server each fenced transaction ran on (the runner raises if another).
-        self.check_server: Callable[[str], None] = lambda server: None
+        self.check_server = check_server  # raises if a fenced pass ran on another server
         self.stats: Counter[str] = Counter()
-        # An --until-empty runner: an idle subscriber that waits for partitions another
-        # member holds watches the membership too (every WATCH_RECHECK), so that it takes
-        # over what a member that finished released at once, not at its next renewal.
-        self.watch_when_idle = False
+        # --until-empty: idle, it watches the membership too (WATCH_RECHECK) to take
+        # over at once what a member that finished released, not at its next renewal.
+        self.watch_when_idle = watch_when_idle
         self.finder = PartitionFinder(group=consumer.group, topic=consumer.topic,
                                       alias=alias, leases=self.leases,
                                       start_latest=consumer.start == "latest")
@@ -99,11 +97,9 @@ class Subscriber:
         self.leases.hurry()
 
     def forget_server(self) -> None:
-        """The connection reached another server (a failover, a proxy that moved it):
-        nothing learnt on the old one holds there, not even the leases, and no outcome of
-        a delivery made there may be recorded (its offset may name another message on
-        this server: after an asynchronous failover the new primary hands out again the
-        offsets the old one had used)."""
+        """Another server (a failover, a moved proxy): nothing learnt on the old one holds,
+        not the leases, nor a delivery's outcome (after an asynchronous failover the new
+        primary hands out the old one's offsets again: another message)."""
         self.reset()
         self.outstanding.clear()
         self.leases.forget()
@@ -180,25 +176,8 @@ class Subscriber:
             owner, generation, age = current.get(key, ("", -1, 0))
             held = self.leases.generation(key)
             if owner != self.name or generation != held or age >= self.leases.duration_ms:
-                self._log_lost_lease(key, owner, generation, held, age)
                 del self.partitions[key]
-                self.leases.lose(key)
-
-    def _log_lost_lease(self, key: str, owner: str, generation: int, held: int | None,
-                        age_ms: int) -> None:
-        """Say who holds the lease now; a row still under this subscriber's own name was
-        not taken by it (it expired, or is of another generation: taken and given back,
-        or written by another server before a failover)."""
-        if owner != self.name:
-            whom = f"to {owner!r}" if owner else "(nobody holds it)"
-        elif age_ms >= self.leases.duration_ms:
-            whom = "(it expired before this subscriber renewed it)"
-        else:
-            whom = (f"(the database has generation {generation} under this subscriber's "
-                    f"name, this subscriber holds {held if held is not None else 'none'}: "
-                    "taken over and given back meanwhile, or another server's row)")
-        logger.warning("%s lost the lease on %s/%s %s; stopping work on it.",
-                       self.name, self.topic, key, whom)
+                self.leases.lose(key, owner, generation, age)
 
     def has_work(self, outcomes: int, head: Callable[[], int]) -> bool:
         """Whether a cycle would write or read anything (if not, it costs no query)."""
@@ -252,10 +231,16 @@ class Subscriber:
         self.watermarks.advance(cursor, settled_before, force)
 
     # -- limits (rate_limit, max_in_flight) ---------------------------------------------
+    def timed_out(self, delivery: Delivery) -> None:  # its handler thread still runs
+        self.stuck.append(delivery)
+
+    def still_stuck(self) -> list[Delivery]:
+        self.stuck = [d for d in self.stuck if d.running]  # forget returned ones
+        return self.stuck
+
     def in_flight(self) -> int:
         """Deliveries outstanding, and timed-out handlers still running."""
-        self.stuck = [d for d in self.stuck if d.running]
-        return len(self.outstanding) + sum(1 for d in self.stuck
+        return len(self.outstanding) + sum(1 for d in self.still_stuck()
                                            if id(d) not in self.outstanding)
 
     def allowance(self) -> int | None:

@@ -24,6 +24,7 @@ from django.db import connections, transaction
 
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming import handlers
+from sqlqueue.consuming.gc import GarbageCollector
 from sqlqueue.consuming.handlers import Outcome
 from sqlqueue.consuming.handoff import HandlerPool
 from sqlqueue.consuming.registry import Consumer
@@ -41,7 +42,7 @@ SETTLE_TIMEOUT = 30.0
 _runs = itertools.count(1)
 
 
-class _NoCollection:
+class _NoCollection(GarbageCollector):
     """Garbage collection is not run inside a test: acked messages and task results stay
     readable to the test's assertions."""
 
@@ -78,7 +79,7 @@ class InlinePool(HandlerPool):
                 # KeyboardInterrupt (handlers.handle turns everything else, SystemExit
                 # included, into an outcome): no outcome will come back for the shutdown
                 # to wait for.
-                self.in_flight -= 1
+                self.lost()
                 raise
             delivery.finish()
             self.done.put(outcome)
@@ -114,12 +115,14 @@ class InlineRunner(Runner):
                          max_messages=max_messages,
                          name=f"{default_name()}-test-{next(_runs)}",
                          clock=moved_database_clock(conf.DATABASE))
-        self.collector = _NoCollection()  # type: ignore[assignment]
 
     @property
     def handled(self) -> int:
         """Deliveries handed to a handler so far."""
         return self.pool.dispatched
+
+    def _garbage_collector(self, groups: dict[str, set[str]]) -> GarbageCollector:
+        return _NoCollection(self.conf, self.alias, groups)
 
     def _handler_pool(self) -> InlinePool:
         return InlinePool(name=self.name, threads=0, alias=self.alias,

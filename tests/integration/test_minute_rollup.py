@@ -34,7 +34,7 @@ def run_with_rollup(groups: list[str], metrics: ProcessMetrics) -> MinuteRollup:
     runner = Runner(select_consumers(groups, []), until_empty=True,
                     conf=fast_settings(MAX_ATTEMPTS=2), instruments=metrics)
     rollup = MinuteRollup.of(runner)
-    runner.pacer.timers.append(rollup)
+    runner.pacer.add_timer(rollup)
     thread = threading.Thread(target=lambda: (runner.run(install_signal_handlers=False),
                                               rollup.flush(), connections.close_all()))
     thread.start()

@@ -56,24 +56,7 @@ MUTATING = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "
 #: Writes from outside the owner's module that are known, as "Class.attribute" ->
 #: {where: why}. Each is listed in the doc's table too. Leaving one here fails
 #: test_the_known_outside_writes_are_current once it is gone.
-OUTSIDE_WRITES: dict[str, dict[str, str]] = {
-    "Subscriber.check_server": {"consuming/runner.py": "wired by the Runner after building"},
-    "Subscriber.watch_when_idle": {"consuming/runner.py": "wired by the Runner after building"},
-    "Subscriber.stuck": {"consuming/handoff.py": "the pool adds timed-out deliveries and "
-                                                 "forgets returned ones"},
-    "Pacer.covered_by_wakeups": {"consuming/runner.py": "set by Runner.run once the "
-                                                        "wake-up listeners exist"},
-    "Runner.instruments": {"consuming/rollup.py": "MinuteRollup.of wraps them"},
-    "HandlerPool.instruments": {"consuming/rollup.py": "MinuteRollup.of wraps them"},
-    "Runner.collector": {"testing/inline.py": "InlineRunner collects no garbage in a test"},
-    "Entry.in_flight": {"consuming/delivering.py": "Fetcher._adopt_outstanding"},
-    "Entry.visible_again_ms": {"consuming/delivering.py": "Fetcher._adopt_outstanding"},
-    "Entry.previous_retry_count": {"consuming/delivering.py": "Fetcher._adopt_outstanding"},
-    "Entry.held_until_ms": {"consuming/delivering.py": "HeldView.hold (extend_visibility, "
-                                                       "on a handler thread)"},
-    "HandlerPool.in_flight": {"testing/inline.py": "InlinePool runs the handlers itself"},
-    "Pacer.timers": {"management/commands/runconsumer.py": "the command adds its timers"},
-}
+OUTSIDE_WRITES: dict[str, dict[str, str]] = {}
 
 
 def _self_targets(node: ast.AST) -> set[str]:

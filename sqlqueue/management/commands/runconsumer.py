@@ -224,14 +224,14 @@ class Command(BaseCommand):
                 instruments=instruments,
                 exit_when_stuck=options["exit_when_stuck"],
             )
-            runner.pacer.timers.append(OffsetCounterWatch(runner.alias, runner.clock.now_ms))
-            runner.pacer.timers.append(RunnerControl.of(runner))  # the admin's stop requests
+            runner.pacer.add_timer(OffsetCounterWatch(runner.alias, runner.clock.now_ms))
+            runner.pacer.add_timer(RunnerControl.of(runner))  # the admin's stop requests
             rollup = MinuteRollup.of(runner)  # the admin's live overview
-            runner.pacer.timers.append(rollup)
+            runner.pacer.add_timer(rollup)
             if not options["no_schedules"]:
                 # The setting's schedules and the stored ones (reloaded every few seconds:
                 # the admin may add one at any time).
-                runner.pacer.timers.append(ReloadingTicker(configured_schedules(),
+                runner.pacer.add_timer(ReloadingTicker(configured_schedules(),
                                                      runner.clock.now_ms))
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from exc
