@@ -9,7 +9,8 @@ after the first tenth of the run, the stages of each one's path:
 - ``cycle``: that pass's start to its commit; ``handoff``: commit to handler start;
   ``handle``: the handler itself;
 
-then the statements per message and the delivering passes' statements and database time.
+then the statements per message and the delivering passes' statements, database time,
+wall time and main-thread CPU time.
 
     python trace_report.py /tmp/trace-dir
 """
@@ -36,6 +37,7 @@ def load(directory):
 def report(directory):
     events = load(directory)
     rings = sorted(e[1] for e in events if e[0] == "ring")
+    cpu = {e[1]: e[3] for e in events if e[0] == "cycle" and len(e) > 3}
     cycles = sorted((e[1], e[2]) for e in events if e[0] == "cycle")
     starts = [c[0] for c in cycles]
     steady_from = cycles[len(cycles) // 10][0]
@@ -72,11 +74,12 @@ def report(directory):
     for e in delivering:
         start, end = cycles[bisect.bisect_right(starts, e[1]) - 1]
         mine = [s for s in stmts if start <= s[0] <= end]
-        per_pass.append((len(mine), sum(s[1] - s[0] for s in mine) * 1e3, (end - start) * 1e3))
+        per_pass.append((len(mine), sum(s[1] - s[0] for s in mine) * 1e3, (end - start) * 1e3,
+                         cpu.get(start, float("nan")) * 1e3))
     messages = sum(len(e[2]) for e in delivering) or 1
     print(f"  statements per message {len(stmts) / messages:.2f}, database ms per message "
           f"{sum(s[1] - s[0] for s in stmts) * 1e3 / messages:.2f}")
-    for i, name in enumerate(["statements", "database ms", "wall ms"]):
+    for i, name in enumerate(["statements", "database ms", "wall ms", "CPU ms"]):
         values = [p[i] for p in per_pass]
         print(f"  delivering pass {name:12s} p50 {pct(values, .5):6.2f} "
               f"p95 {pct(values, .95):6.2f} p99 {pct(values, .99):6.2f}")

@@ -5,8 +5,8 @@ per event to ``<dir>/trace-<pid>.jsonl`` at exit.
 
 Events (``time.time()``): ``ring`` (a wake-up heard), ``set`` (a handler's outcome woke
 the main thread), ``wait`` (a wait between passes: start, end, timeout asked), ``cycle``
-(a pass: start, end), ``stmt`` (each statement of the main thread: start, end, its first
-words), ``commit`` (the pass's transaction committed, with the offsets it delivered),
+(a pass: start, end, the main thread's CPU seconds), ``stmt`` (each statement of the
+main thread: start, end, its first words), ``commit`` (the pass's transaction committed, with the offsets it delivered),
 ``start`` / ``end`` (a handler thread started / finished an offset).
 """
 import atexit
@@ -82,12 +82,12 @@ def install(directory):
     original_cycle = runner.Runner._cycle
 
     def cycle(self):
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.thread_time()
         with connections[self.alias].execute_wrapper(statement):
             try:
                 return original_cycle(self)
             finally:
-                _add("cycle", t0, time.time())
+                _add("cycle", t0, time.time(), time.thread_time() - cpu0)
 
     runner.Runner._cycle = cycle
 
