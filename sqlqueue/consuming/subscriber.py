@@ -227,8 +227,8 @@ class Subscriber:
         return self.fetcher.reads_on()
 
     def advance(self, cursor: CursorWrapper, settled_before: int | None,
-                force: bool = False) -> None:
-        self.watermarks.advance(cursor, settled_before, force)
+                force: bool = False, delivering: bool = False) -> None:
+        self.watermarks.advance(cursor, settled_before, force, delivering)
 
     # -- limits (rate_limit, max_in_flight) ---------------------------------------------
     def timed_out(self, delivery: Delivery) -> None:  # its handler thread still runs

@@ -11,3 +11,9 @@ class BenchJobsConfig(AppConfig):
         # environments need not have it installed.
         if os.environ.get("BENCH_PEER") == "sqlqueue":
             from . import sqlqueue_consumers  # noqa: F401
+
+            from . import trace
+
+            trace.experiment()
+            if os.environ.get("BENCH_TRACE"):
+                trace.install(os.environ["BENCH_TRACE"])

@@ -35,9 +35,10 @@ class DeliveryAccess(VendorHooks):
         return [self._fetched(r) for r in cursor.fetchall()]
 
     #: Whether a poll asks first which partitions have new rows (``partitions_with_rows``)
-    #: and fetches only those: where planning a ``fetch_partitions`` of many partitions
-    #: costs more than the round trip (PostgreSQL: 3-5 ms for 16; MySQL and SQLite plan
-    #: it in well under one).
+    #: and fetches only those: where a ``fetch_partitions`` of many partitions costs more
+    #: than the extra round trip (PostgreSQL: 3-5 ms to plan one of 16; MariaDB 10.11:
+    #: 2.3-2.6 ms to run one of 16 at 100 messages/s, against 0.3 ms for the question and
+    #: 0.4 ms for the one partition's fetch). SQLite, in-process, has no round trip to save.
     narrows_fetches = False
 
     def partitions_with_rows(self, cursor: CursorWrapper, topic: str, after: int,

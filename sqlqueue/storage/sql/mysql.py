@@ -37,6 +37,8 @@ class MySQLDialect(Dialect):
     now_ms_sql = MySQLVendor.now_ms_sql
     locking_read_suffix = MySQLVendor.locking_read_suffix
     server_identity_sql = MySQLVendor.server_identity_sql
+    #: a UNION ALL of 16 partitions' fetches took 2.3-2.6 ms a poll (``Dialect``'s note)
+    narrows_fetches = True
 
     # -- connection_charset --------------------------------------------------------------
     def check_connection(self) -> None:
