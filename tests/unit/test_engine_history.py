@@ -99,15 +99,17 @@ def test_the_checker_notices_leases_that_never_run_out(monkeypatch) -> None:
     assert "I3" in violations_of_broken_store(monkeypatch, range(2), Shape(drain_steps=200))
 
 
-def test_the_checker_notices_acks_that_are_lost(monkeypatch) -> None:
-    """A store that drops an ack now and then: its message is delivered again after a run
-    that succeeded."""
-    write_outcomes = MemoryStore.write_outcomes
-    dropped = random.Random(1)
+def test_the_checker_notices_a_watermark_that_skips_ahead(monkeypatch) -> None:
+    """A store whose watermark moves a few offsets further than asked (an off-by-some
+    in the advance): the messages it jumps over are never handled, and garbage
+    collection deletes them (I8) unless they are still stored at the end (I3). (A store that drops
+    acks is not a sharp enough break: the watermark, moved from the runner's own view,
+    covers a lost ack unless a takeover reads the state first, which a seed may or may
+    not bring about.)"""
+    advance_watermark = MemoryStore.advance_watermark
 
-    def lose_some(self, cursor, group, topic, writes) -> None:
-        kept = [w for w in writes if not (w.acked and dropped.random() < 0.2)]
-        write_outcomes(self, cursor, group, topic, kept)
+    def skip_ahead(self, cursor, group, topic, partition, upto, first_pending=None) -> int:
+        return advance_watermark(self, cursor, group, topic, partition, upto + 3, None)
 
-    monkeypatch.setattr(MemoryStore, "write_outcomes", lose_some)
-    assert "I10" in violations_of_broken_store(monkeypatch, range(3))
+    monkeypatch.setattr(MemoryStore, "advance_watermark", skip_ahead)
+    assert {"I3", "I8"} & violations_of_broken_store(monkeypatch, range(2))
