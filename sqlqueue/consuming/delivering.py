@@ -156,6 +156,12 @@ class Fetcher:
                 continue  # answered (its outcome decides), given back or refused
             state = self.partitions.get(delivery.partition_key)
             entry = state.entries.get(delivery.row.offset) if state else None
+            if state is not None and delivery.running and (entry is None or entry.done):
+                # Its message is done already (acked by an earlier attempt's late word):
+                # the run still holds an ordered partition, as before the rebuild.
+                state.overtaken(delivery.row.offset, delivery.attempt, self.clock()
+                                + round(self.options.visibility_timeout * 1000))
+                continue
             if (entry is None or entry.done or entry.in_flight
                     or entry.retry_count is None or entry.attempt != delivery.attempt):
                 continue

@@ -66,6 +66,9 @@ class PartitionState:
     exhausted: bool = False  # the last fetch found the end of the partition
     entries: dict[int, Entry] = field(default_factory=dict)
     generation: int | None = None  # of the lease this state was built under
+    #: runs still going of messages already done (a late ack of an attempt that a
+    #: redelivery overtook finished them): offset -> (that run's attempt, its timeout)
+    overtaken_runs: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.fetched_upto = max(self.fetched_upto, self.watermark)
@@ -147,13 +150,20 @@ class PartitionState:
         late, below it (found by a sweep), waits for that run to end instead of running
         beside it (guarantee I5). Then the first open entry holds the partition."""
         if any(e.in_flight and not self._redeliverable(e, now_ms, answered)
-               for e in self.entries.values()):
+               for e in self.entries.values()) or self._overtaken_run_going(now_ms):
             return []
         head = self._first_open()
         if (head is None or head.offset in answered
                 or (not head.in_flight and head.due_ms > now_ms)):
             return []
         return [head]
+
+    def _overtaken_run_going(self, now_ms: int) -> bool:
+        """A run of a message already done is still within its visibility timeout (its
+        entry may be gone already: the watermark passed it)."""
+        self.overtaken_runs = {offset: run for offset, run in self.overtaken_runs.items()
+                               if run[1] > now_ms}
+        return bool(self.overtaken_runs)
 
     def _redeliverable(self, entry: Entry, now_ms: int, answered: Container[int]) -> bool:
         """In flight past its visibility timeout, and its handler has not answered."""
@@ -183,11 +193,27 @@ class PartitionState:
         entry.retry_count = 0 if entry.retry_count is None else entry.retry_count + 1
 
     # -- what happened ------------------------------------------------------------------
-    def finished(self, offset: int) -> None:
-        """Acked or dead-lettered: done for good."""
+    def finished(self, offset: int, attempt: int | None = None) -> None:
+        """Acked or dead-lettered: done for good. The late ack of an ``attempt`` that a
+        redelivery overtook, while the redelivery still runs: an ordered partition
+        starts nothing beside that run until it ends (``run_ended``) or its visibility
+        timeout passes (guarantee I5)."""
         entry = self.entries.get(offset)
-        if entry is not None:
-            entry.done, entry.in_flight, entry.row = True, False, None
+        if entry is None:
+            return
+        if entry.in_flight and attempt is not None and attempt < entry.attempt:
+            self.overtaken(offset, entry.attempt,
+                           max(entry.visible_again_ms, entry.held_until_ms))
+        entry.done, entry.in_flight, entry.row = True, False, None
+
+    def overtaken(self, offset: int, attempt: int, until_ms: int) -> None:
+        """The run of ``attempt`` goes on although its message is done already."""
+        self.overtaken_runs[offset] = (attempt, until_ms)
+
+    def run_ended(self, offset: int, attempt: int) -> None:
+        """The run of ``attempt`` answered (its outcome is recorded)."""
+        if self.overtaken_runs.get(offset, (0, 0))[0] == attempt:
+            del self.overtaken_runs[offset]
 
     def retry_at(self, offset: int, due_ms: int) -> None:
         entry = self.entries.get(offset)

@@ -92,10 +92,12 @@ def plan(outcomes: Iterable[Outcome], *, outstanding: Container[int],
             decided.abandoned += 1
             continue
         entry = state.entries.get(offset)
-        if (entry is not None and entry.attempt > delivery.attempt
+        if (entry is not None and (entry.attempt > delivery.attempt or entry.done)
                 and outcome.kind not in ("ack", "acked")):
             # A late word from an attempt that was overtaken by a redelivery (an ack
-            # still counts: the message was handled; an atomic one is committed).
+            # still counts: the message was handled; an atomic one is committed), or a
+            # failure of a message already done (the late ack of an earlier attempt):
+            # no retry, no dead letter of a message that was handled.
             continue
         if outcome.kind == "not_started":
             # The attempt before this delivery: none at all for a first delivery.

@@ -286,7 +286,8 @@ class Subscriber:
         self.stats["acked"] += len(plan.finished)
         self.stats["retried"] += len(retries)
         for delivery in plan.finished:
-            self.partitions[delivery.partition_key].finished(delivery.row.offset)
+            self.partitions[delivery.partition_key].finished(delivery.row.offset,
+                                                             delivery.attempt)
         for retry in retries:
             self.partitions[retry.delivery.partition_key].retry_at(
                 retry.delivery.row.offset, retry.invisible_until)
@@ -294,7 +295,10 @@ class Subscriber:
     def recorded(self, outcomes: Iterable[Outcome]) -> None:
         """The transaction that recorded ``outcomes`` committed: they are settled."""
         for outcome in outcomes:
-            self.outstanding.pop(id(outcome.delivery), None)
+            delivery = outcome.delivery
+            self.outstanding.pop(id(delivery), None)
+            if (state := self.partitions.get(delivery.partition_key)) is not None:
+                state.run_ended(delivery.row.offset, delivery.attempt)
 
     def _write_outcomes(self, cursor: CursorWrapper, acks: list[Ack],
                         retries: list[recording.RetryOrder]) -> list[recording.RetryOrder]:

@@ -79,6 +79,40 @@ def test_ordered_ready_is_the_head_only() -> None:
     assert [e.offset for e in state.ready(9000, 10, ordered=True)] == [1]
 
 
+def test_a_late_ack_of_an_overtaken_attempt_holds_the_ordered_partition_while_the_redelivery_runs(
+) -> None:
+    """Attempt 1 outlives its visibility timeout, attempt 2 is delivered and runs; then
+    attempt 1 answers "ack": the message is done, but attempt 2 still runs, and the next
+    message must not start beside it (I5; found by the history checker on MariaDB)."""
+    state = PartitionState("k", watermark=0)
+    state.absorb([row(1), row(2)], "g")
+    (first,) = state.ready(5000, 10, ordered=True)
+    state.dispatched(first, visible_again_ms=6000)
+    (again,) = state.ready(6000, 10, ordered=True)  # past its timeout: delivered again
+    assert again is first
+    state.dispatched(again, visible_again_ms=7000)
+    state.finished(1, attempt=1)  # attempt 1's late ack
+    assert first.done
+    assert state.ready(6500, 10, ordered=True) == []  # attempt 2 still runs
+    state.entries.pop(1)  # the watermark passed it: the hold does not need the entry
+    assert state.ready(6500, 10, ordered=True) == []
+    state.run_ended(1, attempt=1)  # the late ack's own run: not the one still going
+    assert state.ready(6500, 10, ordered=True) == []
+    state.run_ended(1, attempt=2)
+    assert [e.offset for e in state.ready(6500, 10, ordered=True)] == [2]
+
+
+def test_an_overtaken_run_holds_its_partition_only_within_its_timeout() -> None:
+    state = PartitionState("k", watermark=0)
+    state.absorb([row(1), row(2)], "g")
+    (first,) = state.ready(5000, 10, ordered=True)
+    state.dispatched(first, visible_again_ms=6000)
+    state.dispatched(first, visible_again_ms=7000)
+    state.finished(1, attempt=1)
+    assert state.ready(6999, 10, ordered=True) == []
+    assert [e.offset for e in state.ready(7000, 10, ordered=True)] == [2]
+
+
 def test_scheduled_and_invisible_rows_wait() -> None:
     state = PartitionState("k", watermark=0)
     state.absorb([row(1, deliver_after=8000), row(2, invisible_until=7000, retry_count=0),

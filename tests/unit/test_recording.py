@@ -189,3 +189,15 @@ def test_an_atomic_ack_beats_a_give_back() -> None:
     first, second = redelivered(held)
     decided = held.plan(Outcome(first, "acked"), Outcome(second, "not_started"))
     assert decided.acked == [first] and decided.give_backs == []
+
+
+@pytest.mark.parametrize("kind", ["fail", "reject", "not_started"])
+def test_a_message_done_already_gets_no_retry_dead_letter_or_give_back(kind: str) -> None:
+    """Attempt 1's late ack finished the message while the redelivery (attempt 3, its
+    last) still ran; that one then fails: the message was handled, and neither a retry,
+    a dead letter nor a give-back is written for it."""
+    held = Held()
+    delivery = held.deliver(1, retry_count=1)  # attempt 3 = max_attempts
+    held.partitions["k"].finished(1, attempt=1)
+    decided = held.plan(Outcome(delivery, kind, error="RuntimeError: late"))
+    assert decided == Plan()
