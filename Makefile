@@ -46,17 +46,34 @@ docs: bootstrap
 docs-build: bootstrap
 	$(PY) -m mkdocs build --strict --site-dir $(DOCS_SITE)
 
+# Which tier runs what. Each test runs on every database its outcome can depend on, and
+# once when it can depend on none (CI's 90 minutes; README.md, "Development", has the times):
+# - test-sqlite: the unit, integration and Spark tiers from the checkout, and of the
+#   acceptance and browser tiers only what needs the checkout (marker `checkout`: building
+#   the package, the benchmark suite). The rest of those two tiers runs on SQLite in
+#   test-wheel, against the built wheel: the stricter run of the same tests (the package as
+#   users install it, from a copy of the tests beside no source tree), so running them from
+#   the checkout as well only repeated 5 minutes. The LTS stack runs the browser tier and a
+#   newcomer's acceptance tests from the checkout.
+# - test-mysql, test-postgres: every tier but the tests marked `database_independent`
+#   (pyproject.toml): the unit tier (no database), and tests that make a database of their
+#   own (the Quickstart's project, the demo, the example project's tests, the pytest
+#   plugin's project, the package build): run on SQLite only, since DATABASE_URL changes
+#   nothing for them. tests/conftest.py refuses that marker on a test that uses the test
+#   database. A PYTEST_ARGS with its own -m replaces a tier's selection.
 # SQLQUEUE_REQUIRE_SPARK=1, SQLQUEUE_REQUIRE_DOCS=1: the Spark and docs-site tests fail
 # rather than skip when PySpark, Java or MkDocs is missing, so that CI cannot skip them
 # silently.
+SQLITE_TIER := not soak and (checkout or not (acceptance or browser))
+SERVER_TIER := not soak and not database_independent
 test-sqlite: bootstrap
-	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
+	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m "$(SQLITE_TIER)" $(PYTEST_ARGS)
 
 test-mysql: bootstrap
-	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
+	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -m "$(SERVER_TIER)" $(PYTEST_ARGS)
 
 test-postgres: bootstrap
-	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m "not soak" $(PYTEST_ARGS)
+	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=$(POSTGRES_TEST_URL) $(PY) -m pytest -m "$(SERVER_TIER)" $(PYTEST_ARGS)
 
 # The integration tier again on PostgreSQL with Django's server-side parameter binding
 # and psycopg's prepared statements (OPTIONS {"server_side_binding": True,
@@ -79,7 +96,8 @@ docs-images: bootstrap bootstrap-lts
 	SQLQUEUE_REFRESH_DOCS_IMAGES=1 DATABASE_URL=sqlite:////tmp/sqlqueue-docs-images.sqlite3 \
 		$(LTS_PY) -m pytest -p no:cacheprovider tests/browser -k "styled_like or retried_from_its_page or drain_and_stop or created_and_ticked or shows_and_refreshes" $(PYTEST_ARGS)
 
-# The built wheel installed in a fresh virtualenv: acceptance and browser tiers against it.
+# The built wheel installed in a fresh virtualenv: acceptance and browser tiers against it
+# on SQLite (all but the tests marked `checkout`), the only run of those on SQLite.
 test-wheel: bootstrap
 	./.ci/test-wheel
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.acceptance.processes import ROOT
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.checkout]  # Makefile
 
 
 def test_quick_suite_reports_every_scenario(mysql_only: None, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.database_independent  # a SQLite file of its own (Makefile)
 
 
 def manage(*args: str, database: Path) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,10 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.database_independent  # a SQLite file of its own (Makefile)
 
 
 def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:

@@ -104,6 +104,7 @@ for page in ("admin:sqlqueue_queuemessage_changelist", "admin:sqlqueue_deadlette
 """
 
 
+@pytest.mark.database_independent  # a SQLite file of its own (Makefile)
 def test_admin_without_rangefilter_warns_and_its_pages_work(tmp_path: Path) -> None:
     module = write_settings(tmp_path, (
         'INSTALLED_APPS = [a for a in INSTALLED_APPS if a != "rangefilter"]\n'
@@ -241,6 +242,7 @@ def test_runconsumer_with_nothing_registered_says_where_consumers_are_looked_for
     assert "sqlqueue" in result.stderr.split("looked for in:")[1]  # the apps it searched
 
 
+@pytest.mark.database_independent  # a SQLite file of its own (Makefile)
 @pytest.mark.parametrize("publish", [
     "from sqlqueue import send_message\nsend_message('orders.created', {'n': 1})\n",
     "from sqlqueue import send_messages\nsend_messages('orders.created', [1, 2])\n",
@@ -259,6 +261,7 @@ def test_publishing_before_migrate_names_migrate(tmp_path: Path, publish: str) -
             in result.stdout)
 
 
+@pytest.mark.database_independent  # a SQLite file of its own (Makefile)
 @needs_tasks
 def test_enqueue_before_migrate_names_migrate(tmp_path: Path) -> None:
     module = write_settings(tmp_path, "")

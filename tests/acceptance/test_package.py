@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.database_independent, pytest.mark.checkout]  # Makefile
 
 
 @pytest.fixture(scope="module")

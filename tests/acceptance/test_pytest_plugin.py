@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.database_independent  # its project's own SQLite (Makefile)
 PLUGIN = "sqlqueue.testing.pytest_plugin"
 
 SETTINGS = """

@@ -15,10 +15,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import sqlqueue
 from tests.acceptance.processes import stop
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.database_independent  # its project's own SQLite (Makefile)
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 
 

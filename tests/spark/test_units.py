@@ -27,6 +27,7 @@ from sqlqueue.integrations.spark.rows import (
 from sqlqueue.naming import check_name
 from sqlqueue.publishing import messages as publishing
 
+pytestmark = pytest.mark.database_independent  # no database: run once (Makefile)
 EXECUTOR_MODULES = ("source", "reader", "writer", "stream", "group", "horizon", "rows",
                     "connect", "tables")
 
