@@ -161,6 +161,8 @@ class PartitionState:
     def _overtaken_run_going(self, now_ms: int) -> bool:
         """A run of a message already done is still within its visibility timeout (its
         entry may be gone already: the watermark passed it)."""
+        if not self.overtaken_runs:
+            return False  # nearly always: no allocation on every poll
         self.overtaken_runs = {offset: run for offset, run in self.overtaken_runs.items()
                                if run[1] > now_ms}
         return bool(self.overtaken_runs)

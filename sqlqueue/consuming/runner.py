@@ -55,6 +55,9 @@ class Runner:
     #: the runner opened its connection (sqlqueue.testing's runs on the caller's): its
     #: session settings are the runner's to set, and it closes it at the end
     owns_connection = True
+    #: its parts' classes (sqlqueue.testing's: a pool without threads, no collection)
+    pool_class: type[HandlerPool] = HandlerPool
+    collector_class: type[GarbageCollector] = GarbageCollector
 
     def __init__(
         self,
@@ -96,7 +99,8 @@ class Runner:
                                        check_server=self.server.check,
                                        watch_when_idle=until_empty)
                             for c in consumers]
-        self.collector = self._garbage_collector(groups_known_here(consumers))
+        self.collector = self.collector_class(self.conf, self.alias,
+                                              groups_known_here(consumers))
         self.stopping = threading.Event()
         # Handler threads and stop() set it (a pass now); a publish rings it (a pass soon,
         # never sooner than FIRST_QUICK_POLL after the last: sqlqueue.wakeups.Doorbell).
@@ -108,19 +112,14 @@ class Runner:
         self.horizon = HorizonWatch(self.alias, self.conf.MAX_TRANSACTION_AGE)
         self.exit = ExitSettler(alias=self.alias, horizon=self.horizon, clock=self.clock,
                                 settle_seconds=self.exit_settle_seconds)
-        self.pool = self._handler_pool()
+        self.pool = self.pool_class(
+            name=self.name, threads=self.threads, alias=self.alias,
+            instruments=self.instruments, stopping=self.stopping, wakeup=self.wakeup,
+            paused=self.pauses.paused, stats=self.stats,
+            exit_when_stuck=self.exit_when_stuck, on_stuck=self._stuck)
         self.pacer = Pacer(conf=self.conf, clock=self.clock, pool=self.pool,
                            subscribers=self.subscribers, paused=self._paused,
                            until_empty=until_empty, max_messages=max_messages)
-
-    def _handler_pool(self) -> HandlerPool:
-        return HandlerPool(name=self.name, threads=self.threads, alias=self.alias,
-                           instruments=self.instruments, stopping=self.stopping,
-                           wakeup=self.wakeup, paused=self.pauses.paused, stats=self.stats,
-                           exit_when_stuck=self.exit_when_stuck, on_stuck=self._stuck)
-
-    def _garbage_collector(self, groups: dict[str, set[str]]) -> GarbageCollector:
-        return GarbageCollector(self.conf, self.alias, groups)
 
     def report_to(self, instruments: Instruments) -> None:
         """Count into ``instruments`` from now on (the minute rollup wraps the first)."""

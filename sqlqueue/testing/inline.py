@@ -107,6 +107,8 @@ class InlineRunner(Runner):
     # The connection is the caller's (and holds the test's transaction): its session
     # settings stay as they are, and it stays open.
     owns_connection = False
+    pool_class = InlinePool
+    collector_class = _NoCollection
     pool: InlinePool
 
     def __init__(self, consumers: Sequence[Consumer], conf: QueueSettings,
@@ -120,15 +122,6 @@ class InlineRunner(Runner):
     def handled(self) -> int:
         """Deliveries handed to a handler so far."""
         return self.pool.dispatched
-
-    def _garbage_collector(self, groups: dict[str, set[str]]) -> GarbageCollector:
-        return _NoCollection(self.conf, self.alias, groups)
-
-    def _handler_pool(self) -> InlinePool:
-        return InlinePool(name=self.name, threads=0, alias=self.alias,
-                          instruments=self.instruments, stopping=self.stopping,
-                          wakeup=self.wakeup, paused=self.pauses.paused, stats=self.stats,
-                          exit_when_stuck=None, on_stuck=self.stop)
 
     # -- the run --------------------------------------------------------------------------
     def run_here(self) -> None:

@@ -34,6 +34,7 @@ from sqlqueue.integrations.tasks.retention import prune_results
 from sqlqueue.testing.inline import InlinePool
 from tests.engine.memory.base import register, unregister
 from tests.engine.memory.tables import MemoryDatabase, Tables
+from tests.manual_clock import ManualClock
 
 #: the two aliases of one in-memory database
 ALIASES = ("memory-a", "memory-b")
@@ -48,26 +49,6 @@ TIMED_MODULES = (
     "sqlqueue.publishing.messages", "sqlqueue.testing.inline",
 )
 _databases = itertools.count(1)
-
-
-class ManualClock:
-    """Database time that moves only when told (a ``Clock``: ``Runner(clock=...)``)."""
-
-    def __init__(self, start_ms: int = EPOCH_MS) -> None:
-        self.ms = start_ms
-
-    def now_ms(self) -> int:
-        return self.ms
-
-    def estimate_ms(self) -> int:
-        return self.ms
-
-    def invalidate(self) -> None:
-        pass
-
-    def advance(self, milliseconds: int) -> None:
-        assert milliseconds >= 0, "the clock only moves forward"
-        self.ms += milliseconds
 
 
 class ClockTime:
@@ -96,7 +77,7 @@ class MemoryQueue:
     """One in-memory database reachable as ``ALIASES``, and its clock."""
 
     def __init__(self) -> None:
-        self.clock = ManualClock()
+        self.clock = ManualClock(EPOCH_MS)
         self.database = MemoryDatabase(self.clock.now_ms)
         self.name = f"memory-{next(_databases)}"
 
@@ -121,13 +102,8 @@ class MemoryQueue:
 
 
 class SteppedRunner(Runner):
+    pool_class = InlinePool
     pool: InlinePool
-
-    def _handler_pool(self) -> InlinePool:
-        return InlinePool(name=self.name, threads=0, alias=self.alias,
-                          instruments=self.instruments, stopping=self.stopping,
-                          wakeup=self.wakeup, paused=self.pauses.paused, stats=self.stats,
-                          exit_when_stuck=None, on_stuck=self.stop)
 
     def step(self) -> int:
         """One pass, then the handlers of what it handed out (their outcomes are recorded

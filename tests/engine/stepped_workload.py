@@ -23,13 +23,18 @@ from sqlqueue import Message, send_message
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
 from tests.engine.harness import ALIASES, MemoryQueue, SteppedRunner
 from tests.history.model import DeadLetter, Fault, FinalState, GroupConfig, History, Publish, Run
+from tests.history.workload import (
+    GROUPS,
+    MAX_ATTEMPTS,
+    MAX_BACKOFF_S,
+    MIN_BACKOFF_S,
+    PARTITIONS,
+    TOPIC,
+)
 
-TOPIC = "history.t"
-PARTITIONS = ("p0", "p1", "p2", "p3")
-GROUPS: dict[str, dict[str, bool]] = {
-    "h-any": {}, "h-ordered": {"ordered": True}, "h-atomic": {"atomic": True}}
-MAX_ATTEMPTS = 3
-MIN_BACKOFF_MS, MAX_BACKOFF_MS, VISIBILITY_MS = 50, 200, 1_000
+# The real-database workload's topic, partitions, groups and retry settings.
+MIN_BACKOFF_MS, MAX_BACKOFF_MS = round(MIN_BACKOFF_S * 1000), round(MAX_BACKOFF_S * 1000)
+VISIBILITY_MS = 1_000
 #: a live runner is stepped at least this often (clock ms); a dead one is replaced after
 CADENCE_MS, RESTART_AFTER_MS = 300, 2_000
 #: the alias publishers use (runners use ``ALIASES``, one each)

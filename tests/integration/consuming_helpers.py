@@ -27,26 +27,6 @@ def fast_settings(**overrides: Any) -> QueueSettings:
     return dataclasses.replace(QueueSettings(), **values)
 
 
-class ManualClock:
-    """Database time that moves only when told (``Runner(clock=...)``): a test passes
-    visibility timeouts by moving it, never by sleeping past them."""
-
-    def __init__(self, start_ms: int) -> None:
-        self.ms = start_ms
-
-    def now_ms(self) -> int:
-        return self.ms
-
-    def estimate_ms(self) -> int:
-        return self.ms
-
-    def invalidate(self) -> None:
-        pass
-
-    def advance(self, milliseconds: int) -> None:
-        self.ms += milliseconds
-
-
 def run_until(runner: Runner, condition: Callable[[], bool],
               timeout: float = RUN_TIMEOUT) -> list[float | None]:
     """Passes of ``runner`` (``run_once``) until ``condition`` holds; fail after ``timeout``

@@ -23,7 +23,6 @@ from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.storage.sql import dialect_for
 from tests.integration.consuming_helpers import (
     RUN_TIMEOUT,
-    ManualClock,
     drain,
     drain_until_watermarks,
     fast_settings,
@@ -32,6 +31,7 @@ from tests.integration.consuming_helpers import (
     run_until,
     watermarks,
 )
+from tests.manual_clock import ManualClock
 from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db(transaction=True)

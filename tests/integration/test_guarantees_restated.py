@@ -28,13 +28,13 @@ from sqlqueue.models import DeliveryState, PartitionOffset
 from sqlqueue.storage.sql.delivery import DeliveryAccess
 from tests.integration.consuming_helpers import (
     RUN_TIMEOUT,
-    ManualClock,
     drain,
     fast_settings,
     register,
     run_until,
 )
 from tests.integration.test_consuming import OpenPublish, clocked
+from tests.manual_clock import ManualClock
 from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db(transaction=True)
