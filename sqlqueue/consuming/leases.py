@@ -155,8 +155,8 @@ class LeaseKeeper:
         # while fencing a partition it believes it holds), what the list below reads is
         # still the truth, and the leases not renewed run out safely.
         self._unless_locked(dialect, "renewing leases", lambda: dialect.renew_leases(
-            cursor, self.group, self.topic, self.name, self.duration_ms,
-            partitions=sorted(self.owned)))
+            cursor, self.group, self.topic, self.name,
+            {partition: lease.generation for partition, lease in self.owned.items()}))
         leases = dialect.list_leases(cursor, self.group, self.topic)
         self.members = dialect.live_subscribers(cursor, self.group, self.topic, self.duration_ms)
         self._members_checked_at = time.monotonic()

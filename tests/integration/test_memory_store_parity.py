@@ -129,8 +129,9 @@ SCRIPT: list[tuple[str, Callable[[Side], object]]] = [
     ("an expired lease changes hands", lambda s: (
         s.d.acquire_leases(s.c, G, T, ["p0"], "r2", -1_000), s.leases())),
     ("renew_leases", lambda s: (
-        s.d.renew_leases(s.c, G, T, "r1", LONG), s.d.renew_leases(s.c, G, T, "r2", LONG),
-        s.d.renew_leases(s.c, G, T, "r1", -1_000))),
+        s.d.renew_leases(s.c, G, T, "r1", {"p0": 1, "p1": 1}),
+        s.d.renew_leases(s.c, G, T, "r2", {"p0": 2}), s.d.renew_leases(s.c, G, T, "r2", {"p0": 1}),
+        s.d.renew_leases(s.c, G, T, "r1", {}))),
     ("fence_leases", lambda s: [(p, o, g) for p, o, g, _ in s.d.fence_leases(
         s.c, G, T, ["p0"])[0]]),
     ("release_leases", lambda s: (

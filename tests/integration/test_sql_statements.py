@@ -301,8 +301,9 @@ def test_lease_statements_follow_the_database_clock() -> None:
         # generation records the change of owner.
         cursor.execute("UPDATE queue_partition_leases SET lease_renewed_at = "
                        "lease_renewed_at - 60000 WHERE partition_key = 'a'")
-        assert dialect.renew_leases(cursor, "g", "t", "one", 30_000) == 1  # b only
         dialect.acquire_leases(cursor, "g", "t", ["a"], "two", 30_000)
+        # The former holder's renewal at its generation finds it gone; b is extended.
+        assert dialect.renew_leases(cursor, "g", "t", "one", {"a": 1, "b": 1}) == 1
         leases = {p: (owner, generation) for p, owner, generation, _ in
                   dialect.list_leases(cursor, "g", "t")}
         assert leases == {"a": ("two", 2), "b": ("one", 1)}
@@ -319,8 +320,8 @@ def test_lease_statements_can_be_limited_to_some_partitions() -> None:
         dialect.acquire_leases(cursor, "g", "t", ["a", "b", "c"], "one", 30_000)
         assert {p for p, *_ in dialect.list_leases(cursor, "g", "t", partitions=["a", "c"])} \
             == {"a", "c"}
-        assert dialect.renew_leases(cursor, "g", "t", "one", 30_000, partitions=["b"]) == 1
-        assert dialect.renew_leases(cursor, "g", "t", "one", 30_000, partitions=[]) == 0
+        assert dialect.renew_leases(cursor, "g", "t", "one", {"b": 1}) == 1
+        assert dialect.renew_leases(cursor, "g", "t", "one", {}) == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -344,8 +345,7 @@ def test_a_fence_locks_only_its_own_lease_rows(server_database: None) -> None:
                 assert cursor.fetchone()[0] in (1, "1s")
                 # No lock wait: one would end, after the bounded second, in the error
                 # below instead of a renewed row (the peer's transaction stays open).
-                assert dialect.renew_leases(cursor, "g", "t", "busy", 30_000,
-                                            partitions=["b"]) == 1
+                assert dialect.renew_leases(cursor, "g", "t", "busy", {"b": 1}) == 1
                 # Taking over the paused peer's partition waits, and gives up after the
                 # bounded wait with an error the runner recognises.
                 with pytest.raises(DatabaseError) as raised:
@@ -354,8 +354,7 @@ def test_a_fence_locks_only_its_own_lease_rows(server_database: None) -> None:
                         # waiting for the row's lock: an upsert must take the row.
                         dialect.acquire_leases(cursor, "g", "t", ["a"], "busy", 30_000)
                     else:
-                        dialect.renew_leases(cursor, "g", "t", "busy", 30_000,
-                                             partitions=["a"])
+                        dialect.renew_leases(cursor, "g", "t", "busy", {"a": 1})
                 assert dialect.is_lock_wait(raised.value)
             peer_cursor.execute("ROLLBACK")
     finally:

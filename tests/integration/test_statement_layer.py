@@ -134,15 +134,23 @@ def test_leases(executor: Executor) -> None:
     # Five seconds without renewal; renewing brings only the owner's lease back to now.
     executor.run(("UPDATE queue_partition_leases SET lease_renewed_at = "
                   "lease_renewed_at - 5000", []))
-    assert executor.run(sql.renew_leases("g", "t", "second", 30_000)) == 1
-    assert executor.run(sql.renew_leases("g", "t", "first", 30_000, ["b"])) == 0
+    assert executor.run(sql.renew_leases("g", "t", "second", {"b": 1})) == 1
+    assert executor.run(sql.renew_leases("g", "t", "first", {"b": 1})) == 0
     ages = {r[0]: int(r[3]) for r in executor.rows(sql.list_leases("g", "t", partitions=["a",
                                                                                          "b"]))}
     assert ages["b"] < 5000 <= ages["a"]
-    # An expired lease is taken over with a new generation.
+    # An expired lease nobody took is extended by its holder, at its generation (the
+    # holder stalled: what it did meanwhile is still its to record).
+    executor.run(("UPDATE queue_partition_leases SET lease_renewed_at = 0 "
+                  "WHERE partition_key = 'a'", []))
+    assert executor.run(sql.renew_leases("g", "t", "first", {"a": 1})) == 1
+    assert int(executor.rows(sql.list_leases("g", "t", partitions=["a"]))[0][3]) < 5000
+    # An expired lease is taken over with a new generation; its former holder's renewal
+    # then finds nothing to extend.
     executor.run(("UPDATE queue_partition_leases SET lease_renewed_at = 0 "
                   "WHERE partition_key = 'a'", []))
     executor.run(sql.acquire_leases("g", "t", ["a"], "second", 30_000))
+    assert executor.run(sql.renew_leases("g", "t", "first", {"a": 1})) == 0
     locked = executor.rows(sql.list_leases("g", "t", lock=True, partitions=["a"],
                                            with_server="'here'"))
     assert [(r[0], r[1], int(r[2]), r[4]) for r in locked] == [("a", "second", 2, "here")]

@@ -50,13 +50,14 @@ def test_register_takes_every_partition_and_creates_the_watermarks(group: tuple)
     assert stream.position(db) == last + 1
 
 
-def test_lapsed_leases_are_taken_again(group: tuple) -> None:
+def test_lapsed_leases_nobody_took_are_kept(group: tuple) -> None:
     stream, db = group
     last = head()
     stream.register(db, start=1, head=last)
     PartitionLease.objects.filter(consumer_group="g").update(lease_renewed_at=0)
     stream.tick(db, last, force=True)
-    assert leases() == {"b": ("spark:g", 2)}  # ours again, under a new generation
+    assert leases() == {"b": ("spark:g", 1)}  # still ours, at the same generation
+    assert PartitionLease.objects.get(consumer_group="g").lease_renewed_at > 0
     stream.ack_below(db, last + 1)  # and the acks go on
 
 

@@ -201,7 +201,7 @@ def test_leases_agree_with_runconsumer(db: Connection) -> None:
     with connection.cursor() as cursor:
         cursor.execute("UPDATE queue_partition_leases SET lease_renewed_at = "
                        "lease_renewed_at - 5000")
-    assert db.run(db.sql.renew_leases("g", "t", "spark:g", 30_000)) == 1
+    assert db.run(db.sql.renew_leases("g", "t", "spark:g", {"a": 1, "b": 1})) == 1
     ages = {r[0]: r[3] for r in db.rows(db.sql.list_leases("g", "t"))}
     assert ages["b"] < 5000 <= ages["a"]
     # An expired lease is taken over, with a new generation.

@@ -147,6 +147,45 @@ def test_a_vanished_runner_s_partitions_are_taken_over_after_its_lease(queue,
     assert queue.tables.leases[("g", TOPIC, "p0")].generation == 2
 
 
+def test_a_runner_that_stalls_past_its_lease_still_records_what_its_handler_finished(
+        queue, registered) -> None:
+    """SPEC section 10 (I5): a delivery whose handler finished is never delivered again
+    because the runner's own thread was slow to record it. Here the runner's loop stalls
+    longer than the lease (4 s) and the visibility timeout (1 s); nobody took the
+    partition meanwhile, so the lease is still its own, at its generation, and the ack
+    is written (found by the stepped history test, seed 467118399)."""
+    seen: Seen = []
+    registered("g", recorder(queue, seen))
+    publish({"p0": ["m1"]})
+    runner = queue.runner(_consumers("g"))
+    runner.run_once()  # m1 marked delivered
+    assert runner.pool.run_handed_out() == 1  # its handler finished at once
+    queue.clock.advance(5_000)  # the runner's own thread stalls
+    steps(queue, [runner], 40, every_ms=100)
+    assert [(i, a) for _, i, a, _ in seen] == [("m1", 1)]
+    assert queue.tables.leases[("g", TOPIC, "p0")].generation == 1
+
+
+def test_a_stalled_runner_s_outcome_is_dropped_once_another_took_its_partition(
+        queue, registered) -> None:
+    """The converse: another runner took the lapsed lease (a new generation) and may
+    have delivered the message again, so the stalled runner's late word is not written
+    as the owner's; the message is delivered again after its visibility timeout."""
+    seen: Seen = []
+    registered("g", recorder(queue, seen))
+    publish({"p0": ["m1"]})
+    first = queue.runner(_consumers("g"), alias=ALIASES[0], name="first")
+    first.run_once()
+    first.pool.run_handed_out()
+    queue.clock.advance(5_000)  # first stalls; second starts and takes the lapsed lease
+    second = queue.runner(_consumers("g"), alias=ALIASES[1], name="second")
+    second.run_once()
+    assert queue.tables.leases[("g", TOPIC, "p0")].leased_by == "second"
+    steps(queue, [first, second], 40, every_ms=100)
+    assert [(i, a) for _, i, a, _ in seen] == [("m1", 1), ("m1", 2)]
+    assert first.subscribers[0].stats["abandoned"] == 1  # its late ack, not written
+
+
 def test_a_delivery_is_not_made_again_before_its_visibility_timeout(queue,
                                                                     registered) -> None:
     seen: Seen = []

@@ -66,34 +66,28 @@ class ConsumerGroup:
                 f"consumer group {self.group!r} on topic {self.topic!r} has other live "
                 f"subscribers ({', '.join(others[:5])}); a Spark consumer group must be the "
                 "only one: stop them, or stream as another group")
-        db.run(sql.renew_leases(self.group, self.topic, self.name, self.duration_ms))
-        # Leases of ours that lapsed (a micro-batch longer than the lease) are taken
-        # again; renewing does not revive them, as for runconsumer.
-        lapsed = [p for p, owner, _, age in db.rows(sql.list_leases(self.group, self.topic))
-                  if owner == self.name and int(age) >= self.duration_ms]
+        if self.generations:
+            # Extended at the generations this stream holds, lapsed ones too (a
+            # micro-batch longer than the lease) as long as nobody took them; one that
+            # changed hands is left alone, and _adopt stops the stream.
+            db.run(sql.renew_leases(self.group, self.topic, self.name, self.generations))
         missing = []
         if head != self._known_head:
             partitions = [r[0] for r in db.rows(sql.discover_partitions(self.topic))]
             missing = [p for p in partitions if p not in self.generations]
             self._known_head = head
-        wanted = lapsed + missing
-        for start in range(0, len(wanted), ENSURE_BATCH):
-            db.run(sql.acquire_leases(self.group, self.topic, wanted[start:start + ENSURE_BATCH],
+        for start in range(0, len(missing), ENSURE_BATCH):
+            db.run(sql.acquire_leases(self.group, self.topic, missing[start:start + ENSURE_BATCH],
                                       self.name, self.duration_ms))
-        self._adopt(db, retaken=set(lapsed))
+        self._adopt(db)
 
-    def _adopt(self, db: Connection, *, lock: bool = False,
-               retaken: set[str] | frozenset[str] = frozenset()) -> None:
-        """Check the leases against what this stream holds. ``retaken``: lapsed leases of
-        ours acquired again just now, whose generation went up by one (more: somebody
-        else held them in between)."""
+    def _adopt(self, db: Connection, *, lock: bool = False) -> None:
+        """Check the leases against what this stream holds."""
         held_by_others = []
         for partition, owner, generation, age in db.rows(
                 db.sql.list_leases(self.group, self.topic, lock=lock)):
             if owner == self.name:
                 known = self.generations.setdefault(partition, int(generation))
-                if partition in retaken and int(generation) == known + 1:
-                    self.generations[partition] = known = int(generation)
                 if known != int(generation):
                     raise GroupNotExclusive(
                         f"the lease of {self.topic!r}/{partition!r} for group {self.group!r} "

@@ -4,7 +4,7 @@ heartbeats, and the pauses a subscriber obeys. The statements are built once, in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db.backends.utils import CursorWrapper
@@ -33,13 +33,14 @@ class LeaseAccess(VendorHooks):
                                                     duration_ms))
 
     def renew_leases(
-        self, cursor: CursorWrapper, group: str, topic: str, owner: str, duration_ms: int,
-        *, partitions: Sequence[str] | None = None,
+        self, cursor: CursorWrapper, group: str, topic: str, owner: str,
+        held: Mapping[str, int],
     ) -> int:
-        """``renew_leases``: how many leases ``owner`` still held and extended."""
-        if partitions is not None and not partitions:
+        """``renew_leases``: how many of the leases ``owner`` holds (partition ->
+        generation) it still held, and extended."""
+        if not held:
             return 0
-        cursor.execute(*self.sql.renew_leases(group, topic, owner, duration_ms, partitions))
+        cursor.execute(*self.sql.renew_leases(group, topic, owner, held))
         return int(cursor.rowcount)
 
     def list_leases(

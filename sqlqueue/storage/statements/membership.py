@@ -5,7 +5,7 @@ Django, the Spark consumer group for its own connections)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlqueue.storage.statements.tables import (
@@ -89,19 +89,26 @@ class MembershipStatements(Vendor):
             params,
         )
 
-    def renew_leases(self, group: str, topic: str, owner: str, duration_ms: int,
-                     partitions: Sequence[str] | None = None) -> Statement:
-        """``renew_leases``: extend every lease ``owner`` still holds (only those of
-        ``partitions``, when given). An expired lease is not revived (it may already be
-        someone else's to take): it must be acquired again, which changes its generation."""
+    def renew_leases(self, group: str, topic: str, owner: str,
+                     held: Mapping[str, int]) -> Statement:
+        """``renew_leases``: extend the leases ``owner`` holds, each at the generation it
+        holds it at (``held``: partition -> generation; must not be empty). A lease that
+        expired while its holder stalled is extended too, as long as nobody took it:
+        every change of owner, and a failover's voiding, changes the generation, so an
+        untouched row means nobody else could have delivered from the partition since,
+        and what the holder's handlers finished meanwhile is still its to record (SPEC
+        section 10, I5: never delivered again because the runner was slow to record it)."""
         q = self.quote
-        now = self.now_ms_sql
+        partitions = sorted(held)
         only, keys = self.partitions_filter(partitions)
+        generation_of = " ".join(["WHEN %s THEN %s"] * len(partitions))
         return (
-            f"UPDATE {q(LEASES_TABLE)} SET {q('lease_renewed_at')} = {now} "
+            f"UPDATE {q(LEASES_TABLE)} SET {q('lease_renewed_at')} = {self.now_ms_sql} "
             f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s{only} "
-            f"AND {q('leased_by')} = %s AND {q('lease_renewed_at')} >= {now} - %s",
-            [group, topic, *keys, owner, duration_ms],
+            f"AND {q('leased_by')} = %s "
+            f"AND {q('generation')} = CASE {q('partition_key')} {generation_of} END",
+            [group, topic, *keys, owner,
+             *(value for partition in partitions for value in (partition, held[partition]))],
         )
 
     def list_leases(self, group: str, topic: str, *, lock: bool = False,

@@ -5,7 +5,7 @@ heartbeats, pauses, runner requests and the server record, with the semantics of
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlqueue.storage.sql.leases import LeaseRow as ListedLease
@@ -38,17 +38,18 @@ class MembershipStatements:
             elif lease.renewed_at < now - duration_ms:
                 t.leases[key] = LeaseRow(owner, now, now, lease.generation + 1)
 
-    def renew_leases(self, cursor: Any, group: str, topic: str, owner: str, duration_ms: int,
-                     *, partitions: Sequence[str] | None = None) -> int:
-        """Extend the leases ``owner`` still holds; an expired one is not revived."""
-        if partitions is not None and not partitions:
-            return 0
+    def renew_leases(self, cursor: Any, group: str, topic: str, owner: str,
+                     held: Mapping[str, int]) -> int:
+        """Extend the leases ``owner`` holds at the generation it holds them at, expired
+        or not (nobody took an untouched row)."""
         t, now = self._tables("renew_leases"), self._now()
         renewed = 0
-        for key, lease in list(t.leases.items()):
-            if (key[:2] == (group, topic) and (partitions is None or key[2] in partitions)
-                    and lease.leased_by == owner and lease.renewed_at >= now - duration_ms):
-                t.leases[key] = dataclasses.replace(lease, renewed_at=now)
+        for partition, generation in held.items():
+            lease = t.leases.get((group, topic, partition))
+            if lease is not None and lease.leased_by == owner and \
+                    lease.generation == generation:
+                t.leases[(group, topic, partition)] = dataclasses.replace(lease,
+                                                                          renewed_at=now)
                 renewed += 1
         return renewed
 
