@@ -209,8 +209,11 @@ def handle(delivery: Delivery) -> Outcome:
                                    delivery.row.offset, message.id, delivery.attempt,
                                    message.metadata):
             if consumer.atomic:
-                _run_atomic(delivery, message)
+                if not _run_atomic(delivery, message):
+                    return Outcome(delivery, "not_started")
                 return Outcome(delivery, "acked")
+            if not delivery.view.may_start(delivery):
+                return Outcome(delivery, "not_started")
             call_handler(consumer.handler, message)
             return Outcome(delivery, "ack")
     except Retry as retry:
@@ -265,14 +268,20 @@ async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
 
-def _run_atomic(delivery: Delivery, message: Message) -> None:
-    """The handler's writes and the ack commit together, or not at all (guarantee I13)."""
+def _run_atomic(delivery: Delivery, message: Message) -> bool:
+    """The handler's writes and the ack commit together, or not at all (guarantee I13).
+    False if the delivery may no longer start once its transaction is open."""
     consumer = delivery.consumer
     with transaction.atomic(using=delivery.alias):
+        # Opening the transaction (a connection, a busy SQLite file) can take longer
+        # than what was left of the visibility timeout when the thread took the delivery.
+        if not delivery.view.may_start(delivery):
+            return False
         call_handler(consumer.handler, message)
         _confirm_server(delivery)
         ack(delivery.alias, consumer.group, consumer.topic, delivery.partition_key,
             delivery.row.offset)
+    return True
 
 
 def _confirm_server(delivery: Delivery) -> None:
