@@ -54,7 +54,7 @@ class HeldView:
     def may_start(self, delivery: Delivery) -> bool:
         key = delivery.partition_key
         return (self.leases.holds(key)
-                and self.leases.generation(key) == delivery.generation
+                and self.leases.tenure(key) == delivery.tenure
                 and not self._expired(delivery))
 
     def _expired(self, delivery: Delivery) -> bool:
@@ -274,7 +274,7 @@ class Fetcher:
             assert entry.row is not None
             delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
                                 entry.attempt, next(_sequence), view=self.view,
-                                generation=state.generation)
+                                tenure=state.tenure)
             # Attempts charged but never reported (a worker died mid-handler, or gave up
             # past the visibility timeout) may have spent the retry budget.
             (spent if entry.attempt > self.options.max_attempts else deliveries).append(

@@ -43,7 +43,7 @@ class DeliveryView(Protocol):
     from its in-memory view (never a query): ``sqlqueue.consuming.delivering.HeldView``."""
 
     def may_start(self, delivery: Delivery) -> bool:
-        """Is the partition's lease still trusted under the delivery's generation, and
+        """Is the partition's lease still trusted in the delivery's tenure, and
         is the delivery still the message's current one, within its visibility timeout?"""
         ...
 
@@ -73,7 +73,7 @@ class Delivery:
     attempt: int
     sequence: int
     view: DeliveryView = field(default_factory=Unchecked, repr=False)
-    generation: int | None = None  # of the partition's lease when it was delivered
+    tenure: int | None = None  # of the partition's lease when it was delivered (Lease)
     #: the database server that delivered it (the runner's, checked in the transaction
     #: that marked it): an atomic handler commits its ack there or nowhere (guarantee I16)
     server: str | None = None

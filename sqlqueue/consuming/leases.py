@@ -11,6 +11,7 @@ subscriber stops starting handlers before anyone else can take its partitions (g
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import zlib
@@ -43,10 +44,20 @@ WATCH_RECHECK = QUICK_TICK
 # its in-flight work on the partitions it gives up, and let go.
 
 
+#: numbers of tenures, unique in the process
+_tenures = itertools.count(1)
+
+
 @dataclass
 class Lease:
     generation: int
     deadline: float  # monotonic time after which this subscriber no longer trusts it
+    #: this subscriber's holding of the lease, without a break: a new number whenever it
+    #: is acquired, or found again after it was lost. Not the generation: a release
+    #: deletes the row, and the next acquisition starts again at generation 1, so a lease
+    #: lost and found again may carry the generation it had (what this subscriber
+    #: delivered before must then not be recorded as the owner's).
+    tenure: int
 
 
 def fair_share(partitions: int, members: list[str], me: str) -> int:
@@ -95,6 +106,10 @@ class LeaseKeeper:
     def generation(self, partition: str) -> int | None:
         lease = self.owned.get(partition)
         return None if lease is None else lease.generation
+
+    def tenure(self, partition: str) -> int | None:
+        lease = self.owned.get(partition)
+        return None if lease is None else lease.tenure
 
     def due(self) -> bool:
         return time.monotonic() >= self._next_tick
@@ -232,7 +247,11 @@ class LeaseKeeper:
                 # Valid in the database until renewal + duration; that renewal happened
                 # at most age_ms before the query, and the query after ``started``.
                 remaining = (self.duration_ms - age_ms) / 1000
-                owned[partition] = Lease(generation, started + remaining - self.margin)
+                held = self.owned.get(partition)
+                tenure = (held.tenure if held is not None and held.generation == generation
+                          else next(_tenures))
+                owned[partition] = Lease(generation, started + remaining - self.margin,
+                                         tenure)
             else:
                 others.add(partition)
         self.owned = owned

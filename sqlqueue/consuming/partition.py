@@ -65,7 +65,7 @@ class PartitionState:
     covered_at_ms: int = 0  # ... at this database time
     exhausted: bool = False  # the last fetch found the end of the partition
     entries: dict[int, Entry] = field(default_factory=dict)
-    generation: int | None = None  # of the lease this state was built under
+    tenure: int | None = None  # of the lease this state was built under (leases.Lease)
     #: runs still going of messages already done (a late ack of an attempt that a
     #: redelivery overtook finished them): offset -> (that run's attempt, its timeout)
     overtaken_runs: dict[int, tuple[int, int]] = field(default_factory=dict)

@@ -4,7 +4,7 @@
 they become visible again, guarantee I9), dead letters (rejected, or out of attempts, guarantee I7)
 and give-backs (a delivery no handler started: no attempt charged). Outcomes of
 deliveries this subscriber no longer trusts are dropped: made on another server, or on a
-partition whose lease went elsewhere or came back under a new generation (the owner
+partition whose lease went elsewhere or came back in a new tenure (the owner
 delivers them again after their visibility timeout: at least once, never acked by a
 stranger). ``Subscriber.record`` writes the plan (sqlqueue.consuming.outcomes).
 """
@@ -76,7 +76,7 @@ def plan(outcomes: Iterable[Outcome], *, outstanding: Container[int],
          rng: random.Random | None = None) -> Plan:
     """What to write for ``outcomes``. ``outstanding``: ids of the deliveries this
     subscriber handed out and still answers for; ``partitions``: the partitions it holds
-    (with their lease's generation); ``now_ms``: the database clock; ``rng``: the backoff's
+    (with their lease's tenure); ``now_ms``: the database clock; ``rng``: the backoff's
     jitter."""
     decided = Plan()
     for outcome in outcomes:
@@ -87,8 +87,9 @@ def plan(outcomes: Iterable[Outcome], *, outstanding: Container[int],
             continue
         key, offset = delivery.partition_key, delivery.row.offset
         state = partitions.get(key)
-        if state is None or state.generation != delivery.generation:
-            # The lease went elsewhere (or came back under a new generation).
+        if state is None or state.tenure != delivery.tenure:
+            # The lease went elsewhere (or came back: another tenure, whatever its
+            # generation).
             decided.abandoned += 1
             continue
         entry = state.entries.get(offset)

@@ -132,16 +132,16 @@ class Subscriber:
                          may_release=self._within_in_flight_share)
         # Work exactly on the partitions held: new ones (and, after a reconnect, every
         # one) start from their durable watermark; lost ones are dropped.
-        # A partition held again under a new generation (its lease was lost or revoked
-        # by an operator's repair, then acquired again) starts afresh too.
+        # A partition held again in a new tenure (its lease was lost or revoked by an
+        # operator's repair, then acquired again, whatever its generation) starts afresh.
         for key, state in list(self.partitions.items()):
-            if state.generation != self.leases.generation(key):
+            if state.tenure != self.leases.tenure(key):
                 del self.partitions[key]
         for key in sorted(set(self.leases.owned) - set(self.partitions)):
             watermark = self.dialect.ensure_watermark(cursor, self.group, self.topic, key)
             self.watermarks.check_not_back(key, watermark)
             self.partitions[key] = PartitionState(key, watermark,
-                                                  generation=self.leases.generation(key))
+                                                  tenure=self.leases.tenure(key))
         return self._take_back(self.leases.releasing)
 
     def _take_back(self, partitions: set[str]) -> list[Delivery]:

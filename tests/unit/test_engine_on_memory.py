@@ -186,6 +186,32 @@ def test_a_stalled_runner_s_outcome_is_dropped_once_another_took_its_partition(
     assert first.subscribers[0].stats["abandoned"] == 1  # its late ack, not written
 
 
+def test_a_lease_lost_and_found_again_at_its_old_generation_is_a_new_tenure(
+        queue, registered) -> None:
+    """A release deletes the lease row, and the next acquisition starts again at
+    generation 1: a stalled runner that finds its partition again at the generation it
+    had must still not record what it delivered before as the owner (the other runner
+    delivered the same message meanwhile), and rebuilds its view of the partition."""
+    seen: Seen = []
+    registered("g", recorder(queue, seen, failing=lambda m: m.attempt == 1))
+    publish({"p0": ["m1"]})
+    first = queue.runner(_consumers("g"), alias=ALIASES[0], name="first")
+    first.run_once()
+    first.pool.run_handed_out()  # attempt 1 fails; first stalls before recording it
+    before = first.subscribers[0].partitions["p0"]
+    queue.clock.advance(5_000)
+    second = queue.runner(_consumers("g"), alias=ALIASES[1], name="second")
+    steps(queue, [second], 3)  # takes the lapsed lease (generation 2), runs attempt 2
+    second.stop_gracefully()  # acked, and the lease released: its row deleted
+    assert ("g", TOPIC, "p0") not in queue.tables.leases
+    first.run_once()  # finds the lease free: acquired again, at generation 1
+    assert queue.tables.leases[("g", TOPIC, "p0")].generation == 1
+    assert first.subscribers[0].stats["abandoned"] == 1  # its failure is not recorded
+    assert first.subscribers[0].partitions["p0"] is not before
+    steps(queue, [first], 40, every_ms=100)
+    assert [(i, a) for _, i, a, _ in seen] == [("m1", 1), ("m1", 2)]  # no retry of it
+
+
 def test_a_delivery_is_not_made_again_before_its_visibility_timeout(queue,
                                                                     registered) -> None:
     seen: Seen = []

@@ -27,12 +27,12 @@ NO_JITTER.random = lambda: 0.0  # type: ignore[method-assign]
 class Held:
     """A subscriber's view: the partitions it holds and the deliveries it handed out."""
 
-    def __init__(self, generation: int = 1) -> None:
-        self.partitions = {"k": PartitionState("k", watermark=0, generation=generation)}
+    def __init__(self, tenure: int = 1) -> None:
+        self.partitions = {"k": PartitionState("k", watermark=0, tenure=tenure)}
         self.outstanding: dict[int, Delivery] = {}
 
     def deliver(self, offset: int, *, retry_count: int | None = None,
-                generation: int = 1) -> Delivery:
+                tenure: int = 1) -> Delivery:
         """Fetch ``offset`` (a state row with ``retry_count``, None: never delivered) and
         deliver it."""
         state = self.partitions["k"]
@@ -40,7 +40,7 @@ class Held:
         state.dispatched(entry, NOW + 30_000)
         assert entry.row is not None
         delivery = Delivery(CONSUMER, "default", "k", entry.row, entry.attempt, offset,
-                            generation=generation)
+                            tenure=tenure)
         self.outstanding[id(delivery)] = delivery
         return delivery
 
@@ -130,9 +130,9 @@ def test_a_delivery_no_handler_started_is_given_back(retry_count: int | None,
 
 
 def test_outcomes_no_longer_trusted_are_dropped() -> None:
-    held = Held(generation=2)
-    stale = held.deliver(1, generation=1)  # delivered under the lease's last generation
-    elsewhere = held.deliver(2, generation=2)
+    held = Held(tenure=2)
+    stale = held.deliver(1, tenure=1)  # delivered in the lease's last tenure
+    elsewhere = held.deliver(2, tenure=2)
     del held.outstanding[id(elsewhere)]  # made on a server no longer talked to
     decided = held.plan(Outcome(stale, "ack"), Outcome(elsewhere, "ack"))
     assert decided.abandoned == 2 and decided.acks == []
@@ -161,7 +161,7 @@ def redelivered(held: Held) -> tuple[Delivery, Delivery]:
     entry = state.entries[1]
     state.dispatched(entry, NOW + 60_000)
     assert entry.row is not None
-    second = Delivery(CONSUMER, "default", "k", entry.row, entry.attempt, 2, generation=1)
+    second = Delivery(CONSUMER, "default", "k", entry.row, entry.attempt, 2, tenure=1)
     held.outstanding[id(second)] = second
     return first, second
 
