@@ -5,6 +5,8 @@ tick it published (with its message) and how each consumer group fared with it, 
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -50,14 +52,20 @@ class ScheduleStateAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         if request.method != "POST":
             raise PermissionDenied
-        name = request.POST.get("name", "")
-        try:
-            tick = run_schedule_now(name)
-        except UnknownSchedule as error:
-            self.message_user(request, str(error), messages.ERROR)
-        else:
-            self.message_user(request, f"Published a tick of {name}: message "
-                                       f"{tick.message_id} (offset {tick.offset}).",
-                              messages.SUCCESS)
+        run_now_and_tell(self, request, request.POST.get("name", ""))
         return HttpResponseRedirect(reverse(
             f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_changelist"))
+
+
+def run_now_and_tell(model_admin: admin.ModelAdmin[Any], request: HttpRequest,
+                     name: str) -> None:
+    """Publish one tick of schedule ``name`` now, and tell the operator which message it
+    was (or why there was none)."""
+    try:
+        tick = run_schedule_now(name)
+    except UnknownSchedule as error:
+        model_admin.message_user(request, str(error), messages.ERROR)
+    else:
+        model_admin.message_user(request, f"Published a tick of {name}: message "
+                                          f"{tick.message_id} (offset {tick.offset}).",
+                                 messages.SUCCESS)

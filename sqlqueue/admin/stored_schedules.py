@@ -16,8 +16,8 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from sqlqueue.admin.schedules import run_now_and_tell
 from sqlqueue.models import StoredSchedule
-from sqlqueue.operations.schedules import UnknownSchedule, run_schedule_now
 from sqlqueue.operations.stored_schedules import (
     ScheduleError,
     check_stored_schedule,
@@ -149,14 +149,7 @@ class StoredScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.action(description="Run now (publish one tick now)", permissions=["run"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[StoredSchedule]) -> None:
         for name in queryset.values_list("name", flat=True):
-            try:
-                tick = run_schedule_now(name)
-            except UnknownSchedule as error:
-                self.message_user(request, str(error), messages.ERROR)
-            else:
-                self.message_user(request, f"Published a tick of {name}: message "
-                                  f"{tick.message_id} (offset {tick.offset}).",
-                                  messages.SUCCESS)
+            run_now_and_tell(self, request, name)
 
 
 def _parsed(obj: StoredSchedule) -> str:
