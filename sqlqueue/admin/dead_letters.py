@@ -19,6 +19,7 @@ from django.utils.safestring import SafeString
 
 from sqlqueue.admin.display import DateRangeFilters, EpochMsDateRangeFilter, from_epoch_ms
 from sqlqueue.admin.messages import JsonColumns, ReadOnlyAdmin
+from sqlqueue.admin.pages import admin_url, confirmation_page
 from sqlqueue.models import DeadLetter
 from sqlqueue.operations.dead_letters import (
     BulkResult,
@@ -80,8 +81,8 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
             **(extra_context or {}),
             "may_replay": self.has_replay_permission(request),
             "may_discard": self.has_discard_permission(request),
-            "replay_url": self._url("replay_one", object_id),
-            "discard_url": self._url("discard_one", object_id),
+            "replay_url": admin_url(self, "replay_one", object_id),
+            "discard_url": admin_url(self, "discard_one", object_id),
         })
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
@@ -217,24 +218,17 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
         if dead is None:
             self.message_user(request, f"Dead letter {object_id} was replayed or discarded "
                               "already.", messages.WARNING)
-            return HttpResponseRedirect(self._url("changelist"))
+            return HttpResponseRedirect(admin_url(self, "changelist"))
         if request.method == "POST" and request.POST.get("confirmed") == "yes":
             if action == "replay":
                 self._report(request, "Replayed", replay_dead_letters([dead.offset]))
             else:
                 self._report(request, "Discarded", discard_dead_letters([dead.offset]))
-            return HttpResponseRedirect(self._url("changelist"))
-        return TemplateResponse(request, "admin/sqlqueue/confirm_dead_letter.html", {
-            **self.admin_site.each_context(request), "opts": self.opts,
-            "title": f"{action.capitalize()} dead letter {dead.offset}?",
-            "action": action, "dead": dead, "original": dead,
-            "summary": self.error_summary(dead),
-            "back_url": self._url("change", object_id),
-        })
-
-    def _url(self, name: str, *args: str) -> str:
-        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}",
-                       args=args, current_app=self.admin_site.name)
+            return HttpResponseRedirect(admin_url(self, "changelist"))
+        return confirmation_page(
+            self, request, "admin/sqlqueue/confirm_dead_letter.html", object_id,
+            title=f"{action.capitalize()} dead letter {dead.offset}?", action=action,
+            dead=dead, original=dead, summary=self.error_summary(dead))
 
     def _report(self, request: HttpRequest, verb: str, result: BulkResult) -> None:
         self.message_user(request, f"{verb} {result.done} dead letter(s).", messages.SUCCESS)

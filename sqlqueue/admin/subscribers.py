@@ -8,9 +8,10 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, path
 
 from sqlqueue.admin.messages import ReadOnlyAdmin
+from sqlqueue.admin.pages import admin_url
 from sqlqueue.conf import get_settings
 from sqlqueue.models import RunnerAction, RunnerRequest, SubscriberStatus
 from sqlqueue.operations.runners import (
@@ -49,7 +50,7 @@ class SubscriberStatusAdmin(ReadOnlyAdmin):
                             for m in memberships(conf.read_alias(alias))],
             "runners": [(name, pending.get(name)) for name in live_runners()],
             "may_stop_runners": self.has_stop_runner_permission(request),
-            "stop_runner_url": self._url("stop_runner"),
+            "stop_runner_url": admin_url(self, "stop_runner"),
             "keys_shown": KEYS_SHOWN,
             "lease_duration": conf.LEASE_DURATION,
             "renew_interval": conf.LEASE_RENEW_INTERVAL,
@@ -62,7 +63,7 @@ class SubscriberStatusAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         runner = request.GET.get("runner", "")
         action = request.GET.get("action", "")
-        back = self._url("changelist")
+        back = admin_url(self, "changelist")
         if action not in RunnerAction.values:
             self.message_user(request, f"Unknown action {action!r}.", messages.ERROR)
             return HttpResponseRedirect(back)
@@ -89,6 +90,3 @@ class SubscriberStatusAdmin(ReadOnlyAdmin):
             "shutdown_timeout": get_settings().SHUTDOWN_TIMEOUT,
         })
 
-    def _url(self, name: str) -> str:
-        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}",
-                       current_app=self.admin_site.name)

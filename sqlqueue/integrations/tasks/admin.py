@@ -26,6 +26,7 @@ from django.utils.safestring import SafeString
 
 from sqlqueue.admin.dead_letters import register_dead_letter_link
 from sqlqueue.admin.messages import ReadOnlyAdmin
+from sqlqueue.admin.pages import admin_url, confirmation_page
 from sqlqueue.integrations.tasks.models import TaskRecord
 from sqlqueue.integrations.tasks.repairs import (
     NotRetryable,
@@ -103,8 +104,8 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             **(extra_context or {}),
             "may_retry": failed and self.has_replay_permission(request),
             "may_discard": failed and self.has_discard_permission(request),
-            "retry_url": self._url("retry_one", object_id),
-            "discard_url": self._url("discard_one", object_id),
+            "retry_url": admin_url(self, "retry_one", object_id),
+            "discard_url": admin_url(self, "discard_one", object_id),
         })
 
     # -- columns -------------------------------------------------------------------------
@@ -210,7 +211,7 @@ class TaskRecordAdmin(ReadOnlyAdmin):
         if record is None or dead is None:
             self.message_user(request, f"Task {object_id} has no dead letter: it did not "
                               "fail, or was retried or discarded already.", messages.WARNING)
-            return HttpResponseRedirect(self._url("changelist"))
+            return HttpResponseRedirect(admin_url(self, "changelist"))
         if request.method == "POST" and request.POST.get("confirmed") == "yes":
             try:
                 if action == "retry":
@@ -222,18 +223,11 @@ class TaskRecordAdmin(ReadOnlyAdmin):
             else:
                 verb = "Retried" if action == "retry" else "Discarded"
                 self._report(request, verb, TasksResult(done=1))
-            return HttpResponseRedirect(self._url("changelist"))
-        return TemplateResponse(request, "admin/sqlqueue/confirm_task.html", {
-            **self.admin_site.each_context(request), "opts": self.opts,
-            "title": f"{action.capitalize()} task {record.task_path}?",
-            "action": action, "task": record, "dead": dead, "original": record,
-            "summary": self.last_error(record),
-            "back_url": self._url("change", object_id),
-        })
-
-    def _url(self, name: str, *args: str) -> str:
-        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}",
-                       args=args, current_app=self.admin_site.name)
+            return HttpResponseRedirect(admin_url(self, "changelist"))
+        return confirmation_page(
+            self, request, "admin/sqlqueue/confirm_task.html", object_id,
+            title=f"{action.capitalize()} task {record.task_path}?", action=action,
+            task=record, dead=dead, original=record, summary=self.last_error(record))
 
     def _report(self, request: HttpRequest, verb: str, result: TasksResult) -> None:
         self.message_user(request, f"{verb} {result.done} task(s).", messages.SUCCESS)
