@@ -126,18 +126,39 @@ class Admin:
         return str(self.wait.until(ec.presence_of_element_located(
             (By.CSS_SELECTOR, ".messagelist .success"))).text)
 
+    def log_in(self) -> None:
+        """As the operator (``create_operator``), through the real login form."""
+        self.open("/admin/login/")
+        self.driver.find_element(By.NAME, "username").send_keys("operator")
+        self.driver.find_element(By.NAME, "password").send_keys(PASSWORD)
+        self.submit("Log in")
+
+    def stock_breadcrumbs(self) -> Any:
+        """The breadcrumbs box of a page Django draws itself (the dead letters list), for
+        comparing ours with (``BREADCRUMBS_BOX``)."""
+        self.open("/admin/sqlqueue/deadletter/")
+        return self.driver.execute_script(BREADCRUMBS_BOX)
+
+
+def create_operator() -> None:
+    User.objects.create_superuser("operator", "ops@example.com", PASSWORD)
+
+
+def django_version_tag() -> str:
+    """For screenshot names: each supported Django draws the admin its own way."""
+    import django
+
+    return f"django-{django.VERSION[0]}.{django.VERSION[1]}"
+
 
 def test_operator_walkthrough(live_server: Any, browser: Chrome, screenshots: Path,
                               register: Callable[..., Any]) -> None:
     operator_scene(register)
-    User.objects.create_superuser("operator", "ops@example.com", PASSWORD)
+    create_operator()
     admin = Admin(browser, live_server.url, screenshots)
 
     # Log in through the real form.
-    admin.open("/admin/login/")
-    browser.find_element(By.NAME, "username").send_keys("operator")
-    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-    admin.submit("Log in")
+    admin.log_in()
     for entry in ("Consumer lag", "Dead letters", "Messages", "Subscribers and leases"):
         assert entry in admin.text()
     admin.shot("01-index")
@@ -214,14 +235,11 @@ def test_why_and_dead_letter_buttons_at_laptop_width(
     its page and on its partition's row, pending on the overview. The screenshots are
     copied to docs/images/ (the guides show them) by `make docs-images`."""
     operator_scene(register)
-    User.objects.create_superuser("operator", "ops@example.com", PASSWORD)
+    create_operator()
     admin = Admin(browser, live_server.url, screenshots)
     browser.set_window_size(1366, 900)
     try:
-        admin.open("/admin/login/")
-        browser.find_element(By.NAME, "username").send_keys("operator")
-        browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-        admin.submit("Log in")
+        admin.log_in()
         _laptop_walkthrough(admin, browser)
     finally:
         browser.set_window_size(1400, 1000)
@@ -304,24 +322,18 @@ def test_custom_pages_are_styled_like_stock_pages_on_this_django(
     of a stock admin page of the same Django (one styled line), not an unstyled list. The
     screenshots of the lag overview and of a confirmation page, one per Django, are kept
     in docs/images by `make docs-images`."""
-    import django
-
     operator_scene(register)
-    User.objects.create_superuser("operator", "ops@example.com", PASSWORD)
+    create_operator()
     admin = Admin(browser, live_server.url, screenshots)
-    admin.open("/admin/login/")
-    browser.find_element(By.NAME, "username").send_keys("operator")
-    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-    admin.submit("Log in")
-    admin.open("/admin/sqlqueue/deadletter/")
-    stock = browser.execute_script(BREADCRUMBS_BOX)
+    admin.log_in()
+    stock = admin.stock_breadcrumbs()
     assert stock["one_line"]
     for page in ("/admin/sqlqueue/consumerlag/", "/admin/sqlqueue/subscriberstatus/",
                  "/admin/sqlqueue/schedulestate/",
                  "/admin/sqlqueue/consumerlag/subscription/?group=emails&topic=orders"):
         admin.open(page)
         assert browser.execute_script(BREADCRUMBS_BOX) == stock, page
-    version = f"django-{django.VERSION[0]}.{django.VERSION[1]}"
+    version = django_version_tag()
     admin.open("/admin/sqlqueue/consumerlag/")
     _keep(admin, f"19-lag-overview-{version}")
     # A confirmation page of a repair, the other kind of custom page.

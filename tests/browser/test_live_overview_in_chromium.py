@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -18,7 +17,12 @@ from sqlqueue import OutgoingMessage, send_messages
 from sqlqueue.operations.overview import activity
 from tests.acceptance.processes import runconsumer, stop, wait_for
 from tests.acceptance.test_live_overview import PAYLOADS, SETTINGS
-from tests.browser.test_admin_in_chromium import PASSWORD, Admin, _keep
+from tests.browser.test_admin_in_chromium import (
+    Admin,
+    _keep,
+    create_operator,
+    django_version_tag,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,20 +41,15 @@ def published_in_the_hour(admin: Admin) -> str:
 
 def test_the_live_overview_shows_and_refreshes_a_runner_s_numbers(
         live_server: Any, browser: Chrome, screenshots: Path) -> None:
-    import django
-
-    version = f"django-{django.VERSION[0]}.{django.VERSION[1]}"
-    User.objects.create_superuser("operator", "ops@example.com", PASSWORD)
+    version = django_version_tag()
+    create_operator()
     send_messages("accept.work", [OutgoingMessage(p, partition_key=f"k{i % 3}")
                                   for i, p in enumerate(PAYLOADS)])
     process = runconsumer("--group", "workers", settings=SETTINGS)
     try:
         wait_for(lambda: handled_here(11), timeout=60, what="the rollup's rows")
         admin = Admin(browser, live_server.url, screenshots)
-        admin.open("/admin/login/")
-        browser.find_element(By.NAME, "username").send_keys("operator")
-        browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-        admin.submit("Log in")
+        admin.log_in()
         admin.open("/admin/")
         admin.click_link("Live overview")
         card = browser.find_element(By.CSS_SELECTOR, CARD)

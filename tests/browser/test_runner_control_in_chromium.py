@@ -10,34 +10,33 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import User
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 
 from sqlqueue.operations.runners import live_runners
 from tests.acceptance.processes import FAST_LEASES, runconsumer, stop, wait_for
-from tests.browser.test_admin_in_chromium import BREADCRUMBS_BOX, PASSWORD, Admin, _keep
+from tests.browser.test_admin_in_chromium import (
+    BREADCRUMBS_BOX,
+    Admin,
+    _keep,
+    create_operator,
+    django_version_tag,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_runner_is_asked_to_drain_and_stop(live_server: Any, browser: Chrome,
                                              screenshots: Path) -> None:
-    import django
-
-    version = f"django-{django.VERSION[0]}.{django.VERSION[1]}"
-    User.objects.create_superuser("operator", "ops@example.com", PASSWORD)
+    version = django_version_tag()
+    create_operator()
     process = runconsumer("--group", "workers", "--name", "web-1.4242", settings=FAST_LEASES)
     try:
         wait_for(lambda: "web-1.4242" in live_runners(), what="the runner's heartbeat")
         admin = Admin(browser, live_server.url, screenshots)
-        admin.open("/admin/login/")
-        browser.find_element(By.NAME, "username").send_keys("operator")
-        browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-        admin.submit("Log in")
-        admin.open("/admin/sqlqueue/deadletter/")
-        stock = browser.execute_script(BREADCRUMBS_BOX)
+        admin.log_in()
+        stock = admin.stock_breadcrumbs()
 
         admin.open("/admin/sqlqueue/subscriberstatus/")
         runners = browser.find_element(By.ID, "sqlqueue-runners")

@@ -9,13 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
 
 from sqlqueue.models import QueueMessage, StoredSchedule
 from tests.acceptance.processes import FAST_LEASES, runconsumer, stop, wait_for
-from tests.browser.test_admin_in_chromium import BREADCRUMBS_BOX, PASSWORD, Admin, _keep
+from tests.browser.test_admin_in_chromium import (
+    BREADCRUMBS_BOX,
+    Admin,
+    _keep,
+    create_operator,
+    django_version_tag,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SETTINGS_SCHEDULE = {"from-settings": {"topic": "accept.beats", "cron": "0 3 * * *"}}
@@ -28,17 +33,11 @@ def stored_ticks() -> int:
 
 def test_a_stored_schedule_is_created_and_ticked(live_server: Any, browser: Chrome,
                                                  screenshots: Path) -> None:
-    import django
-
-    version = f"django-{django.VERSION[0]}.{django.VERSION[1]}"
-    User.objects.create_superuser("operator", "ops@example.com", PASSWORD)
+    version = django_version_tag()
+    create_operator()
     admin = Admin(browser, live_server.url, screenshots)
-    admin.open("/admin/login/")
-    browser.find_element(By.NAME, "username").send_keys("operator")
-    browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-    admin.submit("Log in")
-    admin.open("/admin/sqlqueue/deadletter/")
-    stock = browser.execute_script(BREADCRUMBS_BOX)
+    admin.log_in()
+    stock = admin.stock_breadcrumbs()
 
     admin.open("/admin/sqlqueue/storedschedule/add/")
     for name, value in (("name", "heartbeat"), ("cron", "*/1 * * 13 *"),

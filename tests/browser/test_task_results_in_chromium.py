@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
@@ -17,7 +16,13 @@ pytest.importorskip("sqlqueue.integrations.tasks.compat",  # Django 5.2 without 
                     exc_type=ImportError)
 
 from sqlqueue.integrations.tasks.models import Status, TaskRecord
-from tests.browser.test_admin_in_chromium import BREADCRUMBS_BOX, PASSWORD, Admin, _keep
+from tests.browser.test_admin_in_chromium import (
+    BREADCRUMBS_BOX,
+    Admin,
+    _keep,
+    create_operator,
+    django_version_tag,
+)
 from tests.integration.consuming_helpers import drain
 from tests.testapp import tasks
 
@@ -26,21 +31,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_a_failed_task_is_retried_from_its_page(live_server: Any, browser: Chrome,
                                                  screenshots: Path) -> None:
-    import django
-
     failed = tasks.needs_order.enqueue("ORD-404")
     for n in range(3):
         tasks.add.enqueue(n, n)
     drain(["tasks"])
-    User.objects.create_superuser("operator", "ops@example.com", PASSWORD)
+    create_operator()
     admin = Admin(browser, live_server.url, screenshots)
-    version = f"django-{django.VERSION[0]}.{django.VERSION[1]}"
+    version = django_version_tag()
     browser.set_window_size(1366, 900)
     try:
-        admin.open("/admin/login/")
-        browser.find_element(By.NAME, "username").send_keys("operator")
-        browser.find_element(By.NAME, "password").send_keys(PASSWORD)
-        admin.submit("Log in")
+        admin.log_in()
 
         admin.open("/admin/sqlqueue/taskrecord/")
         assert "LookupError: no order ORD-404" in admin.text()
