@@ -212,6 +212,9 @@ class Checker:
                 if (before.outcome != "fail" or before.finished_ms is None
                         or after.attempt != before.attempt + 1 or self._faulted(before)):
                     continue
+                if after.started_ms < before.finished_ms and self._outlived(
+                        before, after.started_ms):
+                    continue  # delivered again after the timeout, before the failure: I10's
                 backoff = min(config.max_backoff_ms,
                               config.min_backoff_ms * 2 ** (before.attempt - 1))
                 if after.started_ms + CLOCK_SLACK_MS < before.finished_ms + backoff:

@@ -137,6 +137,17 @@ def test_a_retry_before_its_backoff_breaks_i9() -> None:
     assert "I9" in invariants(history([publish("a", 1, 0)], runs))
 
 
+def test_a_redelivery_after_the_timeout_of_a_run_that_then_fails_is_no_early_retry() -> None:
+    """Attempt 1 started with little of its timeout left, outlived it, and failed while
+    attempt 2 (delivered again after the timeout) already ran: attempt 2 is no retry of
+    that failure, so its backoff does not apply (seed 1134005021 on PostgreSQL)."""
+    first = replace(run("a", 1, 100, 170, outcome="fail"), visible_until_ms=110)
+    again = run("a", 1, 140, 160, attempt=2)
+    assert not invariants(history([publish("a", 1, 0)], [first, again]))
+    early = replace(first, visible_until_ms=1_100)  # within its timeout: an early retry
+    assert "I9" in invariants(history([publish("a", 1, 0)], [early, again]))
+
+
 def test_a_redelivery_before_the_timeout_breaks_i10() -> None:
     runs = [run("a", 1, 100, None, outcome="cut", runner="r1"),
             run("a", 1, 600, 650, attempt=2, runner="r2")]
