@@ -5,7 +5,8 @@ Every choice comes from the seed: what is published (committed, rolled back, an 
 twice), what each handler does (ack, fail, run slow, outlive its visibility timeout, or
 die with its runner mid-run), which of two runners takes the next step (a pass, or
 running the handlers it handed out), when the clock jumps, and when a runner is killed
-(dropped without a shutdown) and later replaced. The same seed gives the same history
+(dropped without a shutdown) or stopped gracefully (its leases released), and later
+replaced. The same seed gives the same history
 (``SQLQUEUE_HISTORY_SEED`` replays one); ``tests.history.checker`` checks it.
 """
 
@@ -47,6 +48,9 @@ class Shape:
     #: chance, at each action, that a runner is killed; that everything pauses
     kill_chance: float = 0.01
     pause_chance: float = 0.005
+    #: chance that a runner stops gracefully (SIGTERM: outcomes recorded, leases
+    #: released, their rows deleted) and is started again later
+    stop_chance: float = 0.005
     #: the most steps of the run before the drain (which only steps runners)
     drain_steps: int = 4_000
 
@@ -175,6 +179,14 @@ class SteppedWorkload:
             name=f"runner-{slot.index}.{slot.lives}")
         slot.dead_since, slot.stepped_at = None, self.now
 
+    def stop(self, slot: Slot) -> None:
+        """SIGTERM: what its handlers did is recorded, what they did not start is given
+        back, and its leases are released for the other runner to take. Not a fault:
+        nothing it did may be run again."""
+        assert slot.runner is not None
+        slot.runner.stop_gracefully()
+        slot.runner, slot.dead_since = None, self.now
+
     def kill(self, slot: Slot) -> None:
         assert slot.runner is not None
         slot.runner.kill()
@@ -234,6 +246,9 @@ class SteppedWorkload:
             self.kill(slot)
         elif roll < 0.3 + self.shape.kill_chance + self.shape.pause_chance:
             self.pause_everything(self.random.randrange(2_000, 6_000))
+        elif roll < (0.3 + self.shape.kill_chance + self.shape.pause_chance
+                     + self.shape.stop_chance):
+            self.stop(slot)
         else:
             # Handlers sometimes start only after another action (busy threads).
             self.step(slot, run_handlers=False)
