@@ -45,18 +45,20 @@ def db_now_ms_at_call() -> int:
     return read - round((time.monotonic() - called) * 1000)
 
 
-def slowed(monkeypatch: pytest.MonkeyPatch, statement: str) -> list[int]:
+def slowed(monkeypatch: pytest.MonkeyPatch, statement: str) -> list[float]:
     """Make the first call of ``Dialect.<statement>`` take ``WAIT`` seconds, as a lock
     wait would (a statement repeated in the same transaction then holds the locks and
-    does not wait again); returns the list of calls (grows as it is called)."""
+    does not wait again); returns the calls (grows as it is called), each as the time
+    (epoch ms, this machine's clock, which is the test databases' too) when the
+    statement went ahead after its wait: nothing stamped after it may count from before."""
     dialect_class = type(dialect_for(connection))
     original = getattr(dialect_class, statement)
-    calls: list[int] = []
+    calls: list[float] = []
 
     def waiting(self: Any, *args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 1:
+        if not calls:
             time.sleep(WAIT)  # the simulated lock wait (the fault, not a synchronisation)
+        calls.append(time.time() * 1000)
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(dialect_class, statement, waiting)
@@ -131,11 +133,13 @@ def test_a_backoff_whose_write_waited_is_not_cut_short(
     cycle_until(runner, lambda: bool(attempts))
     settles = slowed(monkeypatch, "write_outcomes")
     cycle_until(runner, lambda: bool(settles))  # the outcome recorded, slowly
-    recorded_by = db_now_ms()
+    # Counted from after the wait (a time read after the pass, as before, raced the
+    # pass's end on a loaded machine); from before it, it would be WAIT short.
+    waited_until = settles[0]
     state = DeliveryState.objects.get(consumer_group="g", message_offset=sent.offset)
-    assert state.invisible_until >= recorded_by + 20_000 - TOLERANCE_MS
+    assert state.invisible_until >= waited_until + 20_000 - TOLERANCE_MS
     entry = runner.subscribers[0].partitions["k"].entries[sent.offset]
-    assert entry.due_ms >= recorded_by + 20_000 - TOLERANCE_MS
+    assert entry.due_ms >= waited_until + 20_000 - TOLERANCE_MS
 
 
 def test_covered_at_is_read_after_the_head(register: Any, runner_for: Callable[..., Runner],
