@@ -66,11 +66,13 @@ class ConsumerGroup:
                 f"consumer group {self.group!r} on topic {self.topic!r} has other live "
                 f"subscribers ({', '.join(others[:5])}); a Spark consumer group must be the "
                 "only one: stop them, or stream as another group")
-        if self.generations:
-            # Extended at the generations this stream holds, lapsed ones too (a
-            # micro-batch longer than the lease) as long as nobody took them; one that
-            # changed hands is left alone, and _adopt stops the stream.
-            db.run(sql.renew_leases(self.group, self.topic, self.name, self.generations))
+        # Extended at the generations this stream holds, lapsed ones too (a micro-batch
+        # longer than the lease) as long as nobody took them; one that changed hands is
+        # left alone, and _adopt stops the stream. In batches: three parameters each.
+        held = sorted(self.generations)
+        for start in range(0, len(held), ENSURE_BATCH):
+            db.run(sql.renew_leases(self.group, self.topic, self.name, {
+                p: self.generations[p] for p in held[start:start + ENSURE_BATCH]}))
         missing = []
         if head != self._known_head:
             partitions = [r[0] for r in db.rows(sql.discover_partitions(self.topic))]
