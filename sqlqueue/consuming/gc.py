@@ -109,7 +109,7 @@ class GarbageCollector:
                 # The groups' delivery state was kept for the analytics report: it goes
                 # with its messages (a primary-key range per group).
                 for group in by_group:
-                    dialect.delete_states_upto(cursor, group, topic, partition, upto)
+                    dialect.delete_states_upto(cursor, group, topic, [(partition, upto)])
             more = more or removed == GC_BATCH
         if deleted:
             logger.info("Garbage-collected %s message(s) of topic %r.", deleted, topic)

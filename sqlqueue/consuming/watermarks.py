@@ -22,10 +22,11 @@ SWEEP_INTERVAL = 2.0  # seconds between sweeps of a window for late-committed ro
 SWEEP_LIMIT = 5000  # offsets read per sweep
 WATERMARK_STEP = 0.5  # seconds between watermark writes of a partition, at most
 #: Partitions whose watermark one pass moves, at most (all of them when forced, at a
-#: stop): each costs a sweep, the write and the state's delete. When the write horizon
-#: moves, every partition's watermark may move at once, and 16 partitions' 48 statements
-#: held the new messages fetched in the same pass for 18 ms; the rest go in the next
-#: passes, the longest unswept first.
+#: stop). They share one sweep, one write and one delete, whose cost still grows with
+#: the partitions (a range each): when the write horizon moves, every partition's
+#: watermark may move at once, and 16 partitions' sweeps and writes (48 statements
+#: before they were shared) held the new messages fetched in the same pass for 18 ms; the
+#: rest go in the next passes, the longest unswept first.
 ADVANCES_PER_PASS = 4
 #: ...and in a pass that delivered messages, whose handlers wait for its commit: one. At
 #: 100 messages/s on MariaDB the passes that moved 4 watermarks (12 statements more, 6-10
@@ -81,33 +82,41 @@ class WatermarkKeeper:
         if not force:
             most = ADVANCES_WHILE_DELIVERING if delivering else ADVANCES_PER_PASS
             due = sorted(due, key=lambda item: item[0])[:most]
-        for _, key, state in due:
-            candidate = state.advance_candidate(settled_before)
-            candidate = self._sweep(cursor, state, candidate, settled_before)
+        if not due:
+            return
+        # One statement of each kind for every partition that moves: sweep, write, delete.
+        windows = {key: (state, state.advance_candidate(settled_before))
+                   for _, key, state in due}
+        stored = self.dialect.list_offsets(
+            cursor, self.topic,
+            [(key, state.watermark, max(candidate, state.covered))
+             for key, (state, candidate) in windows.items()],
+            SWEEP_LIMIT)
+        moves: list[tuple[str, int, int | None]] = []
+        for key, (state, candidate) in windows.items():
+            candidate = self._swept(cursor, state, candidate, settled_before, stored[key])
             self._last_sweep[key] = now
             if candidate > state.watermark:
                 first_open = state.first_open()
-                self.dialect.advance_watermark(
-                    cursor, self.group, self.topic, key, candidate,
-                    first_open if first_open is not None and first_open > candidate else None)
-                # Only now that the watermark is durable may the state behind it go
-                # (or, with KEEP_DELIVERY_STATE, with its message, at garbage collection).
-                if not self.keep_delivery_state:
-                    self.dialect.delete_states_upto(cursor, self.group, self.topic, key,
-                                                    candidate)
-                state.moved_watermark(candidate)
-                self._seen_watermarks[key] = candidate
-                self._last_advance[key] = now
+                moves.append((key, candidate, first_open if first_open is not None
+                              and first_open > candidate else None))
+        self.dialect.advance_watermarks(cursor, self.group, self.topic, moves)
+        # Only once the watermarks are written may the state behind them go (or, with
+        # KEEP_DELIVERY_STATE, with its message, at garbage collection).
+        if not self.keep_delivery_state:
+            self.dialect.delete_states_upto(cursor, self.group, self.topic,
+                                            [(key, upto) for key, upto, _ in moves])
+        for key, upto, _ in moves:
+            self.partitions[key].moved_watermark(upto)
+            self._seen_watermarks[key] = upto
+            self._last_advance[key] = now
 
-    def _sweep(
+    def _swept(
         self, cursor: CursorWrapper, state: PartitionState, candidate: int,
-        settled_before: int | None,
+        settled_before: int | None, stored: list[int],
     ) -> int:
-        """Look for rows in the window that were committed after the fetch passed them."""
-        upto = max(candidate, state.covered)
-        stored = self.dialect.list_offsets(
-            cursor, self.topic, state.partition_key, state.watermark, upto, SWEEP_LIMIT
-        )
+        """The candidate, after taking in the rows of the window (``stored``: the offsets
+        the sweep read) that were committed after the fetch passed them."""
         unknown = [o for o in stored if o not in state.entries]
         if unknown:
             rows = self.dialect.fetch_messages_at(

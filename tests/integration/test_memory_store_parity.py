@@ -96,21 +96,31 @@ SCRIPT: list[tuple[str, Callable[[Side], object]]] = [
         s.d.extend_visibility(s.c, G, T, "p0", s.o("a"), 1_000),
         s.d.extend_visibility(s.c, G, T, "p0", s.o("b"), 1_000),
         s.d.extend_visibility(s.c, G, T, "p1", s.o("c"), 1_000))),
-    ("list_offsets", lambda s: [s.name(o) for o in s.d.list_offsets(
-        s.c, T, "p0", 0, s.o("b"), 10)]),
-    ("list_offsets above", lambda s: [s.name(o) for o in s.d.list_offsets(
-        s.c, T, "p0", s.o("a"), s.o("c"), 10)]),
+    ("list_offsets", lambda s: {p: [s.name(o) for o in offsets] for p, offsets in
+                                s.d.list_offsets(s.c, T, [("p0", 0, s.o("b"))], 10).items()}),
+    ("list_offsets of two windows", lambda s: {
+        p: [s.name(o) for o in offsets] for p, offsets in s.d.list_offsets(
+            s.c, T, [("p0", s.o("a"), s.o("c")), ("p1", 0, s.o("c")),
+                     ("p2", 0, s.o("c"))], 10).items()}),
+    ("list_offsets, a limit a window", lambda s: {
+        p: [s.name(o) for o in offsets] for p, offsets in s.d.list_offsets(
+            s.c, T, [("p0", 0, s.o("c")), ("p1", 0, s.o("c"))], 1).items()}),
     ("fetch_messages_at", lambda s: [r.id for r in s.d.fetch_messages_at(
         s.c, G, T, "p0", [s.o("b"), s.o("c")])]),
     ("partitions_with_rows", lambda s: sorted(s.d.partitions_with_rows(
         s.c, T, s.o("a"), s.o("c")))),
     ("ensure_watermark", lambda s: s.d.ensure_watermark(s.c, G, T, "p0")),
-    ("advance_watermark", lambda s: (
-        s.d.advance_watermark(s.c, G, T, "p0", s.o("a")),
-        s.d.advance_watermark(s.c, G, T, "p0", s.o("a")),
+    ("advance_watermarks", lambda s: (
+        s.d.advance_watermarks(s.c, G, T, [("p0", s.o("a"), None)]),
+        s.d.advance_watermarks(s.c, G, T, [("p0", s.o("a"), None)]),
         s.d.ensure_watermark(s.c, G, T, "p0") == s.o("a"))),
+    ("advance_watermarks of two, one of them back", lambda s: (
+        s.d.ensure_watermark(s.c, G, T, "p1"),
+        s.d.advance_watermarks(s.c, G, T, [("p0", s.o("a") - 1, None),
+                                          ("p1", s.o("c"), s.o("c") + 1)]),
+        s.watermarks())),
     ("topic_watermarks", lambda s: s.watermarks()),
-    ("delete_states_upto", lambda s: s.d.delete_states_upto(s.c, G, T, "p0", s.o("a"))),
+    ("delete_states_upto", lambda s: s.d.delete_states_upto(s.c, G, T, [("p0", s.o("a"))])),
     ("fetch, state gone", lambda s: s.rows("p0")),
     ("start_at_heads", lambda s: (s.d.start_at_heads(s.c, "g2", T),
                                   s.d.start_at_heads(s.c, "g2", T), s.watermarks())),

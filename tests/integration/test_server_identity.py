@@ -112,7 +112,7 @@ def test_a_fence_on_another_server_writes_nothing(
     subscriber = runner.subscribers[0]
     written: list[str] = []
     dialect_class = type(dialect_for(connection))
-    for statement in ("write_outcomes", "mark_delivered", "advance_watermark"):
+    for statement in ("write_outcomes", "mark_delivered", "advance_watermarks"):
         original = getattr(dialect_class, statement)
 
         def spy(self: Any, *args: Any, _original: Any = original, _name: str = statement,

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, connections
 
+from sqlqueue import send_message
 from sqlqueue.migrations._collation import binary_collation
 from sqlqueue.models import DeliveryState, PartitionOffset
 from sqlqueue.storage import store
@@ -240,8 +241,8 @@ def test_garbage_collection_deletes_by_seeks(server_database: None) -> None:
     with connection.cursor() as cursor:
         deleted = dialect.delete_messages_upto(cursor, "t", "k3", upto, 50)
         assert deleted == 50
-        left = dialect.list_offsets(cursor, "t", "k3", 0, upto, 1000)
-    assert left == sorted(offsets[3::10])[50:]  # the 50 oldest of k3 went
+        left = dialect.list_offsets(cursor, "t", [("k3", 0, upto)], 1000)
+    assert left == {"k3": sorted(offsets[3::10])[50:]}  # the 50 oldest of k3 went
     plan = explain_only(dialect.sql.delete_messages_upto("", "", 0, 0)[0], ["t", "k3", upto, 50])
     if connection.vendor == "postgresql":
         assert "Seq Scan" not in plan, plan
@@ -648,17 +649,60 @@ def test_acked_among_by_primary_key() -> None:
         assert "PRIMARY KEY" in plan or "sqlite_autoindex_queue_delivery_state" in plan, plan
 
 
-def test_advance_watermark_records_the_first_pending_hint() -> None:
+def test_advance_watermarks_records_the_first_pending_hint() -> None:
     dialect = dialect_for(connection)
     with connection.cursor() as cursor:
         dialect.ensure_watermark(cursor, "g", "t", "k")
-        assert dialect.advance_watermark(cursor, "g", "t", "k", 5, 8) == 1
-        assert dialect.advance_watermark(cursor, "g", "t", "k", 4, 6) == 0  # never back
+        assert dialect.advance_watermarks(cursor, "g", "t", [("k", 5, 8)]) == 1
+        assert dialect.advance_watermarks(cursor, "g", "t", [("k", 4, 6)]) == 0  # never back
     assert PartitionOffset.objects.values_list("offset_acked", "first_pending").get() == (5, 8)
     with connection.cursor() as cursor:
-        dialect.advance_watermark(cursor, "g", "t", "k", 9)
+        dialect.advance_watermarks(cursor, "g", "t", [("k", 9, None)])
     assert PartitionOffset.objects.values_list("offset_acked", "first_pending").get() == (
         9, None)
+
+
+def test_advance_watermarks_moves_each_partition_to_its_own_offset() -> None:
+    """One statement for several partitions: each goes to its own offset with its own
+    hint, one that would go back stays, and a partition not named is untouched."""
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        for partition in ("a", "b", "c", "d"):
+            dialect.ensure_watermark(cursor, "g", "t", partition)
+        dialect.advance_watermarks(cursor, "g", "t", [("c", 30, None)])
+        assert dialect.advance_watermarks(
+            cursor, "g", "t", [("a", 10, 12), ("b", 20, None), ("c", 25, 26)]) == 2
+    assert sorted(PartitionOffset.objects.values_list(
+        "partition_key", "offset_acked", "first_pending")) == [
+        ("a", 10, 12), ("b", 20, None), ("c", 30, None), ("d", 0, None)]
+
+
+def test_a_sweep_reads_each_window_with_its_own_limit() -> None:
+    """``list_offsets`` of several windows: each partition's offsets in (after, upto],
+    in order, at most the limit each; a window with no rows is there, empty."""
+    sent: dict[str, list[int]] = {"a": [], "b": []}
+    for _ in range(6):
+        for partition in sent:
+            sent[partition].append(send_message("t", {}, partition_key=partition).offset)
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        found = dialect.list_offsets(
+            cursor, "t", [("a", sent["a"][0], sent["a"][4]), ("b", 0, sent["b"][5]),
+                          ("c", 0, sent["b"][5])], 3)
+    assert found == {"a": sent["a"][1:4], "b": sent["b"][:3], "c": []}
+
+
+def test_delete_states_upto_drops_each_partition_s_own_range() -> None:
+    dialect = dialect_for(connection)
+    with connection.cursor() as cursor:
+        for partition in ("a", "b", "c"):
+            cursor.execute(*dialect.sql.mark_delivered(
+                "g", "t", [(partition, offset, 0) for offset in (1, 2, 3)]))
+        assert dialect.delete_states_upto(cursor, "g", "t", [("a", 1), ("b", 2)]) == 3
+        cursor.execute("SELECT partition_key, message_offset FROM queue_delivery_state "
+                       "ORDER BY partition_key, message_offset")
+        assert list(cursor.fetchall()) == [("a", 2), ("a", 3), ("b", 3), ("c", 1), ("c", 2),
+                                     ("c", 3)]
 
 
 def test_message_dues_by_primary_key() -> None:

@@ -306,15 +306,18 @@ def test_watermarks(executor: Executor) -> None:
     executor.run(sql.ensure_watermarks("g", "t", ["a"]))  # existing rows stay
     executor.run(sql.ensure_watermarks("h", "t", ["a"]))
     assert sorted(executor.rows(sql.group_watermarks("g", "t"))) == [("a", 4), ("b", 4)]
-    assert executor.run(sql.advance_watermarks("g", "t", 9, partition="a",
-                                               first_pending=11)) == 1
+    assert executor.run(sql.advance_partition_watermarks("g", "t", [("a", 9, 11)])) == 1
     assert executor.run(sql.advance_watermarks("g", "t", 6)) == 1  # b only: never back
     assert executor.rows(sql.group_watermarks("g", "t", ["a"])) == [("a", 9)]
     assert sorted(executor.rows(sql.topic_watermarks("t"))) == [
         ("g", "a", 9), ("g", "b", 6), ("h", "a", 0)]
     for offset in (5, 9, 10):
         executor.run(sql.mark_delivered("g", "t", [("a", offset, 0)]))
-    assert executor.run(sql.delete_states_upto("g", "t", "a", 9)) == 2
+    assert executor.run(sql.delete_states_upto("g", "t", [("a", 9)])) == 2
+    assert executor.run(sql.advance_partition_watermarks(
+        "g", "t", [("a", 12, None), ("b", 5, 7)])) == 1  # a only: b never back
+    assert sorted(executor.rows(sql.group_watermarks("g", "t"))) == [("a", 12), ("b", 6)]
+
 
 
 # -- garbage collection (the vendors') --------------------------------------------------------
@@ -327,6 +330,8 @@ def test_garbage_collection(executor: Executor) -> None:
     assert executor.run(sql.delete_messages_upto("t", "k", sent[3], 10)) == 2
     assert [int(r[0]) for r in executor.rows(
         sql.partition_rows(("offset",), "t", "k", 0, 10**12, 10))] == [sent[4]]
+    assert sorted((p, int(o)) for p, o in executor.rows(sql.partition_offsets(
+        "t", [("k", 0, 10**12), ("x", 0, 10**12)], 10))) == [("k", sent[4])]
     executor.run(("INSERT INTO queue_idempotency_keys (key_high, key_low, message_offset, "
                   "expires_at) VALUES (1, 1, 1, 0), (2, 2, 2, 0), (3, 3, 3, %s)", [1 << 60]))
     assert executor.run(sql.delete_expired_idempotency_keys(1)) == 1

@@ -106,10 +106,11 @@ def test_the_checker_notices_a_watermark_that_skips_ahead(monkeypatch) -> None:
     acks is not a sharp enough break: the watermark, moved from the runner's own view,
     covers a lost ack unless a takeover reads the state first, which a seed may or may
     not bring about.)"""
-    advance_watermark = MemoryStore.advance_watermark
+    advance_watermarks = MemoryStore.advance_watermarks
 
-    def skip_ahead(self, cursor, group, topic, partition, upto, first_pending=None) -> int:
-        return advance_watermark(self, cursor, group, topic, partition, upto + 3, None)
+    def skip_ahead(self, cursor, group, topic, moves) -> int:
+        return advance_watermarks(self, cursor, group, topic,
+                                  [(partition, upto + 3, None) for partition, upto, _ in moves])
 
-    monkeypatch.setattr(MemoryStore, "advance_watermark", skip_ahead)
+    monkeypatch.setattr(MemoryStore, "advance_watermarks", skip_ahead)
     assert {"I3", "I8"} & violations_of_broken_store(monkeypatch, range(2))

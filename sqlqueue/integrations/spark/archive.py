@@ -329,7 +329,6 @@ class Archiver:
         from django.db import connections, transaction
 
         from sqlqueue.storage import store
-
         for staged, final in journal["files"]:
             source, target = self.directory / staged, self.directory / final
             if source.exists():
@@ -340,7 +339,8 @@ class Archiver:
         with transaction.atomic(using=self.alias), connection.cursor() as cursor:
             for topic, partition, reaches in journal["watermarks"]:
                 dialect.ensure_watermark(cursor, self.group, topic, partition)
-                dialect.advance_watermark(cursor, self.group, topic, partition, int(reaches))
+                dialect.advance_watermarks(cursor, self.group, topic,
+                                           [(partition, int(reaches), None)])
         state = self._state()
         if state.get("last_batch") != journal["batch"]:
             positions = state.setdefault("dead_letters", {})

@@ -88,14 +88,22 @@ class DeliveryAccess(VendorHooks):
 
     # list_offsets -------------------------------------------------------------------------
     def list_offsets(
-        self, cursor: CursorWrapper, topic: str, partition: str, after: int, upto: int,
+        self, cursor: CursorWrapper, topic: str, windows: Sequence[tuple[str, int, int]],
         limit: int,
-    ) -> list[int]:
-        """``list_offsets``: offsets stored in (after, upto] of a partition; index-only on
-        ``idx_topic_partition_offset``. Used to find late-committed rows."""
-        cursor.execute(*self.sql.partition_rows(("offset",), topic, partition, after, upto,
-                                                limit))
-        return [int(r[0]) for r in cursor.fetchall()]
+    ) -> dict[str, list[int]]:
+        """``partition_offsets``: the offsets stored in each ``(partition, after, upto]``
+        window, in order, at most ``limit`` a window (every window's partition is a key,
+        empty or not); index-only on ``idx_topic_partition_offset``. Used to find
+        late-committed rows."""
+        found: dict[str, list[int]] = {partition: [] for partition, _, _ in windows}
+        if not windows:
+            return found
+        cursor.execute(*self.sql.partition_offsets(topic, windows, limit))
+        for partition, offset in cursor.fetchall():
+            found[partition].append(int(offset))
+        for offsets in found.values():
+            offsets.sort()  # a UNION promises no order
+        return found
 
     # head_offset -----------------------------------------------------------------------
     def head_offset(self, cursor: CursorWrapper) -> int:
@@ -186,23 +194,28 @@ class DeliveryAccess(VendorHooks):
             cursor.execute(*self.sql.ensure_watermarks(group, topic, [partition], head))
         return len(heads)
 
-    def advance_watermark(
-        self, cursor: CursorWrapper, group: str, topic: str, partition: str, upto: int,
-        first_pending: int | None = None,
+    def advance_watermarks(
+        self, cursor: CursorWrapper, group: str, topic: str,
+        moves: Sequence[tuple[str, int, int | None]],
     ) -> int:
-        """``advance_watermarks``: move the watermark forward, never back, and record the
-        first offset above it still to finish, if known (``first_pending``: a hint for
-        the lag pages, checked before use)."""
-        cursor.execute(*self.sql.advance_watermarks(group, topic, upto, partition=partition,
-                                                    first_pending=first_pending))
+        """``advance_partition_watermarks``: move each ``(partition, upto,
+        first_pending)`` watermark forward, never back, and record the first offset above
+        it still to finish, if known (a hint for the lag pages, checked before use); one
+        statement. Returns how many moved."""
+        if not moves:
+            return 0
+        cursor.execute(*self.sql.advance_partition_watermarks(group, topic, moves))
         return int(cursor.rowcount)
 
     def delete_states_upto(
-        self, cursor: CursorWrapper, group: str, topic: str, partition: str, upto: int
+        self, cursor: CursorWrapper, group: str, topic: str, limits: Sequence[tuple[str, int]]
     ) -> int:
-        """``delete_states_upto``: drop delivery state the watermark covers (primary-key
-        range). Run only after ``advance_watermark`` committed."""
-        cursor.execute(*self.sql.delete_states_upto(group, topic, partition, upto))
+        """``delete_states_upto``: drop the delivery state each ``(partition, upto)``
+        covers (a primary-key range each), in one statement. Run only after the
+        watermarks that cover it committed."""
+        if not limits:
+            return 0
+        cursor.execute(*self.sql.delete_states_upto(group, topic, limits))
         return int(cursor.rowcount)
 
     def topic_watermarks(

@@ -124,6 +124,23 @@ class DeliveryStatements(Vendor):
             [topic, partition, after, upto, limit],
         )
 
+    def partition_offsets(self, topic: str, windows: Sequence[tuple[str, int, int]],
+                          limit: int) -> Statement:
+        """``partition_offsets``: (partition, offset) of the rows in each ``(partition,
+        after, upto)`` window (at least one), at most ``limit`` a window, each its own
+        index-only range of ``idx_topic_partition_offset`` (a UNION ALL): how a
+        watermark's sweep finds late-committed rows, one round trip for every partition
+        whose watermark a pass moves."""
+        q = self.quote
+        one = (f"SELECT {q('partition_key')}, {q('offset')} FROM {q(MESSAGE_TABLE)} "
+               f"WHERE {q('topic')} = %s AND {q('partition_key')} = %s "
+               f"AND {q('offset')} > %s AND {q('offset')} <= %s "
+               f"ORDER BY {q('offset')} LIMIT %s")
+        params: list[Any] = []
+        for partition, after, upto in windows:
+            params += [topic, partition, after, upto, limit]
+        return " UNION ALL ".join([self.union_member(one)] * len(windows)), params
+
     def head_offset(self, with_server: str = "") -> Statement:
         """``head_offset``: the newest offset of the whole log (primary key, O(1)); NULL
         while the log is empty. ``with_server``: an expression of which server answered,

@@ -30,6 +30,7 @@ class PostgreSQLVendor(OnConflictVendor):
     now_ms_sql = f"({epoch_ms_sql('statement_timestamp()')})"
     # Waits for a concurrent writer of the row, then reads its newest committed version.
     locking_read_suffix = " FOR SHARE"
+    integer_mark = "%s::bigint"
     # = ANY of an array: index lookups, where IN (subquery) may be planned as a join
     # against the whole table. The oldest offsets of a partition are chosen in
     # idx_topic_partition_offset's order, so that the planner takes that index and stops

@@ -41,6 +41,10 @@ class Vendor:
     #: the other indexes first: planning, not reading, is what they cost otherwise
     offset_index_hint = ""
 
+    #: a parameter that is an integer (or NULL) wherever it stands: PostgreSQL types a
+    #: CASE whose branches are all bare parameters as text
+    integer_mark = "%s"
+
     @property
     def message_clock_sql(self) -> str:
         """The clock a row of queue_messages is stamped with (``created_at``), which the

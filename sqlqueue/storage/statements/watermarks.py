@@ -44,22 +44,41 @@ class WatermarkStatements(Vendor):
             [group, topic, *keys],
         )
 
-    def advance_watermarks(self, group: str, topic: str, upto: int, *,
-                           partition: str | None = None,
-                           first_pending: int | None = None) -> Statement:
-        """``advance_watermarks``: the group is done up to ``upto`` on ``partition`` (None:
-        on every partition of the topic); a watermark only moves forward (primary key).
-        ``first_pending``: the first offset above it still to finish, if known (a hint
-        for the lag pages, checked before use; None clears it)."""
+    def advance_watermarks(self, group: str, topic: str, upto: int) -> Statement:
+        """``advance_watermarks``: the group is done up to ``upto`` on every partition of
+        the topic (the Spark stream's commit); a watermark only moves forward."""
         q = self.quote
-        only, keys = ("", []) if partition is None else (
-            f" AND {q('partition_key')} = %s", [partition])
         return (
             f"UPDATE {q(OFFSETS_TABLE)} SET {q('offset_acked')} = %s, "
-            f"{q('updated_at')} = {self.now_ms_sql}, {q('first_pending')} = %s "
-            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s{only} "
+            f"{q('updated_at')} = {self.now_ms_sql}, {q('first_pending')} = NULL "
+            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s "
             f"AND {q('offset_acked')} < %s",
-            [upto, first_pending, group, topic, *keys, upto],
+            [upto, group, topic, upto],
+        )
+
+    def advance_partition_watermarks(
+        self, group: str, topic: str, moves: Sequence[tuple[str, int, int | None]],
+    ) -> Statement:
+        """``advance_partition_watermarks``: the group is done up to ``upto`` on each
+        ``(partition, upto, first_pending)`` of ``moves`` (at least one; primary-key
+        lookups), in one statement however many partitions move; a watermark only moves
+        forward. ``first_pending``: the first offset above it still to finish, if known
+        (a hint for the lag pages, checked before use; None clears it)."""
+        q = self.quote
+        only, keys = self.partitions_filter([partition for partition, _, _ in moves])
+        # One CASE per column, by partition; the values are cast where a database would
+        # otherwise type a CASE of bare parameters (or of NULLs) as text.
+        of_partition = (f"CASE {q('partition_key')} "
+                        + " ".join([f"WHEN %s THEN {self.integer_mark}"] * len(moves))
+                        + " END")
+        uptos = [value for partition, upto, _ in moves for value in (partition, upto)]
+        pendings = [value for partition, _, first in moves for value in (partition, first)]
+        return (
+            f"UPDATE {q(OFFSETS_TABLE)} SET {q('offset_acked')} = {of_partition}, "
+            f"{q('updated_at')} = {self.now_ms_sql}, {q('first_pending')} = {of_partition} "
+            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s{only} "
+            f"AND {q('offset_acked')} < {of_partition}",
+            [*uptos, *pendings, group, topic, *keys, *uptos],
         )
 
     def topic_watermarks(self, topic: str) -> Statement:
@@ -72,13 +91,15 @@ class WatermarkStatements(Vendor):
             [topic],
         )
 
-    def delete_states_upto(self, group: str, topic: str, partition: str,
-                           upto: int) -> Statement:
-        """``delete_states_upto``: drop delivery state the watermark covers (primary-key
-        range). Run only after ``advance_watermarks`` committed."""
+    def delete_states_upto(self, group: str, topic: str,
+                           limits: Sequence[tuple[str, int]]) -> Statement:
+        """``delete_states_upto``: drop the delivery state each ``(partition, upto)`` of
+        ``limits`` covers (at least one; a primary-key range each). Run only after the
+        watermarks that cover it committed."""
         q = self.quote
+        one = f"({q('partition_key')} = %s AND {q('message_offset')} <= %s)"
         return (
             f"DELETE FROM {q(STATE_TABLE)} WHERE {q('consumer_group')} = %s AND "
-            f"{q('topic')} = %s AND {q('partition_key')} = %s AND {q('message_offset')} <= %s",
-            [group, topic, partition, upto],
+            f"{q('topic')} = %s AND ({' OR '.join([one] * len(limits))})",
+            [group, topic, *(value for limit in limits for value in limit)],
         )

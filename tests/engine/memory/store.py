@@ -166,11 +166,12 @@ class MemoryStore(MembershipStatements, Dialect):
         return [self._row_of(t, group, m) for m in self._partition(t, topic, partition)
                 if m.offset in set(offsets)]
 
-    def list_offsets(self, cursor: Any, topic: str, partition: str, after: int, upto: int,
-                     limit: int) -> list[int]:
+    def list_offsets(self, cursor: Any, topic: str, windows: Sequence[tuple[str, int, int]],
+                     limit: int) -> dict[str, list[int]]:
         t = self._tables("list_offsets")
-        return [m.offset for m in self._partition(t, topic, partition)
-                if after < m.offset <= upto][:limit]
+        return {partition: [m.offset for m in self._partition(t, topic, partition)
+                            if after < m.offset <= upto][:limit]
+                for partition, after, upto in windows}
 
     def discover_partitions(self, cursor: Any, topic: str) -> list[str]:
         t = self._tables("discover_partitions")
@@ -244,22 +245,27 @@ class MemoryStore(MembershipStatements, Dialect):
             t.watermarks[(group, topic, partition)] = WatermarkRow(head, self._now())
         return len(heads)
 
-    def advance_watermark(self, cursor: Any, group: str, topic: str, partition: str,
-                          upto: int, first_pending: int | None = None) -> int:
+    def advance_watermarks(self, cursor: Any, group: str, topic: str,
+                           moves: Sequence[tuple[str, int, int | None]]) -> int:
         """Forward only."""
         t = self._tables("advance_watermarks")
-        key = (group, topic, partition)
-        row = t.watermarks.get(key)
-        if row is None or row.offset_acked >= upto:
-            return 0
-        t.watermarks[key] = WatermarkRow(upto, self._now(), first_pending)
-        return 1
+        moved = 0
+        for partition, upto, first_pending in moves:
+            key = (group, topic, partition)
+            row = t.watermarks.get(key)
+            if row is None or row.offset_acked >= upto:
+                continue
+            t.watermarks[key] = WatermarkRow(upto, self._now(), first_pending)
+            moved += 1
+        return moved
 
-    def delete_states_upto(self, cursor: Any, group: str, topic: str, partition: str,
-                           upto: int) -> int:
+    def delete_states_upto(self, cursor: Any, group: str, topic: str,
+                           limits: Sequence[tuple[str, int]]) -> int:
         t = self._tables("delete_states_upto")
+        upto_of = dict(limits)
         gone = [key for key in t.states
-                if key[:3] == (group, topic, partition) and key[3] <= upto]
+                if key[:2] == (group, topic) and key[2] in upto_of
+                and key[3] <= upto_of[key[2]]]
         for key in gone:
             del t.states[key]
         return len(gone)
