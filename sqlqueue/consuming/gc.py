@@ -28,6 +28,10 @@ logger = logging.getLogger("sqlqueue.gc")
 
 GC_INTERVAL = 10.0  # seconds between passes over a topic
 GC_BATCH = 1000  # rows per DELETE: short transactions, short locks
+#: DELETEs of one pass over a topic at most (but when forced); the partitions left go in
+#: the passes that follow, at once. A pass runs on the consumer loop's thread: sixteen
+#: partitions' deletes in one held a message that arrived meanwhile for 15 ms.
+GC_DELETES_PER_PASS = 4
 
 #: (database alias, batch size) -> (rows deleted, whether more may be left)
 Pruner = Callable[[str, int], tuple[int, bool]]
@@ -48,6 +52,10 @@ class GarbageCollector:
         self._next_pass: dict[str, float] = {}
         # (monotonic time, collectable offset) per (topic, partition), for RETENTION
         self._history: dict[tuple[str, str], deque[tuple[float, int]]] = {}
+        # Per (topic, partition): every row up to here is gone. No row can appear below
+        # it later (a watermark passes settled rows only), so a partition whose
+        # collectable offset did not move costs no DELETE.
+        self._collected: dict[tuple[str, str], int] = {}
         self._next_results_pass = 0.0
         self._next_keys_pass = 0.0
         self.deleted = 0  # messages
@@ -62,7 +70,8 @@ class GarbageCollector:
         for topic in self.known_groups:
             if not force and now < self._next_pass.get(topic, 0.0):
                 continue
-            removed, more = self._collect_topic(cursor, topic)
+            removed, more = self._collect_topic(cursor, topic,
+                                                None if force else GC_DELETES_PER_PASS)
             deleted += removed
             self._next_pass[topic] = now + (0.0 if more else GC_INTERVAL)
         self.deleted += deleted
@@ -88,7 +97,10 @@ class GarbageCollector:
         self.results_deleted += removed
         return removed
 
-    def _collect_topic(self, cursor: Any, topic: str) -> tuple[int, bool]:
+    def _collect_topic(self, cursor: Any, topic: str,
+                       budget: int | None) -> tuple[int, bool]:
+        """Delete what every group is done with, in at most ``budget`` DELETEs (None: no
+        limit); returns rows deleted, and whether more may be left."""
         dialect = store(self.alias)
         groups, watermarks = dialect.topic_watermarks(cursor, topic)
         # When the watermarks were seen: after the read (which may have waited), so that
@@ -101,8 +113,13 @@ class GarbageCollector:
         for partition, by_group in watermarks.items():
             collectable = min(by_group.get(group, 0) for group in groups)
             upto = self._retained(topic, partition, collectable, seen_at)
-            if upto <= 0:
+            if upto <= self._collected.get((topic, partition), 0):
                 continue
+            if budget is not None:
+                if budget == 0:
+                    more = True  # the next pass goes on at once
+                    continue
+                budget -= 1
             removed = dialect.delete_messages_upto(cursor, topic, partition, upto, GC_BATCH)
             deleted += removed
             if removed and self.conf.KEEP_DELIVERY_STATE:
@@ -110,7 +127,10 @@ class GarbageCollector:
                 # with its messages (a primary-key range per group).
                 for group in by_group:
                     dialect.delete_states_upto(cursor, group, topic, [(partition, upto)])
-            more = more or removed == GC_BATCH
+            if removed == GC_BATCH:
+                more = True
+            else:
+                self._collected[(topic, partition)] = upto
         if deleted:
             logger.info("Garbage-collected %s message(s) of topic %r.", deleted, topic)
         return deleted, more

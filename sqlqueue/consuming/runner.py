@@ -161,6 +161,7 @@ class Runner:
             while not self.stopping.is_set():
                 if self.liveness_file:
                     touch(self.liveness_file)
+                dispatched = self.pool.dispatched
                 try:
                     delay = self._cycle()
                     failures = 0
@@ -190,7 +191,10 @@ class Runner:
                 if delay is None:
                     break  # --until-empty: nothing left to do
                 delay = self.pacer.run_timers(delay)
-                self.wakeup.wait(delay)
+                # Rings during a stream of deliveries are gathered (Doorbell.min_gap); after
+                # a pass that delivered nothing (an ack recorded, a lease tick), the
+                # message that rings is taken at once.
+                self.wakeup.wait(delay, coalesce=self.pool.dispatched != dispatched)
                 self.wakeup.clear()
         finally:
             self.wakeups.stop()

@@ -106,15 +106,17 @@ class Doorbell:
         with self._condition:
             return self._urgent or self._rung
 
-    def wait(self, timeout: float) -> bool:
+    def wait(self, timeout: float, *, coalesce: bool = True) -> bool:
         """Wait up to ``timeout`` seconds; True if ``set`` or ``ring`` ended it (or had
-        been called since the last ``clear``)."""
+        been called since the last ``clear``). ``coalesce=False``: a ring ends it at once
+        too (after a pass that delivered nothing there is no stream to gather rings of,
+        and the gap would only delay the message that rang)."""
         started = time.monotonic()
         deadline = started + timeout
         with self._condition:
             self.waiting = True
             try:
-                self._wait_until(started, deadline)
+                self._wait_until(started if coalesce else started - self.min_gap, deadline)
             finally:
                 self.waiting = False
             if self._rung and not self._urgent and time.monotonic() < deadline:

@@ -150,3 +150,35 @@ def test_gc_deletes_in_bounded_batches(register: Any, monkeypatch: pytest.Monkey
     drain_until_watermarks("g", {"k": sent[-1].offset}, conf=fast_settings(RETENTION=3600))
     assert collect({"t": {"g"}}) == 7
     assert QueueMessage.objects.filter(topic="t").count() == 13
+
+
+def test_a_gc_pass_makes_a_few_deletes_and_the_next_pass_goes_on(
+        register: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass runs on the consumer loop's thread: at most GC_DELETES_PER_PASS DELETEs,
+    the partitions left at the very next pass; a partition with nothing new to collect
+    costs no DELETE."""
+    from sqlqueue.consuming import gc
+
+    monkeypatch.setattr(gc, "GC_DELETES_PER_PASS", 2)
+    register("t", "g", lambda m: None)
+    sent = send_messages("t", [sqlqueue.OutgoingMessage(n, partition_key=f"k{n % 5}")
+                               for n in range(10)])
+    keep = fast_settings(RETENTION=3600)  # the runners must not collect on their own here
+    drain_until_watermarks("g", {f"k{n}": sent[5 + n].offset for n in range(5)}, conf=keep)
+    collector = GarbageCollector(fast_settings(), "default", {"t": {"g"}})
+    deletes: list[str] = []
+
+    def count_deletes(execute: Any, sql: str, *args: Any) -> Any:
+        if sql.lstrip().upper().startswith("DELETE FROM") and "queue_messages" in sql:
+            deletes.append(sql)
+        return execute(sql, *args)
+
+    passes = []
+    with connection.execute_wrapper(count_deletes), connection.cursor() as cursor:
+        for force in (False, False, False, True):
+            deletes.clear()
+            passes.append((collector.collect(cursor, force=force), len(deletes),
+                           collector._next_pass["t"] <= gc.time.monotonic()))
+    # The last, forced, finds every partition collected up to its watermark: no DELETE.
+    assert passes == [(4, 2, True), (4, 2, True), (2, 1, False), (0, 0, False)]
+    assert not QueueMessage.objects.filter(topic="t").exists()

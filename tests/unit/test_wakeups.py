@@ -73,6 +73,13 @@ def test_a_ring_never_ends_a_wait_sooner_than_the_min_gap() -> None:
     assert bell.wakeups == 1, "the ring did not end the wait before its timeout"
 
 
+def test_a_ring_ends_a_wait_that_gathers_nothing_at_once() -> None:
+    bell = Doorbell(min_gap=3600)  # an hour: only an ungathered ring ends it in the test
+    bell.ring("t")  # rung during a pass that delivered nothing
+    assert bell.wait(7200, coalesce=False) is True
+    assert bell.wakeups == 1
+
+
 def test_a_ring_from_another_thread_ends_a_long_wait() -> None:
     bell = Doorbell(min_gap=0.002)
     ringer = threading.Thread(target=lambda: (_until(lambda: bell.waiting), bell.ring("t")))
