@@ -29,7 +29,7 @@ logger = logging.getLogger("sqlqueue.leases")
 consumer_logger = logging.getLogger("sqlqueue.consumer")
 
 PURGE_AFTER_LEASES = 10  # forget leases/heartbeats not renewed for 10 lease durations
-QUICK_TICK = 0.25  # seconds between ticks while a rebalance is under way
+QUICK_TICK = 0.1  # seconds between ticks while a rebalance is under way
 #: at most one early tick this often for partitions a fence saw nobody holding
 FREE_LEASE_RECHECK = 1.0
 #: while busy, look this often between ticks whether a subscriber joined or left (two

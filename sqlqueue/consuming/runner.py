@@ -191,9 +191,7 @@ class Runner:
                 if delay is None:
                     break  # --until-empty: nothing left to do
                 delay = self.pacer.run_timers(delay)
-                # Rings during a stream of deliveries are gathered (Doorbell.min_gap); after
-                # a pass that delivered nothing (an ack recorded, a lease tick), the
-                # message that rings is taken at once.
+                # Rings gather while delivering (min_gap); else the ringer goes at once.
                 self.wakeup.wait(delay, coalesce=self.pool.dispatched != dispatched)
                 self.wakeup.clear()
         finally:

@@ -245,7 +245,7 @@ class _Members:
 
 def test_a_membership_change_between_ticks_hurries_the_tick(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    now = [100.0]
+    now = [1000.0]  # 1000 + 0.1 - 1000 >= 0.1 in floating point (100 + 0.1 - 100 is not)
     monkeypatch.setattr(leases_module.time, "monotonic", lambda: now[0])
     keeper = LeaseKeeper("g", "t", "a", duration=30, renew_interval=10)
     keeper.members = ["a"]
