@@ -33,7 +33,7 @@ QUICK_TICK = 0.1  # seconds between ticks while a rebalance is under way
 #: at most one early tick this often for partitions a fence saw nobody holding
 FREE_LEASE_RECHECK = 1.0
 #: while busy, look this often between ticks whether a subscriber joined or left (two
-#: plain reads): a newcomer gets its share from a busy holder within about a quarter of a
+#: plain reads): a newcomer gets its share from a busy holder within about a tenth of a
 #: second; at 1 s, the first second of a 2.5 s drain by two processes was one's alone
 MEMBERSHIP_RECHECK = QUICK_TICK
 #: the same for an --until-empty runner: whoever finishes first leaves its partitions to
@@ -141,7 +141,7 @@ class LeaseKeeper:
         """Between ticks: has a subscriber joined or left, or does nobody hold some
         partition (released by a member that stopped, or expired)? Then tick now, so that
         a newcomer gets its share from a busy holder, and a free partition a new holder,
-        within about a quarter of a second instead of at the next renewal (up to
+        within about a tenth of a second instead of at the next renewal (up to
         LEASE_RENEW_INTERVAL). Plain reads: they wait for no lock."""
         self._members_checked_at = time.monotonic()
         if dialect.live_subscribers(cursor, self.group, self.topic,
