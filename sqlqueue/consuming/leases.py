@@ -36,6 +36,9 @@ FREE_LEASE_RECHECK = 1.0
 #: plain reads): a newcomer gets its share from a busy holder within about a tenth of a
 #: second; at 1 s, the first second of a 2.5 s drain by two processes was one's alone
 MEMBERSHIP_RECHECK = QUICK_TICK
+#: idle, at most this often, and only once the log grew: a member that stopped left its
+#: partitions free, and a message published to one waited for the next renewal (10 s)
+IDLE_MEMBERSHIP_RECHECK = 1.0
 #: the same for an --until-empty runner: whoever finishes first leaves its partitions to
 #: the others, whose exit waits for them to be taken and read to the end
 WATCH_RECHECK = QUICK_TICK
@@ -95,6 +98,8 @@ class LeaseKeeper:
         self._quick_left = self._quick_budget
         self._free_noticed_at = -FREE_LEASE_RECHECK
         self._members_checked_at = 0.0
+        # The log's head when an idle subscriber last considered a look at the membership.
+        self._membership_head = 0
 
     # -- local view ---------------------------------------------------------------------
     def holds(self, partition: str) -> bool:
@@ -135,6 +140,21 @@ class LeaseKeeper:
 
     def membership_check_due(self, every: float = MEMBERSHIP_RECHECK) -> bool:
         return time.monotonic() - self._members_checked_at >= every
+
+    def membership_worth_a_look(self, *, busy: bool, watching: bool,
+                                head: Callable[[], int] | None) -> bool:
+        """Between ticks, is it time for ``check_membership``? Busy (or ``watching``, an
+        --until-empty runner), every MEMBERSHIP_RECHECK (WATCH_RECHECK); idle, at most
+        every IDLE_MEMBERSHIP_RECHECK and only once messages were published since
+        (``head``: the log's head, read when needed), so that a member that left is
+        replaced when its partitions have something to deliver, not at the next
+        renewal, while a worker's idle polls stay at one statement."""
+        if busy or watching:
+            return self.membership_check_due(WATCH_RECHECK if watching else MEMBERSHIP_RECHECK)
+        if head is None or not self.membership_check_due(IDLE_MEMBERSHIP_RECHECK):
+            return False
+        seen, self._membership_head = self._membership_head, head()
+        return self._membership_head > seen
 
     def check_membership(self, cursor: CursorWrapper, dialect: Dialect,
                          discovered: Iterable[str]) -> None:

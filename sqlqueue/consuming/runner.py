@@ -263,7 +263,7 @@ class Runner:
                 continue
             subscriber.discover(cursor, head)
             held = set(subscriber.leases.owned)
-            self.pool.taken_back(subscriber.keep_leases(cursor))
+            self.pool.taken_back(subscriber.keep_leases(cursor, head))
             if held != set(subscriber.leases.owned):
                 now_held = set(subscriber.leases.owned)
                 self.instruments.leases_changed(subscriber.group, subscriber.topic,

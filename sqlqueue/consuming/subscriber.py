@@ -24,7 +24,7 @@ from sqlqueue.consuming import recording
 from sqlqueue.consuming.delivering import RESTAMP_AFTER_MS, Fetcher, HeldView
 from sqlqueue.consuming.discovery import PartitionFinder
 from sqlqueue.consuming.handlers import Delivery, Outcome, published_id
-from sqlqueue.consuming.leases import MEMBERSHIP_RECHECK, WATCH_RECHECK, LeaseKeeper
+from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, give_back, write_acks
 from sqlqueue.consuming.partition import PartitionState
@@ -114,15 +114,15 @@ class Subscriber:
     def look_again_now(self) -> None:
         self.finder.look_again_now()
 
-    def keep_leases(self, cursor: CursorWrapper) -> list[Delivery]:
+    def keep_leases(self, cursor: CursorWrapper,
+                    head: Callable[[], int] | None = None) -> list[Delivery]:
         """The lease tick, when due: heartbeat, renew, rebalance; then start or stop
         working on the partitions gained or lost. Returns the queued deliveries of
-        partitions being handed over that were taken back from the pool."""
-        if (not self.leases.due() and (self.outstanding or self.watch_when_idle)
-                and self.leases.membership_check_due(
-                    WATCH_RECHECK if self.watch_when_idle else MEMBERSHIP_RECHECK)):
-            # Busy (or told to watch): at most one cheap read a second (a worker's idle
-            # polls stay at one statement).
+        partitions being handed over that were taken back from the pool. ``head``: the
+        log's head, read when needed (an idle subscriber looks at the membership once
+        the log grew)."""
+        if not self.leases.due() and self.leases.membership_worth_a_look(
+                busy=bool(self.outstanding), watching=self.watch_when_idle, head=head):
             self.leases.check_membership(cursor, self.dialect, self.discovered)
         if not self.leases.due():
             return []

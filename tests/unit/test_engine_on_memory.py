@@ -129,6 +129,36 @@ def test_two_runners_share_the_partitions(queue, registered) -> None:
     assert sorted(i for _, i, *_ in seen) == ["m0", "m1", "m2", "m3"]  # each once
 
 
+def test_an_idle_runner_takes_a_stopped_member_s_partitions_once_they_have_news(
+        queue, registered) -> None:
+    """A member stops gracefully while the other is idle: the one left takes its
+    partitions when a message is published to one of them, within about a second (an
+    idle look at the membership once the log grew), not at its next renewal (10 s)."""
+    seen: Seen = []
+    registered("g", recorder(queue, seen))
+    publish({f"p{n}": [f"m{n}"] for n in range(4)})
+    # Slow renewals; the messages kept (no garbage collection), so that every partition
+    # stays discovered and is shared out at the first renewal.
+    slow_renewals = {"LEASE_RENEW_INTERVAL": 10.0, "LEASE_DURATION": 30.0, "RETENTION": 3600}
+    first = queue.runner(_consumers("g"), alias=ALIASES[0], name="first", **slow_renewals)
+    second = queue.runner(_consumers("g"), alias=ALIASES[1], name="second",
+                          **slow_renewals)
+    steps(queue, [first, second], 120, every_ms=100)  # past a renewal: shared out
+    assert len(seen) == 4
+    gone = sorted(key[2] for key, lease in queue.tables.leases.items()
+                  if lease.leased_by == "second")
+    assert len(gone) == 2
+    second.stop_gracefully()
+    steps(queue, [first], 20, every_ms=100)  # idle, nothing new: no look, no takeover
+    assert sorted(key[2] for key in queue.tables.leases) != sorted(f"p{n}" for n in range(4))
+    publish({gone[0]: ["late"]})
+    published_at = queue.clock.ms
+    steps(queue, [first], 20, every_ms=100)
+    started = [at for _, message_id, _, at in seen if message_id == "late"]
+    assert started and started[0] - published_at <= 1_500, (started, published_at)
+    assert all(lease.leased_by == "first" for lease in queue.tables.leases.values())
+
+
 def test_a_vanished_runner_s_partitions_are_taken_over_after_its_lease(queue,
                                                                         registered) -> None:
     seen: Seen = []
