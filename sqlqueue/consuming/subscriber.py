@@ -109,7 +109,7 @@ class Subscriber:
         return self.finder.discovered
 
     def discover(self, cursor: CursorWrapper, head: Callable[[], int]) -> None:
-        self.finder.discover(cursor, head)
+        self.finder.discover(cursor, head, busy=bool(self.outstanding))
 
     def look_again_now(self) -> None:
         self.finder.look_again_now()

@@ -339,3 +339,36 @@ def test_no_quick_polls_while_a_wake_up_channel_hears_other_processes() -> None:
     assert delay_after_a_pass_that_saw_a_new_message() == 0.1
     wakeups.listeners[0].connected.clear()  # the channel dropped: polling carries it
     assert delay_after_a_pass_that_saw_a_new_message() == FIRST_QUICK_POLL
+
+
+def test_a_busy_subscriber_reads_the_head_for_discovery_ten_times_a_second_at_most(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drain's passes follow each other every few milliseconds and read nothing else
+    of the head: the look for new partitions reads it at most every
+    MIN_DISCOVERY_INTERVAL while busy, and at every pass while idle (where the message
+    that woke the pass may be a new partition's first)."""
+    from sqlqueue.consuming import discovery
+
+    now = [1000.0]
+    monkeypatch.setattr(discovery.time, "monotonic", lambda: now[0])
+    finder = discovery.PartitionFinder(group="g", topic="t", alias="default",
+                                       leases=LeaseKeeper("g", "t", "a", 30, 10),
+                                       start_latest=False)
+    finder._discovered_at_head = 7  # looked at head 7 already
+    finder._next_discovery = now[0]
+    reads = []
+
+    def head() -> int:
+        reads.append(now[0])
+        return 7
+
+    for _ in range(10):  # ten busy passes in 50 ms: one read
+        finder.discover(None, head, busy=True)  # type: ignore[arg-type]
+        now[0] += 0.005
+    assert len(reads) == 1
+    now[0] += discovery.MIN_DISCOVERY_INTERVAL
+    finder.discover(None, head, busy=True)  # type: ignore[arg-type]
+    assert len(reads) == 2
+    for _ in range(3):  # idle: every pass
+        finder.discover(None, head)  # type: ignore[arg-type]
+    assert len(reads) == 5
