@@ -51,7 +51,8 @@ def poll_costs(rows: int, repeat: int) -> dict[str, float]:
     with connection.cursor() as cursor:
         heads = dialect.partition_heads(cursor, TOPIC)
         # The watermark of partition p0000: BATCH messages below its head.
-        below = dialect.list_offsets(cursor, TOPIC, "p0000", 0, heads["p0000"], rows)
+        below = dialect.list_offsets(cursor, TOPIC, [("p0000", 0, heads["p0000"])],
+                                     rows)["p0000"]
         watermark = below[-BATCH - 1]
         if connection.vendor == "mysql":
             cursor.execute("ANALYZE TABLE queue_messages")
