@@ -126,20 +126,14 @@ class DeliveryStatements(Vendor):
 
     def partition_offsets(self, topic: str, windows: Sequence[tuple[str, int, int]],
                           limit: int) -> Statement:
-        """``partition_offsets``: (partition, offset) of the rows in each ``(partition,
-        after, upto)`` window (at least one), at most ``limit`` a window, each its own
-        index-only range of ``idx_topic_partition_offset`` (a UNION ALL): how a
-        watermark's sweep finds late-committed rows, one round trip for every partition
-        whose watermark a pass moves."""
-        q = self.quote
-        one = (f"SELECT {q('partition_key')}, {q('offset')} FROM {q(MESSAGE_TABLE)} "
-               f"WHERE {q('topic')} = %s AND {q('partition_key')} = %s "
-               f"AND {q('offset')} > %s AND {q('offset')} <= %s "
-               f"ORDER BY {q('offset')} LIMIT %s")
-        params: list[Any] = []
-        for partition, after, upto in windows:
-            params += [topic, partition, after, upto, limit]
-        return " UNION ALL ".join([self.union_member(one)] * len(windows)), params
+        """``partition_offsets``: ``partition_rows`` of (partition, offset) for each
+        ``(partition, after, upto)`` window (at least one), each its own index-only range
+        with its own limit, in a UNION ALL: how a watermark's sweep finds late-committed
+        rows, one round trip for every partition whose watermark a pass moves."""
+        members = [self.partition_rows(("partition_key", "offset"), topic, partition, after,
+                                       upto, limit) for partition, after, upto in windows]
+        return (" UNION ALL ".join(self.union_member(sql) for sql, _ in members),
+                [value for _, params in members for value in params])
 
     def head_offset(self, with_server: str = "") -> Statement:
         """``head_offset``: the newest offset of the whole log (primary key, O(1)); NULL
