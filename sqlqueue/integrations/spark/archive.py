@@ -56,8 +56,8 @@ from sqlqueue.integrations.spark.archive_layout import (
     LOCK_FILE,
     STAGING,
     STATE_FILE,
-    TOPICS_FILE,
-    is_shortened,
+    DirectoryTaken,
+    record_topic_directories,
     topic_directory,
     write_json,
 )
@@ -251,12 +251,12 @@ class Archiver:
         batch = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
         staging = self.directory / STAGING / batch
         try:
-            self._record_directories({p.topic for p in pieces})
+            record_topic_directories(self.directory, {p.topic for p in pieces})
             files = self._write(staging, batch, "messages", MESSAGE_COLUMNS,
                                 [r for p in pieces for r in p.rows], date_column=CREATED_AT)
             files += self._write(staging, batch, "deliveries", STATE_COLUMNS,
                                  [s for p in pieces for s in p.states], date_column=ACKED_AT)
-        except OSError as exc:  # before the journal: nothing of the batch counts
+        except (OSError, DirectoryTaken) as exc:  # before the journal: nothing of it counts
             shutil.rmtree(staging, ignore_errors=True)
             raise _TopicFailed(str(exc)) from exc
         journal = {
@@ -302,33 +302,12 @@ class Archiver:
                           str(relative / name)])
         return files
 
-    def _record_directories(self, topics: set[str]) -> None:
-        """Add the shortened topic directories of ``topics`` to ``_topics.json``, checked
-        both ways: a directory that ``_topics.json`` gives to another topic, or that holds
-        files no entry names (another topic's, from an older version that did not escape
-        ``~``), is refused (the topic is skipped and held), never shared."""
-        shortened = {topic_directory(t): t for t in topics if is_shortened(topic_directory(t))}
-        if not shortened:
-            return
-        path = self.directory / TOPICS_FILE
-        known = json.loads(path.read_text()) if path.exists() else {}
-        for directory, topic in shortened.items():
-            owner = known.get(directory)
-            if owner is None and any((self.directory / dataset / directory).exists()
-                                     for dataset in ("messages", "deliveries")):
-                raise _TopicFailed(f"its directory {directory!r} holds files of a topic "
-                                   f"{TOPICS_FILE} does not name")
-            if owner is not None and owner != topic:
-                raise _TopicFailed(f"its directory {directory!r} is the archive of topic "
-                                   f"{owner[:80]!r}")
-        if not shortened.items() <= known.items():
-            write_json(path, {**known, **shortened})
-
     def _apply(self, journal: dict[str, Any]) -> None:
         """Move the batch's files into place, then record the positions it reached."""
         from django.db import connections, transaction
 
         from sqlqueue.storage import store
+
         for staged, final in journal["files"]:
             source, target = self.directory / staged, self.directory / final
             if source.exists():

@@ -1,7 +1,8 @@
 """Where the archive's files go (sqlqueue.integrations.spark.archive): the names of its
 state, journal, lock and staging files, the Hive-style ``topic=<topic>`` directory of a
-topic (escaped as Spark does, and cut with a hash past ``MAX_DIRECTORY_BYTES``), and an
-atomic JSON write for its state files.
+topic (escaped as Spark does, and cut with a hash past ``MAX_DIRECTORY_BYTES``), the
+register of shortened directories (``TOPICS_FILE``), and an atomic JSON write for its
+state files.
 """
 
 from __future__ import annotations
@@ -62,3 +63,31 @@ def write_json(path: Path, value: Any) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
+
+
+class DirectoryTaken(Exception):
+    """A topic's shortened directory belongs to another topic, or holds files
+    ``TOPICS_FILE`` does not name: the topic is not archived there."""
+
+
+def record_topic_directories(directory: Path, topics: set[str]) -> None:
+    """Add the shortened topic directories of ``topics`` to ``TOPICS_FILE`` under
+    ``directory``, checked both ways: a directory that ``TOPICS_FILE`` gives to another
+    topic, or that holds files no entry names (another topic's, from an older version
+    that did not escape ``~``), is refused (``DirectoryTaken``), never shared."""
+    shortened = {topic_directory(t): t for t in topics if is_shortened(topic_directory(t))}
+    if not shortened:
+        return
+    path = directory / TOPICS_FILE
+    known = json.loads(path.read_text()) if path.exists() else {}
+    for name, topic in shortened.items():
+        owner = known.get(name)
+        if owner is None and any((directory / dataset / name).exists()
+                                 for dataset in ("messages", "deliveries")):
+            raise DirectoryTaken(f"its directory {name!r} holds files of a topic "
+                                 f"{TOPICS_FILE} does not name")
+        if owner is not None and owner != topic:
+            raise DirectoryTaken(f"its directory {name!r} is the archive of topic "
+                                 f"{owner[:80]!r}")
+    if not shortened.items() <= known.items():
+        write_json(path, {**known, **shortened})
