@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sqlqueue.exceptions import SqlqueueError
+
 STATE_FILE = "_sqlqueue_archive.json"
 JOURNAL_FILE = "_journal.json"
 TOPICS_FILE = "_topics.json"
@@ -65,7 +67,7 @@ def write_json(path: Path, value: Any) -> None:
     os.replace(temporary, path)
 
 
-class DirectoryTaken(Exception):
+class DirectoryTaken(SqlqueueError):
     """A topic's shortened directory belongs to another topic, or holds files
     ``TOPICS_FILE`` does not name: the topic is not archived there."""
 
