@@ -34,7 +34,7 @@ from sqlqueue.publishing.wakeups import announce, notification_to_send
 from sqlqueue.storage import store
 from sqlqueue.storage.chunks import statement_chunks
 from sqlqueue.storage.retry import retry_victims
-from sqlqueue.storage.sql import Dialect, MessageRow
+from sqlqueue.storage.sql import Dialect, MessageRow, dialect_for
 
 # A duplicate-key error means another transaction stored the same id between our read
 # and our insert; after this many rounds something else is wrong and the error surfaces.
@@ -134,7 +134,7 @@ def send_message(
     row = prepare_fields(topic, payload, partition_key, id, metadata, priority, delay,
                          deliver_at, conf, now_ms())
     connection = _connection(using, conf, topic)
-    dialect = store(connection)
+    dialect = dialect_for(connection)
     dialect.check_connection()  # a latin1 MySQL connection is refused before any write
     _check_fits(dialect, row)
     if connection.in_atomic_block:
@@ -189,18 +189,18 @@ def _insert_one(
     and ``prepared``: ``Dialect.insert_messages``'s (``wake`` sent only if the row is
     stored)."""
     for round_ in range(MAX_DEDUP_ROUNDS):
-        with connection.cursor() as cursor:
-            try:
-                offsets = dialect.insert_messages(cursor, [row], wake=wake, prepared=prepared)
-            except IntegrityError as error:
-                if not dialect.is_duplicate_message(error) or round_ == MAX_DEDUP_ROUNDS - 1:
-                    raise
-            else:
-                assert offsets is not None  # a single row's offset is always known
-                return SentMessage(topic, row.partition_key, row.id, offsets[0], created=True)
-            found = dialect.select_message_offsets(
-                cursor, topic, [row.key], lock=connection.in_atomic_block
-            )
+        cursor = dialect.publishing_cursor()
+        try:
+            offsets = dialect.insert_messages(cursor, [row], wake=wake, prepared=prepared)
+        except IntegrityError as error:
+            if not dialect.is_duplicate_message(error) or round_ == MAX_DEDUP_ROUNDS - 1:
+                raise
+        else:
+            assert offsets is not None  # a single row's offset is always known
+            return SentMessage(topic, row.partition_key, row.id, offsets[0], created=True)
+        found = dialect.select_message_offsets(
+            cursor, topic, [row.key], lock=connection.in_atomic_block
+        )
         if row.key in found:
             return SentMessage(topic, row.partition_key, row.id, found[row.key], created=False)
         # The duplicate vanished (garbage-collected) between the two statements: insert again.

@@ -7,7 +7,7 @@ time zone nor from the worker's clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError
@@ -47,10 +47,11 @@ class MySQLDialect(Dialect):
         mojibake, and two spellings of a key no longer compare equal. Read once per
         DB-API connection (a reconnect is checked again), with ``max_allowed_packet``
         (``max_row_bytes``); cheap afterwards."""
+        raw = self.connection.connection
+        if raw is not None and raw is self._checked_connection:
+            return
         self.connection.ensure_connection()
         raw = self.connection.connection
-        if raw is self._checked_connection:
-            return
         with self.connection.cursor() as cursor:
             cursor.execute(*self.sql.connection_charset())
             row = cursor.fetchone()
@@ -103,21 +104,35 @@ class MySQLDialect(Dialect):
                 append(bytes(raw.literal(value)))
         cursor.execute(sql.encode("utf-8") % tuple(values))  # type: ignore[arg-type]
 
+    _one_message_text: bytes | None = None  # built at the first such publish
+
     def insert_messages(
         self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None,
         prepared: bool = False,
     ) -> list[int] | None:
-        text, _ = self.sql.store_messages(rows)
-        cursor.execute(text.encode("utf-8") % tuple(self._message_literals(rows)))  # type: ignore[arg-type]
+        # The escaping is the live connection's (the cursor's: connected).
+        escape = self.connection.connection.string_literal
+        if len(rows) == 1 and rows[0].delay_ms is None:
+            # The one-message publish: its text is the same for every message without a
+            # delay, so it is built and encoded once, not for each message.
+            text = self._one_message_text
+            if text is None:
+                text = self._one_message_text = self.sql.store_messages(rows)[0].encode()
+            r = rows[0]
+            literals = _row_literals(r, escape(r.topic.encode("utf-8")),
+                                     escape(r.partition_key.encode("utf-8")), escape)
+        else:
+            text = self.sql.store_messages(rows)[0].encode("utf-8")
+            literals = tuple(self._message_literals(rows, escape))
+        cursor.execute(text % literals)  # type: ignore[arg-type]
         return self.inserted_offsets(cursor, len(rows))
 
-    def _message_literals(self, rows: Sequence[MessageRow]) -> list[bytes]:
-        """``store_messages``' parameters as escaped literals, in its order (topic, key,
-        id, payload, metadata, published_at, priority, deliver_after or delay): what
-        ``execute_rows`` does, row-aware, for the hot path of publishing. Topics and keys
-        repeat (escaped once); an id sqlqueue made is hex and dashes (nothing to escape)."""
-        self.connection.ensure_connection()  # the escaping is the live connection's
-        escape = self.connection.connection.string_literal
+    @staticmethod
+    def _message_literals(rows: Sequence[MessageRow], escape: Callable[[bytes], bytes]
+                          ) -> list[bytes]:
+        """``store_messages``' parameters as literals escaped by ``escape`` (the
+        connection's), in its order: what ``execute_rows`` does, row-aware, for the hot
+        path of publishing. Topics and keys repeat (escaped once)."""
         names: dict[str, bytes] = {}
         values: list[bytes] = []
         extend = values.extend
@@ -128,14 +143,7 @@ class MySQLDialect(Dialect):
             key = names.get(r.partition_key)
             if key is None:
                 key = names[r.partition_key] = escape(r.partition_key.encode("utf-8"))
-            extend((
-                topic, key,
-                b"'%s'" % r.id.encode("ascii") if r.fresh_id else escape(r.id.encode("utf-8")),
-                escape(r.payload),
-                b"NULL" if r.metadata is None else escape(r.metadata.encode("utf-8")),
-                b"%d" % r.published_at, b"%d" % r.priority,
-                b"%d" % (r.deliver_at_ms if r.delay_ms is None else r.delay_ms),
-            ))
+            extend(_row_literals(r, topic, key, escape))
         return values
 
     def inserted_offsets(self, cursor: CursorWrapper, count: int) -> list[int] | None:
@@ -217,3 +225,18 @@ class MySQLDialect(Dialect):
         a payload of quotes cannot make a statement twice the size it was cut for."""
         size = escaped_length(payload.encode("utf-8") if isinstance(payload, str) else payload)
         return size + escaped_length(metadata.encode("utf-8")) if metadata else size
+
+
+def _row_literals(r: MessageRow, topic: bytes, key: bytes, escape: Callable[[bytes], bytes]
+                  ) -> tuple[bytes, ...]:
+    """A row's values of ``store_messages`` as literals (its topic and key escaped
+    already): topic, key, id, payload, metadata, published_at, priority, and its
+    deliver_after or delay. An id sqlqueue made is hex and dashes (nothing to escape)."""
+    return (
+        topic, key,
+        b"'%s'" % r.id.encode("ascii") if r.fresh_id else escape(r.id.encode("utf-8")),
+        escape(r.payload),
+        b"NULL" if r.metadata is None else escape(r.metadata.encode("utf-8")),
+        b"%d" % r.published_at, b"%d" % r.priority,
+        b"%d" % (r.deliver_at_ms if r.delay_ms is None else r.delay_ms),
+    )

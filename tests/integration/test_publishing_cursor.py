@@ -1,0 +1,77 @@
+"""The cursor publishing keeps between messages (``Dialect.publishing_cursor``): kept per
+DB-API connection, replaced after a reconnect, and never hiding a statement from
+Django's query log or from an ``execute_wrapper``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from sqlqueue import send_message
+from sqlqueue.storage.sql import dialect_for
+from tests.conftest import stored_messages
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_one_cursor_serves_every_publish_of_a_connection() -> None:
+    dialect = dialect_for(connection)
+    send_message("kept.cursor", {"n": 1}, partition_key="a")
+    kept = dialect.publishing_cursor()
+    send_message("kept.cursor", {"n": 2}, partition_key="a")
+    with transaction.atomic():
+        send_message("kept.cursor", {"n": 3}, partition_key="b")
+    assert dialect.publishing_cursor() is kept
+    assert [row["payload"]["n"] for row in stored_messages()] == [1, 2, 3]
+
+
+def test_a_reconnect_gets_a_new_cursor_and_the_publish_goes_through() -> None:
+    dialect = dialect_for(connection)
+    send_message("kept.cursor", {"n": 1})
+    before = dialect.publishing_cursor()
+    connection.close()  # what Django does at the end of a request (CONN_MAX_AGE=0)
+    sent = send_message("kept.cursor", {"n": 2})
+    assert dialect.publishing_cursor() is not before
+    assert [row["offset"] for row in stored_messages()][-1] == sent.offset
+
+
+def test_a_failed_health_check_reconnects_before_the_publish() -> None:
+    dialect = dialect_for(connection)
+    send_message("kept.cursor", {"n": 1})
+    before = dialect.publishing_cursor()
+    connection.health_check_enabled, connection.health_check_done = True, False
+    try:
+        connection.is_usable = lambda: False  # type: ignore[method-assign]
+        sent = send_message("kept.cursor", {"n": 2})
+    finally:
+        del connection.is_usable
+        connection.health_check_enabled = False
+    assert dialect.publishing_cursor() is not before
+    assert sent.created and len(stored_messages()) == 2
+
+
+def test_every_publish_is_logged_while_django_logs_queries() -> None:
+    send_message("kept.cursor", {"n": 0})  # the kept cursor exists: it must not be used
+    with CaptureQueriesContext(connection) as queries:
+        send_message("kept.cursor", {"n": 1}, partition_key="k")
+        send_message("kept.cursor", {"n": 2}, partition_key="k")
+    inserts = [q["sql"] for q in queries.captured_queries
+               if "INSERT" in q["sql"] and "queue_messages" in q["sql"]]
+    assert len(inserts) == 2
+
+
+def test_execute_wrappers_see_the_kept_cursors_statements() -> None:
+    send_message("kept.cursor", {"n": 0})
+    seen: list[Any] = []
+
+    def spy(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(spy):
+        send_message("kept.cursor", {"n": 1})
+    assert any(b"queue_messages" in s if isinstance(s, bytes) else "queue_messages" in s
+               for s in seen)
