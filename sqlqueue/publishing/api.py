@@ -8,6 +8,7 @@ outside one, it commits at once. Input is validated completely before any SQL ru
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from datetime import datetime, timedelta
@@ -96,8 +97,14 @@ def _retry_alone(connection: BaseDatabaseWrapper, attempt: Callable[[], _Sent]) 
         return (isinstance(error, DatabaseError) and not connection.in_atomic_block
                 and store(connection).is_lock_wait(error))
 
-    return retry_victims(attempt, tries=ALONE_TRIES, is_victim=is_victim,
-                         pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** (tried - 1))
+    try:
+        return attempt()  # the first try builds no retry loop: nearly every publish
+    except DatabaseError as error:
+        if not is_victim(error):
+            raise
+    time.sleep(ALONE_FIRST_PAUSE)
+    return retry_victims(attempt, tries=ALONE_TRIES - 1, is_victim=is_victim,
+                         pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** tried)
 
 
 def _alone_connection(using: str | None, topic: Any) -> BaseDatabaseWrapper | None:
@@ -197,7 +204,8 @@ def _insert_one(
                 raise
         else:
             assert offsets is not None  # a single row's offset is always known
-            return SentMessage(topic, row.partition_key, row.id, offsets[0], created=True)
+            # created positionally: a keyword argument doubles a dataclass's construction
+            return SentMessage(topic, row.partition_key, row.id, offsets[0], True)
         found = dialect.select_message_offsets(
             cursor, topic, [row.key], lock=connection.in_atomic_block
         )

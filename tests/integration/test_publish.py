@@ -499,6 +499,21 @@ def test_a_publish_of_its_own_is_tried_again_after_a_deadlock(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_publish_of_its_own_gives_up_after_its_tries(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlqueue.publishing import api
+
+    pauses: list[float] = []
+    monkeypatch.setattr(api.time, "sleep", pauses.append)
+    victim = _Victim(monkeypatch, times=api.ALONE_TRIES)
+    with pytest.raises(OperationalError, match="deadlock victim"):
+        send_message("t", {"n": 1}, partition_key="k")
+    assert victim.calls == api.ALONE_TRIES and not stored_messages()
+    first = api.ALONE_FIRST_PAUSE
+    assert pauses == [first * 2 ** n for n in range(api.ALONE_TRIES - 1)]  # doubling
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_deadlock_inside_the_callers_transaction_is_the_callers(
         monkeypatch: pytest.MonkeyPatch) -> None:
     victim = _Victim(monkeypatch, times=1)
