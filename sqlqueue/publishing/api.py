@@ -35,7 +35,7 @@ from sqlqueue.publishing.wakeups import announce, notification_to_send
 from sqlqueue.storage import store
 from sqlqueue.storage.chunks import statement_chunks
 from sqlqueue.storage.retry import retry_victims
-from sqlqueue.storage.sql import Dialect, MessageRow, dialect_for
+from sqlqueue.storage.sql import Dialect, MessageRow
 
 # A duplicate-key error means another transaction stored the same id between our read
 # and our insert; after this many rounds something else is wrong and the error surfaces.
@@ -141,7 +141,7 @@ def send_message(
     row = prepare_fields(topic, payload, partition_key, id, metadata, priority, delay,
                          deliver_at, conf, now_ms())
     connection = _connection(using, conf, topic)
-    dialect = dialect_for(connection)
+    dialect = store(connection)
     dialect.check_connection()  # a latin1 MySQL connection is refused before any write
     _check_fits(dialect, row)
     if connection.in_atomic_block:

@@ -24,15 +24,15 @@ def store(using: str | BaseDatabaseWrapper | None = None) -> Dialect:
     (a database alias, a connection, or None for ``SQLQUEUE["DATABASE"]``), made once per
     connection and kept on it. Imported lazily: ``sqlqueue.storage.statements`` stays
     importable without Django."""
-    from django.db import connections
-
     from sqlqueue.storage.sql import dialect_for
 
-    if using is None:
+    if using is None or isinstance(using, str):
+        from django.db import connections
+
         from sqlqueue.conf import get_settings
 
-        using = get_settings().DATABASE
-    return dialect_for(connections[using] if isinstance(using, str) else using)
+        return dialect_for(connections[get_settings().DATABASE if using is None else using])
+    return dialect_for(using)  # a connection: every publish's way (one import, not two)
 
 
 __all__ = ["store"]
