@@ -4,10 +4,11 @@ Django's query log or from an ``execute_wrapper``."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from sqlqueue import send_message
@@ -76,3 +77,30 @@ def test_execute_wrappers_see_the_kept_cursors_statements() -> None:
         send_message("kept.cursor", {"n": 1})
     assert any(b"queue_messages" in s if isinstance(s, bytes) else "queue_messages" in s
                for s in seen)
+
+
+def test_another_thread_on_a_shared_connection_gets_a_cursor_of_its_own() -> None:
+    """A connection shared between threads (a live-server test's in-memory SQLite): a
+    thread that did not open the kept cursor never uses it, so its INSERT reads its own
+    ``lastrowid``."""
+    shared = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: the proxy is per thread
+    dialect = dialect_for(shared)
+    send_message("kept.cursor", {"n": 0})
+    kept = dialect.publishing_cursor()
+    seen: list[Any] = []
+    shared.inc_thread_sharing()
+    try:
+        worker = threading.Thread(target=lambda: seen.append(dialect.publishing_cursor()))
+        worker.start()
+        worker.join()
+    finally:
+        shared.dec_thread_sharing()
+    assert seen and seen[0] is not kept
+    assert dialect.publishing_cursor() is kept
+
+
+def test_a_dialect_made_through_the_connection_proxy_holds_the_threads_wrapper() -> None:
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    vars(wrapper).pop("_sqlqueue_dialect", None)  # made afresh, from django.db.connection
+    assert dialect_for(connection).connection is wrapper
+    assert dialect_for(wrapper) is dialect_for(connection)

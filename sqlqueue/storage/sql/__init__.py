@@ -15,6 +15,12 @@ def dialect_for(connection: BaseDatabaseWrapper) -> Dialect:
     """The statements for ``connection``'s database; cached on the connection object."""
     dialect: Dialect | None = getattr(connection, "_sqlqueue_dialect", None)
     if dialect is None:
+        if not isinstance(connection, BaseDatabaseWrapper):
+            # django.db.connection, a proxy to whichever connection the *calling* thread
+            # has: the dialect, kept on this thread's connection, must hold that one.
+            from django.db import connections
+
+            connection = connections[connection.alias]
         # A backend may bring its statements with it: the in-memory database the
         # engine's unit tests run on (tests/engine/memory) has no SQL to run.
         own_store = getattr(connection, "sqlqueue_store", None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from threading import get_ident
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError
@@ -79,6 +80,7 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
     # -- the publishing cursor -----------------------------------------------------------
     _kept_cursor: CursorWrapper | None = None
     _kept_for: object | None = None  # the DB-API connection it was opened on
+    _kept_by = 0  # the thread that opened it
 
     def publishing_cursor(self) -> CursorWrapper:
         """A cursor for publishing's statements, opened once per DB-API connection and
@@ -86,9 +88,12 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
         a cursor for each message was a sixth of a one-message publish's client CPU
         (``bench.publish_split``). What ``connection.cursor()`` does besides is kept: the
         health check (``CONN_HEALTH_CHECKS``) and the connect; ``execute_wrapper``s run
-        on the kept cursor too. While Django logs queries (``DEBUG``,
-        ``assertNumQueries``) a logging cursor is opened for each use instead, so that
-        every statement is logged and counted."""
+        on the kept cursor too. A cursor of its own for each use instead: while Django
+        logs queries (``DEBUG``, ``assertNumQueries``), so that every statement is
+        logged and counted; and in a thread other than the one that opened the kept
+        cursor (a connection shared between threads, as a live-server test shares an
+        in-memory SQLite database), whose INSERT must not read another thread's
+        ``lastrowid``."""
         connection = self.connection
         connection.close_if_health_check_failed()
         if connection.queries_logged:
@@ -96,7 +101,9 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
         cursor = self._kept_cursor
         if cursor is None or connection.connection is not self._kept_for:
             cursor = self._kept_cursor = connection.cursor()
-            self._kept_for = connection.connection
+            self._kept_for, self._kept_by = connection.connection, get_ident()
+        elif self._kept_by != get_ident():
+            return connection.cursor()
         return cursor
 
     # -- wake-ups (sqlqueue.wakeups) ---------------------------------------------------
