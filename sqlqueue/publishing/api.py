@@ -93,15 +93,16 @@ def _retry_alone(connection: BaseDatabaseWrapper, attempt: Callable[[], _Sent]) 
     published too comes back ``created=False``). Inside the caller's transaction the
     whole transaction was rolled back: the error is the caller's to handle (retry the
     transaction)."""
+    try:
+        return attempt()  # the first try builds no retry loop: nearly every publish
+    except DatabaseError as error:
+        if connection.in_atomic_block or not store(connection).is_lock_wait(error):
+            raise
+
     def is_victim(error: Exception) -> bool:
         return (isinstance(error, DatabaseError) and not connection.in_atomic_block
                 and store(connection).is_lock_wait(error))
 
-    try:
-        return attempt()  # the first try builds no retry loop: nearly every publish
-    except DatabaseError as error:
-        if not is_victim(error):
-            raise
     time.sleep(ALONE_FIRST_PAUSE)
     return retry_victims(attempt, tries=ALONE_TRIES - 1, is_victim=is_victim,
                          pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** tried)
@@ -118,7 +119,6 @@ def _alone_connection(using: str | None, topic: Any) -> BaseDatabaseWrapper | No
     return None if connection.in_atomic_block else connection
 
 
-@_naming_migrate
 def send_message(
     topic: str,
     payload: Any,
@@ -142,13 +142,19 @@ def send_message(
                          deliver_at, conf, now_ms())
     connection = _connection(using, conf, topic)
     dialect = store(connection)
-    dialect.check_connection()  # a latin1 MySQL connection is refused before any write
-    _check_fits(dialect, row)
-    if connection.in_atomic_block:
-        return _store_one(connection, dialect, topic, row, conf)
-    # Its own transaction: tried again if the database picks it as a deadlock victim,
-    # with the same row (validated once; a victim stored nothing of it).
-    return _retry_alone(connection, lambda: _store_one(connection, dialect, topic, row, conf))
+    try:
+        dialect.check_connection()  # a latin1 MySQL connection is refused before any write
+        _check_fits(dialect, row)
+        if connection.in_atomic_block:
+            return _store_one(connection, dialect, topic, row, conf)
+        # Its own transaction: tried again if the database picks it as a deadlock
+        # victim, with the same row (validated once; a victim stored nothing of it).
+        return _retry_alone(connection,
+                            lambda: _store_one(connection, dialect, topic, row, conf))
+    except DatabaseError as error:  # _naming_migrate's work, without a wrapper's call
+        if Dialect.is_missing_queue_table(error):
+            raise NotMigrated.no_tables(connection.alias) from error
+        raise
 
 
 def _store_one(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
