@@ -8,7 +8,6 @@ outside one, it commits at once. Input is validated completely before any SQL ru
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from datetime import datetime, timedelta
@@ -93,19 +92,12 @@ def _retry_alone(connection: BaseDatabaseWrapper, attempt: Callable[[], _Sent]) 
     published too comes back ``created=False``). Inside the caller's transaction the
     whole transaction was rolled back: the error is the caller's to handle (retry the
     transaction)."""
-    try:
-        return attempt()  # the first try builds no retry loop: nearly every publish
-    except DatabaseError as error:
-        if connection.in_atomic_block or not store(connection).is_lock_wait(error):
-            raise
-
     def is_victim(error: Exception) -> bool:
         return (isinstance(error, DatabaseError) and not connection.in_atomic_block
                 and store(connection).is_lock_wait(error))
 
-    time.sleep(ALONE_FIRST_PAUSE)
-    return retry_victims(attempt, tries=ALONE_TRIES - 1, is_victim=is_victim,
-                         pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** tried)
+    return retry_victims(attempt, tries=ALONE_TRIES, is_victim=is_victim,
+                         pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** (tried - 1))
 
 
 def _alone_connection(using: str | None, topic: Any) -> BaseDatabaseWrapper | None:
@@ -119,6 +111,7 @@ def _alone_connection(using: str | None, topic: Any) -> BaseDatabaseWrapper | No
     return None if connection.in_atomic_block else connection
 
 
+@_naming_migrate
 def send_message(
     topic: str,
     payload: Any,
@@ -142,19 +135,13 @@ def send_message(
                          deliver_at, conf, now_ms())
     connection = _connection(using, conf, topic)
     dialect = store(connection)
-    try:
-        dialect.check_connection()  # a latin1 MySQL connection is refused before any write
-        _check_fits(dialect, row)
-        if connection.in_atomic_block:
-            return _store_one(connection, dialect, topic, row, conf)
-        # Its own transaction: tried again if the database picks it as a deadlock
-        # victim, with the same row (validated once; a victim stored nothing of it).
-        return _retry_alone(connection,
-                            lambda: _store_one(connection, dialect, topic, row, conf))
-    except DatabaseError as error:  # _naming_migrate's work, without a wrapper's call
-        if Dialect.is_missing_queue_table(error):
-            raise NotMigrated.no_tables(connection.alias) from error
-        raise
+    dialect.check_connection()  # a latin1 MySQL connection is refused before any write
+    _check_fits(dialect, row)
+    if connection.in_atomic_block:
+        return _store_one(connection, dialect, topic, row, conf)
+    # Its own transaction: tried again if the database picks it as a deadlock victim,
+    # with the same row (validated once; a victim stored nothing of it).
+    return _retry_alone(connection, lambda: _store_one(connection, dialect, topic, row, conf))
 
 
 def _store_one(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
@@ -210,8 +197,7 @@ def _insert_one(
                 raise
         else:
             assert offsets is not None  # a single row's offset is always known
-            # created positionally: a keyword argument doubles a dataclass's construction
-            return SentMessage(topic, row.partition_key, row.id, offsets[0], True)
+            return SentMessage(topic, row.partition_key, row.id, offsets[0], created=True)
         found = dialect.select_message_offsets(
             cursor, topic, [row.key], lock=connection.in_atomic_block
         )

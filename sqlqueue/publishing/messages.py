@@ -58,9 +58,6 @@ class SentMessage:
 
 def check_message_name(kind: str, value: Any, *, max_bytes: int = MAX_NAME_BYTES) -> str:
     """A topic, partition key or id: a non-empty str of printable characters."""
-    if (type(value) is str and value.isascii() and value.isprintable()
-            and 0 < len(value) <= max_bytes):
-        return value  # the common case, checked in C without a call: one byte a character
     try:
         return naming.check_name(kind, value, max_bytes)
     except ValueError as problem:
@@ -242,28 +239,21 @@ def prepare_fields(topic: str, payload: Any, partition_key: Any, message_id: Any
                    trace_context: Any = tracing.CURRENT) -> MessageRow:
     """``prepare`` of a message given as its fields (``send_message``'s arguments),
     without building an ``OutgoingMessage`` first."""
-    # Every publish runs this: the common cases (no schedule, no metadata, the default
-    # priority) skip their checks' calls.
     fresh_id = message_id is None
     message_id = new_message_id() if fresh_id else check_message_name("id", message_id)
     if partition_key is None:
         partition_key = unkeyed_partition(message_id, conf.DEFAULT_PARTITIONS)
     else:
         partition_key = check_message_name("partition_key", partition_key)
-    if delay is None and deliver_at is None:
-        delay_ms, deliver_at_ms = None, 0
-    else:
-        delay_ms, deliver_at_ms = schedule(delay, deliver_at)
-    metadata = tracing.inject(metadata, trace_context)
+    delay_ms, deliver_at_ms = schedule(delay, deliver_at)
     return MessageRow(
         topic=topic,
         partition_key=partition_key,
         id=message_id,
         payload=encode_payload(payload, conf),
-        metadata=None if metadata is None else encode_metadata(metadata, conf),
+        metadata=encode_metadata(tracing.inject(metadata, trace_context), conf),
         published_at=published_at,
-        priority=priority if priority == DEFAULT_PRIORITY and type(priority) is int
-        else check_priority(priority),
+        priority=check_priority(priority),
         delay_ms=delay_ms,
         deliver_at_ms=deliver_at_ms,
         fresh_id=fresh_id,

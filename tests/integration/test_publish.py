@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -504,7 +505,7 @@ def test_a_publish_of_its_own_gives_up_after_its_tries(
     from sqlqueue.publishing import api
 
     pauses: list[float] = []
-    monkeypatch.setattr(api.time, "sleep", pauses.append)
+    monkeypatch.setattr(time, "sleep", pauses.append)
     victim = _Victim(monkeypatch, times=api.ALONE_TRIES)
     with pytest.raises(OperationalError, match="deadlock victim"):
         send_message("t", {"n": 1}, partition_key="k")

@@ -7,7 +7,7 @@ time zone nor from the worker's clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError
@@ -104,35 +104,21 @@ class MySQLDialect(Dialect):
                 append(bytes(raw.literal(value)))
         cursor.execute(sql.encode("utf-8") % tuple(values))  # type: ignore[arg-type]
 
-    _one_message_text: bytes | None = None  # built at the first such publish
-
     def insert_messages(
         self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None,
         prepared: bool = False,
     ) -> list[int] | None:
-        # The escaping is the live connection's (the cursor's: connected).
-        escape = self.connection.connection.string_literal
-        if len(rows) == 1 and rows[0].delay_ms is None:
-            # The one-message publish: its text is the same for every message without a
-            # delay, so it is built and encoded once, not for each message.
-            text = self._one_message_text
-            if text is None:
-                text = self._one_message_text = self.sql.store_messages(rows)[0].encode()
-            r = rows[0]
-            literals = _row_literals(r, escape(r.topic.encode("utf-8")),
-                                     escape(r.partition_key.encode("utf-8")), escape)
-        else:
-            text = self.sql.store_messages(rows)[0].encode("utf-8")
-            literals = tuple(self._message_literals(rows, escape))
-        cursor.execute(text % literals)  # type: ignore[arg-type]
+        text, _ = self.sql.store_messages(rows)
+        cursor.execute(text.encode("utf-8") % tuple(self._message_literals(rows)))  # type: ignore[arg-type]
         return self.inserted_offsets(cursor, len(rows))
 
-    @staticmethod
-    def _message_literals(rows: Sequence[MessageRow], escape: Callable[[bytes], bytes]
-                          ) -> list[bytes]:
-        """``store_messages``' parameters as literals escaped by ``escape`` (the
-        connection's), in its order: what ``execute_rows`` does, row-aware, for the hot
-        path of publishing. Topics and keys repeat (escaped once)."""
+    def _message_literals(self, rows: Sequence[MessageRow]) -> list[bytes]:
+        """``store_messages``' parameters as escaped literals, in its order (topic, key,
+        id, payload, metadata, published_at, priority, deliver_after or delay): what
+        ``execute_rows`` does, row-aware, for the hot path of publishing. Topics and keys
+        repeat (escaped once); an id sqlqueue made is hex and dashes (nothing to escape)."""
+        # The escaping is the live connection's: the cursor's, connected already.
+        escape = self.connection.connection.string_literal
         names: dict[str, bytes] = {}
         values: list[bytes] = []
         extend = values.extend
@@ -143,7 +129,14 @@ class MySQLDialect(Dialect):
             key = names.get(r.partition_key)
             if key is None:
                 key = names[r.partition_key] = escape(r.partition_key.encode("utf-8"))
-            extend(_row_literals(r, topic, key, escape))
+            extend((
+                topic, key,
+                b"'%s'" % r.id.encode("ascii") if r.fresh_id else escape(r.id.encode("utf-8")),
+                escape(r.payload),
+                b"NULL" if r.metadata is None else escape(r.metadata.encode("utf-8")),
+                b"%d" % r.published_at, b"%d" % r.priority,
+                b"%d" % (r.deliver_at_ms if r.delay_ms is None else r.delay_ms),
+            ))
         return values
 
     def inserted_offsets(self, cursor: CursorWrapper, count: int) -> list[int] | None:
@@ -225,18 +218,3 @@ class MySQLDialect(Dialect):
         a payload of quotes cannot make a statement twice the size it was cut for."""
         size = escaped_length(payload.encode("utf-8") if isinstance(payload, str) else payload)
         return size + escaped_length(metadata.encode("utf-8")) if metadata else size
-
-
-def _row_literals(r: MessageRow, topic: bytes, key: bytes, escape: Callable[[bytes], bytes]
-                  ) -> tuple[bytes, ...]:
-    """A row's values of ``store_messages`` as literals (its topic and key escaped
-    already): topic, key, id, payload, metadata, published_at, priority, and its
-    deliver_after or delay. An id sqlqueue made is hex and dashes (nothing to escape)."""
-    return (
-        topic, key,
-        b"'%s'" % r.id.encode("ascii") if r.fresh_id else escape(r.id.encode("utf-8")),
-        escape(r.payload),
-        b"NULL" if r.metadata is None else escape(r.metadata.encode("utf-8")),
-        b"%d" % r.published_at, b"%d" % r.priority,
-        b"%d" % (r.deliver_at_ms if r.delay_ms is None else r.delay_ms),
-    )
