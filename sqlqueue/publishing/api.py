@@ -198,9 +198,10 @@ def _insert_one(
         else:
             assert offsets is not None  # a single row's offset is always known
             return SentMessage(topic, row.partition_key, row.id, offsets[0], created=True)
-        found = dialect.select_message_offsets(
-            cursor, topic, [row.key], lock=connection.in_atomic_block
-        )
+        with connection.cursor() as reading:  # the kept cursor is insert_messages' only
+            found = dialect.select_message_offsets(
+                reading, topic, [row.key], lock=connection.in_atomic_block
+            )
         if row.key in found:
             return SentMessage(topic, row.partition_key, row.id, found[row.key], created=False)
         # The duplicate vanished (garbage-collected) between the two statements: insert again.

@@ -24,6 +24,11 @@ def store(using: str | BaseDatabaseWrapper | None = None) -> Dialect:
     (a database alias, a connection, or None for ``SQLQUEUE["DATABASE"]``), made once per
     connection and kept on it. Imported lazily: ``sqlqueue.storage.statements`` stays
     importable without Django."""
+    # Made once and kept on the connection (dialect_for): every publish finds it here,
+    # with an attribute lookup instead of an import statement on each call.
+    kept: Dialect | None = getattr(using, "_sqlqueue_dialect", None)
+    if kept is not None:
+        return kept
     from sqlqueue.storage.sql import dialect_for
 
     if using is None or isinstance(using, str):

@@ -104,3 +104,68 @@ def test_a_dialect_made_through_the_connection_proxy_holds_the_threads_wrapper()
     vars(wrapper).pop("_sqlqueue_dialect", None)  # made afresh, from django.db.connection
     assert dialect_for(connection).connection is wrapper
     assert dialect_for(wrapper) is dialect_for(connection)
+
+
+mysql_only = pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL's InsertCursor")
+
+
+@mysql_only
+def test_mysql_keeps_a_lean_insert_cursor_inside_djangos_wrappers() -> None:
+    from sqlqueue.storage.sql.mysql import InsertCursor
+
+    send_message("kept.cursor", {"n": 0})
+    kept: Any = dialect_for(connection).publishing_cursor()
+    assert type(kept.cursor.cursor) is InsertCursor  # Django's wrapper, the backend's, ours
+    sent = send_message("kept.cursor", {"n": 1})
+    assert kept.lastrowid == sent.offset and kept.rowcount == 1
+
+
+@mysql_only
+def test_the_insert_cursor_raises_djangos_errors_and_leaves_the_connection_usable() -> None:
+    from django.db import IntegrityError, ProgrammingError
+
+    kept = dialect_for(connection).publishing_cursor()
+    kept.execute("CREATE TEMPORARY TABLE kept_cursor_probe (id INT PRIMARY KEY)")
+    kept.execute("INSERT INTO kept_cursor_probe VALUES (1)")
+    with pytest.raises(IntegrityError):
+        kept.execute("INSERT INTO kept_cursor_probe VALUES (1)")
+    with pytest.raises(ProgrammingError, match="answer no rows"):
+        kept.execute("SELECT id FROM kept_cursor_probe")
+    with pytest.raises(ProgrammingError, match="no parameters"):
+        kept.execute("INSERT INTO kept_cursor_probe VALUES (%s)", [2])
+    kept.execute("INSERT INTO kept_cursor_probe VALUES (3)")  # the rows above were discarded
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM kept_cursor_probe ORDER BY id")
+        assert cursor.fetchall() == ((1,), (3,))
+        cursor.execute("DROP TEMPORARY TABLE kept_cursor_probe")
+
+
+class _TracingProxy:
+    """A DB-API connection wrapped as tracing libraries wrap it (their cursors record
+    each statement): everything is passed through."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+@mysql_only
+def test_a_proxied_db_api_connection_gets_its_own_cursors() -> None:
+    import MySQLdb
+
+    from sqlqueue.storage.sql.mysql import InsertCursor
+
+    send_message("kept.cursor", {"n": 0})
+    wrapper: Any = connections[DEFAULT_DB_ALIAS]
+    raw = wrapper.connection
+    wrapper.connection = _TracingProxy(raw)
+    try:
+        sent = send_message("kept.cursor", {"n": 1})
+        kept: Any = dialect_for(connection).publishing_cursor()
+        assert type(kept.cursor.cursor) is not InsertCursor
+        assert isinstance(kept.cursor.cursor, MySQLdb.cursors.BaseCursor)
+    finally:
+        wrapper.connection = raw
+    assert [row["offset"] for row in stored_messages()][-1] == sent.offset

@@ -83,7 +83,8 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
     _kept_by = 0  # the thread that opened it
 
     def publishing_cursor(self) -> CursorWrapper:
-        """A cursor for publishing's statements, opened once per DB-API connection and
+        """A cursor for ``insert_messages`` (and nothing else: on MySQL it runs only
+        statements that answer no rows), opened once per DB-API connection and
         kept (a reconnect opens another); its users never close it. Opening and closing
         a cursor for each message was a sixth of a one-message publish's client CPU
         (``bench.publish_split``). What ``connection.cursor()`` does besides is kept: the
@@ -100,11 +101,16 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
             return connection.cursor()
         cursor = self._kept_cursor
         if cursor is None or connection.connection is not self._kept_for:
-            cursor = self._kept_cursor = connection.cursor()
+            cursor = self._kept_cursor = self._new_publishing_cursor()
             self._kept_for, self._kept_by = connection.connection, get_ident()
         elif self._kept_by != get_ident():
             return connection.cursor()
         return cursor
+
+    def _new_publishing_cursor(self) -> CursorWrapper:
+        """The cursor ``publishing_cursor`` keeps: Django's, unless a vendor has a
+        leaner one for statements that answer no rows."""
+        return self.connection.cursor()
 
     # -- wake-ups (sqlqueue.wakeups) ---------------------------------------------------
     #: the database can wake its listeners at commit (PostgreSQL ``NOTIFY``)
