@@ -241,10 +241,10 @@ class InsertCursor:
     itself: ``query``, then the affected rows and the first AUTO_INCREMENT value.
     mysqlclient's ``Cursor.execute`` also drains earlier result sets, asks for one of
     its own and describes it on every call: for an INSERT with its values inline, which
-    answers no rows, that was 12 of a one-message publish's 184 µs of client CPU
-    (``bench.publish_split``'s machine, 2026-11-28). Only for such statements: one that
-    answers rows is refused (``ProgrammingError``), its rows discarded, the connection
-    left usable."""
+    answers no rows, that was 10 of a one-message publish's 163 µs of client CPU (the
+    two cursors in turns, docs/benchmarks.md, 2026-11-28 morning). Only for such
+    statements: one that answers rows is refused (``ProgrammingError``), its rows
+    discarded, the connection left usable."""
 
     def __init__(self, raw: Any) -> None:
         self._raw = raw
