@@ -64,8 +64,8 @@ docs-build: bootstrap
 # SQLQUEUE_REQUIRE_SPARK=1, SQLQUEUE_REQUIRE_DOCS=1: the Spark and docs-site tests fail
 # rather than skip when PySpark, Java or MkDocs is missing, so that CI cannot skip them
 # silently.
-SQLITE_TIER := not soak and (checkout or not (acceptance or browser))
-SERVER_TIER := not soak and not database_independent
+SQLITE_TIER := not soak and not topology and (checkout or not (acceptance or browser))
+SERVER_TIER := not soak and not topology and not database_independent
 test-sqlite: bootstrap
 	SQLQUEUE_REQUIRE_SPARK=1 SQLQUEUE_REQUIRE_DOCS=1 DATABASE_URL=sqlite:////tmp/sqlqueue-tests.sqlite3 $(PY) -m pytest -m "$(SQLITE_TIER)" $(PYTEST_ARGS)
 
@@ -119,8 +119,9 @@ test-lts: bootstrap-lts
 
 test: lint docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-wheel test-lts
 
-# The topology report's runs (docs/guides/topologies.md), the soak ones included, with
-# their figures printed: servers of the tests' own (MariaDB replicas, a Galera cluster,
+# The topology report's runs (docs/guides/topologies.md), with their figures printed: the
+# ones marked `topology` (a minute or more each, left out of make test for CI's time) and
+# `soak` included: servers of the tests' own (MariaDB replicas, a Galera cluster,
 # a Patroni + etcd cluster: bootstrap installs Debian's patroni and etcd-server for it).
 topologies:
 	@SQLQUEUE_BOOTSTRAP_TOPOLOGIES=1 ./.ci/bootstrap

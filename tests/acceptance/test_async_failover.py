@@ -34,6 +34,8 @@ from tests.acceptance.servers import (
     own_mariadb,
 )
 
+# Two servers of the test's own and a failover, a minute each: make topologies (pyproject.toml).
+pytestmark = pytest.mark.topology
 DATABASE = "async_failover_test"
 TOPIC = "accept.failover"
 REPLICATION = ("--log-bin=binlog", "--binlog-format=ROW", "--gtid-strict-mode=ON")

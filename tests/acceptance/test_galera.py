@@ -26,6 +26,8 @@ from tests.acceptance.servers import (
     own_galera,
 )
 
+# A three-node cluster of the test's own: make topologies (pyproject.toml).
+pytestmark = pytest.mark.topology
 DATABASE = "galera_test"
 SECONDS = 20
 

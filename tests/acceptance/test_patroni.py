@@ -64,10 +64,10 @@ while not os.path.exists(os.environ["STOP_FILE"]):
     time.sleep(0.02)
 """
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.topology, pytest.mark.skipif(
     not can_start_patroni(),
     reason="needs Debian's patroni and etcd-server packages (make topologies installs "
-           "them), PostgreSQL 15 and the postgres user, as root")
+           "them), PostgreSQL 15 and the postgres user, as root")]
 
 
 def journal(paths: list[Path]) -> list[tuple[str, str, int, str, int, float, str]]:
