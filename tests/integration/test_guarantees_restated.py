@@ -181,6 +181,7 @@ def test_an_atomic_handler_on_the_delivering_server_acks_with_its_writes(
     assert Order.objects.count() == 3
 
 
+@pytest.mark.exit_settles
 def test_until_empty_exits_with_its_acks_in_the_watermarks(register: Any) -> None:
     """One --until-empty run, and the watermarks are past everything it acked at exit
     (on MySQL/MariaDB the rows acked last were left above them: garbage collection kept
