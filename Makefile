@@ -3,7 +3,8 @@
 #   make test   install everything, then lint, type-check, build the docs site in strict
 #               mode, run the whole suite on SQLite, MariaDB/MySQL and PostgreSQL, then the
 #               acceptance and browser tiers against the built wheel (the newest stack:
-#               the newest Python and Django found); then the LTS stack (make test-lts)
+#               the newest Python and Django found); then the LTS stack (make test-lts).
+#               Not the soak and topology runs: make soak, make topologies
 #   make docs   serve the docs site (MkDocs over docs/) at http://127.0.0.1:8000/en/latest/
 PY := .venv/bin/python
 # The second stack: Python 3.11 and Django 5.2 LTS (.ci/bootstrap lts).
