@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 
 @pytest.fixture(autouse=True)
 def exits_without_waiting_for_the_horizon(request: pytest.FixtureRequest,
-                                          monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process runners exit without waiting for MySQL's write horizon to pass the rows
     they acked last (``Runner.exit_settle_seconds``): the horizon moves in whole seconds,
     and a test publishes its messages a moment before its runner exits, so each exit
@@ -20,5 +18,4 @@ def exits_without_waiting_for_the_horizon(request: pytest.FixtureRequest,
     if request.node.get_closest_marker("exit_settles") is None:
         from sqlqueue.consuming.runner import Runner
 
-        monkeypatch.setattr(Runner, "exit_settle_seconds", 0.0)
-    yield
+        monkeypatch.setattr(Runner, "exit_settle_seconds", 0.0)  # undone after the test
