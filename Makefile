@@ -123,12 +123,14 @@ test: lint docs-build test-sqlite test-mysql test-postgres test-postgres-server-
 # The topology report's runs (docs/guides/topologies.md), with their figures printed: the
 # ones marked `topology` (a minute or more each, left out of make test for CI's time) and
 # `soak` included: servers of the tests' own (MariaDB replicas, a Galera cluster,
-# a Patroni + etcd cluster: bootstrap installs Debian's patroni and etcd-server for it).
+# a Patroni + etcd cluster: bootstrap installs Debian's patroni and etcd-server for it;
+# a Spark standalone master with two workers).
 topologies:
 	@SQLQUEUE_BOOTSTRAP_TOPOLOGIES=1 ./.ci/bootstrap
-	DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -s -m "" tests/acceptance/test_failover.py \
-		tests/acceptance/test_async_failover.py tests/acceptance/test_semisync.py \
-		tests/acceptance/test_galera.py tests/acceptance/test_patroni.py $(PYTEST_ARGS)
+	SQLQUEUE_REQUIRE_SPARK=1 DATABASE_URL=$(MYSQL_TEST_URL) $(PY) -m pytest -s -m "" \
+		tests/acceptance/test_failover.py tests/acceptance/test_async_failover.py \
+		tests/acceptance/test_semisync.py tests/acceptance/test_galera.py \
+		tests/acceptance/test_patroni.py tests/spark/test_cluster.py $(PYTEST_ARGS)
 
 # Long fault run with its history checked, not part of `make test`
 # (docs/guides/operations.md): on a database server of its own (SOAK_DATABASE=mariadb or

@@ -63,7 +63,7 @@ def standalone(tmp_path: Path) -> Iterator[str]:
     """``spark://`` URL of a master with two one-core workers, stopped after the test."""
     if connection.vendor != "mysql":
         # Checked before the cluster starts: starting it costs a minute.
-        pytest.skip("a cluster smoke test: once per CI run is enough (the MySQL run)")
+        pytest.skip("a cluster smoke test: once is enough, on MySQL (make topologies)")
     env, logs = spark_env(), tmp_path / "logs"
     logs.mkdir()
     # Port 0 everywhere: the master says which port it bound, nothing is picked in advance.
@@ -104,6 +104,7 @@ def submit(master: str, *args: str, env: dict[str, str] | None = None
         timeout=600, check=False)
 
 
+@pytest.mark.topology  # two minutes of a cluster's own: make topologies, not make test
 def test_the_source_and_the_report_on_a_standalone_cluster(
         standalone: str, db_url: str, tmp_path: Path) -> None:
     sent = send_messages("cluster.in", [{"n": n} for n in range(30)])
