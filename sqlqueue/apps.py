@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig, apps
+from django.conf import settings
 
 
 class SqlqueueConfig(AppConfig):
@@ -10,6 +11,10 @@ class SqlqueueConfig(AppConfig):
 
     def ready(self) -> None:
         from sqlqueue import checks  # noqa: F401  (registers the system checks)
+        from sqlqueue.database_names import remember_configured_names
+
+        # Before any test database exists (sqlqueue.testing refuses other databases).
+        remember_configured_names(settings.DATABASES)
         from sqlqueue.consuming.registry import autodiscover
         from sqlqueue.integrations.tasks.registration import register_task_consumers
 

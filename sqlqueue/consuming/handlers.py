@@ -168,6 +168,9 @@ class Outcome:
     kind: OutcomeKind
     error: str = ""
     delay: float | None = None  # Retry(delay=...)
+    #: what a failed handler raised (kind "fail"), for sqlqueue.testing's report; held
+    #: only until the outcome is recorded
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
 
 
 def published_id(row: FetchedRow) -> str:
@@ -235,7 +238,7 @@ def handle(delivery: Delivery) -> Outcome:
                                 offset=delivery.row.offset, attempt=delivery.attempt,
                                 error=described),
         )
-        return Outcome(delivery, "fail", error=_error_text(exc))
+        return Outcome(delivery, "fail", error=_error_text(exc), exception=exc)
 
 
 def _after_database_error(alias: str) -> None:

@@ -23,12 +23,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sqlqueue.testing.capture import CapturedMessage, CapturedMessages, capture_messages
     from sqlqueue.testing.clock import advance_clock, clock_offset_ms, reset_clock
+    from sqlqueue.testing.databases import NotATestDatabase
+    from sqlqueue.testing.failures import HandlerFailure
     from sqlqueue.testing.messages import make_message
     from sqlqueue.testing.runs import RunReport, run_consumers
 
 _EXPORTS = {
     "CapturedMessage": "sqlqueue.testing.capture",
     "CapturedMessages": "sqlqueue.testing.capture",
+    "HandlerFailure": "sqlqueue.testing.failures",
+    "NotATestDatabase": "sqlqueue.testing.databases",
     "RunReport": "sqlqueue.testing.runs",
     "advance_clock": "sqlqueue.testing.clock",
     "capture_messages": "sqlqueue.testing.capture",
@@ -41,6 +45,8 @@ _EXPORTS = {
 __all__ = [
     "CapturedMessage",
     "CapturedMessages",
+    "HandlerFailure",
+    "NotATestDatabase",
     "RunReport",
     "advance_clock",
     "capture_messages",

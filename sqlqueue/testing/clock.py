@@ -18,8 +18,10 @@ from types import TracebackType
 
 from django.db import connections
 
+from sqlqueue.conf import get_settings
 from sqlqueue.consuming.clock import DatabaseClock
 from sqlqueue.storage import store
+from sqlqueue.testing.databases import refuse_unless_test_databases
 
 _offset_ms = 0
 
@@ -40,17 +42,23 @@ class ClockMove:
         _offset_ms -= self.moved_ms
 
 
-def advance_clock(seconds: float | timedelta) -> ClockMove:
+def advance_clock(seconds: float | timedelta, *,
+                  allow_any_database: bool = False) -> ClockMove:
     """Move the queue's clock ``seconds`` forward for every later ``run_consumers``.
 
     Retries and scheduled messages due within that time become deliverable. Only the
     queue's delivery decisions move: ``timezone.now()`` and the database's own clock
-    do not (stamps such as ``published_at`` stay real)."""
+    do not (stamps such as ``published_at`` stay real).
+
+    Raises ``NotATestDatabase`` if the queue's database (``SQLQUEUE["DATABASE"]``) is not
+    one Django's test setup created, unless ``allow_any_database=True``."""
     global _offset_ms
     if isinstance(seconds, timedelta):
         seconds = seconds.total_seconds()
     if seconds < 0:
         raise ValueError(f"advance_clock() moves the clock forward only; got {seconds!r}")
+    if not allow_any_database:
+        refuse_unless_test_databases("advance_clock()", [get_settings().DATABASE])
     moved = round(seconds * 1000)
     _offset_ms += moved
     return ClockMove(moved)

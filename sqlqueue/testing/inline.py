@@ -32,6 +32,7 @@ from sqlqueue.consuming.runner import Runner, default_name
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.storage import store
 from sqlqueue.testing.clock import moved_database_clock
+from sqlqueue.testing.failures import HandlerFailure
 
 #: A run that has not settled after this long is waiting on something no test controls
 #: (partitions leased by a real ``runconsumer``, a consumer's rate limit), or never ends
@@ -52,7 +53,15 @@ class _NoCollection(GarbageCollector):
 
 class InlinePool(HandlerPool):
     """A handler pool without threads: ``run_handed_out`` runs the handlers of what was
-    handed out on the calling thread."""
+    handed out on the calling thread, and keeps what each failing one raised."""
+
+    #: stop at the first handler that raises (``run_consumers(raise_errors=True)``): what
+    #: is still handed out is not started (the runner's shutdown gives it back)
+    stop_at_first_failure = False
+
+    def __init__(self, **parts: Any) -> None:
+        super().__init__(**parts)
+        self.failures: list[HandlerFailure] = []
 
     def start(self) -> None:
         """No threads."""
@@ -61,7 +70,7 @@ class InlinePool(HandlerPool):
         """Run the handlers of every delivery the last pass handed out, best first (the
         handler threads' order); their outcomes wait for the next pass."""
         ran = 0
-        while True:
+        while not (self.stop_at_first_failure and self.failures):
             try:
                 _, delivery = self.work.get_nowait()
             except queue.Empty:
@@ -84,6 +93,9 @@ class InlinePool(HandlerPool):
             delivery.finish()
             self.done.put(outcome)
             ran += 1
+            if outcome.exception is not None:
+                self.failures.append(HandlerFailure.of(outcome))
+        return ran
 
 
 def _handle_in_savepoint(delivery: handlers.Delivery) -> Outcome:
@@ -112,11 +124,21 @@ class InlineRunner(Runner):
     pool: InlinePool
 
     def __init__(self, consumers: Sequence[Consumer], conf: QueueSettings,
-                 max_messages: int | None = None) -> None:
+                 max_messages: int | None = None, stop_at_first_failure: bool = False) -> None:
         super().__init__(consumers, conf=conf, threads=1, until_empty=True,
                          max_messages=max_messages,
                          name=f"{default_name()}-test-{next(_runs)}",
                          clock=moved_database_clock(conf.DATABASE))
+        self.pool.stop_at_first_failure = stop_at_first_failure
+
+    @property
+    def failures(self) -> list[HandlerFailure]:
+        """The handler calls that raised, in the order they ran."""
+        return self.pool.failures
+
+    @property
+    def stopped_by_failure(self) -> bool:
+        return self.pool.stop_at_first_failure and bool(self.pool.failures)
 
     @property
     def handled(self) -> int:
@@ -135,6 +157,12 @@ class InlineRunner(Runner):
                     raise SqlqueueError(self._not_settled())
                 delay = self.run_once()
                 if self.pool.run_handed_out():
+                    if self.stopped_by_failure:
+                        # Record what ran (a stopping pass takes nothing new); the
+                        # shutdown gives back what was handed out and not started.
+                        self.stop()
+                        self.run_once()
+                        return
                     # The handlers may have published to partitions not seen yet.
                     for subscriber in self.subscribers:
                         subscriber.look_again_now()

@@ -20,11 +20,14 @@ from django.test.utils import CaptureQueriesContext, override_settings
 
 import sqlqueue
 from sqlqueue.consuming.registry import unregister
-from sqlqueue.models import DeadLetter
+from sqlqueue.database_names import configured_name
+from sqlqueue.models import DeadLetter, PartitionLease
 from sqlqueue.testing import (
+    NotATestDatabase,
     RunReport,
     advance_clock,
     capture_messages,
+    clock_offset_ms,
     inline,
     reset_clock,
     run_consumers,
@@ -180,6 +183,65 @@ class ToolkitCases:
         self.assertEqual((sent[0].id, sent[0].priority, sent[0].created),
                          ("order-2", 7, True))
 
+    def test_a_failing_handler_is_reported_with_its_exception_and_traceback(self) -> None:
+        self.place_order("e-1", fail_times=1)
+        self.place_order("e-2", reject=True)  # Reject (and Retry) are answers, not errors
+
+        report = run_consumers(group="billing")
+
+        self.assertEqual(report, RunReport(retried=1, dead_lettered=1))
+        self.assertEqual(len(report.errors), 1)
+        failure = report.errors[0]
+        self.assertEqual((type(failure.exception), str(failure.exception)),
+                         (RuntimeError, "failing attempt 1"))
+        assert failure.message is not None
+        self.assertEqual((failure.message.payload["ref"], failure.message.attempt,
+                          failure.message.consumer_group, failure.message.topic),
+                         ("e-1", 1, "billing", TOPIC))
+        # Where it was raised, as Python prints it: the handler's own line.
+        self.assertTrue(failure.traceback.startswith("Traceback (most recent call last):"))
+        self.assertTrue('in charge\n    raise RuntimeError(f"failing attempt {message.attempt}")'
+                        in failure.traceback, failure.traceback)
+        self.assertTrue(failure.traceback.endswith("RuntimeError: failing attempt 1\n"))
+        # What a failed assertEqual on the report prints names it.
+        self.assertTrue(f"{TOPIC}/c-1@" in repr(report), repr(report))
+        self.assertTrue("RuntimeError('failing attempt 1')" in repr(report), repr(report))
+        advance_clock(5)
+        self.assertEqual(run_consumers(group="billing").errors, ())  # its retry succeeded
+
+    def test_raise_errors_raises_the_first_after_recording_the_run(self) -> None:
+        self.place_order("r-1", fail_times=1)
+        self.place_order("r-2", fail_times=1)
+        self.place_order("r-3")
+
+        with self.assertRaises(RuntimeError) as raised:
+            run_consumers(group="billing", raise_errors=True)
+
+        self.assertEqual(str(raised.exception), "failing attempt 1")
+        self.assertTrue(any(f"on {TOPIC}/c-1@" in note and "'billing', attempt 1" in note
+                            for note in raised.exception.__notes__), raised.exception.__notes__)
+        # Stopped at the first failure: the others were handed out, not started.
+        self.assertEqual([(p["ref"], attempt) for _, p, attempt in calls], [("r-1", 1)])
+        # The run was recorded and closed: r-1 waits for its retry, the leases were given
+        # back, the others are delivered by the next run (their first attempt).
+        self.assertEqual(list(PartitionLease.objects.exclude(consumer_group="")), [])
+        report = run_consumers(group="billing")
+        self.assertEqual(report, RunReport(acked=1, retried=1))
+        self.assertEqual([(p["ref"], attempt) for _, p, attempt in calls[1:]],
+                         [("r-2", 1), ("r-3", 1)])
+        advance_clock(5)
+        self.assertEqual(run_consumers(group="billing", raise_errors=True),
+                         RunReport(acked=2))
+        self.assertEqual(Order.objects.filter(reference__startswith="charged:").count(), 3)
+
+    def test_raise_errors_in_an_atomic_handler_leaves_nothing_of_it(self) -> None:
+        sqlqueue.send_message("toolkit.atomic", {"ref": "ra", "fail_times": 1})
+        with self.assertRaises(RuntimeError):
+            run_consumers(group="ledger", raise_errors=True)
+        self.assertEqual(list(Order.objects.filter(reference__startswith="atomic:")), [])
+        advance_clock(5)
+        self.assertEqual(run_consumers(group="ledger", raise_errors=True), RunReport(acked=1))
+
     def test_a_paused_group_is_left_alone(self) -> None:
         from sqlqueue.operations.flow import pause, resume
 
@@ -334,11 +396,30 @@ class TestInsideATestCase(ToolkitCases, TestCase):
     def test_the_test_really_is_inside_a_transaction(self) -> None:
         self.assertTrue(connection.in_atomic_block)
 
+    def test_a_database_the_test_setup_did_not_create_is_refused(self) -> None:
+        """Audit W6: called from a shell or a script, on the database the settings name,
+        both entry points refuse before any statement (here the test database's connection
+        is open already and stays so: only the name it is known by is the configured one)."""
+        self.place_order("prod")
+        configured = configured_name(connection.alias)
+        self.assertTrue(configured and configured != connection.settings_dict["NAME"])
+        with mock.patch.dict(connection.settings_dict, {"NAME": configured}), \
+                CaptureQueriesContext(connection) as queries:
+            for call in (lambda: run_consumers(group="billing"), lambda: advance_clock(60)):
+                with self.assertRaises(NotATestDatabase) as refused:
+                    call()
+                self.assertTrue(f"refuses to run on the database {configured!r} (alias "
+                                f"'default'), which Django's test setup did not create"
+                                in str(refused.exception), str(refused.exception))
+            self.assertEqual((len(queries), calls, clock_offset_ms()), (0, [], 0))
+            # Told so, they run (on the connection already open: the test database).
+            with advance_clock(60, allow_any_database=True):
+                self.assertEqual(run_consumers(group="billing", allow_any_database=True),
+                                 RunReport(acked=1))
+
 
 class TestInsideATransactionTestCase(ToolkitCases, TransactionTestCase):
     def test_the_run_left_no_lease_behind(self) -> None:
-        from sqlqueue.models import PartitionLease
-
         self.place_order("lease")
         run_consumers(group="billing")
         # (the row under the empty group records the server: sqlqueue.consuming.takeover)

@@ -1,12 +1,18 @@
-"""advance_clock (issue 38): how far the queue's clock moved, and its undoing."""
+"""advance_clock (issue 38): how far the queue's clock moved, and its undoing. No
+database is read here: ``allow_any_database=True`` lets the clock move outside a test
+database (tests/integration/test_testing_toolkit.py checks the refusal)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 import pytest
 
-from sqlqueue.testing import advance_clock, clock_offset_ms, reset_clock
+from sqlqueue.testing import advance_clock as advance_any_clock
+from sqlqueue.testing import clock_offset_ms, reset_clock
+
+advance_clock = partial(advance_any_clock, allow_any_database=True)
 
 
 @pytest.fixture(autouse=True)
