@@ -26,3 +26,12 @@ def test_order_is_paid(sqlqueue_run: Any, sqlqueue_captured: Any) -> None:
     assert report.acked == 1
     order.refresh_from_db()
     assert order.status == Order.Status.PAID
+
+
+@pytest.mark.django_db
+def test_a_failing_handler_fails_the_test(sqlqueue_run: Any) -> None:
+    customer = Customer.objects.create(name="Ada", email="ada@example.com")
+    place_order(customer, [LineItem("TV", 1, Decimal("499.00"))])  # > 100: flaky
+
+    with pytest.raises(ConnectionError, match="mail provider timed out"):
+        sqlqueue_run(group="emails", raise_errors=True)

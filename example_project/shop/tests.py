@@ -73,6 +73,22 @@ class CheckoutTests(TestCase):
         self.assertEqual(second.acked, 1)
         self.assertEqual(ConfirmationEmail.objects.get().attempt, 2)
 
+    def test_a_handlers_error_is_in_the_report(self) -> None:
+        place_order(self.customer, [LineItem("TV", 1, Decimal("499.00"))])  # > 100: flaky
+
+        report = run_consumers(group="emails")
+
+        [error] = report.errors  # each: the message, the exception, its traceback
+        self.assertEqual(error.message.attempt, 1)
+        self.assertIsInstance(error.exception, ConnectionError)
+        self.assertIn("in _deliver_email", error.traceback)
+
+    def test_raise_errors_fails_the_test_with_the_handlers_exception(self) -> None:
+        place_order(self.customer, [LineItem("TV", 1, Decimal("499.00"))])  # > 100: flaky
+
+        with self.assertRaisesMessage(ConnectionError, "mail provider timed out"):
+            run_consumers(group="emails", raise_errors=True)
+
     def test_the_receipt_task_runs(self) -> None:
         with capture_messages(topic="tasks.default") as enqueued:
             order = place_order(self.customer, [LineItem("PEN", 3, Decimal("1.50"))])

@@ -9,7 +9,9 @@ records what a block publishes; ``run_consumers()`` runs the registered consumer
 thread, on its connection and inside its transaction (a ``django.test.TestCase`` works),
 through ``runconsumer``'s delivery code, until nothing is deliverable now;
 ``advance_clock()`` makes retries and scheduled messages due without waiting. The pytest
-plugin (``sqlqueue.testing.pytest_plugin``) offers them as fixtures.
+plugin (``sqlqueue.testing.pytest_plugin``) offers them as fixtures. A run's report keeps
+what failing handlers raised (``raise_errors=True`` raises the first); both refuse a
+database Django's test setup did not create (``allow_any_database=True`` aside).
 
 The names are loaded on first use, like ``sqlqueue``'s: pytest imports the plugin, in
 this package, before Django's settings are configured (or in projects without Django).

@@ -8,6 +8,7 @@ on it or to see where it came from. ``run_consumers`` keeps each one
 
 from __future__ import annotations
 
+import dataclasses
 import traceback as tracebacks
 from dataclasses import dataclass
 
@@ -25,9 +26,10 @@ class HandlerFailure:
     """A handler call that raised an exception other than ``Retry`` and ``Reject`` (the
     handler's own answers, counted in ``retried`` and ``dead_lettered``)."""
 
-    #: the message as the handler received it; None only if it could not even be built
-    #: (metadata another program wrote that is not JSON): ``exception`` says why
-    message: Message | None
+    #: the message as the handler received it (one whose metadata, written by another
+    #: program, is not JSON never reached the handler: ``exception`` says so, and here
+    #: its metadata is empty)
+    message: Message
     exception: BaseException
     #: ``exception`` formatted with its traceback, as Python prints it
     traceback: str
@@ -36,18 +38,19 @@ class HandlerFailure:
     def of(cls, outcome: Outcome) -> HandlerFailure:
         """The failure a "fail" outcome with its exception records."""
         assert outcome.exception is not None
+        delivery = outcome.delivery
         try:
-            message: Message | None = handlers.build_message(outcome.delivery, extend=False)
-        except Exception:
-            message = None
+            message = handlers.build_message(delivery, extend=False)
+        except (ValueError, RecursionError):  # the metadata is not JSON (or too deep)
+            without = dataclasses.replace(delivery.row, metadata=None)
+            message = handlers.build_message(dataclasses.replace(delivery, row=without),
+                                             extend=False)
         return cls(message, outcome.exception, formatted(outcome.exception))
 
     @property
     def where(self) -> str:
         """Which message and delivery: ``topic/key@offset for 'group', attempt n``."""
         message = self.message
-        if message is None:
-            return "a message that could not be decoded"
         return (f"{message.topic}/{message.partition_key}@{message.offset} for "
                 f"{message.consumer_group!r}, attempt {message.attempt}")
 

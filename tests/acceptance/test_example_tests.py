@@ -27,7 +27,7 @@ def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
 def test_the_shop_tests_pass_under_djangos_runner(tmp_path: Path) -> None:
     result = run(["manage.py", "test", "example_project.shop", "--noinput"], tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "Ran 6 tests" in result.stderr
+    assert "Ran 8 tests" in result.stderr
 
 
 def test_the_shop_tests_pass_under_pytest(tmp_path: Path) -> None:
@@ -37,4 +37,27 @@ def test_the_shop_tests_pass_under_pytest(tmp_path: Path) -> None:
                   "--ds=example_project.settings", "example_project/shop/pytest_examples.py"],
                  tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 passed" in result.stdout
+    assert "2 passed" in result.stdout
+
+
+def test_the_toolkit_refuses_the_shops_own_database(tmp_path: Path) -> None:
+    """Audit W6: run_consumers() and advance_clock() typed into ``manage.py shell`` (here
+    after setup_test_environment(), as Django's tutorial does in a shell) refuse the
+    database the settings name, before connecting to it: they never run on production data."""
+    code = ("from django.test.utils import setup_test_environment\n"
+            "setup_test_environment()\n"
+            "from sqlqueue.testing import NotATestDatabase, advance_clock, run_consumers\n"
+            "for call in (lambda: advance_clock(60), lambda: run_consumers(group='billing')):\n"
+            "    try:\n"
+            "        call()\n"
+            "    except NotATestDatabase as exc:\n"
+            "        print('REFUSED', exc)\n")
+    result = run(["manage.py", "shell", "-c", code], tmp_path)
+    assert result.returncode == 0, result.stderr
+    database = str(tmp_path / "shop.sqlite3")
+    refusals = [line for line in result.stdout.splitlines() if line.startswith("REFUSED")]
+    assert [line.split(" refuses")[0] for line in refusals] == [
+        "REFUSED advance_clock()", "REFUSED run_consumers()"], result.stdout
+    assert all(f"the database {database!r} (alias 'default'), which Django's test setup "
+               "did not create" in line for line in refusals), result.stdout
+    assert not (tmp_path / "shop.sqlite3").exists()  # never connected to

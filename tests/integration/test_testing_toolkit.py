@@ -194,7 +194,6 @@ class ToolkitCases:
         failure = report.errors[0]
         self.assertEqual((type(failure.exception), str(failure.exception)),
                          (RuntimeError, "failing attempt 1"))
-        assert failure.message is not None
         self.assertEqual((failure.message.payload["ref"], failure.message.attempt,
                           failure.message.consumer_group, failure.message.topic),
                          ("e-1", 1, "billing", TOPIC))
