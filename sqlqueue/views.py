@@ -5,7 +5,9 @@ from __future__ import annotations
 import hmac
 
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+from django.views.decorators.vary import vary_on_headers
 
 from sqlqueue.conf import get_settings
 
@@ -26,7 +28,12 @@ def _allowed(request: HttpRequest) -> bool:
 
 
 @require_GET
+@never_cache
+@vary_on_headers("Authorization")
 def metrics(request: HttpRequest) -> HttpResponse:
+    """The queue's state for Prometheus. Never stored by a cache on the way (``no-store``,
+    ``private``, and ``Vary: Authorization`` besides the session's ``Cookie``): the
+    answer to one scraper's token or one operator's session is not another's."""
     if not _allowed(request):
         return HttpResponseForbidden("Forbidden: needs the sqlqueue.view_consumerlag "
                                      "permission or the SQLQUEUE['METRICS_TOKEN'] bearer token.\n",

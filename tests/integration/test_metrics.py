@@ -131,3 +131,17 @@ def test_permission_and_token() -> None:
         # A wrong bearer is refused even on a session that could read the page.
         assert viewer.get(url, headers={"Authorization": "Bearer nope"}).status_code == 403
     assert Client().post(url).status_code == 405
+
+
+def test_no_answer_is_stored_by_a_cache() -> None:
+    """Audit W10: every answer, given or refused, says no-store and private, and varies
+    on the bearer token."""
+    url = reverse(METRICS)
+    with override_settings(SQLQUEUE={"METRICS_TOKEN": TOKEN}):
+        answers = [Client().get(url, headers={"Authorization": f"Bearer {TOKEN}"}),
+                   staff_with("view_consumerlag").get(url), Client().get(url)]
+    assert [a.status_code for a in answers] == [200, 200, 403]
+    for answer in answers:
+        directives = {d.strip() for d in answer.headers["Cache-Control"].split(",")}
+        assert {"no-store", "private"} <= directives, answer.headers["Cache-Control"]
+        assert "Authorization" in answer.headers["Vary"]
