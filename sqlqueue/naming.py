@@ -68,10 +68,23 @@ def check_json_depth(kind: str, text: str) -> str:
 
 def check_name(kind: str, value: Any, max_bytes: int = MAX_NAME_BYTES) -> str:
     """A non-empty str of printable characters, at most ``max_bytes`` in UTF-8; raises
-    ValueError naming the problem. Refused: control characters, and the invisible ones
-    that reorder or hide text on a terminal or a web page (format characters such as the
-    bidirectional overrides U+202A-202E and U+2066-2069 and the zero-width U+200B-200F,
-    and the line and paragraph separators U+2028/2029)."""
+    ValueError naming the problem. Refused, so that no name can pass for another where it
+    is shown (the admin, the command line, logs):
+
+    - control characters;
+    - invisible ones, which reorder or hide text: format characters such as the
+      bidirectional overrides U+202A-202E and U+2066-2069 and the zero-width U+200B-200F,
+      and the line and paragraph separators U+2028/2029;
+    - blank ones: spaces other than U+0020 (U+00A0 NBSP, U+3000, ...), the Hangul fillers
+      U+115F, U+1160, U+3164, U+FFA0, U+2800 BRAILLE PATTERN BLANK, the combining
+      grapheme joiner U+034F and the Mongolian and Khmer ignorables, private-use
+      characters and noncharacters (U+FDD0-FDEF, U+FFFE, U+FFFF, ...);
+    - whitespace at either end (``"orders "`` shows as ``"orders"``);
+    - a combining mark at the start or on an ASCII character (U+0336 overlays ``s`` in
+      ``"orders\\u0336"``; U+FE0F after ``s`` shows nothing): marks on letters of other
+      scripts (Devanagari, Thai, Hebrew points) and an emoji's variation selector stay;
+    - a name not in Unicode's composed form NFC (``"cafe\\u0301"`` shows as ``"café"``).
+    """
     if not isinstance(value, str):
         raise ValueError(f"{kind} must be a string, not {type(value).__name__}.")
     if not value:
@@ -82,18 +95,51 @@ def check_name(kind: str, value: Any, max_bytes: int = MAX_NAME_BYTES) -> str:
         bad = next((ch for ch in value if _is_control(ch)), None)
         if bad is not None:
             raise ValueError(f"{kind} {value[:50]!r} contains the control character {bad!r}.")
-        bad = next((ch for ch in value if _is_invisible(ch)), None)
-        if bad is not None:
-            raise ValueError(f"{kind} {value[:50]!r} contains the invisible character "
-                             f"U+{ord(bad):04X} ({unicodedata.name(bad, 'unnamed')}), "
-                             "which can reorder or hide text where it is shown.")
+        _refuse_look_alikes(kind, value)
         try:
             size = len(value.encode("utf-8"))
         except UnicodeEncodeError:
             raise ValueError(f"{kind} {value[:50]!r} is not valid Unicode text.") from None
+    if value[0].isspace() or value[-1].isspace():
+        end = "begins" if value[0].isspace() else "ends"
+        raise ValueError(f"{kind} {value[:50]!r} {end} with whitespace, which does not show "
+                         "where the name is shown (a look-alike of the name without it).")
     if size > max_bytes:
         raise ValueError(f"{kind} is {size} bytes long; the limit is {max_bytes} bytes.")
     return value
+
+
+def _refuse_look_alikes(kind: str, value: str) -> None:
+    """The characters, and the forms, by which a name shows as another one."""
+    bad = next((ch for ch in value if _is_invisible(ch)), None)
+    if bad is not None:
+        raise ValueError(f"{kind} {value[:50]!r} contains the invisible character "
+                         f"U+{ord(bad):04X} ({unicodedata.name(bad, 'unnamed')}), "
+                         "which can reorder or hide text where it is shown.")
+    bad = next((ch for ch in value if _is_blank(ch)), None)
+    if bad is not None:
+        raise ValueError(f"{kind} {value[:50]!r} contains the blank or invisible character "
+                         f"U+{ord(bad):04X} ({_character_name(bad)}), which shows as a "
+                         "space or not at all where the name is shown.")
+    if not unicodedata.is_normalized("NFC", value):
+        composed = unicodedata.normalize("NFC", value)
+        raise ValueError(f"{kind} {value[:50]!r} is not in Unicode's composed form (NFC): it "
+                         f"shows as {composed[:50]!r}, another name. Use that one "
+                         "(unicodedata.normalize('NFC', name)).")
+    for position, ch in enumerate(value):
+        if unicodedata.category(ch) in _MARK_CATEGORIES and (
+                position == 0 or value[position - 1].isascii()):
+            on = "at its start" if position == 0 else f"on {value[position - 1]!r}"
+            raise ValueError(f"{kind} {value[:50]!r} contains the combining mark "
+                             f"U+{ord(ch):04X} ({unicodedata.name(ch, 'unnamed')}) {on}, "
+                             "which makes it look like another name.")
+
+
+def _character_name(ch: str) -> str:
+    name = unicodedata.name(ch, "")
+    if name:
+        return name
+    return "a private-use character" if unicodedata.category(ch) == "Co" else "a noncharacter"
 
 
 def _is_control(ch: str) -> bool:
@@ -104,18 +150,42 @@ def _is_control(ch: str) -> bool:
 #: bidirectional overrides and isolates, zero-width spaces and joiners, U+061C, U+FEFF)
 #: and the line and paragraph separators (Zl, Zp).
 _INVISIBLE_CATEGORIES = frozenset({"Cf", "Zl", "Zp"})
+#: Categories that show blank: spaces (Zs; U+0020 itself is allowed inside a name) and
+#: private-use characters (Co: what they show, if anything, depends on the reader's fonts).
+_BLANK_CATEGORIES = frozenset({"Zs", "Co"})
+#: Characters of other categories that show blank or not at all: the Hangul fillers (Lo),
+#: the braille blank (So), and the default-ignorable marks (the combining grapheme joiner,
+#: the Khmer inherent vowels, the Mongolian variation selectors and vowel separator).
+_BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f\u17b4\u17b5"
+                              "\u180b\u180c\u180d\u180e\u180f")
+#: Combining marks (nonspacing and enclosing; variation selectors are nonspacing ones)
+_MARK_CATEGORIES = frozenset({"Mn", "Me"})
 
 
 def _is_invisible(ch: str) -> bool:
     return ord(ch) >= 0xA0 and unicodedata.category(ch) in _INVISIBLE_CATEGORIES
 
 
+def _is_blank(ch: str) -> bool:
+    """Shows as a space, or not at all (U+0020 aside). Not every unassigned code point
+    (Cn): what is unassigned depends on the Python's Unicode version, and a name one
+    process accepts (an emoji of Unicode 15) must not be refused by another (3.11 knows
+    Unicode 14); the noncharacters are, in every version."""
+    code = ord(ch)
+    if code < 0xA0:
+        return False
+    return (ch in _BLANK_CHARACTERS or unicodedata.category(ch) in _BLANK_CATEGORIES
+            or 0xFDD0 <= code <= 0xFDEF or code & 0xFFFE == 0xFFFE)
+
+
 def escape_controls(text: str) -> str:
     """``text`` for a terminal: every control character (C0, DEL, C1: escape sequences
     that move the cursor, clear the screen or rewrite earlier lines) written as a
-    ``\\xNN`` escape, and every invisible one (bidirectional overrides, zero-width and
-    other format characters, line and paragraph separators: they reorder or hide what is
-    shown) as ``\\uNNNN``, so stored text cannot forge or hide a command's output. Its
+    ``\\xNN`` escape, and every invisible or blank one (bidirectional overrides, zero-width
+    and other format characters, line and paragraph separators: they reorder or hide what
+    is shown; and what ``check_name`` refuses as blank: spaces other than U+0020, the
+    Hangul fillers, the braille blank, private-use characters, noncharacters) as
+    ``\\uNNNN``, so stored text cannot forge or hide a command's output. Its
     output is left unchanged by a second pass."""
     if text.isascii() and text.isprintable():
         return text
@@ -125,7 +195,7 @@ def escape_controls(text: str) -> str:
 def _escaped(ch: str) -> str:
     if _is_control(ch):
         return f"\\x{ord(ch):02x}"
-    if _is_invisible(ch):
+    if _is_invisible(ch) or _is_blank(ch):
         return f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}"
     return ch
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import sys
 from io import StringIO
@@ -137,3 +138,34 @@ def test_names_with_invisible_characters_are_refused(name: str, register: Any) -
              "PATH": "/usr/bin:/bin"})
     assert result.returncode == 2
     assert "invisible character" in result.stderr
+
+
+# -- W7: look-alike names (blank characters, marks, spaces at the ends, NFD) ------------
+@pytest.mark.parametrize(("name", "problem"), [
+    ("orders\u3164", "U+3164 (HANGUL FILLER)"),
+    ("orders\u115f", "U+115F (HANGUL CHOSEONG FILLER)"),
+    ("orders\u2800", "U+2800 (BRAILLE PATTERN BLANK)"),
+    ("ord\u00a0ers", "U+00A0 (NO-BREAK SPACE)"),
+    ("ord\u3000ers", "U+3000 (IDEOGRAPHIC SPACE)"),
+    ("orders\u0336", "combining mark U+0336"),
+    ("orders\u034f", "U+034F (COMBINING GRAPHEME JOINER)"),
+    ("orders\ufe0f", "combining mark U+FE0F"),
+    ("orders\ue000", "U+E000 (a private-use character)"),
+    ("orders\uffff", "U+FFFF (a noncharacter)"),
+    ("orders ", "ends with whitespace"),
+    (" orders", "begins with whitespace"),
+    ("cafe\u0301", "composed form (NFC)"),
+], ids=lambda value: ascii(value) if isinstance(value, str) else None)
+def test_look_alike_names_are_refused(name: str, problem: str, register: Any) -> None:
+    """Audit W7: a name that shows as another one (``orders\\u3164`` as ``orders``) is
+    refused wherever a name is given: topic, partition key, id, consumer group."""
+    from sqlqueue.models import QueueMessage
+
+    for kwargs in ({"topic": name}, {"partition_key": name}, {"id": name}):
+        with pytest.raises(sqlqueue.InvalidMessage, match=re.escape(problem)):
+            send_message(**{"topic": "t", "payload": 1, **kwargs})
+    with pytest.raises(ConfigurationError, match=re.escape(problem)):
+        register("t", name, lambda m: None)
+    with pytest.raises(ConfigurationError, match=re.escape(problem)):
+        register(name, "g", lambda m: None)
+    assert not QueueMessage.objects.exists()

@@ -45,11 +45,14 @@ def test_names_must_be_strings(value: Any) -> None:
 
 
 def test_good_names_include_unicode_and_spaces() -> None:
-    # U+00A0 is not "printable" to Python, but it neither controls nor hides anything
-    # (U+2028, a line separator, is refused: tests/integration/test_cli_safety.py).
+    # Spaces inside a name (U+0020); not at its ends, nor other spaces such as U+00A0,
+    # which show as U+0020 does (audit W7: tests/unit/test_text_safety.py).
     for value in ["orders.created", "customer 7", "ключ", "🦆", "x" * 255, "é" * 127,
-                  "no\u00a0break", " "]:
+                  "a b c"]:
         assert check_message_name("id", value) == value
+    for value in ["no\u00a0break", " ", "trailing "]:
+        with pytest.raises(InvalidMessage):
+            check_message_name("id", value)
 
 
 def test_lone_surrogates_are_refused() -> None:

@@ -11,6 +11,8 @@ from sqlqueue.naming import (
     MAX_JSON_DEPTH,
     MAX_STORED_TEXT_CHARS,
     check_json_depth,
+    check_name,
+    escape_controls,
     json_depth,
     storable_text,
 )
@@ -84,3 +86,59 @@ def test_the_depth_check_uses_no_pattern_that_matches_whole_strings() -> None:
                 if hasattr(value, "pattern") and hasattr(value, "finditer")]
     assert r'[\[\]{}"\\]' in patterns
     assert not [p for p in patterns if "*" in p or "+" in p]
+
+
+# -- look-alike names (audit W7) ---------------------------------------------------------
+
+#: name -> what the refusal says: each shows as "orders" (or as another name) in the
+#: admin, a terminal or a log
+LOOK_ALIKES = {
+    "orders\u3164": "blank or invisible character U+3164 (HANGUL FILLER)",
+    "orders\u115f": "blank or invisible character U+115F (HANGUL CHOSEONG FILLER)",
+    "orders\u1160": "blank or invisible character U+1160 (HANGUL JUNGSEONG FILLER)",
+    "orders\uffa0": "blank or invisible character U+FFA0 (HALFWIDTH HANGUL FILLER)",
+    "orders\u2800": "blank or invisible character U+2800 (BRAILLE PATTERN BLANK)",
+    "ord\u00a0ers": "blank or invisible character U+00A0 (NO-BREAK SPACE)",
+    "ord\u3000ers": "blank or invisible character U+3000 (IDEOGRAPHIC SPACE)",
+    "ord\u2009ers": "blank or invisible character U+2009 (THIN SPACE)",
+    "orders\ue000": "blank or invisible character U+E000 (a private-use character)",
+    "orders\uffff": "blank or invisible character U+FFFF (a noncharacter)",
+    "orders\ufdd0": "blank or invisible character U+FDD0 (a noncharacter)",
+    "orders\U0010fffe": "blank or invisible character U+10FFFE (a noncharacter)",
+    "orders\u034f": "blank or invisible character U+034F (COMBINING GRAPHEME JOINER)",
+    "orders\u180e": "invisible character U+180E",  # Cf since Unicode 6.3
+    "orders\u0336": "combining mark U+0336 (COMBINING LONG STROKE OVERLAY) on 's'",
+    "orders\ufe0f": "combining mark U+FE0F (VARIATION SELECTOR-16) on 's'",
+    "\u0301orders": "combining mark U+0301 (COMBINING ACUTE ACCENT) at its start",
+    "orders ": "ends with whitespace",
+    " orders": "begins with whitespace",
+    "orders\u3000": "blank or invisible character U+3000",
+    "cafe\u0301": "is not in Unicode's composed form (NFC): it shows as 'caf\u00e9'",
+}
+
+
+@pytest.mark.parametrize(("name", "says"), LOOK_ALIKES.items(),
+                         ids=[ascii(name) for name in LOOK_ALIKES])
+def test_a_look_alike_name_is_refused_with_what_is_wrong(name: str, says: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        check_name("topic", name)
+    assert says in str(refused.value)
+    assert str(refused.value).startswith("topic ")
+
+
+@pytest.mark.parametrize("name", [
+    "orders", "order lines", "caf\u00e9", "\u6ce8\u6587", "\u0928\u093f\u0930",
+    "\u05e9\u05c1\u05dc\u05d5\u05dd", "\u2764\ufe0f", "\U0001f600", "\U0001fae8",
+    "\u0e01\u0e34\u0e19",
+])
+def test_names_in_any_script_stay_accepted(name: str) -> None:
+    # Marks on letters of other scripts (Devanagari, Hebrew points, Thai), an emoji's
+    # variation selector, and an emoji newer than the Unicode of Python 3.11 (U+1FAE8).
+    assert check_name("topic", name) == name
+
+
+def test_the_command_line_escapes_what_names_may_no_longer_hold() -> None:
+    # Names stored before this rule (or by another program) are shown escaped.
+    shown = escape_controls("a\u00a0b\u3164c\u2800d\ue000e\uffff f")
+    assert shown == "a\\u00a0b\\u3164c\\u2800d\\ue000e\\uffff f"
+    assert escape_controls(shown) == shown
