@@ -272,6 +272,45 @@ def redacted_url(url: str) -> str:
     return f"{scheme}://{location}{question}{query}"
 
 
+#: where a URL parser may cut a password that holds them unencoded
+_URL_DELIMITERS = re.compile(r"[/?#@:]")
+#: a part of a password shorter than this is not searched for in an error's text (it
+#: would match by chance): if one occurs there anyway, the text is not shown at all
+_SHORTEST_SCRUBBED = 4
+
+
+def without_secrets(text: str, url: str) -> str:
+    """``text`` (an error about ``url``, say redis-py's) with no part of the URL's secrets:
+    the password (read as ``redacted_url`` reads it), each piece of it a parser may have
+    cut at an unencoded ``/``, ``?``, ``#``, ``@`` or ``:``, and the values of secret query
+    parameters, replaced by ``***``. When a piece too short to be replaced safely occurs in
+    it, none of the text is shown."""
+    secrets = _url_secrets(url)
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= _SHORTEST_SCRUBBED:
+            text = text.replace(secret, "***")
+    if any(secret in text for secret in secrets if len(secret) < _SHORTEST_SCRUBBED):
+        return "<not shown: it may quote part of the URL's password>"
+    return text
+
+
+def _url_secrets(url: str) -> set[str]:
+    _, separator, rest = url.partition("://")
+    if not separator:
+        return set()
+    secrets: set[str] = set()
+    if "@" in rest:
+        userinfo, _, rest = rest.rpartition("@")
+        password = userinfo.partition(":")[2]
+        secrets |= {password, *_URL_DELIMITERS.split(password)}
+    query = rest.partition("?")[2]
+    for pair in query.split("&"):
+        key, _, value = pair.partition("=")
+        if key.lower() in _SECRET_PARAMETERS:
+            secrets |= {value, *_URL_DELIMITERS.split(value)}
+    return {secret for secret in secrets if secret}
+
+
 #: the partition keys of messages published without one: this prefix and a number
 UNKEYED_PREFIX = "default-"
 

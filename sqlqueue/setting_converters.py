@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from sqlqueue.exceptions import SqlqueueError
 
@@ -127,6 +128,13 @@ def _redis_url(value: Any) -> str:
     if text and not text.startswith(REDIS_URL_SCHEMES):
         raise BadValue("sqlqueue.E008",
                         f"must be empty or a Redis URL ({', '.join(REDIS_URL_SCHEMES)}...)")
+    if text and "@" not in urlsplit(text).netloc and "@" in text.partition("://")[2]:
+        # A '/', '?' or '#' left raw in the password ends the host part early: redis-py
+        # would take the rest for the port or the path, and quote the password's first
+        # part in its error (as the Spark URL parser, sqlqueue.integrations.spark.connect).
+        raise BadValue("sqlqueue.E008",
+                       "has a '/', '?' or '#' before its last '@' (in its user or password): "
+                       "percent-encode them (%2F, %3F, %23; an '@' in a password as %40)")
     return text
 
 

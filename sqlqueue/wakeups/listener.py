@@ -61,7 +61,8 @@ class Listener(threading.Thread):
                 # the log; polling carries on meanwhile.
                 level = logging.WARNING if failures == 0 else logging.DEBUG
                 logger.log(level, "The %s channel is unavailable (%s); waking up by polling "
-                           "until it is back (next try in %.1fs).", self.channel, exc, delay)
+                           "until it is back (next try in %.1fs).", self.channel,
+                           self.described(exc), delay)
                 failures += 1
                 self.stopping.wait(delay)
         self.connected.clear()
@@ -82,6 +83,10 @@ class Listener(threading.Thread):
 
     def listen(self) -> None:
         raise NotImplementedError
+
+    def described(self, exc: BaseException) -> str:
+        """What the log says of a lost connection (a subclass leaves secrets out)."""
+        return str(exc)
 
     def stop(self) -> None:
         """Ask the thread to stop; it does within ``STOP_CHECK`` seconds (a daemon: the

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from sqlqueue.naming import redacted_url
+from sqlqueue.naming import redacted_url, without_secrets
 from sqlqueue.wakeups.listener import STOP_CHECK, Listener
 
 logger = logging.getLogger("sqlqueue.wakeups")
@@ -36,9 +36,10 @@ def channel(topic: str) -> str:
 def _client(url: str, timeout: float | None) -> Any:
     import redis
 
+    # TCP keepalive only over TCP: redis-py's unix socket connection refuses the option.
+    tcp = {} if url.startswith("unix://") else {"socket_keepalive": True}
     return redis.Redis.from_url(url, socket_connect_timeout=timeout or 2.0,
-                                socket_timeout=timeout, socket_keepalive=True,
-                                health_check_interval=30)
+                                socket_timeout=timeout, health_check_interval=30, **tcp)
 
 
 class Publisher:
@@ -79,7 +80,7 @@ class Publisher:
         if not self._quiet_for:
             logger.warning("Cannot publish wake-ups to Redis (%s): %s. Messages are still "
                            "published; runners find them by polling until Redis is back.",
-                           redacted_url(self.url), exc)
+                           redacted_url(self.url), without_secrets(str(exc), self.url))
         self._quiet_for = min(longest, 2 * self._quiet_for) if self._quiet_for else first
         self._quiet_until = time.monotonic() + self._quiet_for
 
@@ -103,6 +104,10 @@ class RedisListener(Listener):
     def __init__(self, url: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.url = url
+
+    def described(self, exc: BaseException) -> str:
+        """redis-py's errors may quote the URL (a port parsed out of a password)."""
+        return without_secrets(str(exc), self.url)
 
     def listen(self) -> None:
         client = _client(self.url, None)

@@ -190,6 +190,68 @@ def test_the_redis_password_never_reaches_the_log(caplog: Any) -> None:
     assert "redis://***@127.0.0.1:6390/0?password=***&db=0" in caplog.text
 
 
+#: a password with an unencoded '/', '?' or '#': redis-py reads "Sup3r" as the port and
+#: says so in its error (audit W3)
+MALFORMED_REDIS_URLS = [f"redis://:Sup3r{cut}RedisPW@127.0.0.1:6390/0" for cut in "/?#"]
+URL = "redis://u:Sup3r/RedisPW@h:6390/0?password=Qu3ryPW&db=0"
+
+
+@pytest.mark.parametrize("url", MALFORMED_REDIS_URLS)
+def test_no_part_of_a_malformed_urls_password_reaches_the_log(url: str, caplog: Any) -> None:
+    """Audit W3, through the real redis.Redis.from_url: the publisher's WARNING and the
+    listener's, whose error text quotes the password's first part."""
+    from sqlqueue.wakeups.redis_channel import RedisListener, _client
+
+    with pytest.raises(ValueError, match="Sup3r"):  # what redis-py says, unscrubbed
+        _client(url, 0.25).publish("x", "y")
+    listener = RedisListener(url, ["t"], lambda topic: None)
+    with caplog.at_level(logging.WARNING, "sqlqueue.wakeups"):
+        assert Publisher(url).publish(["t"]) is False
+        listener.start()
+        _until(lambda: "channel is unavailable" in caplog.text)
+    listener.stop()
+    assert [r.getMessage()[:30] for r in caplog.records] == [
+        "Cannot publish wake-ups to Red", "The Redis wake-up channel is u"]
+    assert "Sup3r" not in caplog.text and "RedisPW" not in caplog.text
+    assert "Port could not be cast to integer value as '***'" in caplog.text
+
+
+@pytest.mark.parametrize("url", MALFORMED_REDIS_URLS)
+def test_a_malformed_redis_url_is_refused_by_the_settings(url: str) -> None:
+    _, problems = validate({"WAKEUP_REDIS_URL": url}, ALIASES)
+    assert [p.id for p in problems] == ["sqlqueue.E008"]
+    assert "percent-encode them (%2F, %3F, %23" in problems[0].msg
+    assert "Sup3r" not in problems[0].msg and "RedisPW" not in problems[0].msg
+
+
+@pytest.mark.parametrize(("url", "text", "shown"), [
+    (URL, "Port could not be cast to integer value as 'Sup3r'",
+     "Port could not be cast to integer value as '***'"),
+    (URL, "auth with Sup3r/RedisPW failed", "auth with *** failed"),
+    (URL, "query Qu3ryPW", "query ***"),
+    (URL, "nothing secret", "nothing secret"),
+    # A piece too short to replace (it would match by chance) hides the whole text.
+    ("redis://u:pw@h/0", "login pw refused", "<not shown: it may quote part of the URL's "
+                                             "password>"),
+    ("redis://u:pw@h/0", "nothing secret", "nothing secret"),
+    ("redis://h:6379/0", "Sup3r", "Sup3r"),  # no secret in the URL: unchanged
+])
+def test_an_error_text_is_shown_without_any_piece_of_the_secrets(url: str, text: str,
+                                                                 shown: str) -> None:
+    from sqlqueue.naming import without_secrets
+
+    assert without_secrets(text, url) == shown
+
+
+def test_a_unix_socket_url_makes_a_client() -> None:
+    """unix:// is an accepted scheme: its connection takes no TCP keepalive option."""
+    from sqlqueue.wakeups.redis_channel import _client
+
+    connection = _client("unix:///tmp/sqlqueue-no-such.sock?db=1", 0.25).connection_pool \
+        .make_connection()
+    assert type(connection).__name__ == "UnixDomainSocketConnection"
+
+
 @pytest.mark.parametrize(("url", "shown"), [
     ("redis://:pw@h:6379/0", "redis://***@h:6379/0"),
     ("redis://user:pw@h/1", "redis://user:***@h/1"),
