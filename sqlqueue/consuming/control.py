@@ -90,8 +90,10 @@ class RunnerControl:
     def _obey(self, action: str, by: str, at: int) -> None:
         self.obeyed = action
         what = "stop at once" if action == "stop" else "drain and stop"
+        # The name as stored, quoted: a custom user model's username may hold anything.
         logger.warning(
-            "%s: %s asked this runner to %s; %s.", self.name, by or "an operator", what,
+            "%s: %s asked this runner to %s; %s.", self.name,
+            f"the user {by!r}" if by else "an operator", what,
             "stopping now, without waiting for running handlers (their messages come "
             "back after their visibility timeout)" if action == "stop" else
             "finishing the running handlers, then stopping",

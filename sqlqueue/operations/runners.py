@@ -12,9 +12,13 @@ delivered again after their visibility timeout (at least once, as after a crash)
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connections, transaction
+from django.db.models import Max
 
 from sqlqueue.conf import MAX_NAME_BYTES, get_settings
 from sqlqueue.exceptions import SqlqueueError
@@ -24,8 +28,16 @@ from sqlqueue.storage import store
 ACTIONS = {"drain": RunnerAction.DRAIN, "stop": RunnerAction.STOP}
 
 
+logger = logging.getLogger("sqlqueue.consumer")
+
+
 class NotARunningRunner(SqlqueueError, LookupError):
     """No live runner has that name (it stopped, or never ran), or the action is unknown."""
+
+
+class RunnerNameTaken(SqlqueueError):
+    """Another live runner has this name: a stop request, a lease or a heartbeat would not
+    tell the two apart."""
 
 
 @dataclass(frozen=True)
@@ -77,3 +89,50 @@ def pending_requests(*, using: str | None = None) -> list[PendingRequest]:
     return [PendingRequest(*row) for row in RunnerRequest.objects.using(alias)
             .filter(obeyed_at=0).order_by("requested_at")
             .values_list("runner_name", "action", "requested_by", "requested_at")]
+
+
+def refuse_a_live_namesake(name: str, *, using: str | None = None,
+                           sleep: Callable[[float], None] = time.sleep,
+                           monotonic: Callable[[], float] = time.monotonic) -> None:
+    """Before a runner named ``name`` starts: raise ``RunnerNameTaken`` if another runner
+    of that name is running. Two would share their heartbeats and leases (both taking a
+    partition for their own), and a stop request would reach whichever read it first.
+
+    A live heartbeat of the name may also be that of a process that crashed a moment ago
+    (a supervisor restarting it under its name): it is alive only if its heartbeat moves.
+    So with one found, this waits up to one and a half ``LEASE_RENEW_INTERVAL`` (a live
+    runner heartbeats every interval) and refuses only if it moved meanwhile."""
+    alias = using or get_settings().DATABASE
+    renew = float(get_settings().LEASE_RENEW_INTERVAL)
+    first = _last_heartbeat(name, alias)
+    if first is None:
+        return
+    logger.info("A runner named %r heartbeated %.1fs ago: waiting up to %.1fs to see "
+                "whether it is still running (a runner that crashed stops heartbeating).",
+                name, max(0, _database_now(alias) - first) / 1000, 1.5 * renew)
+    deadline = monotonic() + 1.5 * renew
+    while monotonic() < deadline:
+        sleep(min(0.25, renew / 4))
+        last = _last_heartbeat(name, alias)
+        if last is None:
+            return  # it stopped
+        if last > first:
+            raise RunnerNameTaken(
+                f"A runner named {name!r} is running (its heartbeat moved while this one "
+                "waited to start): two runners of one name would share their leases, and "
+                "a stop request would reach only one. Give this one another --name, or "
+                "stop that one first (the admin's Subscribers page, or SIGTERM).")
+
+
+def _last_heartbeat(name: str, alias: str) -> int | None:
+    """The latest live heartbeat of ``name``, in any subscription (None: none live)."""
+    since = _database_now(alias) - int(get_settings().LEASE_DURATION * 1000)
+    latest: int | None = SubscriberHeartbeat.objects.using(alias).filter(
+        subscriber_name=name, heartbeat_at__gte=since, deregistered_at=0,
+    ).aggregate(latest=Max("heartbeat_at"))["latest"]
+    return latest
+
+
+def _database_now(alias: str) -> int:
+    with connections[alias].cursor() as cursor:
+        return store(alias).database_now_ms(cursor)

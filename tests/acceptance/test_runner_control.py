@@ -47,7 +47,7 @@ def test_drain_and_stop_finishes_running_handlers_then_exits(processes: list) ->
     request_runner_stop("drain-me", "drain", by="alice")
     _, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
-    assert "drain-me: alice asked this runner to drain and stop" in err
+    assert "drain-me: the user 'alice' asked this runner to drain and stop" in err
     assert_obeyed("drain-me")
     # Every handler that started finished; the rest was given back, not charged.
     assert finished_offsets() == started_offsets() and len(started_offsets()) < 10
@@ -68,7 +68,27 @@ def test_stop_at_once_does_not_wait_for_a_running_handler(processes: list) -> No
     except subprocess.TimeoutExpired:
         raise AssertionError("stopping at once waited for the running handler") from None
     assert process.returncode == 0, err
-    assert "stop-me: bob asked this runner to stop at once" in err
+    assert "stop-me: the user 'bob' asked this runner to stop at once" in err
     assert_obeyed("stop-me")
     assert not finished_offsets()  # its message comes back after its visibility timeout
     assert "stop-me" not in live_runners()
+
+
+def test_a_second_runner_under_a_live_runners_name_refuses_to_start(processes: list) -> None:
+    """Audit W8: two ``runconsumer --name dup`` (of two groups) both ran, and a stop
+    request reached only the one that read it first. The second now refuses to start; the
+    first runs on and obeys the request."""
+    first = runconsumer("--group", "workers", "--name", "dup", settings=FAST_LEASES)
+    processes.append(first)
+    wait_for(lambda: "dup" in live_runners(), what="the first runner's heartbeat")
+    second = runconsumer("--group", "auditors", "--name", "dup", settings=FAST_LEASES)
+    processes.append(second)
+    _, err = second.communicate(timeout=60)
+    assert second.returncode != 0
+    assert "A runner named 'dup' is running" in err and "another --name" in err, err
+    assert first.poll() is None  # the first runs on
+    request_runner_stop("dup", "drain", by="alice")
+    _, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert "dup: the user 'alice' asked this runner to drain and stop" in err
+    assert live_runners() == []

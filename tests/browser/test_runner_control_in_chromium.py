@@ -52,7 +52,7 @@ def test_a_runner_is_asked_to_drain_and_stop(live_server: Any, browser: Chrome,
         assert "Asked runner web-1.4242 to drain and stop" in admin.success()
         _, err = process.communicate(timeout=30)
         assert process.returncode == 0, err
-        assert "web-1.4242: operator asked this runner to drain and stop" in err
+        assert "web-1.4242: the user 'operator' asked this runner to drain and stop" in err
         assert LogEntry.objects.get().user.username == "operator"
         admin.open("/admin/sqlqueue/subscriberstatus/")  # it said goodbye: not listed
         assert all("web-1.4242" not in table.text for table in

@@ -9,14 +9,17 @@ import logging
 
 import pytest
 from django.db import connection
+from django.db.models import F
 
 from sqlqueue import events
 from sqlqueue.consuming.control import RunnerControl
 from sqlqueue.models import RunnerRequest, SubscriberHeartbeat
 from sqlqueue.operations.runners import (
     NotARunningRunner,
+    RunnerNameTaken,
     live_runners,
     pending_requests,
+    refuse_a_live_namesake,
     request_runner_stop,
 )
 from sqlqueue.storage.sql import dialect_for
@@ -78,11 +81,76 @@ def test_the_runner_obeys_within_one_renew_interval_and_logs_who_asked(
     assert stops == [False]
     (record,) = [r for r in caplog.records
                  if getattr(r, "event", None) == events.RUNNER_STOP_REQUESTED]
-    assert "alice asked this runner to drain and stop" in record.getMessage()
+    assert "the user 'alice' asked this runner to drain and stop" in record.getMessage()
     assert (record.subscriber, record.action, record.requested_by) == (  # type: ignore[attr-defined]
         "web-1.42", "drain", "alice")
     assert pending_requests() == [] and RunnerRequest.objects.get().obeyed_at > 0
     assert control.next_due_ms() is None  # obeyed once: it reads no more
+
+
+def test_a_request_names_who_asked_quoted(caplog: pytest.LogCaptureFixture) -> None:
+    """Audit W8: a custom user model's username may hold a line break: it cannot forge a
+    log line."""
+    alive("web-1.42")
+    clock, stops = Clock(), []
+    control = control_of("web-1.42", clock, stops)
+    clock.ms += 1
+    request_runner_stop("web-1.42", "stop", by="eve\nINFO all good")
+    clock.ms += 10_000
+    with caplog.at_level(logging.WARNING, logger="sqlqueue.consumer"):
+        control.run_due()
+    assert stops == [True]
+    assert "web-1.42: the user 'eve\\nINFO all good' asked this runner" in caplog.text
+    assert "\nINFO all good" not in caplog.text
+
+
+class Waits:
+    """``refuse_a_live_namesake``'s sleep and monotonic clock, moved by the test; each
+    wait may do something meanwhile (the other runner heartbeats)."""
+
+    def __init__(self, meanwhile: object = None) -> None:
+        self.now, self.waited = 0.0, 0.0
+        self.meanwhile = meanwhile
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.waited += seconds
+        if callable(self.meanwhile):
+            self.meanwhile()
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_runner_never_starts_under_the_name_of_a_live_one() -> None:
+    """Audit W8: two runners of one name shared a heartbeat and their leases, and a stop
+    request reached only one of them."""
+    alive("dup")
+
+    def heartbeat_again() -> None:  # the other runner is alive: its heartbeat moves
+        SubscriberHeartbeat.objects.filter(subscriber_name="dup").update(
+            heartbeat_at=F("heartbeat_at") + 1)
+
+    waits = Waits(heartbeat_again)
+    with pytest.raises(RunnerNameTaken, match="A runner named 'dup' is running"):
+        refuse_a_live_namesake("dup", sleep=waits.sleep, monotonic=waits.monotonic)
+    assert 0 < waits.waited <= 0.25  # refused at its first look
+
+
+def test_a_crashed_runners_name_is_taken_over_once_its_heartbeat_stands_still() -> None:
+    alive("crashed")  # live, but nobody renews it any more
+    waits = Waits()
+    refuse_a_live_namesake("crashed", sleep=waits.sleep, monotonic=waits.monotonic)
+    assert waits.waited >= 1.5 * 10  # one and a half LEASE_RENEW_INTERVAL (10 s)
+
+
+def test_a_free_or_stopped_name_starts_at_once() -> None:
+    waits = Waits()
+    refuse_a_live_namesake("free", sleep=waits.sleep, monotonic=waits.monotonic)
+    alive("stopped")
+    SubscriberHeartbeat.objects.filter(subscriber_name="stopped").update(deregistered_at=1)
+    refuse_a_live_namesake("stopped", sleep=waits.sleep, monotonic=waits.monotonic)
+    assert waits.waited == 0
 
 
 def test_stop_at_once_is_passed_on() -> None:

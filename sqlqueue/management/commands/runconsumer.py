@@ -30,6 +30,7 @@ from sqlqueue.exceptions import ConfigurationError
 from sqlqueue.management.queue_verbs.common import InertOutput
 from sqlqueue.naming import check_name
 from sqlqueue.operations.preflight import ensure_ready
+from sqlqueue.operations.runners import RunnerNameTaken, refuse_a_live_namesake
 from sqlqueue.scheduling import configured_schedules
 from sqlqueue.scheduling.stored import ReloadingTicker
 
@@ -224,6 +225,9 @@ class Command(BaseCommand):
                 instruments=instruments,
                 exit_when_stuck=options["exit_when_stuck"],
             )
+            # One runner per name: the name is how leases, heartbeats and stop requests
+            # tell runners apart.
+            refuse_a_live_namesake(runner.name, using=runner.alias)
             runner.pacer.add_timer(OffsetCounterWatch(runner.alias, runner.clock.now_ms))
             runner.pacer.add_timer(RunnerControl.of(runner))  # the admin's stop requests
             rollup = MinuteRollup.of(runner)  # the admin's live overview
@@ -233,7 +237,7 @@ class Command(BaseCommand):
                 # the admin may add one at any time).
                 runner.pacer.add_timer(ReloadingTicker(configured_schedules(),
                                                      runner.clock.now_ms))
-        except ConfigurationError as exc:
+        except (ConfigurationError, RunnerNameTaken) as exc:
             raise CommandError(str(exc)) from exc
         if options["verbosity"] >= 2:
             logging.getLogger("sqlqueue").setLevel(logging.DEBUG)
