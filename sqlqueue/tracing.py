@@ -13,9 +13,9 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 try:
-    from opentelemetry import propagate, trace
+    from opentelemetry import baggage, propagate, trace
 except ImportError:  # pragma: no cover - the extra is missing
-    propagate = trace = None  # type: ignore[assignment]
+    baggage = propagate = trace = None  # type: ignore[assignment]
 
 TRACER = "sqlqueue"
 
@@ -62,10 +62,11 @@ def consumer_span(topic: str, group: str, partition: str, offset: int, message_i
 def _span(topic: str, group: str, partition: str, offset: int, message_id: str,
           attempt: int, metadata: Mapping[str, str]) -> Iterator[Any]:
     # Metadata is whatever the publisher wrote: its trace context is taken for
-    # correlation (parent and link), never its baggage, which would otherwise ride along
-    # on the handler's own outgoing calls as if this process had set it.
-    parent = propagate.extract({key: value for key, value in metadata.items()
-                                if key.lower() != "baggage"})
+    # correlation (parent and link), never its baggage, whichever propagator carries it
+    # (W3C's ``baggage``, Jaeger's ``uberctx-*``, OpenTracing's ``ot-baggage-*``): span
+    # processors read the parent context's (some copy it into the span's attributes), and
+    # it would otherwise ride along as if this process had set it.
+    parent = baggage.clear(propagate.extract(dict(metadata)))
     sent = trace.get_current_span(parent).get_span_context()
     links = [trace.Link(sent)] if sent.is_valid else []
     tracer = trace.get_tracer(TRACER)

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import (
+    Getter,
+    Setter,
+    TextMapPropagator,
+    default_getter,
+    default_setter,
+)
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -96,6 +104,86 @@ def test_a_publishers_baggage_is_not_taken_into_the_handler(register: Any) -> No
     finally:
         propagate.set_global_textmap(previous)
     assert seen == [(0x0AF7651916CD43DD8448EB211C80319C, {})]
+
+
+class JaegerLikeBaggage(TextMapPropagator):
+    """Baggage as other propagators carry it, under keys of their own: Jaeger's
+    ``uberctx-<key>`` (OpenTracing's ``ot-baggage-<key>`` alike). A stand-in for
+    opentelemetry-propagator-jaeger, which extracts exactly so."""
+
+    PREFIX = "uberctx-"
+
+    def extract(self, carrier: Any, context: Context | None = None,
+                getter: Getter[Any] = default_getter) -> Context:
+        from opentelemetry import baggage
+
+        context = context if context is not None else Context()
+        for key in getter.keys(carrier):
+            if key.startswith(self.PREFIX):
+                value = (getter.get(carrier, key) or [""])[0]
+                context = baggage.set_baggage(key[len(self.PREFIX):], value, context)
+        return context
+
+    def inject(self, carrier: Any, context: Context | None = None,
+               setter: Setter[Any] = default_setter) -> None:
+        pass
+
+    @property
+    def fields(self) -> set[str]:
+        return set()
+
+
+class ParentBaggage(SpanProcessor):
+    """What a span processor is told of the consumer span's parent context: processors
+    such as opentelemetry-processor-baggage's copy its baggage into the span's
+    attributes."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, object]] = []
+
+    def on_start(self, span: Any, parent_context: Context | None = None) -> None:
+        from opentelemetry import baggage
+
+        if span.name == "process t":
+            self.seen.append(dict(baggage.get_all(parent_context)))
+
+
+def test_no_propagators_baggage_is_taken_into_the_handler(register: Any) -> None:
+    """Audit W9: dropping the ``baggage`` key stopped W3C baggage only; a Jaeger or
+    OpenTracing propagator, if configured, still brought the publisher's baggage into the
+    consumer span's parent context (which span processors read). Now no propagator's
+    baggage is, neither there nor in the handler (the trace ids still correlate)."""
+    from opentelemetry import baggage, propagate
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    seen: list[tuple[int, dict[str, object]]] = []
+
+    def handler(message: sqlqueue.Message) -> None:
+        seen.append((trace.get_current_span().get_span_context().trace_id,
+                     dict(baggage.get_all())))
+
+    register("t", "g", handler)
+    processor = ParentBaggage()
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    provider.add_span_processor(processor)
+    given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    previous = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator(
+        [TraceContextTextMapPropagator(), W3CBaggagePropagator(), JaegerLikeBaggage()]))
+    try:
+        send_message("t", 1, metadata={"traceparent": given, "uberctx-role": "admin",
+                                       "Baggage": "tenant=other"})
+        drain(["g"])
+        # The stand-in does bring the baggage, outside sqlqueue:
+        assert baggage.get_all(propagate.extract({"uberctx-role": "admin"})) == {
+            "role": "admin"}
+    finally:
+        propagate.set_global_textmap(previous)
+    assert seen == [(0x0AF7651916CD43DD8448EB211C80319C, {})]
+    assert processor.seen == [{}]
 
 
 def test_every_message_of_a_batch_carries_the_trace(register: Any) -> None:
