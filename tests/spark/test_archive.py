@@ -244,6 +244,28 @@ def test_a_shortened_directory_another_topic_holds_is_refused(db_url: str,
         call_command("queue", "archive", str(tmp_path), stdout=io.StringIO())
 
 
+def test_topics_named_alike_but_for_case_never_share_a_folder(db_url: str,
+                                                             tmp_path: Path) -> None:
+    """Audit W11: ``Orders`` and ``orders`` have directories of their own, which are one
+    folder on macOS or Windows: the first archived keeps it, the other is refused (and
+    its messages kept for a later run into another directory)."""
+    for topic in ("Orders", "orders"):
+        offsets = publish(topic, 2, partitions=1)
+        set_watermark("billing", topic, "k0", offsets[-1])
+
+    result = archive(tmp_path)
+
+    assert result.messages == 2 and list(result.failed) == ["orders"]
+    assert "'topic=orders' is 'topic=Orders', another topic's" in result.failed["orders"]
+    assert [p.name for p in (tmp_path / "messages").iterdir()] == ["topic=Orders"]
+    marks = dict(PartitionOffset.objects.filter(consumer_group=ARCHIVE_GROUP)
+                 .values_list("topic", "offset_acked"))
+    assert marks["Orders"] > 0 and marks.get("orders", 0) == 0  # held, not lost
+    other = tmp_path / "lower"
+    assert archive(other, topics=["orders"]).messages == 2
+    assert [p.name for p in (other / "messages").iterdir()] == ["topic=orders"]
+
+
 def test_a_topic_that_cannot_be_written_does_not_hold_back_the_others(
         db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for topic in ("a.ok", "b.broken", "c.ok"):

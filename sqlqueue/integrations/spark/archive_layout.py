@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,17 @@ def hive_escape(value: str) -> str:
     """A partition value as Spark writes it in a directory name (and unescapes it)."""
     return "".join(f"%{ord(ch):02X}" if ch in HIVE_ESCAPED or ord(ch) < 32 else ch
                    for ch in value)
+
+
+#: the datasets, each a directory of topic directories
+DATASETS = ("messages", "deliveries")
+
+
+def folded(name: str) -> str:
+    """``name`` as a case-insensitive or normalising filesystem compares it (macOS,
+    Windows, some mounts and sync tools): ``topic=Orders`` and ``topic=orders``, or the
+    composed and decomposed ``café``, are one folder there."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", name).casefold())
 
 
 #: ends a shortened topic directory, before its hash: escaped in every topic (``%7E``, which
@@ -73,10 +85,14 @@ class DirectoryTaken(SqlqueueError):
 
 
 def record_topic_directories(directory: Path, topics: set[str]) -> None:
-    """Add the shortened topic directories of ``topics`` to ``TOPICS_FILE`` under
-    ``directory``, checked both ways: a directory that ``TOPICS_FILE`` gives to another
-    topic, or that holds files no entry names (another topic's, from an older version
-    that did not escape ``~``), is refused (``DirectoryTaken``), never shared."""
+    """Check the directories of ``topics`` under ``directory`` and add the shortened ones
+    to ``TOPICS_FILE``. Refused (``DirectoryTaken``), never shared: a directory that
+    another topic's has the same name as, but for case or Unicode normalisation (one
+    folder on macOS or Windows, wherever the archive is read); a shortened directory that
+    ``TOPICS_FILE`` gives to another topic, or that holds files no entry names (another
+    topic's, from an older version that did not escape ``~``)."""
+    for topic in topics:
+        _refuse_a_folded_namesake(directory, topic_directory(topic))
     shortened = {topic_directory(t): t for t in topics if is_shortened(topic_directory(t))}
     if not shortened:
         return
@@ -85,7 +101,7 @@ def record_topic_directories(directory: Path, topics: set[str]) -> None:
     for name, topic in shortened.items():
         owner = known.get(name)
         if owner is None and any((directory / dataset / name).exists()
-                                 for dataset in ("messages", "deliveries")):
+                                 for dataset in DATASETS):
             raise DirectoryTaken(f"its directory {name!r} holds files of a topic "
                                  f"{TOPICS_FILE} does not name")
         if owner is not None and owner != topic:
@@ -93,3 +109,22 @@ def record_topic_directories(directory: Path, topics: set[str]) -> None:
                                  f"{owner[:80]!r}")
     if not shortened.items() <= known.items():
         write_json(path, {**known, **shortened})
+
+
+def _refuse_a_folded_namesake(directory: Path, name: str) -> None:
+    """A topic directory not written yet whose name another one's folds to (first come,
+    first served: the topic archived there first keeps it). One already there (both
+    written by a version before this check) goes on as it was."""
+    for dataset in DATASETS:
+        try:
+            present = os.listdir(directory / dataset)
+        except FileNotFoundError:
+            continue
+        if name in present:
+            return
+        namesake = next((other for other in present if folded(other) == folded(name)), None)
+        if namesake is not None:
+            raise DirectoryTaken(
+                f"its directory {name!r} is {namesake!r}, another topic's, on a "
+                "case-insensitive or normalising filesystem (macOS, Windows): archive one "
+                "of the two topics into another directory (queue archive --topic)")
