@@ -77,7 +77,8 @@ def _not_a_test_database(alias: str, seen: set[str]) -> str | None:
     if sqlite and cast(Any, connection.creation).is_in_memory_db(name):
         return None  # a test database, or one that vanishes with the process
     configured = configured_name(alias)
-    test_name = test.get("NAME") or (
+    # (A NAME may be a Path: compared as text.)
+    test_name = str(test.get("NAME") or "") or (
         None if sqlite or configured is None else TEST_DATABASE_PREFIX + configured)
     if name != configured and test_name and _named_after(name, test_name, sqlite):
         return None

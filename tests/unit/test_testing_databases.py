@@ -5,6 +5,7 @@ from settings alone: connections are made, never opened."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -109,6 +110,16 @@ def test_an_sqlite_file_passes_only_as_the_test_file_or_its_clone(configure: Any
     configure({"default": {"ENGINE": SQLITE, "NAME": "/srv/shop.sqlite3"}})  # no TEST name
     assert "'/srv/shop.sqlite3' (alias 'default'), which Django's test setup did not " \
            "create:" in (refused() or "")
+
+
+def test_names_given_as_paths_are_compared_as_text(configure: Any) -> None:
+    test = {"NAME": Path("/tmp/test-shop.sqlite3")}
+    configure({"default": {"ENGINE": SQLITE, "NAME": Path("/srv/shop.sqlite3"), "TEST": test}},
+              {"default": {"ENGINE": SQLITE, "NAME": Path("/tmp/test-shop.sqlite3"),
+                           "TEST": test}})
+    assert refused() is None
+    configure({"default": {"ENGINE": SQLITE, "NAME": Path("/srv/shop.sqlite3"), "TEST": test}})
+    assert refused() is not None
 
 
 def test_a_test_mirror_is_judged_by_the_database_it_mirrors(configure: Any) -> None:
