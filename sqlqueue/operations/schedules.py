@@ -141,15 +141,17 @@ def run_schedule_now(name: str) -> PublishedTick:
 
 
 def _stored(name: str) -> dict[str, Schedule]:
-    """The stored schedule ``name``, paused or not (run now is an operator's own tick)."""
+    """The stored schedule ``name``, paused or not (run now is an operator's own tick),
+    checked as the runners check it (its topic allowed, its task a registered one)."""
     from sqlqueue.scheduling.definitions import ScheduleError, parse_schedule
+    from sqlqueue.scheduling.stored import usable_schedule
 
     entry = StoredSchedule.objects.using(get_settings().DATABASE).filter(
         name=name).values_list("entry", flat=True).first()
     if entry is None:
         return {}
     try:
-        return {name: parse_schedule(name, entry)}
+        return {name: usable_schedule(parse_schedule(name, entry), get_settings())}
     except ScheduleError as error:
         raise UnknownSchedule(f"Stored schedule {name!r} is not usable: {error}") from error
 
