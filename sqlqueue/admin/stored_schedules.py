@@ -13,12 +13,12 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from sqlqueue.admin.schedules import run_now_and_tell
+from sqlqueue.admin.schedules import may_see_stored, run_now_and_tell
 from sqlqueue.models import StoredSchedule
 from sqlqueue.operations.stored_schedules import (
     ScheduleError,
@@ -126,6 +126,25 @@ class StoredScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ("What", {"fields": ("topic", "payload", "partition_key", "priority", "task",
                              "args", "kwargs")}),
     )
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        """Not an entry of its own in the admin's index: the Schedules page lists these
+        with their ticks (issue 53, F10); this list stays at its address for searching
+        and bulk actions, linked from there."""
+        return False
+
+    def response_post_save_add(self, request: HttpRequest, obj: StoredSchedule) -> Any:
+        return self._to_schedules(request) or super().response_post_save_add(request, obj)
+
+    def response_post_save_change(self, request: HttpRequest, obj: StoredSchedule) -> Any:
+        return self._to_schedules(request) or super().response_post_save_change(request, obj)
+
+    def _to_schedules(self, request: HttpRequest) -> HttpResponseRedirect | None:
+        """After a save, the Schedules page: its next tick shows the edit took effect."""
+        if not may_see_stored(request):
+            return None
+        return HttpResponseRedirect(reverse("admin:sqlqueue_schedulestate_changelist",
+                                            current_app=self.admin_site.name))
 
     def save_model(self, request: HttpRequest, obj: StoredSchedule, form: Any,
                    change: bool) -> None:
