@@ -99,7 +99,8 @@ class StoredScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
                     self.add_error(key, "Nested too deep: lists and objects inside each "
                                         "other, too many levels for JSON a message carries.")
                     return data
-        if isinstance(entry.get("every"), float) and entry["every"].is_integer():
+        if (isinstance(entry.get("every"), float) and entry["every"].is_integer()
+                and abs(entry["every"]) < 1e15):  # 60.0 is stored as 60; 1e308 stays a float
             entry["every"] = int(entry["every"])
         try:
             check_stored_schedule(data.get("name") or self.instance.name, entry)

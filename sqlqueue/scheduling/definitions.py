@@ -220,7 +220,7 @@ def _timing(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
             raise ScheduleError("sqlqueue.E304", f"{where}['every'] must be a number of seconds "
                                                  f"from {MIN_EVERY_SECONDS} to "
                                                  f"{MAX_INTERVAL_SECONDS:,} (ten years); got "
-                                                 f"{every!r}.", "every")
+                                                 f"{_shown(every)}.", "every")
         return {"every_ms": round(seconds * 1000)}
     zone = entry.get("timezone", "UTC")
     try:
@@ -258,6 +258,18 @@ def _check_cron_fires(where: str, expression: str, zone: str) -> None:
     except (CroniterError, ValueError, OverflowError) as exc:
         raise ScheduleError("sqlqueue.E305", f"{where}['cron'] {expression!r} never fires "
                                              f"(no such date: {exc}).", "cron") from exc
+
+
+def _shown(value: Any) -> str:
+    """A refused value for an error message: a huge number briefly (``1e+308``, not its
+    309 digits), anything else as its repr, cut at 80 characters."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > 1e15:
+        try:
+            return f"{float(value):g}"
+        except OverflowError:
+            return "a number of more than 300 digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _seconds(value: Any) -> float | None:
@@ -343,7 +355,7 @@ def _jitter(where: str, entry: Mapping[str, Any]) -> int:
     if seconds is None or not 0 <= seconds <= MAX_INTERVAL_SECONDS:
         raise ScheduleError("sqlqueue.E304", f"{where}['jitter'] must be a number of seconds "
                                              f"from 0 to {MAX_INTERVAL_SECONDS:,} (ten years); "
-                                             f"got {entry['jitter']!r}.", "jitter")
+                                             f"got {_shown(entry['jitter'])}.", "jitter")
     return round(seconds * 1000)
 
 
@@ -351,5 +363,5 @@ def _catch_up(where: str, entry: Mapping[str, Any]) -> int:
     value = entry.get("catch_up", 1)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CATCH_UP:
         raise ScheduleError("sqlqueue.E304", f"{where}['catch_up'] must be an integer from 1 "
-                                             f"to {MAX_CATCH_UP}; got {value!r}.", "catch_up")
+                                             f"to {MAX_CATCH_UP}; got {_shown(value)}.", "catch_up")
     return value
