@@ -309,3 +309,17 @@ def test_a_row_with_absurd_values_leaves_the_schedules_page_working() -> None:
     assert page.status_code == 200 and "absurd" in page.text
     changelist = client.get(reverse("admin:sqlqueue_storedschedule_changelist"))
     assert changelist.status_code == 200 and "(not usable)" in changelist.text
+
+
+def test_without_a_tasks_backend_the_form_offers_no_task() -> None:
+    """No sqlqueue backend in TASKS (or no Tasks framework at all): an empty list, and
+    the form still opens and saves a message schedule."""
+    from sqlqueue.operations.stored_schedules import schedulable_tasks
+
+    with override_settings(TASKS={}):
+        assert schedulable_tasks() == []
+        client = staff_with(*SCHEDULER)
+        page = client.get(reverse(ADD)).text
+        assert '<select name="task"' in page and "tests.testapp.tasks.add" not in page
+        saved = client.post(reverse(ADD), form(name="beat", every="60", topic="beats"))
+        assert saved.status_code == 302

@@ -63,11 +63,13 @@ class TaskTarget:
     def choices(self) -> list[str]:
         """The paths of the registered ``@task``s of sqlqueue's backends (the installed
         apps' ``tasks`` modules are imported first, once: a list the settings decide)."""
+        if not _backends():
+            # No Tasks backend of ours: nothing to enqueue. Checked before importing the
+            # backend, which needs Django's Tasks framework (absent on a plain Django 5.2).
+            return []
         from sqlqueue.integrations.tasks.backend import SQLQueueBackend
         from sqlqueue.integrations.tasks.results import discover_tasks, registered_tasks
 
-        if not _backends():
-            return []  # no Tasks backend of ours: nothing to enqueue (and no django.tasks)
         discover_tasks()
         return sorted(path for path, task in registered_tasks().items()
                       if _is_ours(task, SQLQueueBackend))
