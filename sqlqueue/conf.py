@@ -61,6 +61,10 @@ class QueueSettings:
     #: (name, entry) pairs of ``SQLQUEUE["SCHEDULES"]``; the entries are parsed and
     #: checked by ``sqlqueue.scheduling`` (check ids sqlqueue.E3xx)
     SCHEDULES: tuple[tuple[str, Any], ...] = ()
+    #: topic patterns (``fnmatch``) a schedule stored in the database may publish to
+    #: (``SQLQUEUE["SCHEDULE_TOPICS"]``); a Tasks backend's topics are refused whatever
+    #: they say (sqlqueue.scheduling.stored)
+    SCHEDULE_TOPICS: tuple[str, ...] = ("*",)
     #: a committed publish wakes the runners consuming its topic (sqlqueue.wakeups)
     WAKEUPS: bool = True
     #: (queue alias, alias the PostgreSQL listener connects through) pairs
@@ -91,6 +95,11 @@ class QueueSettings:
                 return alias
         return self.DATABASE
 
+    def allows_schedule_topic(self, topic: str) -> bool:
+        """Whether a stored schedule may publish to ``topic``: a pattern of
+        ``SCHEDULE_TOPICS`` matches it (``fnmatch``, case-sensitive)."""
+        return any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.SCHEDULE_TOPICS)
+
     def read_alias(self, alias: str) -> str:
         """Where the admin's pages read ``alias``'s queue tables: its replica if
         ``READ_REPLICAS`` names one (repairs always write to ``alias`` itself)."""
@@ -112,6 +121,7 @@ class QueueSettings:
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(QueueSettings)}
 DEFAULTS["SCHEDULES"] = {}  # written as a dict, kept as pairs (a frozen, hashable value)
 DEFAULTS["WAKEUP_LISTEN_DATABASES"] = {}  # the same
+DEFAULTS["SCHEDULE_TOPICS"] = ["*"]  # written as a list, kept as a tuple
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,17 @@ def _schedules(value: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(value.items())
 
 
+def _topic_patterns(value: Any) -> tuple[str, ...]:
+    """A list of non-empty ``fnmatch`` patterns (``SCHEDULE_TOPICS``). A lone string is
+    refused rather than read as a list of its characters."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise BadValue("sqlqueue.E003", 'must be a list of topic patterns, such as '
+                                        '["reports.*", "maintenance"]')
+    if not all(isinstance(pattern, str) and pattern for pattern in value):
+        raise BadValue("sqlqueue.E004", "must hold non-empty strings (fnmatch patterns)")
+    return tuple(value)
+
+
 def _alias(value: Any) -> str:
     text = _text(value)
     if not text:
@@ -176,6 +187,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "ROUTES": _routes,
     "READ_REPLICAS": _replicas,
     "SCHEDULES": _schedules,
+    "SCHEDULE_TOPICS": _topic_patterns,
     "METRICS_TOKEN": _text,
     "WAKEUPS": _boolean,
     "PREPARED_PUBLISH": _boolean,

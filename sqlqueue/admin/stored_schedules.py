@@ -1,7 +1,9 @@
 """Schedules kept in the database (issue 42): created, edited, paused, resumed, run now
 and deleted here; the setting's are listed read-only on the Schedules page beside them.
 Every form is checked as ``manage.py check`` checks ``SQLQUEUE["SCHEDULES"]`` (cron by
-croniter, the time zone by zoneinfo, the topic, payload or task)."""
+croniter, the time zone by zoneinfo, the topic, payload or task). The task is chosen from
+the registered ``@task``s, never typed: nothing a staff user types is imported (issue 53,
+W1). Each refusal is shown beside the field it is about."""
 
 from __future__ import annotations
 
@@ -11,16 +13,17 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from sqlqueue.admin.schedules import run_now_and_tell
+from sqlqueue.admin.schedules import may_see_stored, run_now_and_tell
 from sqlqueue.models import StoredSchedule
 from sqlqueue.operations.stored_schedules import (
     ScheduleError,
     check_stored_schedule,
+    schedulable_tasks,
     schedule_definition,
     set_paused,
 )
@@ -42,8 +45,8 @@ class StoredScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
                               help_text="... with this JSON payload.")
     partition_key = forms.CharField(required=False)
     priority = forms.IntegerField(required=False)
-    task = forms.CharField(required=False, help_text="... or enqueue this Django @task "
-                           "(its dotted path) ...")
+    task = forms.ChoiceField(required=False, help_text="... or enqueue this Django @task "
+                             "(one of the project's registered tasks) ...")
     args = forms.CharField(required=False, help_text="... with these JSON args (a list) ...")
     kwargs = forms.CharField(required=False, help_text="... and kwargs (an object).")
     jitter = forms.FloatField(required=False, help_text="Seconds of random delay, at most.")
@@ -64,9 +67,25 @@ class StoredScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
                 self.initial.setdefault(key, json.dumps(entry[key]))
         if self.instance.pk:
             self.fields["name"].disabled = True  # its row of ticks is keyed by it
+        task_field = self.fields["task"]
+        assert isinstance(task_field, forms.ChoiceField)
+        task_field.choices = self._task_choices(entry.get("task"))
+
+    @staticmethod
+    def _task_choices(current: Any) -> list[tuple[str, str]]:
+        """The registered tasks; a stored one that is not (any more) stays selectable
+        under a warning label, so that the form shows what the row holds, and saving it
+        says why it is refused."""
+        tasks = schedulable_tasks()
+        choices = [("", "---------"), *((path, path) for path in tasks)]
+        if isinstance(current, str) and current and current not in tasks:
+            choices.append((current, f"{current} (not a registered task)"))
+        return choices
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        if any(key in self.errors for key in (*PLAIN, *JSON)):
+            return data  # a field's own error first (a missing value is not the point)
         entry: dict[str, Any] = {key: data[key] for key in PLAIN
                                  if data.get(key) not in (None, "")}
         for key in JSON:
@@ -76,12 +95,19 @@ class StoredScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
                 except ValueError as exc:
                     self.add_error(key, f"Not JSON: {exc}.")
                     return data
-        if isinstance(entry.get("every"), float) and entry["every"].is_integer():
+                except RecursionError:
+                    self.add_error(key, "Nested too deep: lists and objects inside each "
+                                        "other, too many levels for JSON a message carries.")
+                    return data
+        if (isinstance(entry.get("every"), float) and entry["every"].is_integer()
+                and abs(entry["every"]) < 1e15):  # 60.0 is stored as 60; 1e308 stays a float
             entry["every"] = int(entry["every"])
         try:
             check_stored_schedule(data.get("name") or self.instance.name, entry)
         except ScheduleError as error:
-            raise forms.ValidationError(f"{error} ({error.check_id})") from error
+            field = error.key if error.key in self.fields else None
+            self.add_error(field, f"{error} ({error.check_id})")
+            return data
         self.instance.entry = entry
         return data
 
@@ -101,6 +127,25 @@ class StoredScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ("What", {"fields": ("topic", "payload", "partition_key", "priority", "task",
                              "args", "kwargs")}),
     )
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        """Not an entry of its own in the admin's index: the Schedules page lists these
+        with their ticks (issue 53, F10); this list stays at its address for searching
+        and bulk actions, linked from there."""
+        return False
+
+    def response_post_save_add(self, request: HttpRequest, obj: StoredSchedule) -> Any:
+        return self._to_schedules(request) or super().response_post_save_add(request, obj)
+
+    def response_post_save_change(self, request: HttpRequest, obj: StoredSchedule) -> Any:
+        return self._to_schedules(request) or super().response_post_save_change(request, obj)
+
+    def _to_schedules(self, request: HttpRequest) -> HttpResponseRedirect | None:
+        """After a save, the Schedules page: its next tick shows the edit took effect."""
+        if not may_see_stored(request):
+            return None
+        return HttpResponseRedirect(reverse("admin:sqlqueue_schedulestate_changelist",
+                                            current_app=self.admin_site.name))
 
     def save_model(self, request: HttpRequest, obj: StoredSchedule, form: Any,
                    change: bool) -> None:

@@ -4,13 +4,14 @@ last and how each consumer group fared with it; publishing a tick now (SPEC §9
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from django.db import connections, transaction
+from django.db import connections, router, transaction
 
 from sqlqueue.conf import get_settings
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.models import DeliveryState, PartitionOffset, StoredSchedule
+from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage, StoredSchedule
 from sqlqueue.operations.lag import known_subscriptions
 from sqlqueue.scheduling import Schedule, configured_schedules
 from sqlqueue.scheduling.stored import active_stored_schedules
@@ -35,6 +36,9 @@ class ScheduleView:
     #: "settings" (read-only here), "database" (edited in the admin), "" (removed)
     source: str = "settings"
     paused: bool = False
+    #: the last message is still stored where the admin's message pages read (with the
+    #: default RETENTION = 0 an acked tick is collected within seconds: no page to link)
+    last_message_stored: bool = False
 
     @property
     def definition(self) -> str:
@@ -61,9 +65,15 @@ def schedule_overview(now_ms: int) -> list[ScheduleView]:
     active = {s.name: s for s in active_stored_schedules(conf)}
     every = {**active, **schedules}
     rows: dict[str, ScheduleRow] = {}
+    messages_alias = router.db_for_read(QueueMessage)  # where the message pages read
+    linkable: dict[str, ScheduleRow] = {}
     for alias in sorted({alias_for(s, conf) for s in every.values()} | {conf.DATABASE}):
         with connections[alias].cursor() as cursor:
-            rows.update(store(alias).read_schedules(cursor))
+            found = store(alias).read_schedules(cursor)
+        rows.update(found)
+        if alias == messages_alias:
+            linkable.update(found)
+    stored_offsets = _still_stored(linkable.values(), messages_alias)
     views = []
     for name in sorted(set(every) | set(stored) | set(rows)):
         schedule, row = every.get(name), rows.get(name)
@@ -72,8 +82,21 @@ def schedule_overview(now_ms: int) -> list[ScheduleView]:
             name, schedule, row, _next_tick(schedule, row, now_ms),
             _outcomes(row, alias_for(schedule, conf) if schedule else conf.DATABASE),
             source=source, paused=bool(stored.get(name, (False,))[0]),
+            last_message_stored=(name in linkable
+                                 and linkable[name].last_offset in stored_offsets),
         ))
     return views
+
+
+def _still_stored(rows: Iterable[ScheduleRow], alias: str) -> set[int]:
+    """Which of the rows' last messages (rows of ``alias``, the database the admin's
+    message pages read) are still stored there, in one primary-key read: garbage
+    collection may have deleted them."""
+    offsets = {row.last_offset for row in rows if row.last_offset is not None}
+    if not offsets:
+        return set()
+    return set(QueueMessage.objects.using(alias).filter(offset__in=offsets)
+               .values_list("offset", flat=True))
 
 
 def current_time_ms() -> int:
@@ -141,15 +164,17 @@ def run_schedule_now(name: str) -> PublishedTick:
 
 
 def _stored(name: str) -> dict[str, Schedule]:
-    """The stored schedule ``name``, paused or not (run now is an operator's own tick)."""
+    """The stored schedule ``name``, paused or not (run now is an operator's own tick),
+    checked as the runners check it (its topic allowed, its task a registered one)."""
     from sqlqueue.scheduling.definitions import ScheduleError, parse_schedule
+    from sqlqueue.scheduling.stored import usable_schedule
 
     entry = StoredSchedule.objects.using(get_settings().DATABASE).filter(
         name=name).values_list("entry", flat=True).first()
     if entry is None:
         return {}
     try:
-        return {name: parse_schedule(name, entry)}
+        return {name: usable_schedule(parse_schedule(name, entry), get_settings())}
     except ScheduleError as error:
         raise UnknownSchedule(f"Stored schedule {name!r} is not usable: {error}") from error
 

@@ -15,6 +15,7 @@ from sqlqueue.scheduling import Schedule
 from sqlqueue.scheduling import ScheduleError as ScheduleError  # what the admin's form reports
 from sqlqueue.scheduling.definitions import parse_schedule
 from sqlqueue.scheduling.stored import checked_schedule
+from sqlqueue.scheduling.targets import target_choices
 from sqlqueue.storage import store
 
 
@@ -25,7 +26,13 @@ def check_stored_schedule(name: Any, entry: Any) -> Schedule:
         return checked_schedule(name, entry)
     except ScheduleError as error:
         text = str(error).replace(f"SQLQUEUE['SCHEDULES'][{name!r}]", "This schedule")
-        raise ScheduleError(error.check_id, text) from error
+        raise ScheduleError(error.check_id, text, error.key) from error
+
+
+def schedulable_tasks() -> list[str]:
+    """The paths of the registered ``@task``s a stored schedule may enqueue (sqlqueue's
+    Tasks backends'), sorted: the form's choices. Nothing typed is ever imported."""
+    return target_choices("task")
 
 
 def schedule_definition(name: str, entry: Any) -> str:

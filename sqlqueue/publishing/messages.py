@@ -30,6 +30,10 @@ from sqlqueue.naming import unkeyed_partition as unkeyed_partition  # re-exporte
 from sqlqueue.storage.sql.base import MessageRow
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: the furthest ahead a message may be scheduled, by ``delay`` or ``deliver_at`` (100
+#: years): a message not yet due holds its ordered partition, and garbage collection of
+#: its partition for every group, until it is due (SECURITY.md, I15)
+MAX_DELAY_SECONDS = 100 * 365 * 86400
 
 
 @dataclass(frozen=True)
@@ -164,8 +168,10 @@ def check_priority(priority: Any) -> int:
     return priority
 
 
-def schedule(delay: Any, deliver_at: Any) -> tuple[int | None, int]:
-    """(delay in ms, or None; absolute epoch ms, 0 for "at once")."""
+def schedule(delay: Any, deliver_at: Any, now_ms: int | None = None) -> tuple[int | None, int]:
+    """(delay in ms, or None; absolute epoch ms, 0 for "at once"). Either is at most
+    ``MAX_DELAY_SECONDS`` ahead; ``deliver_at`` of ``now_ms`` (the publisher's clock,
+    epoch ms; now if None)."""
     if delay is None and deliver_at is None:
         return None, 0
     if delay is not None and deliver_at is not None:
@@ -181,8 +187,10 @@ def schedule(delay: Any, deliver_at: Any) -> tuple[int | None, int]:
             )
         if not math.isfinite(seconds) or seconds < 0:
             raise InvalidMessage(f"delay must be a finite number >= 0; got {delay!r}.")
-        if seconds > 100 * 365 * 86400:
-            raise InvalidMessage(f"delay of {seconds:g}s is more than a century.")
+        if seconds > MAX_DELAY_SECONDS:
+            raise InvalidMessage(f"delay of {seconds:g}s is more than a century (at most "
+                                 f"{MAX_DELAY_SECONDS:,}s: a message not yet due holds its "
+                                 "partition).")
         return round(seconds * 1000), 0
     if deliver_at is not None:
         if not isinstance(deliver_at, datetime):
@@ -195,7 +203,15 @@ def schedule(delay: Any, deliver_at: Any) -> tuple[int | None, int]:
                 "or datetime.now(tz=...))."
             )
         micros = (deliver_at - EPOCH) // timedelta(microseconds=1)
-        return None, max(0, -(-micros // 1000))  # round up: never deliver early
+        at_ms = max(0, -(-micros // 1000))  # round up: never deliver early
+        latest_ms = (time.time_ns() // 1_000_000 if now_ms is None else now_ms) \
+            + MAX_DELAY_SECONDS * 1000
+        if at_ms > latest_ms:
+            raise InvalidMessage(
+                f"deliver_at {deliver_at.isoformat()} is more than a century ahead (at most "
+                f"{MAX_DELAY_SECONDS // (365 * 86400)} years, as delay: a message not yet "
+                "due holds its partition).")
+        return None, at_ms
     return None, 0
 
 
@@ -245,7 +261,7 @@ def prepare_fields(topic: str, payload: Any, partition_key: Any, message_id: Any
         partition_key = unkeyed_partition(message_id, conf.DEFAULT_PARTITIONS)
     else:
         partition_key = check_message_name("partition_key", partition_key)
-    delay_ms, deliver_at_ms = schedule(delay, deliver_at)
+    delay_ms, deliver_at_ms = schedule(delay, deliver_at, published_at)
     return MessageRow(
         topic=topic,
         partition_key=partition_key,

@@ -24,8 +24,8 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.naming import check_name
-from sqlqueue.publishing.messages import DEFAULT_PRIORITY
+from sqlqueue.naming import MAX_JSON_DEPTH, check_name
+from sqlqueue.publishing.messages import DEFAULT_PRIORITY, nesting
 
 KNOWN_KEYS = frozenset({
     "topic", "payload", "partition_key", "priority", "metadata", "task", "args", "kwargs",
@@ -33,6 +33,9 @@ KNOWN_KEYS = frozenset({
 })
 #: the shortest interval of an ``every`` schedule
 MIN_EVERY_SECONDS = 1
+#: the longest ``every`` and ``jitter`` (ten years): a longer one is a typing mistake, and
+#: its ticks would leave the years a datetime can hold (the tick's message id)
+MAX_INTERVAL_SECONDS = 10 * 365 * 86400
 #: how many missed ticks ``catch_up`` may ask for at most
 MAX_CATCH_UP = 1000
 #: metadata keys the schedule sets on each message
@@ -40,11 +43,14 @@ RESERVED_METADATA = ("schedule", "tick")
 
 
 class ScheduleError(SqlqueueError, ValueError):
-    """One thing wrong with one schedule; ``check_id`` is its system check id."""
+    """One thing wrong with one schedule; ``check_id`` is its system check id, ``key`` the
+    entry's key it is about (None: the entry as a whole), so that a form shows the error
+    beside that field."""
 
-    def __init__(self, check_id: str, message: str) -> None:
+    def __init__(self, check_id: str, message: str, key: str | None = None) -> None:
         super().__init__(message)
         self.check_id = check_id
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -184,7 +190,7 @@ def parse_schedule(name: Any, entry: Any) -> Schedule:
     try:
         name = check_name("schedule name", name)
     except ValueError as exc:
-        raise ScheduleError("sqlqueue.E301", f"SQLQUEUE['SCHEDULES']: {exc}") from exc
+        raise ScheduleError("sqlqueue.E301", f"SQLQUEUE['SCHEDULES']: {exc}", "name") from exc
     where = f"SQLQUEUE['SCHEDULES'][{name!r}]"
     if not isinstance(entry, Mapping):
         raise ScheduleError("sqlqueue.E301", f"{where} must be a dict, not "
@@ -203,26 +209,32 @@ def _timing(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     every, cron = entry.get("every"), entry.get("cron")
     if (every is None) == (cron is None):
         raise ScheduleError("sqlqueue.E303", f"{where} needs exactly one of 'every' (seconds) "
-                                             "and 'cron' (an expression).")
+                                             "and 'cron' (an expression).", "every")
     if every is not None:
         if "timezone" in entry:
             raise ScheduleError("sqlqueue.E303", f"{where}: 'timezone' applies to 'cron' only "
-                                                 "('every' counts seconds since the epoch).")
+                                                 "('every' counts seconds since the epoch).",
+                                "timezone")
         seconds = _seconds(every)
-        if seconds is None or seconds < MIN_EVERY_SECONDS:
+        if seconds is None or not MIN_EVERY_SECONDS <= seconds <= MAX_INTERVAL_SECONDS:
             raise ScheduleError("sqlqueue.E304", f"{where}['every'] must be a number of seconds "
-                                                 f">= {MIN_EVERY_SECONDS}; got {every!r}.")
+                                                 f"from {MIN_EVERY_SECONDS} to "
+                                                 f"{MAX_INTERVAL_SECONDS:,} (ten years); got "
+                                                 f"{_shown(every)}.", "every")
         return {"every_ms": round(seconds * 1000)}
     zone = entry.get("timezone", "UTC")
     try:
         if not isinstance(zone, str):
             raise ValueError
         ZoneInfo(zone)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ScheduleError("sqlqueue.E306", f"{where}['timezone'] {zone!r} is not a known "
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:  # OSError: a name too long
+        shown = zone if not isinstance(zone, str) or len(zone) <= 80 else zone[:80] + "..."
+        raise ScheduleError("sqlqueue.E306", f"{where}['timezone'] {shown!r} is not a known "
                                              "time zone (an IANA name such as "
-                                             "'Europe/Paris').") from exc
-    return {"cron": _cron(where, cron), "timezone": zone}
+                                             "'Europe/Paris').", "timezone") from exc
+    expression = _cron(where, cron)
+    _check_cron_fires(where, expression, zone)
+    return {"cron": expression, "timezone": zone}
 
 
 def _cron(where: str, cron: Any) -> str:
@@ -231,8 +243,33 @@ def _cron(where: str, cron: Any) -> str:
     if not isinstance(cron, str) or len(cron.split()) != 5 or not croniter.is_valid(cron):
         raise ScheduleError("sqlqueue.E305", f"{where}['cron'] {cron!r} is not a 5-field cron "
                                              "expression (minute hour day-of-month month "
-                                             "day-of-week).")
+                                             "day-of-week).", "cron")
     return " ".join(cron.split())
+
+
+def _check_cron_fires(where: str, expression: str, zone: str) -> None:
+    """A valid expression may name a day that never comes (``0 0 30 2 *``): croniter
+    then gives up searching for it. Such a schedule would never tick, and every page
+    that shows its next tick would fail: refused here."""
+    from croniter import CroniterError
+
+    try:
+        next(_cron_ticks(expression, ZoneInfo(zone), 0))
+    except (CroniterError, ValueError, OverflowError) as exc:
+        raise ScheduleError("sqlqueue.E305", f"{where}['cron'] {expression!r} never fires "
+                                             f"(no such date: {exc}).", "cron") from exc
+
+
+def _shown(value: Any) -> str:
+    """A refused value for an error message: a huge number briefly (``1e+308``, not its
+    309 digits), anything else as its repr, cut at 80 characters."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > 1e15:
+        try:
+            return f"{float(value):g}"
+        except OverflowError:
+            return "a number of more than 300 digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _seconds(value: Any) -> float | None:
@@ -244,19 +281,23 @@ def _seconds(value: Any) -> float | None:
         return None
     if value != value or value in (float("inf"), float("-inf")):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int too large for a float
+        return None
 
 
 def _target(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     topic, task = entry.get("topic"), entry.get("task")
     if (topic is None) == (task is None):
         raise ScheduleError("sqlqueue.E307", f"{where} needs exactly one of 'topic' (publish a "
-                                             "message) and 'task' (enqueue a Django task).")
+                                             "message) and 'task' (enqueue a Django task).",
+                            "topic")
     if topic is not None:
         for key in ("args", "kwargs"):
             if key in entry:
                 raise ScheduleError("sqlqueue.E307", f"{where}: {key!r} applies to 'task' "
-                                                     "schedules; use 'payload'.")
+                                                     "schedules; use 'payload'.", key)
         return {"topic": topic, "payload": entry.get("payload"),
                 "partition_key": entry.get("partition_key"),
                 "priority": entry.get("priority", DEFAULT_PRIORITY),
@@ -265,15 +306,17 @@ def _target(where: str, entry: Mapping[str, Any]) -> dict[str, Any]:
         if key in entry:
             raise ScheduleError("sqlqueue.E307", f"{where}: {key!r} applies to 'topic' "
                                                  "schedules; a task's options come from its "
-                                                 "@task decorator.")
+                                                 "@task decorator.", key)
     if not isinstance(task, str) or "." not in task:
         raise ScheduleError("sqlqueue.E308", f"{where}['task'] must be the dotted path of a "
-                                             f"Django @task; got {task!r}.")
+                                             f"Django @task; got {task!r}.", "task")
     args, kwargs = entry.get("args", ()), entry.get("kwargs", {})
     if not isinstance(args, list | tuple) or not isinstance(kwargs, Mapping):
         raise ScheduleError("sqlqueue.E309", f"{where}: 'args' must be a list and 'kwargs' a "
-                                             "dict.")
-    _json(where, "args/kwargs", [list(args), dict(kwargs)])
+                                             "dict.", "args" if not isinstance(
+                                                 args, list | tuple) else "kwargs")
+    _json(where, "args", list(args))
+    _json(where, "kwargs", dict(kwargs))
     return {"task": task, "args": tuple(args), "kwargs": dict(kwargs)}
 
 
@@ -281,28 +324,38 @@ def _metadata(where: str, entry: Mapping[str, Any]) -> dict[str, str]:
     metadata = entry.get("metadata") or {}
     if not isinstance(metadata, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-        raise ScheduleError("sqlqueue.E309", f"{where}['metadata'] must be a dict of strings.")
+        raise ScheduleError("sqlqueue.E309", f"{where}['metadata'] must be a dict of strings.",
+                            "metadata")
     taken = sorted(set(metadata) & set(RESERVED_METADATA))
     if taken:
         raise ScheduleError("sqlqueue.E309", f"{where}['metadata'] may not set "
-                                             f"{', '.join(taken)}: the schedule sets them.")
+                                             f"{', '.join(taken)}: the schedule sets them.",
+                            "metadata")
     return dict(metadata)
 
 
-def _json(where: str, what: str, value: Any) -> None:
+def _json(where: str, key: str, value: Any) -> None:
+    """``value`` (the task's args or kwargs) is JSON a message can carry: its depth is
+    measured without recursion first, so that a value nested 100,000 deep is a refusal,
+    not a RecursionError."""
+    if nesting(value) > MAX_JSON_DEPTH:
+        raise ScheduleError("sqlqueue.E309", f"{where}: {key} nests lists and objects more "
+                                             f"than {MAX_JSON_DEPTH} deep.", key)
     try:
         json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ScheduleError("sqlqueue.E309", f"{where}: {what} is not JSON: {exc}.") from exc
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ScheduleError("sqlqueue.E309", f"{where}: {key} is not JSON: {exc}.",
+                            key) from exc
 
 
 def _jitter(where: str, entry: Mapping[str, Any]) -> int:
     if "jitter" not in entry:
         return 0
     seconds = _seconds(entry["jitter"])
-    if seconds is None or seconds < 0:
+    if seconds is None or not 0 <= seconds <= MAX_INTERVAL_SECONDS:
         raise ScheduleError("sqlqueue.E304", f"{where}['jitter'] must be a number of seconds "
-                                             f">= 0; got {entry['jitter']!r}.")
+                                             f"from 0 to {MAX_INTERVAL_SECONDS:,} (ten years); "
+                                             f"got {_shown(entry['jitter'])}.", "jitter")
     return round(seconds * 1000)
 
 
@@ -310,5 +363,5 @@ def _catch_up(where: str, entry: Mapping[str, Any]) -> int:
     value = entry.get("catch_up", 1)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CATCH_UP:
         raise ScheduleError("sqlqueue.E304", f"{where}['catch_up'] must be an integer from 1 "
-                                             f"to {MAX_CATCH_UP}; got {value!r}.")
+                                             f"to {MAX_CATCH_UP}; got {_shown(value)}.", "catch_up")
     return value

@@ -3,6 +3,11 @@
 ``runconsumer`` every ``RELOAD_INTERVAL_MS`` (one small read), so that one created,
 edited, paused or deleted in the admin takes effect within seconds, without a deploy.
 
+Whoever may edit stored schedules may publish through them (issue 53, W2): their topic
+must match ``SQLQUEUE["SCHEDULE_TOPICS"]`` and may never be a Tasks backend's (a forged
+task envelope there would run as a task), and their task must be a registered ``@task``,
+never a path to import (W1). The runners check each row again as they load it.
+
 Each tick is still claimed through the schedule's ``queue_schedules`` row (the ticker's
 compare-and-set), so it is published exactly once however many runners run. A stored
 schedule's name may not be one of the setting's: the setting's would win.
@@ -19,6 +24,7 @@ from django.db import Error as AnyDatabaseError
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.models import StoredSchedule
 from sqlqueue.scheduling.definitions import Schedule, ScheduleError, parse_schedule
+from sqlqueue.scheduling.targets import owning_target
 from sqlqueue.scheduling.ticker import Published, Ticker
 from sqlqueue.scheduling.validation import check_schedule
 
@@ -37,13 +43,39 @@ def checked_schedule(name: Any, entry: Any, conf: QueueSettings | None = None) -
         raise ScheduleError("sqlqueue.E301", f"A schedule named {schedule.name!r} is in "
                                              "SQLQUEUE['SCHEDULES'] already: choose another "
                                              "name.")
+    return usable_schedule(schedule, conf)
+
+
+def usable_schedule(schedule: Schedule, conf: QueueSettings) -> Schedule:
+    """A parsed stored schedule if it may run: checked as a setting's (its task a
+    registered one, its message publishable), and its topic one a stored schedule may
+    publish to. Raises ``ScheduleError``."""
+    if schedule.topic is not None:
+        check_stored_topic(schedule, conf)
     check_schedule(schedule, conf)
     return schedule
 
 
+def check_stored_topic(schedule: Schedule, conf: QueueSettings) -> None:
+    """A stored schedule's topic: never a Tasks backend's (its messages run as tasks),
+    and matched by ``SQLQUEUE["SCHEDULE_TOPICS"]``."""
+    topic = str(schedule.topic)
+    where = f"SQLQUEUE['SCHEDULES'][{schedule.name!r}]['topic'] {topic!r}"
+    if owning_target(topic) == "task":
+        raise ScheduleError("sqlqueue.E307", f"{where} is a topic of a Tasks backend: its "
+                                             "messages run as tasks. Choose the task instead "
+                                             "(a task schedule).", "topic")
+    if not conf.allows_schedule_topic(topic):
+        allowed = ", ".join(conf.SCHEDULE_TOPICS) or "none"
+        raise ScheduleError("sqlqueue.E307", f"{where} is not one a stored schedule may "
+                                             "publish to: SQLQUEUE['SCHEDULE_TOPICS'] allows "
+                                             f"{allowed}.", "topic")
+
+
 def active_stored_schedules(conf: QueueSettings | None = None) -> list[Schedule]:
-    """The stored schedules not paused, parsed; a row that no longer passes (a task
-    removed since) is left out with a warning."""
+    """The stored schedules not paused, each checked again (a row written by hand, a
+    task removed since, a topic no longer allowed): one that does not pass is left out
+    with a warning."""
     conf = conf or get_settings()
     taken = set(dict(conf.SCHEDULES))
     schedules = []
@@ -52,7 +84,7 @@ def active_stored_schedules(conf: QueueSettings | None = None) -> list[Schedule]
         if name in taken:
             continue
         try:
-            schedules.append(parse_schedule(name, entry))
+            schedules.append(usable_schedule(parse_schedule(name, entry), conf))
         except ScheduleError as error:
             logger.warning("Stored schedule %s is not usable and publishes nothing: %s",
                            name, error)

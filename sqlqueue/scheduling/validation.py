@@ -39,7 +39,8 @@ def _check_message(schedule: Schedule, conf: QueueSettings) -> None:
     try:
         topic = check_topic(schedule.topic, conf)
     except (TypeError, ValueError) as exc:
-        raise ScheduleError("sqlqueue.E307", f"{_where(schedule)}['topic']: {exc}") from exc
+        raise ScheduleError("sqlqueue.E307", f"{_where(schedule)}['topic']: {exc}",
+                            "topic") from exc
     tick = schedule.next_tick(0)
     message = OutgoingMessage(
         schedule.payload, schedule.partition_key, schedule.message_id(tick),
@@ -49,4 +50,14 @@ def _check_message(schedule: Schedule, conf: QueueSettings) -> None:
         prepare(topic, message, conf, 0)  # what send_message would refuse
     except (TypeError, ValueError) as exc:
         raise ScheduleError("sqlqueue.E309", f"{_where(schedule)}: its message cannot be "
-                                             f"published: {exc}") from exc
+                                             f"published: {exc}", _field_of(exc)) from exc
+
+
+#: the message fields a refusal may name first (``InvalidMessage``'s words)
+_MESSAGE_FIELDS = ("payload", "partition_key", "priority", "metadata")
+
+
+def _field_of(error: Exception) -> str | None:
+    """The schedule's key a refused message's error is about, for the form."""
+    text = str(error)
+    return next((key for key in _MESSAGE_FIELDS if text.startswith(key)), None)

@@ -29,7 +29,7 @@ RELOAD = 5_000
      "is not a known time zone"),
     ({"topic": "t", "every": 60, "payload": {1, 2}}, "sqlqueue.E309", "cannot be published"),
     ({"task": "tests.testapp.tasks.no_such_task", "every": 60}, "sqlqueue.E308",
-     "cannot be imported"),
+     "is not a registered @task"),
     ({"topic": "t"}, "sqlqueue.E303", "exactly one of 'every'"),
 ])
 def test_a_stored_schedule_is_checked_as_a_setting_is(entry: dict[str, Any], check_id: str,

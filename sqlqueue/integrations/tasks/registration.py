@@ -31,7 +31,7 @@ def register_task_consumers() -> None:
     a bad entry is recorded for ``manage.py check`` (sqlqueue.E202), never raised, so
     that it cannot turn every manage.py command into a start-up traceback."""
     _registration_problems.clear()
-    for alias, params in _configured_backends():
+    for alias, params in configured_backends():
         try:
             if not is_sqlqueue_backend(params.get("BACKEND")):
                 continue
@@ -52,7 +52,7 @@ def task_backend_problems() -> list[tuple[str, str]]:
     Built afresh on each call (not from Django's cached backends), so that it follows
     ``override_settings``; plus what went wrong registering consumers at start-up."""
     problems: list[tuple[str, str]] = []
-    for alias, params in _configured_backends():
+    for alias, params in configured_backends():
         try:
             if not is_sqlqueue_backend(params.get("BACKEND")):
                 continue
@@ -71,7 +71,7 @@ def _unimportable(alias: str, exc: ImportError) -> str:
     return f"TASKS[{alias!r}]['BACKEND'] cannot be imported: {exc}"
 
 
-def _configured_backends() -> list[tuple[str, dict[str, Any]]]:
+def configured_backends() -> list[tuple[str, dict[str, Any]]]:
     from django.conf import settings
 
     configured: Any = getattr(settings, "TASKS", None) or {}

@@ -40,6 +40,11 @@ def remember_task(task: Task[Any, Any]) -> None:
     _TASKS.setdefault(task.module_path, task)  # the decorated one, not a .using() copy
 
 
+def registered_tasks() -> dict[str, Task[Any, Any]]:
+    """Every ``@task`` of an sqlqueue backend defined in this process so far, by path."""
+    return dict(_TASKS)
+
+
 def load_task(task_path: str) -> Task[Any, Any]:
     """The ``@task`` a message names, looked up among the tasks defined in this process;
     a message never chooses a module to import. A task path comes from the message log,
