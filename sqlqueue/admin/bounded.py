@@ -84,15 +84,31 @@ class CreatedRangeFilter(EpochMsDateRangeFilter):
     then ``created_at`` is compared within them, so a range with nothing in it costs a
     few dozen seeks instead of a scan of the log."""
 
+    #: False: only the end of the range bounds the offsets (``FailedRangeFilter``)
+    lower_bound = True
+
     def _make_query_filter(self, request: Any, validated_data: dict[str, Any]) -> dict[str, Any]:
         bounds = super()._make_query_filter(request, validated_data)
         from sqlqueue.models import QueueMessage
 
         alias = router.db_for_read(QueueMessage)
-        start = bounds.get(f"{self.field_path}__gte")
+        start = bounds.get(f"{self.field_path}__gte") if self.lower_bound else None
         end = bounds.get(f"{self.field_path}__lte")
+        if start is None and end is None:
+            return bounds
         offsets = created_offset_range(alias, start, end)
         if offsets is not None:
             bounds["offset__gte"] = offsets.first
             bounds["offset__lte"] = offsets.last
         return bounds
+
+
+class FailedRangeFilter(CreatedRangeFilter):
+    """The range of the time a dead letter failed: a dead letter is created when its
+    message fails for good (``created_at``) and fails again only later (a redelivered
+    message dead-lettered again updates ``failed_at`` in place), so every dead letter
+    that failed by the end of the range was created by then: the end bounds its offset.
+    The start does not (an old row may have failed again recently): the page reads the
+    dead letters created before the end of the range."""
+
+    lower_bound = False

@@ -17,8 +17,8 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from sqlqueue.admin.bounded import choices_filter
-from sqlqueue.admin.display import DateRangeFilters, EpochMsDateRangeFilter, from_epoch_ms
+from sqlqueue.admin.bounded import FailedRangeFilter, choices_filter
+from sqlqueue.admin.display import DateRangeFilters, from_epoch_ms
 from sqlqueue.admin.messages import BoundedListAdmin, JsonColumns
 from sqlqueue.admin.pages import admin_url, confirmation_page
 from sqlqueue.models import DeadLetter
@@ -60,7 +60,7 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, BoundedListAdmin):
     # are read in the dead-letter topics only (get_queryset).
     list_filter = (choices_filter("consumer_group", "consumer group", subscribed_groups),
                    choices_filter("original_topic", "original topic", subscribed_topics),
-                   ("failed_at", EpochMsDateRangeFilter))
+                   ("failed_at", FailedRangeFilter))
     ordering = ("-offset",)
     actions = ("replay", "discard")
     fields = ("offset", "consumer_group", "original_topic", "partition_key", "message_id",
