@@ -162,6 +162,8 @@ def pages() -> list[tuple[str, str]]:
          f"{a}/queuemessage/?created_at__range__gte=2000-01-01&created_at__range__lte=2000-01-02"),
         ("messages, page 200", f"{a}/queuemessage/?p=199"),
         ("messages, page 100", f"{a}/queuemessage/?p=99"),
+        ("messages, older than the middle offset",
+         f"{a}/queuemessage/?offset__lt={newest.offset // 2 if newest else 1}"),
         ("message detail", f"{a}/queuemessage/{newest.offset if newest else 1}/change/"),
         ("dead letters", f"{a}/deadletter/"),
         ("dead letters, search key k7", f"{a}/deadletter/?q=k7"),

@@ -33,16 +33,22 @@ class BoundedPaginator(Paginator):  # type: ignore[type-arg]  # generic for stub
     cap = COUNT_CAP
 
     @cached_property
-    def count(self) -> int:
-        # Unordered: any cap + 1 matching rows will do, so the database may take the
-        # cheapest path to them (the list's ORDER BY could make it read and sort them all).
+    def counted(self) -> int:
+        """Matching rows, counted up to ``cap + 1``. Unordered: any cap + 1 rows will do,
+        so the database may take the cheapest path to them (the list's ORDER BY could
+        make it read and sort every match)."""
         rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]  # a queryset here
         return int(rows.order_by()[: self.cap + 1].count())
+
+    @cached_property
+    def count(self) -> int:
+        """At most ``cap``: the pages are those of the first ``cap`` rows."""
+        return min(self.counted, self.cap)
 
     @property
     def capped(self) -> bool:
         """More rows match than were counted."""
-        return bool(self.count > self.cap)
+        return self.counted > self.cap
 
     def validate_number(self, number: Any) -> int:
         try:

@@ -67,7 +67,7 @@ class BoundedChangeList(ChangeList):
             self.count_text += f", below offset {below}"
             self.newest_url = self.get_query_string(remove=["offset__lt", PAGE_VAR])
         more = capped or self.page_num < paginator.num_pages
-        if shown and more and len(shown) >= self.list_per_page:
+        if shown and more:
             self.older_url = self.get_query_string({"offset__lt": min(shown)}, [PAGE_VAR])
 
 
