@@ -23,6 +23,16 @@ from django.utils.functional import cached_property
 
 from sqlqueue.admin.display import EpochMsDateRangeFilter
 from sqlqueue.operations.log_browse import COUNT_CAP, created_offset_range
+from sqlqueue.operations.unconsumed import stored_topics
+
+
+def request_topics(request: HttpRequest, alias: str) -> list[str]:
+    """The log's topics (one index seek each), read once per request: a page needs them
+    for its queryset, its topic filter and its search."""
+    kept: dict[str, list[str]] = request.__dict__.setdefault("_sqlqueue_topics", {})
+    if alias not in kept:
+        kept[alias] = stored_topics(alias)
+    return kept[alias]
 
 
 class BoundedPaginator(Paginator):  # type: ignore[type-arg]  # generic for stubs only
@@ -61,10 +71,10 @@ class BoundedPaginator(Paginator):  # type: ignore[type-arg]  # generic for stub
             raise
 
 
-def choices_filter(parameter: str, title: str,
-                   choices: Callable[[str], list[str]]) -> type[admin.SimpleListFilter]:
+def choices_filter(parameter: str, title: str, choices: Callable[[HttpRequest, str], list[str]]
+                   ) -> type[admin.SimpleListFilter]:
     """A list filter on the column ``parameter`` whose choices come from
-    ``choices(database alias)`` (small tables or index seeks), not from a DISTINCT over
+    ``choices(request, database alias)`` (small tables or index seeks), not from a DISTINCT over
     the log as Django's field filter would read them; the URL parameter stays the
     column's name (``?topic=...``)."""
 
@@ -73,7 +83,7 @@ def choices_filter(parameter: str, title: str,
 
         def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
             alias = model_admin.model.objects.db
-            return [(value, value) for value in choices(alias)]
+            return [(value, value) for value in choices(request, alias)]
 
         def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
             value = self.value()

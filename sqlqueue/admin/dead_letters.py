@@ -17,7 +17,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from sqlqueue.admin.bounded import FailedRangeFilter, choices_filter
+from sqlqueue.admin.bounded import FailedRangeFilter, choices_filter, request_topics
 from sqlqueue.admin.display import DateRangeFilters, from_epoch_ms
 from sqlqueue.admin.messages import BoundedListAdmin, JsonColumns
 from sqlqueue.admin.pages import admin_url, confirmation_page
@@ -58,8 +58,10 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, BoundedListAdmin):
     list_display = ("offset", "where", "failures", "failed", "error_summary")
     # Groups and topics from the positions table, not a DISTINCT over the log; the rows
     # are read in the dead-letter topics only (get_queryset).
-    list_filter = (choices_filter("consumer_group", "consumer group", subscribed_groups),
-                   choices_filter("original_topic", "original topic", subscribed_topics),
+    list_filter = (choices_filter("consumer_group", "consumer group",
+                                  lambda request, alias: subscribed_groups(alias)),
+                   choices_filter("original_topic", "original topic",
+                                  lambda request, alias: subscribed_topics(alias)),
                    ("failed_at", FailedRangeFilter))
     ordering = ("-offset",)
     actions = ("replay", "discard")
@@ -75,10 +77,11 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, BoundedListAdmin):
         the (topic, partition_key, offset) index rather than by a scan of the log for
         their columns."""
         rows = super().get_queryset(request)
-        return rows.filter(topic__in=dead_letter_topics(rows.db))
+        return rows.filter(topic__in=dead_letter_topics(rows.db,
+                                                        request_topics(request, rows.db)))
 
     def search_topics(self, request: HttpRequest, alias: str) -> list[str]:
-        return dead_letter_topics(alias)
+        return dead_letter_topics(alias, request_topics(request, alias))
 
     def get_urls(self) -> list[URLPattern]:
         name = f"{self.opts.app_label}_{self.opts.model_name}"

@@ -15,7 +15,12 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from sqlqueue.admin.bounded import BoundedPaginator, CreatedRangeFilter, choices_filter
+from sqlqueue.admin.bounded import (
+    BoundedPaginator,
+    CreatedRangeFilter,
+    choices_filter,
+    request_topics,
+)
 from sqlqueue.admin.display import DateRangeFilters, from_epoch_ms, pretty_json
 from sqlqueue.conf import get_settings
 from sqlqueue.models import QueueMessage
@@ -117,7 +122,9 @@ class QueueMessageAdmin(DateRangeFilters, JsonColumns, BoundedListAdmin):
     list_display = ("offset", "topic", "partition_key", "id", "priority", "created",
                     "deliver_after_time")
     # Topics by one index seek each, not a DISTINCT over the log (sqlqueue.admin.bounded).
-    list_filter = (choices_filter("topic", "topic", log_topics),
+    list_filter = (choices_filter("topic", "topic",
+                                  lambda request, alias: log_topics(
+                                      alias, request_topics(request, alias))),
                    ("created_at", CreatedRangeFilter))
     ordering = ("-offset",)
     change_list_template = "admin/sqlqueue/queuemessage/change_list.html"
@@ -162,11 +169,12 @@ class QueueMessageAdmin(DateRangeFilters, JsonColumns, BoundedListAdmin):
         # index seeks), not by their columns: a count of one topic then reads only the
         # (topic, partition_key, offset) index, not each row for two unindexed columns.
         rows = super().get_queryset(request)
-        return rows.exclude(topic__in=dead_letter_topics(rows.db))
+        return rows.exclude(topic__in=dead_letter_topics(
+            rows.db, request_topics(request, rows.db)))
 
     def search_topics(self, request: HttpRequest, alias: str) -> list[str]:
         topic = request.GET.get("topic")
-        return [topic] if topic else log_topics(alias)
+        return [topic] if topic else log_topics(alias, request_topics(request, alias))
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         return super().changelist_view(request, {**(extra_context or {}),

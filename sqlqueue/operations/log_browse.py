@@ -41,16 +41,20 @@ MAX_SEARCHED_PARTITIONS = 1_000
 CLOCK_SLACK_MS = 60_000
 
 
-def log_topics(using: str) -> list[str]:
-    """Every topic of the log that is not a dead-letter topic, by index seeks."""
+def log_topics(using: str, stored: list[str] | None = None) -> list[str]:
+    """Every topic of the log that is not a dead-letter topic, by index seeks (of
+    ``stored``, the log's topics if the caller read them already)."""
     suffix = get_settings().DLQ_SUFFIX
-    return [t for t in stored_topics(using) if not (suffix and t.endswith(suffix))]
+    topics = stored_topics(using) if stored is None else stored
+    return [t for t in topics if not (suffix and t.endswith(suffix))]
 
 
-def dead_letter_topics(using: str) -> list[str]:
-    """The dead-letter topics that hold rows (``<topic><DLQ_SUFFIX>``), by index seeks."""
+def dead_letter_topics(using: str, stored: list[str] | None = None) -> list[str]:
+    """The dead-letter topics that hold rows (``<topic><DLQ_SUFFIX>``), by index seeks
+    (of ``stored``, as ``log_topics``)."""
     suffix = get_settings().DLQ_SUFFIX
-    return [t for t in stored_topics(using) if suffix and t.endswith(suffix)]
+    topics = stored_topics(using) if stored is None else stored
+    return [t for t in topics if suffix and t.endswith(suffix)]
 
 
 def subscribed_groups(using: str) -> list[str]:
