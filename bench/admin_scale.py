@@ -44,15 +44,19 @@ RECENT = "scale.recent"
 PAD = "x" * 80
 
 
-def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000) -> None:
+def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000,
+         dead_letters_first: bool = False) -> None:
     from django.db import connection
 
     from sqlqueue.models import PartitionOffset
     from sqlqueue.storage.sql import dialect_for
 
     reset()
+    if dead_letters_first:  # a failure storm, then the backlog: the dead letters are old
+        _insert(REJECTS + "_dlq", dead_letters, partitions, dead_of=(REJECTS, "scale-reject"))
     _insert(BACKLOG, messages, partitions)
-    _insert(REJECTS + "_dlq", dead_letters, partitions, dead_of=(REJECTS, "scale-reject"))
+    if not dead_letters_first:
+        _insert(REJECTS + "_dlq", dead_letters, partitions, dead_of=(REJECTS, "scale-reject"))
     _insert(RECENT, recent, partitions)
     with connection.cursor() as cursor:
         now = dialect_for(connection).database_now_ms(cursor)
@@ -262,6 +266,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=2_000_000)
     parser.add_argument("--dead-letters", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=64)
+    parser.add_argument("--dead-letters-first", action="store_true",
+                        help="write the dead letters before the backlog (old ones)")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=None,
                         help="abort statements after this many seconds (reported as > N)")
@@ -271,7 +277,8 @@ def main() -> None:
     setup(args.url)
     if args.load:
         started = time.perf_counter()
-        load(args.messages, args.dead_letters, args.partitions)
+        load(args.messages, args.dead_letters, args.partitions,
+             dead_letters_first=args.dead_letters_first)
         print(f"loaded in {time.perf_counter() - started:.0f} s", flush=True)
     if args.json:
         print(json.dumps(measure(args.runs, args.timeout, args.only), indent=2))

@@ -49,6 +49,11 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
 
+#: set on a request whose changelist is made for its queryset only (its filters and
+#: search, as "Replay all matching" needs): no count, no page of results
+QUERYSET_ONLY = "_sqlqueue_changelist_queryset_only"
+
+
 class BoundedChangeList(ChangeList):
     """Django's change list, with the keyset step of a bounded page: ``older_url`` shows
     the rows below the page's last offset (the filters kept), ``newest_url`` goes back
@@ -59,6 +64,8 @@ class BoundedChangeList(ChangeList):
     count_text: str = ""
 
     def get_results(self, request: HttpRequest) -> None:
+        if getattr(request, QUERYSET_ONLY, False):
+            return  # a page that wants the filtered queryset, not a page of it
         super().get_results(request)
         shown = [row.offset for row in self.result_list]  # evaluated once, for the page too
         paginator = self.paginator
