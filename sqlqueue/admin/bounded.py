@@ -88,12 +88,14 @@ class OffsetsFirstPaginator(BoundedPaginator):
         return Page(rows.filter(offset__in=offsets), number, self)
 
 
-def choices_filter(parameter: str, title: str, choices: Callable[[HttpRequest, str], list[str]]
+def choices_filter(parameter: str, title: str, choices: Callable[[HttpRequest, str], list[str]],
+                   lookup: Callable[[str], dict[str, Any]] | None = None,
                    ) -> type[admin.SimpleListFilter]:
     """A list filter on the column ``parameter`` whose choices come from
     ``choices(request, database alias)`` (small tables or index seeks), not from a DISTINCT over
     the log as Django's field filter would read them; the URL parameter stays the
-    column's name (``?topic=...``)."""
+    column's name (``?topic=...``). ``lookup(value)``: the filter to apply, if not
+    ``{parameter: value}`` (one the index answers)."""
 
     class ChoicesFilter(admin.SimpleListFilter):
         parameter_name = parameter
@@ -104,7 +106,9 @@ def choices_filter(parameter: str, title: str, choices: Callable[[HttpRequest, s
 
         def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
             value = self.value()
-            return queryset.filter(**{parameter: value}) if value else queryset
+            if not value:
+                return queryset
+            return queryset.filter(**(lookup(value) if lookup else {parameter: value}))
 
     ChoicesFilter.title = title
     ChoicesFilter.__name__ = ChoicesFilter.__qualname__ = f"{parameter.title()}Filter"

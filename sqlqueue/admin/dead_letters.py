@@ -27,6 +27,7 @@ from sqlqueue.admin.bounded import (
 from sqlqueue.admin.display import DateRangeFilters, from_epoch_ms
 from sqlqueue.admin.messages import QUERYSET_ONLY, BoundedListAdmin, JsonColumns
 from sqlqueue.admin.pages import admin_url, confirmation_page
+from sqlqueue.conf import get_settings
 from sqlqueue.models import DeadLetter
 from sqlqueue.operations.dead_letters import (
     BulkResult,
@@ -66,8 +67,11 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, BoundedListAdmin):
     # are read in the dead-letter topics only (get_queryset).
     list_filter = (choices_filter("consumer_group", "consumer group",
                                   lambda request, alias: subscribed_groups(alias)),
+                   # A dead letter of topic T is a row of T<DLQ_SUFFIX>: filtered by that
+                   # topic, the index answers (original_topic would read each row).
                    choices_filter("original_topic", "original topic",
-                                  lambda request, alias: subscribed_topics(alias)),
+                                  lambda request, alias: subscribed_topics(alias),
+                                  lambda topic: {"topic": topic + get_settings().DLQ_SUFFIX}),
                    ("failed_at", FailedRangeFilter))
     # Newest first, by an expression of the offset: the primary key's order cannot serve it,
     # so the database sorts the dead-letter topics' index entries (as many as there are

@@ -347,3 +347,32 @@ def test_the_date_filters_find_the_rows_of_their_range(admin_client: Client) -> 
     assert dead_listed("2026-02-15", "2026-02-15")
     assert not dead_listed("2026-02-10", "2026-02-14")
     assert not dead_listed("2026-01-01", "2026-01-31")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dead_letter_filters_find_their_rows(admin_client: Client) -> None:
+    """The original-topic filter reads the dead-letter topic (``<topic><DLQ_SUFFIX>``);
+    the group filter lists the groups with a position and finds that group's only."""
+    def dead(topic: str, group: str, n: int) -> int:
+        return QueueMessage.objects.create(
+            topic=f"{topic}_dlq", partition_key="k", id=f"d{n}", payload=b"{}", created_at=1,
+            published_at=1, consumer_group=group, original_topic=topic, failure_count=1,
+            last_error="ValueError: no").offset
+
+    a, b, c = dead("orders", "g1", 1), dead("orders", "g2", 2), dead("refunds", "g1", 3)
+    PartitionOffset.objects.bulk_create([
+        PartitionOffset(consumer_group=g, topic=t, partition_key="k", offset_acked=0,
+                        updated_at=1) for g, t in (("g1", "orders"), ("g2", "orders"),
+                                                   ("g1", "refunds"))])
+
+    def listed(query: str) -> set[int]:
+        page = admin_client.get(f"{A}/deadletter/?{query}").content.decode()
+        return {o for o in (a, b, c) if f"/deadletter/{o}/change/" in page}
+
+    assert listed("") == {a, b, c}
+    assert listed("original_topic=orders") == {a, b}
+    assert listed("original_topic=refunds") == {c}
+    assert listed("consumer_group=g1") == {a, c}
+    assert listed("consumer_group=g2&original_topic=orders") == {b}
+    filters = admin_client.get(f"{A}/deadletter/").content.decode()
+    assert "?consumer_group=g2" in filters and "?original_topic=refunds" in filters
