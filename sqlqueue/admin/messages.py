@@ -8,7 +8,7 @@ from urllib.parse import unquote
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.views.main import PAGE_VAR, ChangeList
+from django.contrib.admin.views.main import ORDER_VAR, PAGE_VAR, ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -79,7 +79,9 @@ class BoundedChangeList(ChangeList):
             self.count_text += f", below offset {below}"
             self.newest_url = self.get_query_string(remove=["offset__lt", PAGE_VAR])
         more = capped or self.page_num < paginator.num_pages
-        if shown and more:
+        # A step below the page's last offset follows the default order (newest first)
+        # only; sorted by another column, the page links are the way.
+        if shown and more and ORDER_VAR not in request.GET:
             self.older_url = self.get_query_string({"offset__lt": min(shown)}, [PAGE_VAR])
 
 

@@ -165,6 +165,8 @@ def test_a_capped_list_says_more_than_and_steps_older(admin_client: Client,
     text = below.content.decode()
     assert f"below offset {offsets[99]}" in text
     assert f">{offsets[100]}<" in text and f">{offsets[99]}<" not in text
+    sorted_otherwise = admin_client.get(f"{A}/queuemessage/?o=2").content.decode()
+    assert 'id="sqlqueue-older"' not in sorted_otherwise  # "older" follows the offsets
     deep = admin_client.get(f"{A}/queuemessage/?p=500")  # past the counted pages:
     assert deep.status_code == 200  # the last counted one (rows 101 to 150), and older
     text = deep.content.decode()
