@@ -10,21 +10,34 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db import router
+from django.db.models import F, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from sqlqueue.admin.display import DateRangeFilters, EpochMsDateRangeFilter, from_epoch_ms
-from sqlqueue.admin.messages import JsonColumns, ReadOnlyAdmin
+from sqlqueue.admin.bounded import (
+    FailedRangeFilter,
+    OffsetsFirstPaginator,
+    choices_filter,
+    request_topics,
+)
+from sqlqueue.admin.display import DateRangeFilters, from_epoch_ms
+from sqlqueue.admin.messages import QUERYSET_ONLY, BoundedListAdmin, JsonColumns
 from sqlqueue.admin.pages import admin_url, confirmation_page
+from sqlqueue.conf import get_settings
 from sqlqueue.models import DeadLetter
 from sqlqueue.operations.dead_letters import (
     BulkResult,
     discard_dead_letters,
     replay_dead_letters,
+)
+from sqlqueue.operations.log_browse import (
+    dead_letter_topics,
+    subscribed_groups,
+    subscribed_topics,
 )
 
 #: What a dead letter's message was to an integration, as a link (or None: not one of
@@ -46,14 +59,27 @@ BULK_REPLAY_LIMIT = 5_000
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
+class DeadLetterAdmin(DateRangeFilters, JsonColumns, BoundedListAdmin):
     # Few, narrow columns: the "why" (last error) must be readable at 1366 px with the
     # navigation and the filters open; the message id is on the detail page (and searchable).
     list_display = ("offset", "where", "failures", "failed", "error_summary")
-    list_filter = ("consumer_group", "original_topic", ("failed_at", EpochMsDateRangeFilter))
-    search_fields = ("=id", "=partition_key")
-    show_full_result_count = False
-    ordering = ("-offset",)
+    # Groups and topics from the positions table, not a DISTINCT over the log; the rows
+    # are read in the dead-letter topics only (get_queryset).
+    list_filter = (choices_filter("consumer_group", "consumer group",
+                                  lambda request, alias: subscribed_groups(alias)),
+                   # A dead letter of topic T is a row of T<DLQ_SUFFIX>: filtered by that
+                   # topic, the index answers (original_topic would read each row).
+                   choices_filter("original_topic", "original topic",
+                                  lambda request, alias: subscribed_topics(alias),
+                                  lambda topic: {"topic": topic + get_settings().DLQ_SUFFIX}),
+                   ("failed_at", FailedRangeFilter))
+    # Newest first, by an expression of the offset: the primary key's order cannot serve it,
+    # so the database sorts the dead-letter topics' index entries (as many as there are
+    # dead letters) instead of walking the whole log backwards by offset until it meets
+    # old dead letters (seconds on MariaDB under a backlog of millions); the page's rows
+    # are then read by primary key (OffsetsFirstPaginator).
+    ordering = ((F("offset") + 0).desc(),)
+    paginator = OffsetsFirstPaginator
     actions = ("replay", "discard")
     fields = ("offset", "consumer_group", "original_topic", "partition_key", "message_id",
               "failure_count", "failed", "task_result", "traceback", "payload_json",
@@ -61,6 +87,20 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
     readonly_fields = fields
     change_list_template = "admin/sqlqueue/deadletter/change_list.html"
     change_form_template = "admin/sqlqueue/deadletter/change_form.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[DeadLetter]:
+        """Every row of the dead-letter topics (``<topic><DLQ_SUFFIX>``: only dead
+        letters are written there), read by the (topic, partition_key, offset) index
+        alone; not by their two columns (``IS_DEAD_LETTER``, the model's manager), which
+        would read each row."""
+        alias = router.db_for_read(DeadLetter)
+        rows = DeadLetter._base_manager.using(alias).filter(
+            topic__in=dead_letter_topics(alias, request_topics(request, alias)))
+        ordering = self.get_ordering(request)
+        return rows.order_by(*ordering) if ordering else rows
+
+    def search_topics(self, request: HttpRequest, alias: str) -> list[str]:
+        return dead_letter_topics(alias, request_topics(request, alias))
 
     def get_urls(self) -> list[URLPattern]:
         name = f"{self.opts.app_label}_{self.opts.model_name}"
@@ -171,12 +211,16 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
                        current_app=self.admin_site.name)
         query = request.GET.urlencode()
         back = f"{back}?{query}" if query else back
+        setattr(request, QUERYSET_ONLY, True)  # the matching rows, not a page of them
         try:
             matching = self.get_changelist_instance(request).get_queryset(request)
         except IncorrectLookupParameters:
             self.message_user(request, "Those filters are not valid.", messages.ERROR)
             return HttpResponseRedirect(back)
-        offsets = list(matching.order_by("offset")
+        # In the order of the (topic, partition_key, offset) index: partition by partition,
+        # each oldest first, so the read stops after the limit instead of walking the log
+        # by offset for the oldest dead letters (their order within a partition is kept).
+        offsets = list(matching.order_by("topic", "partition_key", "offset")
                        .values_list("offset", flat=True)[:BULK_REPLAY_LIMIT + 1])
         more = len(offsets) > BULK_REPLAY_LIMIT
         offsets = offsets[:BULK_REPLAY_LIMIT]
@@ -184,9 +228,10 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
             self._report(request, "Replayed", replay_dead_letters(offsets))
             if more:
                 self.message_user(request, (
-                    f"More than {BULK_REPLAY_LIMIT} matched; the oldest {BULK_REPLAY_LIMIT} "
-                    "were replayed. Replay again for the next ones, or run "
-                    "`manage.py queue dead-letters replay --all`."), messages.WARNING)
+                    f"More than {BULK_REPLAY_LIMIT} matched; {BULK_REPLAY_LIMIT} were "
+                    "replayed (partition by partition, oldest first). Replay again for the "
+                    "next ones, or run `manage.py queue dead-letters replay --all`."),
+                    messages.WARNING)
             return HttpResponseRedirect(back)
         return TemplateResponse(request, "admin/sqlqueue/confirm_replay_matching.html", {
             **self.admin_site.each_context(request),
@@ -195,8 +240,11 @@ class DeadLetterAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
             "count": len(offsets),
             "more": more,
             "limit": BULK_REPLAY_LIMIT,
-            "groups": sorted(set(matching.values_list("consumer_group", flat=True)
-                                 .order_by("consumer_group").distinct()[:20])),
+            # the groups of the dead letters it would replay (by primary key), not a
+            # DISTINCT over every match
+            "groups": sorted(set(DeadLetter.objects.using(matching.db)
+                                 .filter(offset__in=offsets)
+                                 .values_list("consumer_group", flat=True)))[:20],
             "filters": [(k, v) for k, v in request.GET.items()],
             "back_url": back,
         })

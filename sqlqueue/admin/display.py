@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from typing import Any
 
 from django.apps import apps
@@ -53,7 +54,9 @@ class EpochMsDateRangeFilter(DateRangeFilter):  # type: ignore[misc]  # untyped 
 
     def _make_query_filter(self, request: Any, validated_data: dict[str, Any]) -> dict[str, Any]:
         bounds = super()._make_query_filter(request, validated_data)
-        return {key: round(value.timestamp() * 1000) for key, value in bounds.items()}
+        # Whole milliseconds, rounded down: the end of a day (23:59:59.999999) is its last
+        # millisecond, not the first of the next day (round() made it so).
+        return {key: math.floor(value.timestamp() * 1000) for key, value in bounds.items()}
 
     def get_timezone(self, _request: Any) -> Any:
         return timezone.get_current_timezone()

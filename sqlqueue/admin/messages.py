@@ -8,18 +8,29 @@ from urllib.parse import unquote
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.views.main import ORDER_VAR, PAGE_VAR, ChangeList
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from sqlqueue.admin.display import (
-    DateRangeFilters,
-    EpochMsDateRangeFilter,
-    from_epoch_ms,
-    pretty_json,
+from sqlqueue.admin.bounded import (
+    BoundedPaginator,
+    CreatedRangeFilter,
+    choices_filter,
+    request_topics,
 )
-from sqlqueue.models import IS_DEAD_LETTER, QueueMessage
+from sqlqueue.admin.display import DateRangeFilters, from_epoch_ms, pretty_json
+from sqlqueue.conf import get_settings
+from sqlqueue.models import QueueMessage
+from sqlqueue.operations.log_browse import (
+    COUNT_CAP,
+    SEARCH_CAP,
+    dead_letter_topics,
+    log_topics,
+    search_offsets,
+)
 
 #: the end of a stored traceback shown on a message's page (its last lines say why)
 MAX_ERROR_CHARS = 4_000
@@ -38,6 +49,71 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
 
+#: set on a request whose changelist is made for its queryset only (its filters and
+#: search, as "Replay all matching" needs): no count, no page of results
+QUERYSET_ONLY = "_sqlqueue_changelist_queryset_only"
+
+
+class BoundedChangeList(ChangeList):
+    """Django's change list, with the keyset step of a bounded page: ``older_url`` shows
+    the rows below the page's last offset (the filters kept), ``newest_url`` goes back
+    to the top (``sqlqueue.admin.bounded``)."""
+
+    older_url: str = ""
+    newest_url: str = ""
+    count_text: str = ""
+
+    def get_results(self, request: HttpRequest) -> None:
+        if getattr(request, QUERYSET_ONLY, False):
+            return  # a page that wants the filtered queryset, not a page of it
+        super().get_results(request)
+        shown = [row.offset for row in self.result_list]  # evaluated once, for the page too
+        paginator = self.paginator
+        capped = bool(getattr(paginator, "capped", False))
+        name = self.opts.verbose_name if self.result_count == 1 else self.opts.verbose_name_plural
+        self.count_text = (
+            f"more than {paginator.cap:,} {self.opts.verbose_name_plural} (counting stops there)"
+            if capped else f"{self.result_count} {name}")
+        below = request.GET.get("offset__lt")
+        if below:
+            self.count_text += f", below offset {below}"
+            self.newest_url = self.get_query_string(remove=["offset__lt", PAGE_VAR])
+        more = capped or self.page_num < paginator.num_pages
+        # A step below the page's last offset follows the default order (newest first)
+        # only; sorted by another column, the page links are the way.
+        if shown and more and ORDER_VAR not in request.GET:
+            self.older_url = self.get_query_string({"offset__lt": min(shown)}, [PAGE_VAR])
+
+
+class BoundedListAdmin(ReadOnlyAdmin):
+    """A changelist over the log that stays fast whatever its size: counts capped at
+    ``COUNT_CAP``, no facet counts, the keyset "older" step, and a search made of index
+    lookups in ``search_topics`` (``sqlqueue.operations.log_browse``)."""
+
+    paginator = BoundedPaginator
+    show_full_result_count = False  # no COUNT(*) over the whole log on every page
+    show_facets = admin.ShowFacets.NEVER  # facet counts would count the log per choice
+    search_fields = ("=id", "=partition_key")  # the search box; see get_search_results
+    search_help_text = (
+        f"Finds an offset (a number), a partition key or a message id, exactly, in each "
+        f"topic (or the filtered one), by index; the newest {SEARCH_CAP:,} matches. The "
+        f"list counts up to {COUNT_CAP:,} rows; go further with \"older\".")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return BoundedChangeList
+
+    def search_topics(self, request: HttpRequest, alias: str) -> list[str]:
+        raise NotImplementedError
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any],
+                           search_term: str) -> tuple[QuerySet[Any], bool]:
+        if not search_term.strip():
+            return queryset, False
+        alias = queryset.db
+        offsets = search_offsets(search_term, self.search_topics(request, alias), alias)
+        return queryset.filter(offset__in=offsets), False
+
+
 class JsonColumns:
     """Payload and metadata as escaped, truncated pretty JSON (messages, dead letters)."""
 
@@ -51,13 +127,16 @@ class JsonColumns:
 
 
 @admin.register(QueueMessage)
-class QueueMessageAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
+class QueueMessageAdmin(DateRangeFilters, JsonColumns, BoundedListAdmin):
     list_display = ("offset", "topic", "partition_key", "id", "priority", "created",
                     "deliver_after_time")
-    list_filter = ("topic", ("created_at", EpochMsDateRangeFilter))
-    search_fields = ("=id", "=partition_key")
-    show_full_result_count = False  # no COUNT(*) over the whole log on every page
+    # Topics by one index seek each, not a DISTINCT over the log (sqlqueue.admin.bounded).
+    list_filter = (choices_filter("topic", "topic",
+                                  lambda request, alias: log_topics(
+                                      alias, request_topics(request, alias))),
+                   ("created_at", CreatedRangeFilter))
     ordering = ("-offset",)
+    change_list_template = "admin/sqlqueue/queuemessage/change_list.html"
     fields = ("offset", "topic", "partition_key", "id", "priority", "created",
               "published", "deliver_after_time", "consumer_group", "delivery",
               "metadata_json", "payload_json")
@@ -95,8 +174,20 @@ class QueueMessageAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
         })
 
     def get_queryset(self, request: HttpRequest) -> Any:
-        # Dead letters have their own page.
-        return super().get_queryset(request).exclude(IS_DEAD_LETTER)
+        # Dead letters have their own page. Left out by topic (the dead-letter topics, by
+        # index seeks), not by their columns: a count of one topic then reads only the
+        # (topic, partition_key, offset) index, not each row for two unindexed columns.
+        rows = super().get_queryset(request)
+        return rows.exclude(topic__in=dead_letter_topics(
+            rows.db, request_topics(request, rows.db)))
+
+    def search_topics(self, request: HttpRequest, alias: str) -> list[str]:
+        topic = request.GET.get("topic")
+        return [topic] if topic else log_topics(alias, request_topics(request, alias))
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        return super().changelist_view(request, {**(extra_context or {}),
+                                                 "retention_note": retention_note()})
 
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: QueueMessage) -> dt.datetime | None:
@@ -132,3 +223,27 @@ class QueueMessageAdmin(DateRangeFilters, JsonColumns, ReadOnlyAdmin):
     def deliver_after_time(self, obj: QueueMessage) -> dt.datetime | None:
         return from_epoch_ms(obj.deliver_after)
 
+
+
+def retention_note() -> str:
+    """What the Messages page says about the messages it does not show (issue 53 F3): a
+    busy queue with the default settings shows few, because garbage collection deletes
+    what every group acked."""
+    retention = get_settings().RETENTION
+    if not retention:
+        return ("Garbage collection (run by runconsumer) deletes a message once every consumer "
+                "group of its topic has acked it: with SQLQUEUE[\"RETENTION\"] at 0, the default, "
+                "a busy queue shows few messages here. To keep acked messages for a while, set "
+                "SQLQUEUE[\"RETENTION\"], e.g. timedelta(days=7). Topics no group consumes, "
+                "and dead letters, are kept.")
+    return (f"Garbage collection (run by runconsumer) deletes a message "
+            f"{_duration(retention)} after every consumer group of its topic has acked it "
+            f"(SQLQUEUE[\"RETENTION\"]). Topics no group consumes, and dead letters, are kept.")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds:g} seconds"

@@ -166,6 +166,11 @@ def test_operator_walkthrough(live_server: Any, browser: Chrome, screenshots: Pa
     # The message log, and one message whose payload carries a script: shown, not run.
     admin.open("/admin/sqlqueue/queuemessage/")
     assert "customer-05" in admin.text()
+    # What the page does not show, and why; what its search searches (issue 52, 53 F3).
+    assert 'SQLQUEUE["RETENTION"]' in browser.find_element(
+        By.ID, "sqlqueue-retention-note").text
+    assert "Finds an offset (a number), a partition key or a message id" in admin.text()
+    assert "messages" in browser.find_element(By.ID, "sqlqueue-result-count").text
     admin.shot("02-messages")
     admin.open("/admin/sqlqueue/queuemessage/?q=customer-05")
     admin.follow(admin.driver.find_elements(By.CSS_SELECTOR, "th.field-offset a")[-1])
