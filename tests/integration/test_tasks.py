@@ -333,6 +333,9 @@ def test_the_admin_shows_results_read_only_and_escaped() -> None:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
     assert "<script>alert(1)" not in page.text
     assert "builtins.ValueError" in page.text
+    # Trial F6 (issue 53): three attempts that failed alike are one entry, one traceback.
+    assert "Attempts 1-3 (3 times the same error)</strong>: builtins.ValueError" in page.text
+    assert page.text.count("raise ValueError(reason)") == 1
     assert client.get(reverse("admin:sqlqueue_taskrecord_add")).status_code == 403
     # Issue 37: the list says why a task failed; its page leads to running it again
     # (issue 42: its Retry button, which replays its dead letter).
@@ -344,6 +347,21 @@ def test_the_admin_shows_results_read_only_and_escaped() -> None:
     client.post(retry, {"confirmed": "yes"})
     run_tasks()
     assert tasks.always_fails.get_result(failed.id).attempts == 6  # ran again (3 more)
+    again = client.get(reverse("admin:sqlqueue_taskrecord_change", args=[failed.id]))
+    assert "Attempts 1-6 (6 times the same error)" in again.text
+    assert again.text.count("raise ValueError(reason)") == 1
+
+
+def test_the_task_page_groups_only_consecutive_identical_errors() -> None:
+    from sqlqueue.integrations.tasks.admin import error_groups
+
+    disk = {"exception_class_path": "builtins.OSError", "traceback": "OSError: disk"}
+    net = {"exception_class_path": "builtins.ConnectionError", "traceback": "refused"}
+    assert error_groups([disk, disk, net, disk], 4) == [
+        (1, 2, disk), (3, 3, net), (4, 4, disk)]
+    # The record keeps the newest errors only: numbered from the attempts they belong to.
+    assert error_groups([disk] * 25, 30) == [(6, 30, disk)]
+    assert error_groups([], 0) == []
 
 
 @pytest.mark.parametrize("path", ["tests.import_canary.run", "os.system",
