@@ -5,6 +5,7 @@ tasks, strict order by partition key, dead letters and replay, retention)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 from typing import Any
@@ -152,6 +153,24 @@ def test_a_failing_task_is_retried_then_failed_with_every_traceback() -> None:
     dead = QueueMessage.objects.get(topic="tasks.default_dlq")
     assert (dead.consumer_group, dead.failure_count) == ("tasks", 3)
     assert "the disk is full" in dead.last_error
+
+
+def test_failure_log_lines_name_the_task(caplog: pytest.LogCaptureFixture) -> None:
+    """Trial F17 (issue 53): the handler-failure and dead-letter lines say which task
+    failed, not only the backend's topic and offset (on Django 5.2 no other line does)."""
+    caplog.set_level(logging.WARNING, logger="sqlqueue")
+    tasks.always_fails.enqueue("the disk is full")
+    run_tasks()
+    failures = [r for r in caplog.records
+                if getattr(r, "event", "") == "sqlqueue.handler.failed"]
+    assert len(failures) == 3
+    assert all(r.subject == "task tests.testapp.tasks.always_fails" for r in failures)
+    assert ("(attempt 1), task tests.testapp.tasks.always_fails: ValueError"
+            in failures[0].getMessage())
+    (dead,) = [r for r in caplog.records
+               if getattr(r, "event", "") == "sqlqueue.message.dead_lettered"]
+    assert "(task tests.testapp.tasks.always_fails) for group 'tasks'" in dead.getMessage()
+    assert dead.subject == "task tests.testapp.tasks.always_fails"
 
 
 def test_a_flaky_task_succeeds_on_a_retry() -> None:
