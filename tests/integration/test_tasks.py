@@ -355,6 +355,9 @@ def test_the_admin_shows_results_read_only_and_escaped() -> None:
     # Trial F6 (issue 53): three attempts that failed alike are one entry, one traceback.
     assert "Attempts 1-3 (3 times the same error)</strong>: builtins.ValueError" in page.text
     assert page.text.count("raise ValueError(reason)") == 1
+    # Trial F15: no schema help texts, no (always empty) History button.
+    assert "TASKS alias." not in page.text and "One entry per attempt." not in page.text
+    assert "historylink" not in page.text
     assert client.get(reverse("admin:sqlqueue_taskrecord_add")).status_code == 403
     # Issue 37: the list says why a task failed; its page leads to running it again
     # (issue 42: its Retry button, which replays its dead letter).

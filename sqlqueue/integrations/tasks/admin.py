@@ -26,6 +26,7 @@ from django.utils.safestring import SafeString
 
 from sqlqueue.admin.dead_letters import register_dead_letter_link
 from sqlqueue.admin.messages import ReadOnlyAdmin
+from sqlqueue.admin.operator_pages import WithoutSchemaHelp
 from sqlqueue.admin.pages import admin_url, confirmation_page
 from sqlqueue.integrations.tasks.models import TaskRecord
 from sqlqueue.integrations.tasks.repairs import (
@@ -94,7 +95,7 @@ def duration_text(elapsed: timedelta) -> str:
     return f"{minutes // 60} h {minutes % 60} min"
 
 
-class TaskRecordAdmin(ReadOnlyAdmin):
+class TaskRecordAdmin(WithoutSchemaHelp, ReadOnlyAdmin):
     # Narrow columns (the list fits 1366 px): the task's module, the queue, the finish time
     # and the id are on the task's page; the queue is a filter, the id and path searchable.
     list_display = ("task", "status", "attempts", "duration", "last_error",
