@@ -6,6 +6,7 @@ numbers themselves."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,14 +18,29 @@ from sqlqueue.operations.overview import Minute
 WIDTH, HEIGHT = 500, 190
 LEFT, RIGHT, TOP, BOTTOM = 70, 12, 12, 40  # margins: the axes' labels
 
+#: The chart's text, axes and grid are drawn in ``currentColor``, the admin's body text
+#: colour (``--body-fg``), so that they follow its light and dark themes; the grid lines
+#: are the same colour, faint.
+FRAME = "color:var(--body-fg, #333)"
+GRID_OPACITY, AXIS_OPACITY = "0.18", "0.6"
+
 
 @dataclass(frozen=True)
 class Series:
     label: str
     value: Callable[[Minute], float | None]
-    color: str
+    color: str  # light theme; the page's stylesheet gives a lighter one in the dark theme
     dash: str  # stroke-dasharray: the pattern that tells the series apart without colour
     marker: str = ""  # "circle" or "square" at each minute with a value (sparse series)
+
+    @property
+    def key(self) -> str:
+        """The series' CSS custom property (``--sqlqueue-<key>``)."""
+        return self.label.replace(" ", "-")
+
+    @property
+    def paint(self) -> str:
+        return f"var(--sqlqueue-{self.key}, {self.color})"
 
 
 THROUGHPUT = (
@@ -37,14 +53,31 @@ LATENCY = (
     Series("p50", lambda m: m.p50, "#1565c0", "", "circle"),
     Series("p95", lambda m: m.p95, "#6a1b9a", "8 4", "square"),
 )
+#: the series' colours on the admin's dark background (#121212): lighter tones of the same
+#: hues, each with a contrast of at least 4.5:1 there
+DARK_COLORS = {"published": "#64b5f6", "acked": "#81c784", "retried": "#ffb74d",
+               "dead-lettered": "#ef9a9a", "p50": "#64b5f6", "p95": "#ce93d8"}
+
+
+def series_style() -> SafeString:
+    """The stylesheet that gives each series its colour in the admin's light and dark
+    themes (Django's ``dark_mode.css``: the system's preference unless the theme toggle
+    chose light, or the toggle's dark)."""
+    light = ";".join(f"--sqlqueue-{s.key}:{s.color}" for s in (*THROUGHPUT, *LATENCY))
+    dark = ";".join(f"--sqlqueue-{key.replace(' ', '-')}:{color}"
+                    for key, color in DARK_COLORS.items())
+    return format_html(
+        "<style>:root{{{}}}"
+        '@media (prefers-color-scheme: dark){{:root:not([data-theme="light"]){{{}}}}}'
+        'html[data-theme="dark"]{{{}}}</style>', light, dark, dark)
 
 
 def throughput_chart(minutes: Sequence[Minute], label: str) -> SafeString:
-    return _chart(minutes, THROUGHPUT, "messages per minute", label, _count_text)
+    return _chart(minutes, THROUGHPUT, "messages per minute", label, whole=True)
 
 
 def latency_chart(minutes: Sequence[Minute], label: str) -> SafeString:
-    return _chart(minutes, LATENCY, "handler duration (s)", label, _seconds_text)
+    return _chart(minutes, LATENCY, "handler duration (s)", label, whole=False)
 
 
 def legend(series: Sequence[Series]) -> SafeString:
@@ -54,15 +87,49 @@ def legend(series: Sequence[Series]) -> SafeString:
         'padding:0;margin:0 0 4px 0">{}</ul>',
         format_html_join("", '<li style="list-style:none;padding:0"><svg width="28" '
                              'height="10" aria-hidden="true"><line x1="0" y1="5" x2="28" '
-                             'y2="5" stroke="{}" stroke-width="2.5" stroke-dasharray="{}"/>'
-                             "{}</svg> {}</li>",
-                         ((s.color, s.dash, _marker(s, 14, 5), s.label) for s in series)))
+                             'y2="5" style="stroke:{}" stroke-width="2.5" '
+                             'stroke-dasharray="{}"/>{}</svg> {}</li>',
+                         ((s.paint, s.dash, _marker(s, 14, 5), s.label) for s in series)))
+
+
+def nice_ticks(top: float, whole: bool, count: int = 4) -> list[float]:
+    """Round tick values from 0 to at least ``top``: a step of 1, 2 or 5 times a power of
+    ten, about ``count`` steps (whole numbers only when ``whole``: message counts)."""
+    if top <= 0:
+        return [0.0, 1.0]
+    raw = top / count
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * (1 - 1e-9))
+    if whole:
+        step = max(step, 1.0)
+    steps = math.ceil(top / step - 1e-9)
+    return [_round(i * step) for i in range(steps + 1)]
+
+
+def tick_text(value: float) -> str:
+    """A tick value as written: no float noise (0.30000000000000004), no needless zeros."""
+    return f"{value:.6g}"
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.12g}")
+
+
+def _x_step(minutes: int) -> int:
+    """Minutes between the x axis' ticks: four or so ticks whatever the range."""
+    return max(1, next((s for s in (1, 5, 10, 15, 30, 60, 120, 360) if minutes / s <= 4),
+                       minutes // 4))
 
 
 def _chart(minutes: Sequence[Minute], series: Sequence[Series], y_title: str, label: str,
-           text: Callable[[float], str]) -> SafeString:
+           whole: bool) -> SafeString:
+    """The last of ``minutes`` is the current one, still filling: it is drawn apart, on a
+    shaded band titled "this minute, so far", its segment faint, so that a minute half
+    over does not read as a drop."""
     values = [[s.value(m) for m in minutes] for s in series]
-    top = max([v for line in values for v in line if v is not None] + [0.0]) or 1.0
+    ticks = nice_ticks(max([v for line in values for v in line if v is not None] + [0.0]),
+                       whole)
+    top = ticks[-1]
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def x(index: int) -> float:
@@ -74,68 +141,82 @@ def _chart(minutes: Sequence[Minute], series: Sequence[Series], y_title: str, la
     lines = format_html_join("", "{}", (
         (_polylines(line, s, x, y),) for s, line in zip(series, values, strict=True)))
     y_ticks = format_html_join("", (
-        '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#ccc"/>'
-        '<text x="{}" y="{}" text-anchor="end" font-size="11">{}</text>'),
-        ((LEFT, _n(y(v)), WIDTH - RIGHT, _n(y(v)), LEFT - 4, _n(y(v) + 4), text(v))
-         for v in (0.0, top / 2, top)))
+        '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="currentColor" stroke-opacity="{}"/>'
+        '<text x="{}" y="{}" text-anchor="end" font-size="11" fill="currentColor">{}</text>'),
+        ((LEFT, _n(y(v)), WIDTH - RIGHT, _n(y(v)), GRID_OPACITY, LEFT - 4, _n(y(v) + 4),
+          tick_text(v)) for v in ticks))
     last = len(minutes) - 1
     x_ticks = format_html_join("", (
-        '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#999"/>'
-        '<text x="{}" y="{}" text-anchor="middle" font-size="11">{}</text>'),
-        ((_n(x(i)), TOP + plot_h, _n(x(i)), TOP + plot_h + 4, _n(x(i)), TOP + plot_h + 16,
-          "now" if i == last else f"-{last - i}")
-         for i in range(last, -1, -15)))
+        '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="currentColor" stroke-opacity="{}"/>'
+        '<text x="{}" y="{}" text-anchor="middle" font-size="11" fill="currentColor">{}'
+        "</text>"),
+        ((_n(x(i)), TOP + plot_h, _n(x(i)), TOP + plot_h + 4, AXIS_OPACITY, _n(x(i)),
+          TOP + plot_h + 16, "now" if i == last else f"-{last - i}")
+         for i in range(last, -1, -_x_step(last + 1))))
+    partial = format_html(
+        '<rect class="sqlqueue-partial-minute" x="{}" y="{}" width="{}" height="{}" '
+        'fill="currentColor" fill-opacity="0.08"><title>this minute, so far</title></rect>',
+        _n(x(last - 1)), TOP, _n(x(last) - x(last - 1)), plot_h) if last >= 1 else ""
     return format_html(
         '<svg class="sqlqueue-activity-chart" role="img" aria-label="{}" width="{}" '
-        'height="{}" viewBox="0 0 {} {}" style="max-width:100%;height:auto">'
-        "<title>{}</title>{}{}"
-        '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#666"/>'
-        '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#666"/>{}'
-        '<text x="{}" y="{}" text-anchor="middle" font-size="12">minutes ago (database '
-        "time)</text>"
+        'height="{}" viewBox="0 0 {} {}" style="max-width:100%;height:auto;{}">'
+        "<title>{}</title>{}{}{}"
+        '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="currentColor" stroke-opacity="{}"/>'
+        '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="currentColor" stroke-opacity="{}"/>{}'
+        '<text x="{}" y="{}" text-anchor="middle" font-size="12" fill="currentColor">'
+        "minutes ago (database time)</text>"
         '<text transform="translate(14 {}) rotate(-90)" text-anchor="middle" '
-        'font-size="12">{}</text></svg>',
-        label, WIDTH, HEIGHT, WIDTH, HEIGHT, label, y_ticks, x_ticks,
-        LEFT, TOP, LEFT, TOP + plot_h, LEFT, TOP + plot_h, WIDTH - RIGHT, TOP + plot_h,
+        'font-size="12" fill="currentColor">{}</text></svg>',
+        label, WIDTH, HEIGHT, WIDTH, HEIGHT, FRAME, label, partial, y_ticks, x_ticks,
+        LEFT, TOP, LEFT, TOP + plot_h, AXIS_OPACITY,
+        LEFT, TOP + plot_h, WIDTH - RIGHT, TOP + plot_h, AXIS_OPACITY,
         lines, LEFT + plot_w / 2, HEIGHT - 6, _n(TOP + plot_h / 2), y_title)
 
 
 def _polylines(line: Sequence[float | None], series: Series,
                x: Callable[[int], float], y: Callable[[float], float]) -> SafeString:
-    """One polyline per run of minutes with a value (a percentile has none in a minute
-    without runs: a gap, not a drop to zero)."""
+    """One polyline per run of complete minutes with a value (a percentile has none in a
+    minute without runs: a gap, not a drop to zero); the current minute's segment apart,
+    faint (class ``sqlqueue-partial``)."""
     runs: list[list[str]] = [[]]
     markers = []
-    for index, value in enumerate(line):
+    complete, current = line[:-1], line[-1] if line else None
+    for index, value in enumerate(complete):
         if value is None:
             runs.append([])
         else:
             runs[-1].append(f"{_n(x(index))},{_n(y(value))}")
             markers.append(_marker(series, x(index), y(value)))
     lines = format_html_join("", (
-        '<polyline points="{}" fill="none" stroke="{}" stroke-width="2" '
+        '<polyline points="{}" fill="none" style="stroke:{}" stroke-width="2" '
         'stroke-dasharray="{}"><title>{}</title></polyline>'),
-        ((" ".join(run), series.color, series.dash, series.label)
+        ((" ".join(run), series.paint, series.dash, series.label)
          for run in runs if len(run) > 1))
-    return format_html("{}{}", lines, format_html_join("", "{}", ((m,) for m in markers)))
+    partial = SafeString("")
+    if current is not None:
+        last = len(line) - 1
+        markers.append(_marker(series, x(last), y(current), faint=True))
+        if len(line) > 1 and line[-2] is not None:
+            partial = format_html(
+                '<line class="sqlqueue-partial" x1="{}" y1="{}" x2="{}" y2="{}" '
+                'style="stroke:{}" stroke-width="2" stroke-opacity="0.45" '
+                'stroke-dasharray="{}"><title>{}: this minute, so far</title></line>',
+                _n(x(last - 1)), _n(y(line[-2])), _n(x(last)), _n(y(current)),
+                series.paint, series.dash or "none", series.label)
+    return format_html("{}{}{}", lines, partial,
+                       format_html_join("", "{}", ((m,) for m in markers)))
 
 
-def _marker(series: Series, cx: float, cy: float) -> SafeString:
+def _marker(series: Series, cx: float, cy: float, faint: bool = False) -> SafeString:
+    opacity = "0.45" if faint else "1"
     if series.marker == "circle":
-        return format_html('<circle cx="{}" cy="{}" r="3" fill="{}"/>', _n(cx), _n(cy),
-                           series.color)
+        return format_html('<circle cx="{}" cy="{}" r="3" style="fill:{}" fill-opacity="{}"/>',
+                           _n(cx), _n(cy), series.paint, opacity)
     if series.marker == "square":
-        return format_html('<rect x="{}" y="{}" width="6" height="6" fill="{}"/>',
-                           _n(cx - 3), _n(cy - 3), series.color)
+        return format_html('<rect x="{}" y="{}" width="6" height="6" style="fill:{}" '
+                           'fill-opacity="{}"/>', _n(cx - 3), _n(cy - 3), series.paint,
+                           opacity)
     return SafeString("")
-
-
-def _count_text(value: float) -> str:
-    return f"{value:.0f}" if value >= 10 or value == int(value) else f"{value:.1f}"
-
-
-def _seconds_text(value: float) -> str:
-    return f"{value:.3g}"
 
 
 def _n(value: float) -> str:

@@ -27,6 +27,8 @@ from sqlqueue.operations.unconsumed import unconsumed_topics
 
 #: partitions listed on a subscription's page before "show all" (worst first)
 PARTITION_ROWS = 200
+#: the overview reloads its content this often (``_auto_refresh.html``)
+REFRESH_SECONDS = 10
 
 
 def _alias(topic: str) -> str:
@@ -89,6 +91,7 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
                            for topic in unconsumed_topics(conf.read_alias(alias))],
             "several_databases": len(conf.databases) > 1,
             "rules": lag_rules,
+            "refresh_seconds": REFRESH_SECONDS,
         })
 
     def subscription_view(self, request: HttpRequest) -> HttpResponse:

@@ -4,6 +4,8 @@ drain and stop or to stop at once (issue 42)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -19,11 +21,20 @@ from sqlqueue.operations.runners import (
     live_runners,
     pending_requests,
     request_runner_stop,
+    stopped_runners,
 )
 from sqlqueue.operations.subscribers import memberships
 
 #: partition keys listed per subscriber before "and N more"
 KEYS_SHOWN = 12
+#: the page reloads its content this often (``_auto_refresh.html``)
+REFRESH_SECONDS = 10
+
+
+def _when(epoch_ms: int) -> datetime:
+    """A database-time stamp as an aware datetime (the template shows it in the
+    admin's time zone)."""
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
 
 
 @admin.register(SubscriberStatus)
@@ -49,6 +60,9 @@ class SubscriberStatusAdmin(ReadOnlyAdmin):
             "memberships": [m for alias in conf.databases
                             for m in memberships(conf.read_alias(alias))],
             "runners": [(name, pending.get(name)) for name in live_runners()],
+            "stopped_runners": [(r, _when(r.requested_at_ms), _when(r.obeyed_at_ms))
+                                for r in stopped_runners()],
+            "refresh_seconds": REFRESH_SECONDS,
             "may_stop_runners": self.has_stop_runner_permission(request),
             "stop_runner_url": admin_url(self, "stop_runner"),
             "keys_shown": KEYS_SHOWN,

@@ -203,6 +203,21 @@ def build_message(delivery: Delivery, extend: bool = True) -> Message:
     )
 
 
+def subject_of(delivery: Delivery) -> str:
+    """What the message asks its handler to do, in the handler's own words, for the log
+    lines of a failure: a handler with a ``describe_message(message) -> str | None``
+    method names it (a Tasks backend's worker: "task app.tasks.send_invoice"), since the
+    topic and offset alone do not say which task failed. "" when the handler names
+    nothing or cannot read the message."""
+    describe = getattr(delivery.consumer.handler, "describe_message", None)
+    if describe is None:
+        return ""
+    try:
+        return str(describe(build_message(delivery, extend=False)) or "")
+    except Exception:  # a log line must not fail on a message its handler refuses
+        return ""
+
+
 def handle(delivery: Delivery) -> Outcome:
     """Call the handler; never raises (a handler's exception is an outcome)."""
     consumer = delivery.consumer
@@ -230,13 +245,15 @@ def handle(delivery: Delivery) -> Outcome:
         if isinstance(exc, AnyDatabaseError):  # InterfaceError too (a dropped connection)
             _after_database_error(delivery.alias)
         described = _described(exc)
+        subject = subject_of(delivery)
         logger.warning(
-            "Handler %s failed on %s/%s@%s (attempt %s): %s", consumer.name, consumer.topic,
-            delivery.partition_key, delivery.row.offset, delivery.attempt, described,
+            "Handler %s failed on %s/%s@%s (attempt %s)%s: %s", consumer.name,
+            consumer.topic, delivery.partition_key, delivery.row.offset, delivery.attempt,
+            f", {subject}" if subject else "", described,
             extra=events.fields(events.HANDLER_FAILED, group=consumer.group,
                                 topic=consumer.topic, partition=delivery.partition_key,
                                 offset=delivery.row.offset, attempt=delivery.attempt,
-                                error=described),
+                                error=described, subject=subject),
         )
         return Outcome(delivery, "fail", error=_error_text(exc), exception=exc)
 

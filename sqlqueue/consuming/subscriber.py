@@ -23,7 +23,7 @@ from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming import recording
 from sqlqueue.consuming.delivering import RESTAMP_AFTER_MS, Fetcher, HeldView
 from sqlqueue.consuming.discovery import PartitionFinder
-from sqlqueue.consuming.handlers import Delivery, Outcome, published_id
+from sqlqueue.consuming.handlers import Delivery, Outcome, published_id, subject_of
 from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, give_back, write_acks
@@ -329,13 +329,14 @@ class Subscriber:
                 attempts=delivery.attempt, error=error, reason=reason)
             write_acks(cursor, self.dialect, self.group, self.topic,
                        [Ack(delivery.partition_key, row.offset)])
-        logger.error("Dead-lettered %s/%s@%s for group %r after %s attempt(s) (%s).",
-                     self.topic, delivery.partition_key, row.offset, self.group,
-                     delivery.attempt, reason,
+        subject = subject_of(delivery)
+        logger.error("Dead-lettered %s/%s@%s%s for group %r after %s attempt(s) (%s).",
+                     self.topic, delivery.partition_key, row.offset,
+                     f" ({subject})" if subject else "", self.group, delivery.attempt, reason,
                      extra=events.fields(events.MESSAGE_DEAD_LETTERED, group=self.group,
                                          topic=self.topic, partition=delivery.partition_key,
                                          offset=row.offset, attempt=delivery.attempt,
-                                         reason=reason))
+                                         reason=reason, subject=subject))
         self.stats["dead_lettered"] += 1
         if state is not None:
             state.finished(row.offset)

@@ -91,6 +91,40 @@ def pending_requests(*, using: str | None = None) -> list[PendingRequest]:
             .values_list("runner_name", "action", "requested_by", "requested_at")]
 
 
+#: how long a runner stopped at an operator's request stays listed on the admin's page
+STOPPED_SHOWN_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class StoppedRunner:
+    """A runner that obeyed an operator's request and is no longer live."""
+
+    runner: str
+    action: str  # "drain" or "stop"
+    requested_by: str
+    requested_at_ms: int
+    obeyed_at_ms: int
+
+    @property
+    def description(self) -> str:
+        return RunnerAction(self.action).label
+
+
+def stopped_runners(*, using: str | None = None,
+                    shown_ms: int = STOPPED_SHOWN_MS) -> list[StoppedRunner]:
+    """The runners that obeyed a request in the last ``shown_ms`` (database time) and
+    have no live heartbeat now, the latest first: what the Subscribers page lists after
+    a drain or a stop, with who asked and when (one row per runner name, so few)."""
+    alias = using or get_settings().DATABASE
+    since = _database_now(alias) - shown_ms
+    live = set(live_runners(using=alias))
+    rows = (RunnerRequest.objects.using(alias).filter(obeyed_at__gte=since)
+            .exclude(obeyed_at=0).order_by("-obeyed_at")
+            .values_list("runner_name", "action", "requested_by", "requested_at",
+                         "obeyed_at"))
+    return [StoppedRunner(*row) for row in rows if row[0] not in live]
+
+
 def refuse_a_live_namesake(name: str, *, using: str | None = None,
                            sleep: Callable[[float], None] = time.sleep,
                            monotonic: Callable[[], float] = time.monotonic) -> None:

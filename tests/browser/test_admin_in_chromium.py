@@ -320,6 +320,19 @@ return {height: Math.round(bar.getBoundingClientRect().height),
 """
 
 
+# How a button is drawn, for each selector: what an operator sees of it (its row too).
+BUTTON_LOOKS = """
+return [...arguments].map(selector => {
+  const b = document.querySelector(selector), s = getComputedStyle(b);
+  const box = b.getBoundingClientRect();
+  return {height: Math.round(box.height), top: Math.round(box.top),
+          padding: s.padding, font: s.fontSize + " " + s.fontWeight + " " + s.fontFamily,
+          background: s.backgroundColor, color: s.color, radius: s.borderRadius,
+          decoration: s.textDecorationLine};
+});
+"""
+
+
 def test_custom_pages_are_styled_like_stock_pages_on_this_django(
         live_server: Any, browser: Chrome, screenshots: Path,
         register: Callable[..., Any]) -> None:
@@ -338,6 +351,11 @@ def test_custom_pages_are_styled_like_stock_pages_on_this_django(
                  "/admin/sqlqueue/consumerlag/subscription/?group=emails&topic=orders"):
         admin.open(page)
         assert browser.execute_script(BREADCRUMBS_BOX) == stock, page
+    # Trial F8: the lag subscription page's Pause button and "Retry all" link look alike
+    # (same box, font, colours; neither underlined) and stand in one row.
+    looks = browser.execute_script(BUTTON_LOOKS, "#sqlqueue-pause", "#sqlqueue-retry-all")
+    assert looks[0] == looks[1], looks
+    assert looks[0]["decoration"] == "none"
     version = django_version_tag()
     admin.open("/admin/sqlqueue/consumerlag/")
     _keep(admin, f"19-lag-overview-{version}")

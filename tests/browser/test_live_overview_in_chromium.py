@@ -39,6 +39,15 @@ def published_in_the_hour(admin: Admin) -> str:
         By.CSS_SELECTOR, f'{CARD} tr[data-series="published"] .sqlqueue-hour').text)
 
 
+def chart_paint(browser: Chrome) -> tuple[str, str]:
+    """The computed fill of the first chart's first text, and the published line's
+    stroke."""
+    return tuple(browser.execute_script(
+        "var svg = document.querySelector('svg.sqlqueue-activity-chart');"
+        "return [getComputedStyle(svg.querySelector('text')).fill,"
+        " getComputedStyle(svg.querySelector('polyline')).stroke];"))
+
+
 def test_the_live_overview_shows_and_refreshes_a_runner_s_numbers(
         live_server: Any, browser: Chrome, screenshots: Path) -> None:
     version = django_version_tag()
@@ -77,6 +86,22 @@ def test_the_live_overview_shows_and_refreshes_a_runner_s_numbers(
         assert len(dashes) == 4
         assert "dead-lettered" in card.find_element(By.CLASS_NAME, "sqlqueue-legend").text
         _keep(admin, f"28-live-overview-{version}")
+
+        # Trial F1: in the admin's dark theme (the theme toggle's choice), the charts'
+        # text is the theme's light body text and the series take their lighter colours.
+        browser.execute_script("document.documentElement.dataset.theme = 'dark';")
+        assert chart_paint(browser) == ("rgb(238, 238, 238)", "rgb(100, 181, 246)")
+        _keep(admin, f"28-live-overview-dark-{version}")
+        browser.execute_script("document.documentElement.dataset.theme = 'light';")
+        assert chart_paint(browser)[0] != "rgb(238, 238, 238)"
+
+        # Trial F7: a shorter range redraws the axis (ticks every 5 minutes, not 15).
+        admin.click_link("15 min")
+        ticks = [t.text for t in browser.find_elements(
+            By.CSS_SELECTOR, f"{CARD} svg.sqlqueue-activity-chart text[text-anchor=middle]")]
+        assert "-5" in ticks and "-45" not in ticks
+        assert "?minutes=15" in browser.current_url
+        card = browser.find_element(By.CSS_SELECTOR, CARD)
 
         # More messages: the numbers change in place, without a reload.
         browser.execute_script("window.sqlqueueNotReloaded = true;")

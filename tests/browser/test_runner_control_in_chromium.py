@@ -13,6 +13,7 @@ from django.contrib.admin.models import LogEntry
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
 
 from sqlqueue.operations.runners import live_runners
 from tests.acceptance.processes import FAST_LEASES, runconsumer, stop, wait_for
@@ -50,12 +51,18 @@ def test_a_runner_is_asked_to_drain_and_stop(live_server: Any, browser: Chrome,
         _keep(admin, f"25-drain-runner-confirm-{version}")
         admin.submit("Yes, drain and stop")
         assert "Asked runner web-1.4242 to drain and stop" in admin.success()
+        browser.execute_script("window.sqlqueueNotReloaded = true;")
         _, err = process.communicate(timeout=30)
         assert process.returncode == 0, err
         assert "web-1.4242: the user 'operator' asked this runner to drain and stop" in err
         assert LogEntry.objects.get().user.username == "operator"
-        admin.open("/admin/sqlqueue/subscriberstatus/")  # it said goodbye: not listed
-        assert all("web-1.4242" not in table.text for table in
-                   browser.find_elements(By.ID, "sqlqueue-runners"))
+        # Trial F16: the page refreshes itself, and the runner stays listed as stopped,
+        # with who asked (it said goodbye: no more buttons).
+        stopped = WebDriverWait(browser, 40).until(lambda _: browser.find_elements(
+            By.CSS_SELECTOR, '.sqlqueue-stopped-runner[data-runner="web-1.4242"]'))
+        assert "stopped: asked to drain and stop by operator at" in stopped[0].text
+        assert not stopped[0].find_elements(By.CSS_SELECTOR, "a.sqlqueue-drain-runner")
+        assert browser.execute_script("return window.sqlqueueNotReloaded") is True
+        _keep(admin, f"29-runner-stopped-{version}")
     finally:
         stop(process)

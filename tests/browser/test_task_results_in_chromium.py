@@ -58,6 +58,10 @@ def test_a_failed_task_is_retried_from_its_page(live_server: Any, browser: Chrom
         _keep(admin, f"21-task-results-{version}")
 
         admin.open(f"/admin/sqlqueue/taskrecord/{failed.id}/change/")
+        # Trial F6: the attempts that failed alike are one entry, its traceback shown once.
+        entries = browser.find_elements(By.CSS_SELECTOR, ".sqlqueue-task-error")
+        assert len(entries) == 1 and "Attempts 1-3 (3 times the same error)" in entries[0].text
+        assert entries[0].find_element(By.TAG_NAME, "pre").is_displayed()
         assert browser.find_element(By.ID, "sqlqueue-discard-task").is_displayed()
         admin.follow(browser.find_element(By.ID, "sqlqueue-task-dead-letter"))
         assert "no order ORD-404" in admin.text()  # the dead letter's page ...

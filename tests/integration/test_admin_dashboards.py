@@ -74,11 +74,24 @@ def test_overview_and_subscription_pages(admin_client: Client, register: Any) ->
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert badges(text) == ["STOP"] * 4  # the summary, then one row per partition
     assert 'class="sqlqueue-columns"' in text
+    # Trial F21: each partition's watermark beside its own newest offset (not the log's
+    # head), and the page says the gap is no message count.
+    newest = {key: max(m.offset for m in sent if m.partition_key == key)
+              for key in ("k0", "k1")}
+    assert max(newest.values()) < sent[-1].offset  # the log's head is another partition's
+    positions = {key: shown.strip() for key, shown in re.findall(
+        r'<td class="sqlqueue-key">(k\d)</td>\s*<td class="sqlqueue-position">([^<]+)', text)}
+    assert positions == {key: f"0 / {newest[key]}" for key in ("k0", "k1")}, positions
+    assert "acked up to / newest" in text and "is not a count of messages" in text
 
     # On MySQL a watermark trails the newest rows by the write horizon: wait for it.
     drain_until_watermarks("g", {s.partition_key: s.offset for s in sent})
     settled = admin_client.get(at(SUBSCRIPTION, group="g", topic="t")).content.decode()
     assert set(badges(settled)) == {"OK"}
+    caught_up = re.search(r'<td class="sqlqueue-key">k0</td>\s*<td class="sqlqueue-position">'
+                          r'([^<]+)', settled)
+    assert caught_up is not None and caught_up.group(1).strip().endswith(" (caught up)"), (
+        caught_up and caught_up.group(1))
 
 
 def test_unknown_subscription_is_404(admin_client: Client) -> None:
@@ -101,6 +114,12 @@ def test_retry_now_redelivers_a_backing_off_message(admin_client: Client,
     page = admin_client.get(at(SUBSCRIPTION, group="g", topic="t")).content.decode()
     # A retry waits and no worker runs any more: STOP beats WARN.
     assert badges(page) == ["STOP", "STOP"] and "retry now" in page
+    # Trial F8: Pause and "Retry all" in one row of buttons, the link drawn as a button
+    # (role="button": Django 6.1 underlines other links).
+    actions = page[page.index('<div id="sqlqueue-actions">'):]
+    actions = actions[:actions.index("</div>")]
+    assert 'class="button sqlqueue-action" id="sqlqueue-pause"' in actions
+    assert 'class="button sqlqueue-action" role="button" id="sqlqueue-retry-all"' in actions
     # The retrying message's last error is shown on its partition's row.
     assert re.search(r'<td>1<div class="sqlqueue-last-error" title="[^"]*later[^"]*">', page)
 

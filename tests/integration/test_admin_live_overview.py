@@ -4,12 +4,19 @@ permission."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 
-from sqlqueue.admin.activity_charts import latency_chart
+from sqlqueue.admin.activity_charts import (
+    latency_chart,
+    nice_ticks,
+    throughput_chart,
+    tick_text,
+)
 from sqlqueue.operations.overview import Minute, histogram_quantile
 from sqlqueue.storage import store
 
@@ -69,3 +76,81 @@ def test_a_single_minute_of_latency_is_drawn_as_markers() -> None:
     chart = str(latency_chart(minutes, "one minute"))
     assert "<circle" in chart and "<rect" in chart and "<polyline" not in chart
     assert histogram_quantile(0.5, minutes[-1].durations) == pytest.approx(0.0375)
+
+
+# Trial F1 and F7 (issue 53): charts that follow the admin's theme, round ticks, the
+# current minute marked as partial, and a range selector.
+
+def test_chart_text_and_axes_follow_the_admin_s_theme(operator: Client) -> None:
+    add_rows()
+    page = operator.get(URL).content.decode()
+    charts = re.findall(r'<svg class="sqlqueue-activity-chart".*?</svg>', page, re.S)
+    assert len(charts) == 2
+    for chart in charts:
+        assert "color:var(--body-fg" in chart
+        texts = re.findall(r"<text[^>]*>", chart)
+        assert texts and all('fill="currentColor"' in t for t in texts)
+        assert "#666" not in chart and "#999" not in chart and "#ccc" not in chart
+    # Each series has a lighter colour in the dark theme, chosen by Django's own switches.
+    assert 'html[data-theme="dark"]{--sqlqueue-published:#64b5f6' in page
+    assert ':root:not([data-theme="light"])' in page
+    assert "var(--sqlqueue-dead-lettered, #c62828)" in page
+
+
+@pytest.mark.parametrize(("top", "whole", "ticks"), [
+    (0.0894, False, [0, 0.05, 0.1]),
+    (0.0244, False, [0, 0.01, 0.02, 0.03]),
+    (7, True, [0, 2, 4, 6, 8]),
+    (1, True, [0, 1]),
+    (0, True, [0, 1]),
+    (1234, True, [0, 500, 1000, 1500]),
+])
+def test_y_ticks_are_round_numbers(top: float, whole: bool, ticks: list[float]) -> None:
+    assert nice_ticks(top, whole) == pytest.approx(ticks)
+    assert [tick_text(v) for v in nice_ticks(0.3, False)] == [
+        "0", "0.1", "0.2", "0.3"]
+
+
+def test_the_latency_axis_shows_round_ticks_not_the_maximum() -> None:
+    minutes = [Minute(i * 60_000) for i in range(60)]
+    minutes[-3].durations[3] = 2   # p50 0.0375 s, p95 0.04875 s
+    chart = str(latency_chart(minutes, "round"))
+    ticks = re.findall(r'text-anchor="end"[^>]*>([^<]+)</text>', chart)
+    assert ticks == ["0", "0.02", "0.04", "0.06"]
+
+
+def test_the_current_minute_is_drawn_apart_as_partial() -> None:
+    minutes = [Minute(i * 60_000) for i in range(60)]
+    for minute in minutes[-5:]:
+        minute.published = 10
+    minutes[-1].published = 2  # the current minute, a few seconds old
+    chart = str(throughput_chart(minutes, "partial"))
+    assert 'class="sqlqueue-partial-minute"' in chart and "this minute, so far" in chart
+    published = re.search(r'<polyline points="([^"]+)"[^>]*style="stroke:var\('
+                          r'--sqlqueue-published', chart)
+    assert published is not None
+    last_x = float(published.group(1).split()[-1].split(",")[0])
+    assert last_x < 488  # the line of complete minutes stops one minute short of "now"
+    assert re.search(r'<line class="sqlqueue-partial" x1="[\d.]+" y1="[\d.]+" x2="488"',
+                     chart)
+
+
+def test_the_range_selector_offers_ranges_the_rollup_keeps(operator: Client) -> None:
+    minute = add_rows()  # rows this minute and 10 minutes ago
+    page = operator.get(URL).content.decode()
+    assert '<a href="?minutes=15">15 min</a>' in page
+    assert '<strong aria-current="true">1 h</strong>' in page
+    short = operator.get(URL, {"minutes": "15"}).content.decode()
+    assert "last 15 min" in short and "6 published" in short
+    assert "-10" in short and "-45" not in short
+    assert 'fragment=1&minutes=15' in short  # the refresh keeps the range
+    fragment = operator.get(URL, {"fragment": "1", "minutes": "30"}).content.decode()
+    assert "last 30 min" in fragment
+    with connection.cursor() as cursor:  # a row 20 minutes ago: outside 15, inside 30
+        store(connection).add_minute_stats(cursor, {
+            ("billing", "orders", minute - 20 * 60_000): {"published": 5, "ack": 5}})
+    assert "6 published" in operator.get(URL, {"minutes": "15"}).content.decode()
+    assert "11 published" in operator.get(URL, {"minutes": "30"}).content.decode()
+    refused = operator.get(URL, {"minutes": "1440"})
+    assert refused.status_code == 400
+    assert "choose one of 15, 30, 60" in refused.content.decode()

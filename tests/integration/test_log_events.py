@@ -44,6 +44,7 @@ def test_events_and_fields(register: Any, caplog: pytest.LogCaptureFixture) -> N
     assert {k: failed[k] for k in FIELDS} == {"group": "g", "topic": "t", "partition": "k",
                                               "offset": sent.offset, "attempt": 1}
     assert "boom" in failed["error"]
+    assert failed["subject"] == ""  # a plain handler names no task (see test_tasks)
     dead, = by_event[events.MESSAGE_DEAD_LETTERED]
     assert {k: dead[k] for k in FIELDS} == {"group": "g", "topic": "t", "partition": "k",
                                             "offset": sent.offset, "attempt": 2}

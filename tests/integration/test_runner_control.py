@@ -15,12 +15,14 @@ from sqlqueue import events
 from sqlqueue.consuming.control import RunnerControl
 from sqlqueue.models import RunnerRequest, SubscriberHeartbeat
 from sqlqueue.operations.runners import (
+    STOPPED_SHOWN_MS,
     NotARunningRunner,
     RunnerNameTaken,
     live_runners,
     pending_requests,
     refuse_a_live_namesake,
     request_runner_stop,
+    stopped_runners,
 )
 from sqlqueue.storage.sql import dialect_for
 
@@ -224,3 +226,56 @@ def test_asking_a_runner_needs_its_permission() -> None:
     assert client.post(f"{url}?runner=web-1.42&action=stop",
                        {"confirmed": "yes"}).status_code == 403
     assert not RunnerRequest.objects.exists()
+
+
+def test_a_stopped_runner_stays_listed_with_who_asked_and_when() -> None:
+    """Trial F16 (issue 53): after a drain the runner does not vanish from the
+    Subscribers page: it is listed as stopped, with who asked and when it obeyed."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.urls import reverse
+
+    alive("web-1.42")
+    alive("web-2.7")
+    clock, stops = Clock(), []
+    control = control_of("web-1.42", clock, stops)
+    clock.ms += 1
+    request_runner_stop("web-1.42", "drain", by="alice")
+    clock.ms += 10_000
+    control.run_due()
+    assert stops == [False]
+    SubscriberHeartbeat.objects.filter(subscriber_name="web-1.42").update(
+        deregistered_at=clock.ms)  # it said goodbye
+
+    (stopped,) = stopped_runners()
+    assert (stopped.runner, stopped.description, stopped.requested_by) == (
+        "web-1.42", "drain and stop", "alice")
+    client = Client()
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    page = client.get(reverse("admin:sqlqueue_subscriberstatus_changelist")).text
+    row = page[page.index('data-runner="web-1.42"'):]
+    row = row[:row.index("</tr>")]
+    assert "stopped: asked to drain and stop by alice at" in row and "obeyed at" in row
+    assert "action=drain" not in row  # nothing more to ask of it
+    assert "runner=web-2.7&amp;action=drain" in page  # the live one can still be asked
+    assert 'id="sqlqueue-page-updated"' in page  # the page refreshes itself
+
+    # Started again under its name: live, so no longer listed as stopped; and a stop
+    # older than a day is not listed either.
+    SubscriberHeartbeat.objects.filter(subscriber_name="web-1.42").update(deregistered_at=0)
+    assert stopped_runners() == []
+    SubscriberHeartbeat.objects.filter(subscriber_name="web-1.42").update(deregistered_at=1)
+    assert [r.runner for r in stopped_runners()] == ["web-1.42"]
+    RunnerRequest.objects.update(obeyed_at=F("obeyed_at") - STOPPED_SHOWN_MS - 60_000)
+    assert stopped_runners() == []
+
+
+def test_the_lag_overview_refreshes_itself() -> None:
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.urls import reverse
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
+    page = client.get(reverse("admin:sqlqueue_consumerlag_changelist")).text
+    assert "Refreshed every 10 seconds" in page and "DOMParser" in page

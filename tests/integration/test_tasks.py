@@ -5,6 +5,7 @@ tasks, strict order by partition key, dead letters and replay, retention)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 from typing import Any
@@ -152,6 +153,24 @@ def test_a_failing_task_is_retried_then_failed_with_every_traceback() -> None:
     dead = QueueMessage.objects.get(topic="tasks.default_dlq")
     assert (dead.consumer_group, dead.failure_count) == ("tasks", 3)
     assert "the disk is full" in dead.last_error
+
+
+def test_failure_log_lines_name_the_task(caplog: pytest.LogCaptureFixture) -> None:
+    """Trial F17 (issue 53): the handler-failure and dead-letter lines say which task
+    failed, not only the backend's topic and offset (on Django 5.2 no other line does)."""
+    caplog.set_level(logging.WARNING, logger="sqlqueue")
+    tasks.always_fails.enqueue("the disk is full")
+    run_tasks()
+    failures = [r for r in caplog.records
+                if getattr(r, "event", "") == "sqlqueue.handler.failed"]
+    assert len(failures) == 3
+    assert all(r.subject == "task tests.testapp.tasks.always_fails" for r in failures)
+    assert ("(attempt 1), task tests.testapp.tasks.always_fails: ValueError"
+            in failures[0].getMessage())
+    (dead,) = [r for r in caplog.records
+               if getattr(r, "event", "") == "sqlqueue.message.dead_lettered"]
+    assert "(task tests.testapp.tasks.always_fails) for group 'tasks'" in dead.getMessage()
+    assert dead.subject == "task tests.testapp.tasks.always_fails"
 
 
 def test_a_flaky_task_succeeds_on_a_retry() -> None:
@@ -333,6 +352,12 @@ def test_the_admin_shows_results_read_only_and_escaped() -> None:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page.text
     assert "<script>alert(1)" not in page.text
     assert "builtins.ValueError" in page.text
+    # Trial F6 (issue 53): three attempts that failed alike are one entry, one traceback.
+    assert "Attempts 1-3 (3 times the same error)</strong>: builtins.ValueError" in page.text
+    assert page.text.count("raise ValueError(reason)") == 1
+    # Trial F15: no schema help texts, no (always empty) History button.
+    assert "TASKS alias." not in page.text and "One entry per attempt." not in page.text
+    assert "historylink" not in page.text
     assert client.get(reverse("admin:sqlqueue_taskrecord_add")).status_code == 403
     # Issue 37: the list says why a task failed; its page leads to running it again
     # (issue 42: its Retry button, which replays its dead letter).
@@ -344,6 +369,21 @@ def test_the_admin_shows_results_read_only_and_escaped() -> None:
     client.post(retry, {"confirmed": "yes"})
     run_tasks()
     assert tasks.always_fails.get_result(failed.id).attempts == 6  # ran again (3 more)
+    again = client.get(reverse("admin:sqlqueue_taskrecord_change", args=[failed.id]))
+    assert "Attempts 1-6 (6 times the same error)" in again.text
+    assert again.text.count("raise ValueError(reason)") == 1
+
+
+def test_the_task_page_groups_only_consecutive_identical_errors() -> None:
+    from sqlqueue.integrations.tasks.admin import error_groups
+
+    disk = {"exception_class_path": "builtins.OSError", "traceback": "OSError: disk"}
+    net = {"exception_class_path": "builtins.ConnectionError", "traceback": "refused"}
+    assert error_groups([disk, disk, net, disk], 4) == [
+        (1, 2, disk), (3, 3, net), (4, 4, disk)]
+    # The record keeps the newest errors only: numbered from the attempts they belong to.
+    assert error_groups([disk] * 25, 30) == [(6, 30, disk)]
+    assert error_groups([], 0) == []
 
 
 @pytest.mark.parametrize("path", ["tests.import_canary.run", "os.system",

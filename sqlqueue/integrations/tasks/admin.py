@@ -26,6 +26,7 @@ from django.utils.safestring import SafeString
 
 from sqlqueue.admin.dead_letters import register_dead_letter_link
 from sqlqueue.admin.messages import ReadOnlyAdmin
+from sqlqueue.admin.operator_pages import WithoutSchemaHelp
 from sqlqueue.admin.pages import admin_url, confirmation_page
 from sqlqueue.integrations.tasks.models import TaskRecord
 from sqlqueue.integrations.tasks.repairs import (
@@ -55,6 +56,32 @@ def _json(value: Any) -> SafeString:
     return _pre(json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True))
 
 
+def error_groups(errors: list[dict[str, Any]], attempts: int
+                 ) -> list[tuple[int, int, dict[str, Any]]]:
+    """Consecutive attempts that failed alike, as (first attempt, last attempt, error),
+    attempts counted from 1: a task retried ten times on the same bug is one entry. The
+    errors are those of the newest failed attempts (the record keeps the newest
+    ``MAX_KEPT_ERRORS``), so the first is attempt ``attempts - len(errors) + 1``."""
+    groups: list[tuple[int, int, dict[str, Any]]] = []
+    for number, error in enumerate(errors, start=max(attempts - len(errors), 0) + 1):
+        if groups and _same_error(groups[-1][2], error):
+            groups[-1] = (groups[-1][0], number, groups[-1][2])
+        else:
+            groups.append((number, number, error))
+    return groups
+
+
+def _same_error(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    keys = ("exception_class_path", "traceback")
+    return all(one.get(key) == other.get(key) for key in keys)
+
+
+def _attempts_text(first: int, last: int) -> str:
+    if first == last:
+        return f"Attempt {first}"
+    return f"Attempts {first}-{last} ({last - first + 1} times the same error)"
+
+
 def duration_text(elapsed: timedelta) -> str:
     """A duration an operator reads at a glance: 0.25 s, 12.3 s, 4 min 5 s, 2 h 3 min."""
     seconds = elapsed.total_seconds()
@@ -68,7 +95,7 @@ def duration_text(elapsed: timedelta) -> str:
     return f"{minutes // 60} h {minutes % 60} min"
 
 
-class TaskRecordAdmin(ReadOnlyAdmin):
+class TaskRecordAdmin(WithoutSchemaHelp, ReadOnlyAdmin):
     # Narrow columns (the list fits 1366 px): the task's module, the queue, the finish time
     # and the id are on the task's page; the queue is a filter, the id and path searchable.
     list_display = ("task", "status", "attempts", "duration", "last_error",
@@ -159,13 +186,19 @@ class TaskRecordAdmin(ReadOnlyAdmin):
 
     @admin.display(description="errors")
     def error_list(self, obj: TaskRecord) -> SafeString:
+        """One entry per run of consecutive attempts that failed with the same traceback
+        ("attempts 1-10: the same error"), not ten identical tracebacks; each traceback
+        folded but the newest."""
         if not obj.errors:
             return format_html("<span>{}</span>", "-")
-        return format_html_join(
-            "", "<p><strong>{}</strong></p>{}",
-            ((e.get("exception_class_path", "?"), _pre(str(e.get("traceback", ""))))
-             for e in obj.errors),
-        )
+        groups = error_groups(obj.errors, len(obj.worker_ids))
+        return format_html_join("", (
+            '<div class="sqlqueue-task-error"><p><strong>{}</strong>: {}</p>'
+            "<details{}><summary>traceback</summary>{}</details></div>"),
+            ((_attempts_text(first, last), error.get("exception_class_path", "?"),
+              " open" if index == len(groups) - 1 else "",
+              _pre(str(error.get("traceback", ""))))
+             for index, (first, last, error) in enumerate(groups)))
 
     # -- permissions: those of the dead letters the actions replay or discard ------------
     def has_replay_permission(self, request: HttpRequest) -> bool:

@@ -67,6 +67,14 @@ class TaskWorker:
     def max_attempts(self) -> int:
         return self.options.max_attempts or get_settings().MAX_ATTEMPTS
 
+    def describe_message(self, message: Message) -> str | None:
+        """The task a message runs, for sqlqueue's failure log lines (trial F17): "task
+        app.tasks.send_invoice", or None for a message that is no task's."""
+        try:
+            return f"task {open_envelope(message.payload).task_path}"
+        except BadEnvelope:
+            return None
+
     def __call__(self, message: Message) -> None:
         try:
             envelope = open_envelope(message.payload)
