@@ -26,6 +26,7 @@ from sqlqueue.admin.bounded import (
 )
 from sqlqueue.admin.display import DateRangeFilters, from_epoch_ms
 from sqlqueue.admin.messages import QUERYSET_ONLY, BoundedListAdmin, JsonColumns
+from sqlqueue.admin.operator_pages import WithoutSchemaHelp
 from sqlqueue.admin.pages import admin_url, confirmation_page
 from sqlqueue.conf import get_settings
 from sqlqueue.models import DeadLetter
@@ -59,7 +60,7 @@ BULK_REPLAY_LIMIT = 5_000
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(DateRangeFilters, JsonColumns, BoundedListAdmin):
+class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedListAdmin):
     # Few, narrow columns: the "why" (last error) must be readable at 1366 px with the
     # navigation and the filters open; the message id is on the detail page (and searchable).
     list_display = ("offset", "where", "failures", "failed", "error_summary")

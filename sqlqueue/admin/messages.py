@@ -22,6 +22,7 @@ from sqlqueue.admin.bounded import (
     request_topics,
 )
 from sqlqueue.admin.display import DateRangeFilters, from_epoch_ms, pretty_json
+from sqlqueue.admin.operator_pages import WithoutSchemaHelp
 from sqlqueue.conf import get_settings
 from sqlqueue.models import QueueMessage
 from sqlqueue.operations.log_browse import (
@@ -127,7 +128,7 @@ class JsonColumns:
 
 
 @admin.register(QueueMessage)
-class QueueMessageAdmin(DateRangeFilters, JsonColumns, BoundedListAdmin):
+class QueueMessageAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedListAdmin):
     list_display = ("offset", "topic", "partition_key", "id", "priority", "created",
                     "deliver_after_time")
     # Topics by one index seek each, not a DISTINCT over the log (sqlqueue.admin.bounded).

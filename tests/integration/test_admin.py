@@ -55,6 +55,10 @@ def test_message_pages_escape_payloads(admin_client: Client) -> None:
     assert detail.status_code == 200
     assert b"<script>alert(1)" not in detail.content
     assert b"&lt;script&gt;alert(1)&lt;/script&gt;" in detail.content
+    # Trial F15 (issue 53): an operator's page shows no schema help texts and no (always
+    # empty) History button.
+    assert b"lower is delivered first" not in detail.content
+    assert b"historylink" not in detail.content
 
 
 def test_messages_filter_by_creation_date(admin_client: Client) -> None:

@@ -121,6 +121,9 @@ def test_replay_and_discard_from_a_dead_letters_page(admin_client: Client,
     detail = admin_client.get(reverse("admin:sqlqueue_deadletter_change", args=[first.offset]))
     assert b'id="sqlqueue-replay-one"' in detail.content
     assert b'id="sqlqueue-discard-one"' in detail.content
+    # Trial F15 (issue 53): no schema help texts, no (always empty) History button.
+    assert b"for every group; else only this group" not in detail.content
+    assert b"historylink" not in detail.content
 
     replay = reverse("admin:sqlqueue_deadletter_replay_one", args=[first.offset])
     ask = admin_client.get(replay)
