@@ -36,7 +36,7 @@ from sqlqueue.storage.statements.sessions import MySQLSessions, PostgreSQLSessio
 pytestmark = pytest.mark.django_db(transaction=True)
 
 #: the vendor hooks the builders are made of (tested through them), not statements
-HOOKS = {"quote", "names", "marks", "upsert_clause", "insert_if_absent_suffix",
+HOOKS = {"quote", "names", "marks", "text_marks", "upsert_clause", "insert_if_absent_suffix",
          "stored_columns", "partition_keys_cte", "partitions_filter", "parse_write_horizon",
          "message_clock_sql", "greatest_sql", "union_member", "seek_sql"}
 
