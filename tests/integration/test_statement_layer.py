@@ -338,6 +338,25 @@ def test_garbage_collection(executor: Executor) -> None:
     assert executor.run(sql.delete_expired_idempotency_keys(10)) == 1
 
 
+def test_garbage_collection_by_windows(executor: Executor) -> None:
+    """A window of the primary key, each partition up to its own limit; partitions not
+    named and other topics keep their rows."""
+    sql = executor.sql
+    sent = {(topic, key, n): send_message(topic, {}, partition_key=key, id=f"{key}-{n}").offset
+            for n in range(4) for topic in ("t", "u") for key in ("a", "b", "c")}
+    first, last = min(sent.values()), max(sent.values())
+    limits = [("a", sent["t", "a", 2]), ("b", sent["t", "b", 0])]
+    assert executor.run(sql.delete_messages_in_window("t", first - 1, sent["t", "a", 1],
+                                                      limits)) == 3  # a0, a1, b0
+    assert executor.run(sql.delete_messages_in_window("t", sent["t", "a", 1], last,
+                                                      limits)) == 1  # a2
+    left = {(topic, key, n) for (topic, key, n), offset in sent.items()
+            if executor.rows(("SELECT 1 FROM queue_messages WHERE " + executor.sql.quote(
+                "offset") + " = %s", [offset]))}
+    gone = {("t", "a", 0), ("t", "a", 1), ("t", "a", 2), ("t", "b", 0)}
+    assert left == set(sent) - gone
+
+
 # -- operating (sqlqueue.storage.statements.operating) -----------------------------------------
 def test_operating_reads(executor: Executor) -> None:
     sql = executor.sql
