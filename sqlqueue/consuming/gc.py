@@ -154,8 +154,8 @@ class GarbageCollector:
         allows (partition -> offset) window by window of the primary key, from the
         oldest row stored, until a window deleted rows (the caller reports progress
         between passes) or the sweep is done; returns rows deleted and whether more may
-        be left. No state is kept between passes: the next one starts from the oldest
-        row left, which is where this one stopped."""
+        be left. The next pass starts from the oldest row left, which is where this one
+        stopped (``_collected``: how far each partition was swept)."""
         dialect = store(self.alias)
         partitions = sorted(todo)
         firsts = dialect.first_offsets_above(
@@ -177,15 +177,17 @@ class GarbageCollector:
             upto = min(after + GC_SWEEP_WINDOW, end)
             window = [(p, limit) for p, limit in sorted(limits.items()) if limit > after]
             deleted = dialect.delete_messages_in_window(cursor, topic, after, upto, window)
+            swept = [(p, min(limit, upto)) for p, limit in window]
             if deleted and self.conf.KEEP_DELIVERY_STATE:
                 # The groups' delivery state of the rows collected goes with them.
-                states = [(p, min(limit, upto)) for p, limit in window]
                 for group in sorted(state_groups):
-                    dialect.delete_states_upto(cursor, group, topic, states)
+                    dialect.delete_states_upto(cursor, group, topic, swept)
+            # Every row of these partitions up to here is gone: the next pass seeks
+            # from here, not over the rows deleted (PostgreSQL keeps them as dead
+            # tuples until a vacuum, and walked them again at every pass: 156,000
+            # rows/s at the start of a 2M-row sweep, 44,000 on average).
+            self._collected.update(((topic, p), gone) for p, gone in swept)
             after = upto
-        if after >= end:
-            for partition, limit in limits.items():
-                self._collected[(topic, partition)] = limit
         if deleted:
             logger.info("Garbage-collected %s message(s) of topic %r.", deleted, topic)
         return deleted, after < end
