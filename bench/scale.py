@@ -83,7 +83,8 @@ def build_backlog(size: int, partitions: int) -> None:
         cursor.execute(
             "INSERT INTO queue_offsets (consumer_group, topic, partition_key, offset_acked, "
             f"updated_at, first_pending) SELECT DISTINCT '{BACKLOG_GROUP}', topic, "
-            f"partition_key, 0, 0, CAST(NULL AS BIGINT) FROM queue_messages "
+            f"partition_key, 0, 0, {'NULL' if vendor == 'mysql' else 'CAST(NULL AS BIGINT)'} "
+            "FROM queue_messages "
             f"WHERE topic = '{BACKLOG_TOPIC}'")
         for table in ("queue_messages", "queue_offsets"):
             if vendor == "mysql":
