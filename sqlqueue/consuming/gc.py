@@ -32,6 +32,13 @@ GC_BATCH = 1000  # rows per DELETE: short transactions, short locks
 #: the passes that follow, at once. A pass runs on the consumer loop's thread: sixteen
 #: partitions' deletes in one held a message that arrived meanwhile for 15 ms.
 GC_DELETES_PER_PASS = 4
+#: offsets one DELETE of a forced pass (``manage.py queue gc``) covers: it sweeps the log
+#: by windows of the primary key (``delete_messages_in_window``), at most this many rows
+#: a statement (0.1-0.7 s each on MariaDB with a cold 2M-row table: short locks).
+GC_SWEEP_WINDOW = 10_000
+#: partitions a sweep names at most (two parameters each: within SQLite's oldest limit
+#: of 999); a topic with more is collected partition by partition.
+GC_SWEEP_PARTITIONS = 400
 
 #: (database alias, batch size) -> (rows deleted, whether more may be left)
 Pruner = Callable[[str, int], tuple[int, bool]]
@@ -109,12 +116,18 @@ class GarbageCollector:
         groups |= self.known_groups.get(topic, set())
         if not groups:
             return 0, False
-        deleted, more = 0, False
+        todo: dict[str, int] = {}  # partition -> the offset it may be collected up to
         for partition, by_group in watermarks.items():
             collectable = min(by_group.get(group, 0) for group in groups)
             upto = self._retained(topic, partition, collectable, seen_at)
-            if upto <= self._collected.get((topic, partition), 0):
-                continue
+            if upto > self._collected.get((topic, partition), 0):
+                todo[partition] = upto
+        if budget is None and 0 < len(todo) <= GC_SWEEP_PARTITIONS:
+            state_groups = {g for by_group in watermarks.values() for g in by_group}
+            return self._sweep(cursor, topic, todo, state_groups)
+        deleted, more = 0, False
+        for partition, upto in todo.items():
+            by_group = watermarks[partition]
             if budget is not None:
                 if budget == 0:
                     more = True  # the next pass goes on at once
@@ -134,6 +147,50 @@ class GarbageCollector:
         if deleted:
             logger.info("Garbage-collected %s message(s) of topic %r.", deleted, topic)
         return deleted, more
+
+    def _sweep(self, cursor: Any, topic: str, todo: dict[str, int],
+               state_groups: set[str]) -> tuple[int, bool]:
+        """A forced pass over a topic (``manage.py queue gc``): delete what ``todo``
+        allows (partition -> offset) window by window of the primary key, from the
+        oldest row stored, until a window deleted rows (the caller reports progress
+        between passes) or the sweep is done; returns rows deleted and whether more may
+        be left. The next pass starts from the oldest row left, which is where this one
+        stopped (``_collected``: how far each partition was swept)."""
+        dialect = store(self.alias)
+        partitions = sorted(todo)
+        firsts = dialect.first_offsets_above(
+            cursor, topic, [(p, self._collected.get((topic, p), 0)) for p in partitions])
+        limits: dict[str, int] = {}
+        oldest: int | None = None  # the oldest row to delete
+        for partition, first in zip(partitions, firsts, strict=True):
+            if first is None or first > todo[partition]:
+                self._collected[(topic, partition)] = todo[partition]  # nothing to delete
+            else:
+                limits[partition] = todo[partition]
+                oldest = first if oldest is None else min(oldest, first)
+        if oldest is None:
+            return 0, False
+        after = oldest - 1
+        end = max(limits.values())
+        deleted = 0
+        while after < end and not deleted:
+            upto = min(after + GC_SWEEP_WINDOW, end)
+            window = [(p, limit) for p, limit in sorted(limits.items()) if limit > after]
+            deleted = dialect.delete_messages_in_window(cursor, topic, after, upto, window)
+            swept = [(p, min(limit, upto)) for p, limit in window]
+            if deleted and self.conf.KEEP_DELIVERY_STATE:
+                # The groups' delivery state of the rows collected goes with them.
+                for group in sorted(state_groups):
+                    dialect.delete_states_upto(cursor, group, topic, swept)
+            # Every row of these partitions up to here is gone: the next pass seeks
+            # from here, not over the rows deleted (PostgreSQL keeps them as dead
+            # tuples until a vacuum, and walked them again at every pass: 156,000
+            # rows/s at the start of a 2M-row sweep, 44,000 on average).
+            self._collected.update(((topic, p), gone) for p, gone in swept)
+            after = upto
+        if deleted:
+            logger.info("Garbage-collected %s message(s) of topic %r.", deleted, topic)
+        return deleted, after < end
 
     def _retained(self, topic: str, partition: str, collectable: int, now: float) -> int:
         """The highest offset every group finished at least RETENTION seconds ago."""

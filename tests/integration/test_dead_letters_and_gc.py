@@ -11,12 +11,14 @@ from django.db import connection
 import sqlqueue
 from sqlqueue import Message, send_message, send_messages
 from sqlqueue.consuming.gc import GarbageCollector
-from sqlqueue.models import PartitionOffset, QueueMessage
+from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.operations.dead_letters import (
     NotADeadLetter,
     discard_dead_letter,
     replay_dead_letter,
 )
+from sqlqueue.storage import store
+from sqlqueue.storage.statements.delivery import OutcomeWrite
 from tests.integration.consuming_helpers import (
     drain,
     drain_until_watermarks,
@@ -142,7 +144,8 @@ def test_gc_waits_for_retention(register: Any) -> None:
 def test_gc_deletes_in_bounded_batches(register: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from sqlqueue.consuming import gc
 
-    monkeypatch.setattr(gc, "GC_BATCH", 7)
+    monkeypatch.setattr(gc, "GC_BATCH", 7)  # a runner's pass: partition by partition
+    monkeypatch.setattr(gc, "GC_SWEEP_WINDOW", 7)  # a forced one: by windows of offsets
     register("t", "g", lambda m: None)
     sent = send_messages("t", [sqlqueue.OutgoingMessage(n, partition_key="k")
                                for n in range(20)])
@@ -182,3 +185,62 @@ def test_a_gc_pass_makes_a_few_deletes_and_the_next_pass_goes_on(
     # The last, forced, finds every partition collected up to its watermark: no DELETE.
     assert passes == [(4, 2, True), (4, 2, True), (2, 1, False), (0, 0, False)]
     assert not QueueMessage.objects.filter(topic="t").exists()
+
+
+def test_a_forced_pass_sweeps_windows_of_offsets_within_each_partition_s_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``manage.py queue gc`` deletes by windows of the primary key (one DELETE a window
+    that holds rows, GC_SWEEP_WINDOW offsets wide), each partition up to what every
+    group finished there; a partition no group has a position on, and other topics
+    interleaved with the topic, keep their rows, and so does the delivery state of what
+    stays (KEEP_DELIVERY_STATE)."""
+    from sqlqueue.consuming import gc
+
+    monkeypatch.setattr(gc, "GC_SWEEP_WINDOW", 10)
+    sent = send_messages("t", [sqlqueue.OutgoingMessage(n, partition_key=f"k{n % 4}")
+                               for n in range(40)])
+    other = send_messages("o", [sqlqueue.OutgoingMessage(n, partition_key="k0")
+                                for n in range(5)])
+    by_key: dict[str, list[int]] = {}
+    for n, message in enumerate(sent):
+        by_key.setdefault(f"k{n % 4}", []).append(message.offset)
+    # k0: both groups done with its 6 first rows; k1: "a" with all, "b" with 2;
+    # k2: both with all; k3: nobody has a position (kept whole).
+    positions = {("a", "k0"): by_key["k0"][5], ("b", "k0"): by_key["k0"][7],
+                 ("a", "k1"): by_key["k1"][-1], ("b", "k1"): by_key["k1"][1],
+                 ("a", "k2"): by_key["k2"][-1], ("b", "k2"): by_key["k2"][-1]}
+    for (group, key), offset in positions.items():
+        PartitionOffset.objects.create(consumer_group=group, topic="t", partition_key=key,
+                                       offset_acked=offset, updated_at=0)
+    conf = dataclasses.replace(fast_settings(), KEEP_DELIVERY_STATE=True)
+    dialect = store(connection)
+    with connection.cursor() as cursor:
+        dialect.write_outcomes(cursor, "a", "t", [
+            OutcomeWrite(key, offset, True, 0) for key, offsets in by_key.items()
+            for offset in offsets])
+    collector = GarbageCollector(conf, "default", {"t": {"a", "b"}})
+    deletes: list[str] = []
+
+    def count_deletes(execute: Any, sql: str | bytes, *args: Any) -> Any:
+        text = sql.decode() if isinstance(sql, bytes) else sql  # MySQL's inlined values
+        if text.lstrip().upper().startswith("DELETE FROM") and "queue_messages" in text:
+            deletes.append(text)
+        return execute(sql, *args)
+
+    passes = []
+    with connection.execute_wrapper(count_deletes), connection.cursor() as cursor:
+        while removed := collector.collect(cursor, force=True):
+            passes.append(removed)
+    expected_gone = set(by_key["k0"][:6] + by_key["k1"][:2] + by_key["k2"])
+    assert sum(passes) == len(expected_gone) == 18
+    # Rows to delete lie between the first and the last of k2's: 4 windows of 10 offsets
+    # at most, each with rows, one a pass.
+    assert len(passes) == len(deletes) <= 4 and all(passes)
+    left = set(QueueMessage.objects.filter(topic="t").values_list("offset", flat=True))
+    assert left == {m.offset for m in sent} - expected_gone
+    assert QueueMessage.objects.filter(topic="o").count() == len(other)
+    states = set(DeliveryState.objects.filter(consumer_group="a", topic="t")
+                 .values_list("message_offset", flat=True))
+    assert states == left
+    with connection.cursor() as cursor:
+        assert collector.collect(cursor, force=True) == 0  # every partition collected

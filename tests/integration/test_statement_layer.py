@@ -36,7 +36,7 @@ from sqlqueue.storage.statements.sessions import MySQLSessions, PostgreSQLSessio
 pytestmark = pytest.mark.django_db(transaction=True)
 
 #: the vendor hooks the builders are made of (tested through them), not statements
-HOOKS = {"quote", "names", "marks", "upsert_clause", "insert_if_absent_suffix",
+HOOKS = {"quote", "names", "marks", "text_marks", "upsert_clause", "insert_if_absent_suffix",
          "stored_columns", "partition_keys_cte", "partitions_filter", "parse_write_horizon",
          "message_clock_sql", "greatest_sql", "union_member", "seek_sql"}
 
@@ -336,6 +336,25 @@ def test_garbage_collection(executor: Executor) -> None:
                   "expires_at) VALUES (1, 1, 1, 0), (2, 2, 2, 0), (3, 3, 3, %s)", [1 << 60]))
     assert executor.run(sql.delete_expired_idempotency_keys(1)) == 1
     assert executor.run(sql.delete_expired_idempotency_keys(10)) == 1
+
+
+def test_garbage_collection_by_windows(executor: Executor) -> None:
+    """A window of the primary key, each partition up to its own limit; partitions not
+    named and other topics keep their rows."""
+    sql = executor.sql
+    sent = {(topic, key, n): send_message(topic, {}, partition_key=key, id=f"{key}-{n}").offset
+            for n in range(4) for topic in ("t", "u") for key in ("a", "b", "c")}
+    first, last = min(sent.values()), max(sent.values())
+    limits = [("a", sent["t", "a", 2]), ("b", sent["t", "b", 0])]
+    assert executor.run(sql.delete_messages_in_window("t", first - 1, sent["t", "a", 1],
+                                                      limits)) == 3  # a0, a1, b0
+    assert executor.run(sql.delete_messages_in_window("t", sent["t", "a", 1], last,
+                                                      limits)) == 1  # a2
+    left = {(topic, key, n) for (topic, key, n), offset in sent.items()
+            if executor.rows(("SELECT 1 FROM queue_messages WHERE " + executor.sql.quote(
+                "offset") + " = %s", [offset]))}
+    gone = {("t", "a", 0), ("t", "a", 1), ("t", "a", 2), ("t", "b", 0)}
+    assert left == set(sent) - gone
 
 
 # -- operating (sqlqueue.storage.statements.operating) -----------------------------------------

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.core.management.base import CommandError, OutputWrapper
@@ -81,10 +82,18 @@ def collect_garbage_now(out: OutputWrapper, options: dict[str, Any]) -> None:
     """``gc``: delete what every known group has finished (no options)."""
     from sqlqueue.operations.gc import collect_garbage
 
-    collected = collect_garbage(
-        lambda total: out.write(f"  deleted {total} so far", ending="\r"))
+    started = time.monotonic()
+
+    def progress(total: int) -> None:
+        # A deep collection (a backlog of millions) takes minutes: the running total
+        # and its pace, on one line rewritten.
+        elapsed = max(time.monotonic() - started, 1e-3)
+        out.write(f"  deleted {total} so far, {total / elapsed:,.0f} rows/s", ending="\r")
+
+    collected = collect_garbage(progress)
+    elapsed = time.monotonic() - started
     out.write(f"Deleted {collected.messages} message(s) every known group had "
-              "finished.")
+              f"finished, in {elapsed:.1f} s.")
     if collected.task_results:
         out.write(f"Deleted {collected.task_results} task result(s) older than "
                   "their RESULT_RETENTION.")

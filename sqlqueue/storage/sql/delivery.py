@@ -258,3 +258,16 @@ class DeliveryAccess(VendorHooks):
         ``limit`` per statement (short transactions, short locks)."""
         cursor.execute(*self.sql.delete_messages_upto(topic, partition, upto, limit))
         return int(cursor.rowcount)
+
+    def delete_messages_in_window(
+        self, cursor: CursorWrapper, topic: str, after: int, upto: int,
+        limits: Sequence[tuple[str, int]],
+    ) -> int:
+        """``delete_messages_in_window``: garbage-collect the rows of ``topic`` with
+        after < offset <= upto, each at or below its partition's limit (``limits``:
+        (partition, limit); a partition not named keeps its rows): a primary-key range,
+        one statement."""
+        if not limits:
+            return 0
+        cursor.execute(*self.sql.delete_messages_in_window(topic, after, upto, limits))
+        return int(cursor.rowcount)

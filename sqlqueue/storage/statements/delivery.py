@@ -64,10 +64,11 @@ class DeliveryStatements(Vendor):
             f"SELECT {self.names(FETCH_COLUMNS, 'm.')}, s.{q('acked')}, "
             f"s.{q('invisible_until')}, s.{q('retry_count')}{partition} "
             f"FROM {q(MESSAGE_TABLE)} m LEFT JOIN {q(STATE_TABLE)} s "
-            f"ON s.{q('consumer_group')} = %s AND s.{q('topic')} = m.{q('topic')} "
+            f"ON s.{q('consumer_group')} = {self.text_mark} AND s.{q('topic')} = m.{q('topic')} "
             f"AND s.{q('partition_key')} = m.{q('partition_key')} "
             f"AND s.{q('message_offset')} = m.{q('offset')} {bound}"
-            f"WHERE m.{q('topic')} = %s AND m.{q('partition_key')} = %s AND {where} "
+            f"WHERE m.{q('topic')} = {self.text_mark} "
+            f"AND m.{q('partition_key')} = {self.text_mark} AND {where} "
             f"ORDER BY m.{q('offset')}"
         )
 
@@ -100,7 +101,8 @@ class DeliveryStatements(Vendor):
         caller keeps the range short: the rows published since its last poll)."""
         q = self.quote
         return (f"SELECT DISTINCT {q('partition_key')} FROM {q(MESSAGE_TABLE)} "
-                f"WHERE {q('offset')} > %s AND {q('offset')} <= %s AND {q('topic')} = %s",
+                f"WHERE {q('offset')} > %s AND {q('offset')} <= %s "
+                f"AND {q('topic')} = {self.text_mark}",
                 [after, upto, topic])
 
     def fetch_messages_at(self, group: str, topic: str, partition: str,
@@ -118,8 +120,9 @@ class DeliveryStatements(Vendor):
         ``list_offsets`` finds late-committed rows)."""
         q = self.quote
         return (
-            f"SELECT {self.names(columns)} FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = %s "
-            f"AND {q('partition_key')} = %s AND {q('offset')} > %s AND {q('offset')} <= %s "
+            f"SELECT {self.names(columns)} FROM {q(MESSAGE_TABLE)} "
+            f"WHERE {q('topic')} = {self.text_mark} AND {q('partition_key')} = {self.text_mark} "
+            f"AND {q('offset')} > %s AND {q('offset')} <= %s "
             f"ORDER BY {q('offset')} LIMIT %s",
             [topic, partition, after, upto, limit],
         )
@@ -207,7 +210,10 @@ class DeliveryStatements(Vendor):
         }, table=STATE_TABLE)
 
     def _state_key_sql(self) -> str:
-        return " AND ".join(f"{self.quote(c)} = %s" for c in STATE_KEY)
+        # The key's text columns, then its offset (an integer).
+        return " AND ".join(
+            f"{self.quote(c)} = {'%s' if c == 'message_offset' else self.text_mark}"
+            for c in STATE_KEY)
 
     def give_back(self, group: str, topic: str, partition: str, offset: int,
                   previous_retry_count: int | None) -> Statement:

@@ -50,12 +50,12 @@ class ExportStatements(Vendor):
         if table.dead_letters_only:
             where.append(self._dead_letter_where())
         if topic is not None:
-            where.append(f"{self.no_index}{q(table.topic_column)} = %s")
+            where.append(f"{self.no_index}{q(table.topic_column)} = {self.text_mark}")
             params.append(topic)
         if group is not None:
             # A consumer group receives messages for every group ('') and replays
             # addressed to it, never another group's replays.
-            where.append(f"{q('consumer_group')} IN ('', %s)")
+            where.append(f"{q('consumer_group')} IN ('', {self.text_mark})")
             params.append(group)
         return where, params
 
@@ -106,8 +106,8 @@ class ExportStatements(Vendor):
         q = self.quote
         return (
             f"SELECT {self._columns(columns)} FROM {q(STATE_TABLE)} "
-            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s AND "
-            f"{q('partition_key')} = %s AND {q('message_offset')} > %s AND "
+            f"WHERE {q('consumer_group')} = {self.text_mark} AND {q('topic')} = {self.text_mark} "
+            f"AND {q('partition_key')} = {self.text_mark} AND {q('message_offset')} > %s AND "
             f"{q('message_offset')} <= %s ORDER BY {q('message_offset')}",
             [group, topic, partition, after, upto],
         )
@@ -134,7 +134,8 @@ class ExportStatements(Vendor):
         analytics report reads, and stay."""
         q = self.quote
         return (
-            f"DELETE FROM {q(STATE_TABLE)} WHERE {q('consumer_group')} = %s AND "
-            f"{q('topic')} = %s AND {q('message_offset')} <= %s AND NOT {q('acked')}",
+            f"DELETE FROM {q(STATE_TABLE)} WHERE {q('consumer_group')} = {self.text_mark} AND "
+            f"{q('topic')} = {self.text_mark} AND {q('message_offset')} <= %s "
+            f"AND NOT {q('acked')}",
             [group, topic, upto],
         )

@@ -30,7 +30,7 @@ class FailoverStatements(Vendor):
     """The server record and the voids (a mixin of ``Statements``)."""
 
     def _record_where(self) -> str:
-        return " AND ".join(f"{self.quote(c)} = %s" for c in GROUP_KEY)
+        return " AND ".join(f"{self.quote(c)} = {self.text_mark}" for c in GROUP_KEY)
 
     def ensure_server_record(self) -> Statement:
         """``ensure_server_record``: create the server record, naming no server (''),
@@ -51,9 +51,9 @@ class FailoverStatements(Vendor):
         matches when it changed (the row stays locked until commit)."""
         q = self.quote
         if replacing is None:
-            condition, params = f"{q('leased_by')} <> %s", [server]
+            condition, params = f"{q('leased_by')} <> {self.text_mark}", [server]
         else:
-            condition, params = f"{q('leased_by')} IN ({self.marks(len(replacing))})", [
+            condition, params = f"{q('leased_by')} IN ({self.text_marks(len(replacing))})", [
                 *replacing]
         return (
             f"UPDATE {q(LEASES_TABLE)} SET {q('leased_by')} = %s, "
@@ -76,7 +76,8 @@ class FailoverStatements(Vendor):
         q = self.quote
         return (
             f"UPDATE {q(LEASES_TABLE)} SET {q('lease_renewed_at')} = 0, "
-            f"{q('generation')} = {q('generation')} + 1 WHERE {q('consumer_group')} <> %s",
+            f"{q('generation')} = {q('generation')} + 1 "
+            f"WHERE {q('consumer_group')} <> {self.text_mark}",
             [SERVER_RECORD_KEY[0]],
         )
 
@@ -96,7 +97,7 @@ class FailoverStatements(Vendor):
         q = self.quote
         return (
             f"UPDATE {q(STATE_TABLE)} SET {q('invisible_until')} = 0 "
-            f"WHERE NOT {q('acked')} AND {q('last_error')} = %s "
+            f"WHERE NOT {q('acked')} AND {q('last_error')} = {self.text_mark} "
             f"AND {q('invisible_until')} > {self.now_ms_sql}",
             [""],
         )

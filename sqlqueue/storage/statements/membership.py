@@ -22,6 +22,12 @@ from sqlqueue.storage.statements.vendors import Statement, Vendor
 class MembershipStatements(Vendor):
     """Heartbeats, leases and pauses, for any vendor (a mixin of ``Statements``)."""
 
+    def _group_topic_sql(self) -> str:
+        """``consumer_group = ? AND topic = ?``: the first two columns of every key here."""
+        q = self.quote
+        return (f"{q('consumer_group')} = {self.text_mark} "
+                f"AND {q('topic')} = {self.text_mark}")
+
     # heartbeats ----------------------------------------------------------------------
     def heartbeat(self, group: str, topic: str, name: str) -> Statement:
         """``heartbeat``: this subscriber is alive (database time)."""
@@ -42,7 +48,7 @@ class MembershipStatements(Vendor):
         q = self.quote
         return (
             f"SELECT {q('subscriber_name')} FROM {q(HEARTBEATS_TABLE)} WHERE "
-            f"{q('consumer_group')} = %s AND {q('topic')} = %s AND "
+            f"{self._group_topic_sql()} AND "
             f"{q('heartbeat_at')} >= {self.now_ms_sql} - %s AND {q('deregistered_at')} = 0 "
             f"ORDER BY {q('subscriber_name')}",
             [group, topic, within_ms],
@@ -52,8 +58,8 @@ class MembershipStatements(Vendor):
         """``deregister``: a graceful goodbye, so the others rebalance at once."""
         q = self.quote
         return (
-            f"DELETE FROM {q(HEARTBEATS_TABLE)} WHERE {q('consumer_group')} = %s AND "
-            f"{q('topic')} = %s AND {q('subscriber_name')} = %s",
+            f"DELETE FROM {q(HEARTBEATS_TABLE)} WHERE {self._group_topic_sql()} "
+            f"AND {q('subscriber_name')} = {self.text_mark}",
             [group, topic, name],
         )
 
@@ -101,11 +107,11 @@ class MembershipStatements(Vendor):
         q = self.quote
         partitions = sorted(held)
         only, keys = self.partitions_filter(partitions)
-        generation_of = " ".join(["WHEN %s THEN %s"] * len(partitions))
+        generation_of = " ".join([f"WHEN {self.text_mark} THEN %s"] * len(partitions))
         return (
             f"UPDATE {q(LEASES_TABLE)} SET {q('lease_renewed_at')} = {self.now_ms_sql} "
-            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s{only} "
-            f"AND {q('leased_by')} = %s "
+            f"WHERE {self._group_topic_sql()}{only} "
+            f"AND {q('leased_by')} = {self.text_mark} "
             f"AND {q('generation')} = CASE {q('partition_key')} {generation_of} END",
             [group, topic, *keys, owner,
              *(value for partition in partitions for value in (partition, held[partition]))],
@@ -126,7 +132,7 @@ class MembershipStatements(Vendor):
             f"{self.now_ms_sql} - {q('lease_renewed_at')}"
             + (f", {with_server}" if with_server else "")
             + f" FROM {q(LEASES_TABLE)} "
-            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s{only}"
+            f"WHERE {self._group_topic_sql()}{only}"
             + (self.locking_read_suffix if lock else ""),
             [group, topic, *keys],
         )
@@ -138,8 +144,8 @@ class MembershipStatements(Vendor):
         q = self.quote
         only, keys = self.partitions_filter(partitions)
         return (
-            f"DELETE FROM {q(LEASES_TABLE)} WHERE {q('consumer_group')} = %s AND "
-            f"{q('topic')} = %s AND {q('leased_by')} = %s{only}",
+            f"DELETE FROM {q(LEASES_TABLE)} WHERE {self._group_topic_sql()} "
+            f"AND {q('leased_by')} = {self.text_mark}{only}",
             [group, topic, owner, *keys],
         )
 
@@ -152,10 +158,10 @@ class MembershipStatements(Vendor):
         now = self.now_ms_sql
         params: list[Any] = [group, topic, older_than_ms]
         return (
-            (f"DELETE FROM {q(LEASES_TABLE)} WHERE {q('consumer_group')} = %s AND "
-             f"{q('topic')} = %s AND {q('lease_renewed_at')} < {now} - %s", params),
-            (f"DELETE FROM {q(HEARTBEATS_TABLE)} WHERE {q('consumer_group')} = %s AND "
-             f"{q('topic')} = %s AND {q('heartbeat_at')} < {now} - %s", list(params)),
+            (f"DELETE FROM {q(LEASES_TABLE)} WHERE {self._group_topic_sql()} "
+             f"AND {q('lease_renewed_at')} < {now} - %s", params),
+            (f"DELETE FROM {q(HEARTBEATS_TABLE)} WHERE {self._group_topic_sql()} "
+             f"AND {q('heartbeat_at')} < {now} - %s", list(params)),
         )
 
     # flow control ----------------------------------------------------------------------
@@ -172,7 +178,7 @@ class MembershipStatements(Vendor):
         q = self.quote
         return (
             f"SELECT {q('action')}, {q('requested_by')}, {q('requested_at')} FROM "
-            f"{q(RUNNER_REQUESTS_TABLE)} WHERE {q('runner_name')} = %s AND "
+            f"{q(RUNNER_REQUESTS_TABLE)} WHERE {q('runner_name')} = {self.text_mark} AND "
             f"{q('obeyed_at')} = 0",
             [name],
         )
@@ -183,7 +189,7 @@ class MembershipStatements(Vendor):
         q = self.quote
         return (
             f"UPDATE {q(RUNNER_REQUESTS_TABLE)} SET {q('obeyed_at')} = {self.now_ms_sql} "
-            f"WHERE {q('runner_name')} = %s AND {q('requested_at')} = %s AND "
+            f"WHERE {q('runner_name')} = {self.text_mark} AND {q('requested_at')} = %s AND "
             f"{q('obeyed_at')} = 0",
             [name, requested_at],
         )

@@ -26,8 +26,9 @@ class OperatingStatements(Vendor):
         lookups of the first rows."""
         q = self.quote
         offset = q("offset")
-        above = (f"FROM {q(MESSAGE_TABLE)} {self.offset_index_hint} WHERE {q('topic')} = %s "
-                 f"AND {q('partition_key')} = %s AND {offset} > %s")
+        text = self.text_mark
+        above = (f"FROM {q(MESSAGE_TABLE)} {self.offset_index_hint} WHERE {q('topic')} = {text} "
+                 f"AND {q('partition_key')} = {text} AND {offset} > %s")
         # ORDER BY the index's last column: PostgreSQL, which takes no index hint, then
         # reads the range of idx_topic_partition_offset and stops at the cap.
         tally = (f"(SELECT COUNT(*) FROM (SELECT 1 AS one {above} ORDER BY {offset} "
@@ -47,15 +48,15 @@ class OperatingStatements(Vendor):
         ``runconsumer --until-empty`` left): both are rare, so this reads one row or a
         few. Parameters: topic, partition key, watermark, group, group."""
         q = self.quote
-        m, offset = q("m"), q("offset")
+        m, offset, text = q("m"), q("offset"), self.text_mark
         due = self.greatest_sql(f"{m}.{q('created_at')}", f"{m}.{q('deliver_after')}")
-        acked = (f"SELECT 1 FROM {q(STATE_TABLE)} s WHERE s.{q('consumer_group')} = %s "
+        acked = (f"SELECT 1 FROM {q(STATE_TABLE)} s WHERE s.{q('consumer_group')} = {text} "
                  f"AND s.{q('topic')} = {m}.{q('topic')} "
                  f"AND s.{q('partition_key')} = {m}.{q('partition_key')} "
                  f"AND s.{q('message_offset')} = {m}.{offset} AND s.{q('acked')}")
         return (f"(SELECT {due} FROM {q(MESSAGE_TABLE)} {m} {self.offset_index_hint} "
-                f"WHERE {m}.{q('topic')} = %s AND {m}.{q('partition_key')} = %s "
-                f"AND {m}.{offset} > %s AND {m}.{q('consumer_group')} IN ('', %s) "
+                f"WHERE {m}.{q('topic')} = {text} AND {m}.{q('partition_key')} = {text} "
+                f"AND {m}.{offset} > %s AND {m}.{q('consumer_group')} IN ('', {text}) "
                 f"AND NOT EXISTS ({acked}) ORDER BY {m}.{offset} LIMIT 1)")
 
     def first_offsets_above(self, topic: str,
@@ -68,7 +69,9 @@ class OperatingStatements(Vendor):
         plan than a UNION of as many rows; reading the rows themselves is left to
         ``message_dues``, which costs less than a lookup inside each probe)."""
         q = self.quote
-        probe = self.seek_sql(q("offset"), f"{q('topic')} = %s AND {q('partition_key')} = %s "
+        text = self.text_mark
+        probe = self.seek_sql(q("offset"), f"{q('topic')} = {text} "
+                                           f"AND {q('partition_key')} = {text} "
                                            f"AND {q('offset')} > %s")
         return ("SELECT " + ", ".join([probe] * len(pairs)),
                 [value for key, watermark in pairs for value in (topic, key, watermark)])
@@ -89,10 +92,12 @@ class OperatingStatements(Vendor):
         """``acked_among``: which of the (partition, offset) pairs (at least one) the
         group has acked (delivery state, by primary key)."""
         q = self.quote
-        terms = " OR ".join([f"({q('partition_key')} = %s AND {q('message_offset')} = %s)"]
+        terms = " OR ".join([f"({q('partition_key')} = {self.text_mark} "
+                             f"AND {q('message_offset')} = %s)"]
                             * len(pairs))
         return (f"SELECT {q('partition_key')}, {q('message_offset')} FROM {q(STATE_TABLE)} "
-                f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s AND ({terms}) "
+                f"WHERE {q('consumer_group')} = {self.text_mark} "
+                f"AND {q('topic')} = {self.text_mark} AND ({terms}) "
                 f"AND {q('acked')} = %s",
                 [group, topic, *(v for pair in pairs for v in pair), True])
 
@@ -103,7 +108,8 @@ class OperatingStatements(Vendor):
         q = self.quote
         return (
             f"SELECT {q('partition_key')}, COUNT(*) FROM (SELECT {q('partition_key')} "
-            f"FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = %s AND {q('consumer_group')} = %s "
+            f"FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = {self.text_mark} "
+            f"AND {q('consumer_group')} = {self.text_mark} "
             f"LIMIT %s) capped GROUP BY {q('partition_key')}",
             [dead_letter_topic, group, cap],
         )

@@ -90,7 +90,8 @@ class PublishingStatements(Vendor):
         equalities, which every vendor turns into point lookups on
         ``idx_topic_partition_id`` (SQLite needs the topic in every term)."""
         q = self.quote
-        term = f"({q('topic')} = %s AND {q('partition_key')} = %s AND {q('id')} = %s)"
+        text = self.text_mark
+        term = f"({q('topic')} = {text} AND {q('partition_key')} = {text} AND {q('id')} = {text})"
         params: list[Any] = []
         for partition_key, message_id in keys:
             params += [topic, partition_key, message_id]

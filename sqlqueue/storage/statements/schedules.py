@@ -49,7 +49,8 @@ class ScheduleStatements(Vendor):
         ``SCHEDULE_COLUMNS``. ``lock``: a locking read, which sees what other processes
         committed after this transaction's snapshot."""
         q = self.quote
-        where = "" if names is None else f" WHERE {q('name')} IN ({self.marks(len(names))})"
+        where = ("" if names is None
+                 else f" WHERE {q('name')} IN ({self.text_marks(len(names))})")
         return (f"SELECT {self.names(SCHEDULE_COLUMNS)} FROM {q(SCHEDULES_TABLE)}{where}"
                 + (self.locking_read_suffix if lock else ""), list(names or ()))
 
@@ -60,7 +61,8 @@ class ScheduleStatements(Vendor):
         q = self.quote
         return (
             f"UPDATE {q(SCHEDULES_TABLE)} SET {q('checked_until')} = %s, "
-            f"{q('definition')} = %s WHERE {q('name')} = %s AND {q('checked_until')} = %s",
+            f"{q('definition')} = %s WHERE {q('name')} = {self.text_mark} "
+            f"AND {q('checked_until')} = %s",
             [until, definition, name, seen],
         )
 
@@ -71,11 +73,12 @@ class ScheduleStatements(Vendor):
             f"UPDATE {q(SCHEDULES_TABLE)} SET {q('last_tick')} = %s, {q('last_topic')} = %s, "
             f"{q('last_partition_key')} = %s, {q('last_offset')} = %s, "
             f"{q('last_message_id')} = %s, {q('last_published_at')} = {self.now_ms_sql} "
-            f"WHERE {q('name')} = %s",
+            f"WHERE {q('name')} = {self.text_mark}",
             [tick.tick_ms, tick.topic, tick.partition_key, tick.offset, tick.message_id, name],
         )
 
     def delete_schedule(self, name: str) -> Statement:
         """``delete_schedule``: forget a schedule's row."""
         q = self.quote
-        return f"DELETE FROM {q(SCHEDULES_TABLE)} WHERE {q('name')} = %s", [name]
+        return (f"DELETE FROM {q(SCHEDULES_TABLE)} WHERE {q('name')} = {self.text_mark}",
+                [name])

@@ -40,7 +40,8 @@ class WatermarkStatements(Vendor):
         only, keys = self.partitions_filter(partitions)
         return (
             f"SELECT {q('partition_key')}, {q('offset_acked')} FROM {q(OFFSETS_TABLE)} "
-            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s{only}",
+            f"WHERE {q('consumer_group')} = {self.text_mark} "
+            f"AND {q('topic')} = {self.text_mark}{only}",
             [group, topic, *keys],
         )
 
@@ -51,8 +52,8 @@ class WatermarkStatements(Vendor):
         return (
             f"UPDATE {q(OFFSETS_TABLE)} SET {q('offset_acked')} = %s, "
             f"{q('updated_at')} = {self.now_ms_sql}, {q('first_pending')} = NULL "
-            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s "
-            f"AND {q('offset_acked')} < %s",
+            f"WHERE {q('consumer_group')} = {self.text_mark} "
+            f"AND {q('topic')} = {self.text_mark} AND {q('offset_acked')} < %s",
             [upto, group, topic, upto],
         )
 
@@ -69,14 +70,16 @@ class WatermarkStatements(Vendor):
         # One CASE per column, by partition; the values are cast where a database would
         # otherwise type a CASE of bare parameters (or of NULLs) as text.
         of_partition = (f"CASE {q('partition_key')} "
-                        + " ".join([f"WHEN %s THEN {self.integer_mark}"] * len(moves))
+                        + " ".join([f"WHEN {self.text_mark} THEN {self.integer_mark}"]
+                                   * len(moves))
                         + " END")
         uptos = [value for partition, upto, _ in moves for value in (partition, upto)]
         pendings = [value for partition, _, first in moves for value in (partition, first)]
         return (
             f"UPDATE {q(OFFSETS_TABLE)} SET {q('offset_acked')} = {of_partition}, "
             f"{q('updated_at')} = {self.now_ms_sql}, {q('first_pending')} = {of_partition} "
-            f"WHERE {q('consumer_group')} = %s AND {q('topic')} = %s{only} "
+            f"WHERE {q('consumer_group')} = {self.text_mark} "
+            f"AND {q('topic')} = {self.text_mark}{only} "
             f"AND {q('offset_acked')} < {of_partition}",
             [*uptos, *pendings, group, topic, *keys, *uptos],
         )
@@ -87,7 +90,7 @@ class WatermarkStatements(Vendor):
         q = self.quote
         return (
             f"SELECT {q('consumer_group')}, {q('partition_key')}, {q('offset_acked')} "
-            f"FROM {q(OFFSETS_TABLE)} WHERE {q('topic')} = %s",
+            f"FROM {q(OFFSETS_TABLE)} WHERE {q('topic')} = {self.text_mark}",
             [topic],
         )
 
@@ -97,9 +100,9 @@ class WatermarkStatements(Vendor):
         ``limits`` covers (at least one; a primary-key range each). Run only after the
         watermarks that cover it committed."""
         q = self.quote
-        one = f"({q('partition_key')} = %s AND {q('message_offset')} <= %s)"
+        one = f"({q('partition_key')} = {self.text_mark} AND {q('message_offset')} <= %s)"
         return (
-            f"DELETE FROM {q(STATE_TABLE)} WHERE {q('consumer_group')} = %s AND "
-            f"{q('topic')} = %s AND ({' OR '.join([one] * len(limits))})",
+            f"DELETE FROM {q(STATE_TABLE)} WHERE {q('consumer_group')} = {self.text_mark} AND "
+            f"{q('topic')} = {self.text_mark} AND ({' OR '.join([one] * len(limits))})",
             [group, topic, *(value for limit in limits for value in limit)],
         )

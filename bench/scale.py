@@ -1,0 +1,204 @@
+"""The storage side at scale (issue 52): publish, drain and garbage collection beside a
+backlog of N messages nobody has consumed yet.
+
+    .venv/bin/python -m bench.scale --url mysql://root@127.0.0.1:3306/sqlqueue_bench
+    .venv/bin/python -m bench.scale --url postgres://postgres@127.0.0.1:5432/sqlqueue_bench \\
+        --sizes 0,1000000,2000000 --json out.json
+
+For each backlog size (``--sizes``, 0 first: the reference), on emptied tables:
+  backlog: N messages of one topic over --partitions keys, random ids (as sqlqueue's are),
+           written by one set-based INSERT ... SELECT per million rows (minutes of
+           send_messages are not what is measured), with a group registered at offset 0
+           (a consumer down for a night); then the tables' statistics refreshed
+  publish: --messages messages to the drain benchmark's topic with send_messages in
+           batches of 1,000, one transaction each
+  drain:   those messages by one ``runconsumer --group bench-unordered --until-empty``
+           (process start-up included, as bench.drain)
+  gc:      the backlog's group skipped to the head of every partition, then
+           ``manage.py queue gc`` as a process: rows deleted a second of its own time
+Prints a table (rates, and each beside the size-0 run's); a machine shared with other
+work moves the wall times, not the plans (tests/integration/test_plans_at_scale.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import reset, setup
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKLOG_TOPIC = "bench.scale.backlog"
+BACKLOG_GROUP = "bench-scale-idle"
+#: rows of the backlog one INSERT ... SELECT writes (one transaction)
+FILL_CHUNK = 1_000_000
+
+
+def _numbers(vendor: str, start: int, count: int) -> str:
+    """A SELECT of the integers start .. start+count-1 as ``n``, set-based (MySQL caps a
+    recursive CTE at 1,000 steps: a cross join of digits there and on SQLite)."""
+    if vendor == "postgresql":
+        return f"SELECT n FROM generate_series({start}, {start + count - 1}) AS g(n)"
+    digits = "SELECT 0 AS d UNION ALL " + " UNION ALL ".join(f"SELECT {d}" for d in range(1, 10))
+    places = len(str(count - 1))
+    joins = " CROSS JOIN ".join(f"({digits}) p{k}" for k in range(places))
+    value = " + ".join(f"p{k}.d * {10 ** k}" for k in range(places))
+    return f"SELECT {start} + {value} AS n FROM {joins} WHERE {value} < {count}"
+
+
+def build_backlog(size: int, partitions: int) -> None:
+    """``size`` messages of BACKLOG_TOPIC, and BACKLOG_GROUP at offset 0 on each of its
+    partitions."""
+    from django.db import connection
+
+    vendor = connection.vendor
+    q = connection.ops.quote_name
+    pad = "x" * 80
+    if vendor == "postgresql":
+        key, ident = f"'k' || (n % {partitions})", "md5(n::text)"
+        payload = f"convert_to('{{\"n\": ' || n || ', \"pad\": \"{pad}\"}}', 'UTF8')"
+    elif vendor == "mysql":
+        key, ident = f"CONCAT('k', n % {partitions})", "MD5(n)"
+        payload = f"CONCAT('{{\"n\": ', n, ', \"pad\": \"{pad}\"}}')"
+    else:
+        key, ident = f"'k' || (n % {partitions})", "lower(hex(randomblob(16)))"
+        payload = f"CAST('{{\"n\": ' || n || ', \"pad\": \"{pad}\"}}' AS BLOB)"
+    with connection.cursor() as cursor:
+        for start in range(0, size, FILL_CHUNK):
+            count = min(FILL_CHUNK, size - start)
+            cursor.execute(
+                "INSERT INTO queue_messages (topic, partition_key, id, payload, metadata, "
+                "created_at, published_at, failed_at, failure_count, last_error, "
+                "original_topic, priority, deliver_after, consumer_group) "
+                f"SELECT '{BACKLOG_TOPIC}', {key}, {ident}, {payload}, NULL, 1700000000000, "
+                f"1700000000000, 0, 0, '', '', 50, 0, '' "
+                f"FROM ({_numbers(vendor, start, count)}) s ORDER BY n")
+        cursor.execute(
+            "INSERT INTO queue_offsets (consumer_group, topic, partition_key, offset_acked, "
+            f"updated_at, first_pending) SELECT DISTINCT '{BACKLOG_GROUP}', topic, "
+            f"partition_key, 0, 0, {'NULL' if vendor == 'mysql' else 'CAST(NULL AS BIGINT)'} "
+            "FROM queue_messages "
+            f"WHERE topic = '{BACKLOG_TOPIC}'")
+        for table in ("queue_messages", "queue_offsets"):
+            if vendor == "mysql":
+                cursor.execute(f"ANALYZE TABLE {q(table)}")
+                cursor.fetchall()
+            else:
+                cursor.execute(f"ANALYZE {q(table)}")
+
+
+def publish(messages: int) -> float:
+    """send_messages in batches of 1,000 to the drain benchmark's topic; msg/s."""
+    from django.db import transaction
+
+    from bench.consumers import TOPIC
+    from sqlqueue import OutgoingMessage, send_messages
+
+    started = time.perf_counter()
+    for first in range(0, messages, 1000):
+        with transaction.atomic():
+            send_messages(TOPIC, [OutgoingMessage({"n": n}, partition_key=f"p{n % 16}")
+                                  for n in range(first, min(first + 1000, messages))])
+    return messages / (time.perf_counter() - started)
+
+
+def _manage(url: str, *args: str) -> str:
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings",
+           "BENCH_DATABASE_URL": url}
+    done = subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def drain(url: str, messages: int) -> float:
+    """runconsumer --until-empty of the group that handles the published messages; msg/s."""
+    started = time.perf_counter()
+    _manage(url, "runconsumer", "--group", "bench-unordered", "--until-empty", "-v", "0")
+    return messages / (time.perf_counter() - started)
+
+
+def collect(url: str) -> tuple[int, float]:
+    """The idle group skipped to the head of each partition, then ``queue gc``: (rows
+    deleted, seconds)."""
+    from django.db import connection
+
+    q = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE queue_offsets SET offset_acked = (SELECT MAX(m.{q('offset')}) "
+            f"FROM queue_messages m WHERE m.topic = queue_offsets.topic AND "
+            f"m.partition_key = queue_offsets.partition_key) "
+            f"WHERE consumer_group = '{BACKLOG_GROUP}'")
+    out = _manage(url, "queue", "gc")
+    # The command's own time (without the process's start-up): "..., in 71.8 s."
+    found = re.search(r"Deleted (\d+) message.*, in ([\d.]+) s", out)
+    if found is None:
+        raise SystemExit(f"queue gc said: {out!r}")
+    return int(found.group(1)), float(found.group(2))
+
+
+def run_size(url: str, size: int, partitions: int, messages: int) -> dict[str, Any]:
+    reset()
+    started = time.perf_counter()
+    build_backlog(size, partitions)
+    built = time.perf_counter() - started
+    result: dict[str, Any] = {"backlog": size, "build_s": round(built, 1),
+                              "publish_msg_s": round(publish(messages)),
+                              "drain_msg_s": round(drain(url, messages))}
+    deleted, seconds = collect(url)
+    # The command gives its time to a tenth of a second: no rate below that.
+    result.update(gc_rows=deleted, gc_s=round(seconds, 1),
+                  gc_rows_s=round(deleted / seconds) if seconds >= 0.1 else None)
+    reset()
+    return result
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    base = results[0]
+    lines = ["| backlog | publish msg/s (vs 0) | drain msg/s (vs 0) | gc rows | gc s | gc rows/s |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        publish_ratio = r["publish_msg_s"] / base["publish_msg_s"]
+        drain_ratio = r["drain_msg_s"] / base["drain_msg_s"]
+        lines.append(
+            f"| {r['backlog']:,} | {r['publish_msg_s']:,} ({publish_ratio:.2f}x) "
+            f"| {r['drain_msg_s']:,} ({drain_ratio:.2f}x) "
+            f"| {r['gc_rows']:,} | {r['gc_s']} "
+            f"| {'-' if r['gc_rows_s'] is None else format(r['gc_rows_s'], ',')} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="sqlqueue at scale: publish, drain, gc")
+    parser.add_argument("--url", default=os.environ.get(
+        "BENCH_DATABASE_URL", "mysql://root@127.0.0.1:3306/sqlqueue_bench"))
+    parser.add_argument("--sizes", default="0,1000000",
+                        help="backlog sizes, comma-separated (the first is the reference)")
+    parser.add_argument("--partitions", type=int, default=64)
+    parser.add_argument("--messages", type=int, default=20_000,
+                        help="messages published and drained beside the backlog")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    setup(args.url)
+    from django.db import connection
+
+    results = []
+    for size in sizes:
+        results.append(run_size(args.url, size, args.partitions, args.messages))
+        print(json.dumps(results[-1]), flush=True)
+    print(f"\n{connection.vendor}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
