@@ -282,6 +282,23 @@ def test_delivery_state_writes(executor: Executor) -> None:
     assert state(executor, a) is not None  # acked: never given back
 
 
+def test_runs_in_flight(executor: Executor) -> None:
+    sql = executor.sql
+    a, b, c = (send_message("t", {}, partition_key="k").offset for _ in range(3))
+    d = send_message("t", {}, partition_key="j").offset
+    far, farther = 10**15, 10**15 + 5
+    executor.run(sql.mark_delivered("g", "t", [("k", a, farther), ("k", b, far),
+                                               ("k", c, 1), ("j", d, far)]))
+    executor.run(sql.write_outcomes("g", "t", [OutcomeWrite("j", d, True, 0)]))
+    # In flight above the watermark, not acked, not visible yet: the latest timeout.
+    assert sorted((p, int(u)) for p, u in executor.rows(sql.runs_in_flight(
+        "g", "t", [("k", 0), ("j", 0)]))) == [("k", farther)]
+    assert [(p, int(u)) for p, u in executor.rows(sql.runs_in_flight(
+        "g", "t", [("k", a)]))] == [("k", far)]  # a is at or below the watermark
+    assert executor.rows(sql.runs_in_flight("g", "t", [("k", b)])) == []  # c: visible
+    assert executor.rows(sql.runs_in_flight("other", "t", [("k", 0)])) == []
+
+
 def test_dead_letters_and_replays(executor: Executor) -> None:
     sql = executor.sql
     offset = send_message("t", {"n": 1}, partition_key="k").offset

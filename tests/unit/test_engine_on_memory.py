@@ -12,6 +12,7 @@ import pytest
 from sqlqueue import Message, send_message
 from sqlqueue.consuming.registry import Consumer, consumer, select_consumers, unregister
 from tests.engine.harness import ALIASES, MemoryQueue, SteppedRunner, memory_queue
+from tests.engine.memory.tables import StoredMessage
 
 TOPIC = "engine.t"
 Seen = list[tuple[str, str, int, int]]  # (partition, id, attempt, clock ms at its start)
@@ -275,6 +276,39 @@ def test_an_ordered_partition_never_has_two_messages_out_at_once(queue, register
     steps(queue, runner_box, 60, every_ms=100)
     assert [(i, a) for _, i, a, _ in seen] == [("a1", 1), ("a1", 2), ("a2", 1), ("a3", 1)]
     assert set(out) == {1}  # each handler ran with itself the only one out
+
+
+def test_a_takeover_starts_no_late_message_beside_a_run_under_the_earlier_lease(
+        queue, registered) -> None:
+    """Issue 51 (I5, ordered): the holder delivers ``long`` and freezes past its lease
+    while its handler runs; a lower offset commits late meanwhile. The new holder starts
+    nothing, the late message included, until ``long``'s visibility timeout has passed
+    (it started the late one at once, beside the frozen holder's run)."""
+    seen: Seen = []
+    registered("g", recorder(queue, seen), ordered=True, visibility_timeout=10.0)
+    late_offset = queue.database.allocate_offset()  # its transaction is still open
+    publish({"p0": ["long"]})
+    first = queue.runner(_consumers("g"), alias=ALIASES[0], name="first")
+    first.run_once()  # long marked delivered and handed out: its handler runs on, frozen
+    marked_at = queue.clock.ms
+    queue.clock.advance(1_000)
+    _commit_late(queue, late_offset, "p0", "late")
+    second = queue.runner(_consumers("g"), alias=ALIASES[1], name="second")
+    steps(queue, [second], 85, every_ms=100)  # past the first's lease (4 s), inside VT
+    assert queue.tables.leases[("g", TOPIC, "p0")].leased_by == "second"
+    assert seen == []  # neither the late message nor long again
+    steps(queue, [second], 30, every_ms=100)
+    assert [(i, a) for _, i, a, _ in seen] == [("late", 1), ("long", 2)]
+    assert seen[0][3] >= marked_at + 10_000
+
+
+def _commit_late(queue: MemoryQueue, offset: int, partition: str, message_id: str) -> None:
+    """The row of ``offset``, allocated earlier, becomes visible now (a late commit)."""
+    tables, now = queue.tables, queue.clock.ms
+    tables.messages[offset] = StoredMessage(offset, TOPIC, partition, message_id,
+                                            b'"late"', None, now, now, 0, 0)
+    tables.message_ids[(TOPIC, partition, message_id)] = offset
+    tables.messages = dict(sorted(tables.messages.items()))
 
 
 def _consumers(group: str) -> list[Consumer]:

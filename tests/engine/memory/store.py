@@ -173,6 +173,18 @@ class MemoryStore(MembershipStatements, Dialect):
                             if after < m.offset <= upto][:limit]
                 for partition, after, upto in windows}
 
+    def runs_in_flight(self, cursor: Any, group: str, topic: str,
+                       windows: Sequence[tuple[str, int]]) -> dict[str, int]:
+        t, now = self._tables("runs_in_flight"), self._now()
+        found: dict[str, int] = {}
+        for partition, watermark in windows:
+            untils = [state.invisible_until for (g, tp, p, offset), state in t.states.items()
+                      if (g, tp, p) == (group, topic, partition) and offset > watermark
+                      and not state.acked and state.invisible_until > now]
+            if untils:
+                found[partition] = max(untils)
+        return found
+
     def discover_partitions(self, cursor: Any, topic: str) -> list[str]:
         t = self._tables("discover_partitions")
         return sorted({m.partition_key for m in t.messages.values() if m.topic == topic})
