@@ -179,6 +179,7 @@ class Runner:
                     backoff = RECONNECT_BACKOFF[min(failures, len(RECONNECT_BACKOFF) - 1)]
                     failures += 1
                     self.instruments.reconnected()
+                    self._say_why_the_session_ended()
                     logger.warning("Database error in the consumer loop (%s); reconnecting "
                                    "in %.1fs.", exc, backoff,
                                    extra=events.fields(events.RUNNER_RECONNECTING,
@@ -300,6 +301,7 @@ class Runner:
             subscriber.recorded(outcomes)
             return deliveries
         except AnyDatabaseError as exc:
+            self.server.note_error()  # first: no statement may run before (a reconnect)
             self.pool.keep_unrecorded(outcomes)
             if not store(self.alias).is_lock_wait(exc):
                 raise
@@ -390,6 +392,22 @@ class Runner:
         self.clock.invalidate()
         for subscriber in self.subscribers:
             subscriber.forget_server()
+
+    def _say_why_the_session_ended(self) -> None:
+        """If the error came after one of this runner's transactions sat idle past the
+        server's bound (``idle_transaction_ms``): the runner was frozen or blocked inside
+        it, and the server ended its session, releasing its lease rows. Say so, once."""
+        idle_ms = self.server.ended_idle_transaction()
+        if idle_ms is None:
+            return
+        logger.warning(
+            "%s: a transaction of this runner sat idle for %.1fs (the process was frozen or "
+            "blocked, e.g. writing to a log nobody reads) and the database ended its "
+            "session after %.1fs, releasing its lease rows to the other runners; "
+            "reconnecting and taking leases again.", self.name, idle_ms / 1000,
+            self.conf.LEASE_DURATION,
+            extra=events.fields(events.RUNNER_SESSION_ENDED, subscriber=self.name,
+                                idle_ms=idle_ms))
 
     def _reset_connection(self) -> None:
         """After a database error: a new connection, and the in-memory view read again."""

@@ -506,11 +506,14 @@ def test_session_statements(executor: Executor) -> None:
     sql = executor.sql
     bound, galera = sql.bound_lock_waits(7), sql.galera()
     local = sql.bound_transaction_lock_waits(3)
+    idle = sql.bound_idle_transactions(7_000)
     if connection.vendor == "sqlite":
-        assert (bound, galera, local) == (None, None, None)  # the busy timeout; no cluster
+        # the busy timeout; no cluster; nothing ends an idle transaction (one process)
+        assert (bound, galera, local, idle) == (None, None, None, None)
         return
-    assert bound is not None
+    assert bound is not None and idle is not None
     executor.run(bound)
+    _check_idle_transactions_bounded(executor, idle)
     if connection.vendor == "postgresql":
         assert executor.rows(("SHOW lock_timeout", [])) == [("7s",)]
         assert local is not None
@@ -531,6 +534,23 @@ def test_session_statements(executor: Executor) -> None:
     ((charset, max_packet),) = executor.rows(sql.connection_charset())
     assert charset == "utf8mb4" and int(max_packet) >= 1024
     assert int(executor.rows(sql.autoinc_lock_mode())[0][0]) in (0, 1, 2)
+
+
+def _check_idle_transactions_bounded(executor: Executor, idle: Statement) -> None:
+    """``bound_idle_transactions`` sets the session's bound (then put back: the test
+    session must not be ended by a later test's pause)."""
+    if connection.vendor == "postgresql":
+        executor.run(idle)
+        assert executor.rows(("SHOW idle_in_transaction_session_timeout", [])) == [("7s",)]
+        executor.rows(("SELECT set_config('idle_in_transaction_session_timeout', '0', "
+                       "false)", []))
+        return
+    ((version,),) = executor.rows(("SELECT VERSION()", []))
+    if "mariadb" not in str(version).lower():
+        return  # MySQL has no such variable: its executor never runs it
+    executor.run(idle)
+    assert int(executor.rows(("SELECT @@SESSION.idle_transaction_timeout", []))[0][0]) == 7
+    executor.run(("SET SESSION idle_transaction_timeout = 0", []))
 
 
 def test_system_check_statements(executor: Executor) -> None:

@@ -216,6 +216,18 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
         if statement is not None:
             cursor.execute(*statement)
 
+    def bound_idle_transactions(self, cursor: CursorWrapper, milliseconds: int) -> bool:
+        """``bound_idle_transactions``: the server ends this session once one of its
+        transactions stays idle for ``milliseconds``. Returns whether the server does so
+        (False: the vendor, or this server, has no such setting). Called outside a
+        transaction, on a session of the runner's own, never on one shared through a
+        pooler."""
+        statement = self.sql.bound_idle_transactions(milliseconds)
+        if statement is None:
+            return False
+        cursor.execute(*statement)
+        return True
+
     def bound_transaction_lock_waits(self, seconds: int) -> Statement | None:
         """``bound_transaction_lock_waits``: the statement that bounds the lock waits of
         the current transaction only (None: ``bound_lock_waits`` is the vendor's way)."""

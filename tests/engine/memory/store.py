@@ -72,6 +72,9 @@ class MemoryStore(MembershipStatements, Dialect):
     def bound_transaction_lock_waits(self, seconds: int) -> Statement | None:
         return None
 
+    def bound_idle_transactions(self, cursor: Any, milliseconds: int) -> bool:
+        return False  # nothing ends a session here: a stepped runner never freezes in one
+
     def offset_counter(self, cursor: Any) -> int | None:
         return self.database.next_offset
 
