@@ -32,6 +32,7 @@ from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.handoff import EXIT_STUCK, HandlerPool
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.liveness import touch
+from sqlqueue.consuming.logholding import HeldLogs
 from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, Pacer, _Once
 from sqlqueue.consuming.pauses import PauseWatch, stored_pauses
 from sqlqueue.consuming.registry import Consumer, groups_known_here, refuse_routed_elsewhere
@@ -108,6 +109,7 @@ class Runner:
         self.wakeups: Wakeups | None = None
         self._signals = 0
         self.stats: Counter[str] = Counter()
+        self.held_logs = HeldLogs()
         self.pauses = PauseWatch(stored_pauses(self.alias))
         self.horizon = HorizonWatch(self.alias, self.conf.MAX_TRANSACTION_AGE)
         self.exit = ExitSettler(alias=self.alias, horizon=self.horizon, clock=self.clock,
@@ -289,7 +291,9 @@ class Runner:
         deliveries marked (committed). If a lock wait gives up, nothing of it happened:
         its outcomes are recorded at the next pass and its state is read again."""
         try:
-            with transaction.atomic(using=self.alias):
+            # Its log lines are written after the commit: a log write that blocks (a
+            # full pipe) must not keep the lease rows the fence locks (logholding).
+            with self.held_logs.holding(), transaction.atomic(using=self.alias):
                 subscriber.fence(cursor)
                 # The clock is read only now, after the fence's lock wait (however long):
                 # every time this transaction stamps comes from after it (guarantee I4, I10).
@@ -339,7 +343,7 @@ class Runner:
         """Write outcomes as the partitions' owner (fenced), in one transaction."""
         if outcomes:
             try:
-                with transaction.atomic(using=self.alias):
+                with self.held_logs.holding(), transaction.atomic(using=self.alias):
                     subscriber.fence(cursor)
                     subscriber.record(cursor, outcomes)
                 subscriber.recorded(outcomes)

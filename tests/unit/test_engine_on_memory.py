@@ -4,10 +4,12 @@ moves only when a test moves the manual clock."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from sqlqueue import Message, send_message
 from sqlqueue.consuming.registry import Consumer, consumer, select_consumers, unregister
@@ -309,6 +311,40 @@ def _commit_late(queue: MemoryQueue, offset: int, partition: str, message_id: st
                                             b'"late"', None, now, now, 0, 0)
     tables.message_ids[(TOPIC, partition, message_id)] = offset
     tables.messages = dict(sorted(tables.messages.items()))
+
+
+def test_what_a_cycle_logs_is_written_after_its_transaction(queue, registered) -> None:
+    """Issue 51: a log write that blocks (standard error piped to a reader that stopped)
+    inside a cycle transaction kept the lease rows its fence locks for as long as it
+    blocked. The lines a pass logs (here: its sweep finds a late-committed message) are
+    written once its transaction has ended."""
+    seen: Seen = []
+    registered("g", recorder(queue, seen))
+    late_offset = queue.database.allocate_offset()
+    publish({"p0": ["m1"]})
+    runner = queue.runner(_consumers("g"))
+    runner.run_once()  # m1 handed out, still running: the watermark stays below late
+    written: list[tuple[str, bool]] = []
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            written.append((record.getMessage(), connections[ALIASES[0]].in_atomic_block))
+
+    watch = Watch()
+    logger = logging.getLogger("sqlqueue.consumer")
+    level = logger.level
+    logger.addHandler(watch)
+    logger.setLevel(logging.INFO)
+    try:
+        _commit_late(queue, late_offset, "p0", "late")
+        for _ in range(30):  # a sweep finds it
+            runner.run_once()
+            queue.clock.advance(100)
+    finally:
+        logger.removeHandler(watch)
+        logger.setLevel(level)
+    found = [inside for message, inside in written if "late-committed" in message]
+    assert found == [False]
 
 
 def _consumers(group: str) -> list[Consumer]:
