@@ -162,7 +162,7 @@ class Runner:
         try:
             while not self.stopping.is_set():
                 if self.liveness_file:
-                    touch(self.liveness_file)
+                    touch(self.liveness_file, self.wakeups.deaf())
                 dispatched = self.pool.dispatched
                 try:
                     delay = self._cycle()
@@ -236,6 +236,9 @@ class Runner:
               connection.execute_wrapper(self.server.bound_transaction_lock_waits),
               connection.cursor() as cursor):
             self.server.bound_lock_waits(connection, cursor)
+            if self.wakeups is not None:
+                # Autocommit, outside any transaction: heard by the listeners at once.
+                self.wakeups.keep_alive(lambda: dialect.notify_heartbeat(cursor))
             self._check_pauses()
             self.pool.enforce_timeouts(self.subscribers)
             outcomes = self.pool.collect()

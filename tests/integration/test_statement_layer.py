@@ -459,8 +459,11 @@ def test_postgresql_publishing() -> None:
         cursor.execute(listen)
         cursor.execute(*sql.notify_wakeup("orders"))
         heard = next(connection.connection.notifies(timeout=5, stop_after=1))
+        cursor.execute(*sql.notify_heartbeat())
+        beat = next(connection.connection.notifies(timeout=5, stop_after=1))
         cursor.execute(f'UNLISTEN "{WAKEUP_CHANNEL}"')
     assert (heard.channel, heard.payload) == (WAKEUP_CHANNEL, "orders")
+    assert (beat.channel, beat.payload) == (WAKEUP_CHANNEL, "")  # never a topic
 
 
 def test_postgresql_prepared_message_insert() -> None:

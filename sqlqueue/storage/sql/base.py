@@ -120,6 +120,10 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
         """``notify_wakeup``: tell listening runners, when the current transaction commits,
         that ``topic`` has a new message. No statement where the database cannot."""
 
+    def notify_heartbeat(self, cursor: CursorWrapper) -> None:
+        """``notify_heartbeat``: a notification the listeners hear at once that wakes no
+        topic (``sqlqueue.wakeups.listener``). No statement where the database cannot."""
+
     # -- idempotency keys (SPEC §9 "Idempotency window") -------------------------------
     def select_idempotency_keys(
         self, cursor: CursorWrapper, digests: Sequence[IdempotencyDigest], *, lock: bool
