@@ -13,6 +13,7 @@ from django.db import connections
 
 from sqlqueue import Message, send_message
 from sqlqueue.consuming.registry import Consumer, consumer, select_consumers, unregister
+from sqlqueue.exceptions import SqlqueueError
 from tests.engine.harness import ALIASES, MemoryQueue, SteppedRunner, memory_queue
 from tests.engine.memory.tables import StoredMessage
 
@@ -302,6 +303,32 @@ def test_a_takeover_starts_no_late_message_beside_a_run_under_the_earlier_lease(
     steps(queue, [second], 30, every_ms=100)
     assert [(i, a) for _, i, a, _ in seen] == [("late", 1), ("long", 2)]
     assert seen[0][3] >= marked_at + 10_000
+
+
+def test_a_handler_whose_lease_ran_out_cannot_extend_its_visibility(queue,
+                                                                    registered) -> None:
+    """Issue 51 (I5): a new holder waits for the timeout it read when it took the lease;
+    a holder that lost the lease (frozen, cut off) must not push that timeout back, or
+    the new holder would start beside a run inside its (extended) timeout."""
+    refused: list[str] = []
+
+    def handle(message: Message) -> None:
+        if message.attempt == 1:
+            message.extend_visibility(2.0)  # within its lease: extended
+            queue.clock.advance(5_000)  # frozen past the lease (4 s)
+            try:
+                message.extend_visibility(60.0)
+            except SqlqueueError as exc:
+                refused.append(str(exc))
+                raise
+
+    registered("g", handle, visibility_timeout=3.0)
+    publish({"p0": ["m1"]})
+    runner = queue.runner(_consumers("g"))
+    runner.step()
+    assert len(refused) == 1 and "no longer holds the partition's lease" in refused[0]
+    state = queue.tables.states[("g", TOPIC, "p0", next(iter(queue.tables.messages)))]
+    assert state.invisible_until < queue.clock.ms  # the refused 60 s were not written
 
 
 def _commit_late(queue: MemoryQueue, offset: int, partition: str, message_id: str) -> None:
