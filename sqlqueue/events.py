@@ -32,10 +32,14 @@ OFFSET_COUNTER_WENT_BACK = "sqlqueue.offsets.counter_went_back"
 #: WARNING, an operator asked this runner to stop (the admin, issue 42): subscriber,
 #: action ("drain" or "stop"), requested_by, requested_at (epoch ms, database clock)
 RUNNER_STOP_REQUESTED = "sqlqueue.runner.stop_requested"
+#: WARNING, the database ended the runner's session after one of its transactions sat
+#: idle past LEASE_DURATION (the process was frozen or blocked inside it): subscriber,
+#: idle_ms
+RUNNER_SESSION_ENDED = "sqlqueue.runner.session_ended"
 
 EVENTS = (RUNNER_STARTED, RUNNER_RECONNECTING, MESSAGE_HANDLED, HANDLER_FAILED,
           MESSAGE_DEAD_LETTERED, LEASES_CHANGED, WATERMARK_WENT_BACK, OFFSET_COUNTER_WENT_BACK,
-          RUNNER_STOP_REQUESTED)
+          RUNNER_STOP_REQUESTED, RUNNER_SESSION_ENDED)
 
 
 def fields(event: str, **values: Any) -> dict[str, Any]:

@@ -74,6 +74,11 @@ class HeldView:
         return (entry.done or entry.attempt != delivery.attempt
                 or PartitionState.overdue(entry, self.hold_clock()))
 
+    def may_extend(self, delivery: Delivery) -> bool:
+        """The lease of the delivery's tenure is still trusted (``LeaseKeeper.trusts``:
+        a partition being handed over too, as its runs may go on until they end)."""
+        return self.leases.trusts(delivery.partition_key, delivery.tenure)
+
     def hold(self, delivery: Delivery, seconds: float) -> None:
         """Not delivered again by this process before the new timeout (the clock's
         estimate, on the handler thread)."""

@@ -51,6 +51,12 @@ class DeliveryView(Protocol):
         """``extend_visibility()`` moved its timeout: do not deliver it again before."""
         ...
 
+    def may_extend(self, delivery: Delivery) -> bool:
+        """Is the partition's lease still trusted in the delivery's tenure (a partition
+        being handed over included)? A holder that lost it must not push back a timeout
+        the new holder has already read (guarantee I5)."""
+        ...
+
 
 class Unchecked:
     """The view of a delivery made outside a subscriber (tests): it may always start."""
@@ -60,6 +66,9 @@ class Unchecked:
 
     def hold(self, delivery: Delivery, seconds: float) -> None:
         pass
+
+    def may_extend(self, delivery: Delivery) -> bool:
+        return True
 
 
 @dataclass
@@ -329,6 +338,14 @@ class DeliveredByAnotherServer(SqlqueueError):
 
 def _extend_visibility(delivery: Delivery, seconds: float) -> None:
     consumer = delivery.consumer
+    if not delivery.view.may_extend(delivery):
+        # Its lease ran out (the process was frozen, or cut off from the database): the
+        # partition's new holder waits for the timeout it read when it took the lease,
+        # and must not find the run still going past it.
+        raise SqlqueueError(
+            f"Cannot extend the visibility of {consumer.topic}/{delivery.partition_key}"
+            f"@{delivery.row.offset}: this subscriber no longer holds the partition's lease "
+            "(another may have taken it over); the message will be delivered again.")
     connection = connections[delivery.alias]
     side = None
     if connection.in_atomic_block and delivery.own_connection:

@@ -108,6 +108,13 @@ class LeaseKeeper:
         return (lease is not None and partition not in self.releasing
                 and time.monotonic() < lease.deadline)
 
+    def trusts(self, partition: str, tenure: int | None) -> bool:
+        """Is the lease of ``partition`` still this subscriber's in ``tenure``, before
+        its local deadline (whether or not it is being handed over)?"""
+        lease = self.owned.get(partition)
+        return (lease is not None and lease.tenure == tenure
+                and time.monotonic() < lease.deadline)
+
     def generation(self, partition: str) -> int | None:
         lease = self.owned.get(partition)
         return None if lease is None else lease.generation

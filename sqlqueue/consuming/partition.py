@@ -69,6 +69,11 @@ class PartitionState:
     #: runs still going of messages already done (a late ack of an attempt that a
     #: redelivery overtook finished them): offset -> (that run's attempt, its timeout)
     overtaken_runs: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: ordered: a delivery made under an earlier lease of the partition (a holder that
+    #: lost it, frozen or cut off, whose handler may still run) is in flight until this
+    #: database time: nothing starts before (``runs_in_flight``, read when the lease was
+    #: taken; guarantee I5)
+    earlier_runs_until_ms: int = 0
 
     def __post_init__(self) -> None:
         self.fetched_upto = max(self.fetched_upto, self.watermark)
@@ -148,7 +153,12 @@ class PartitionState:
         """One run at a time, in offset order. Nothing starts while a delivery of the
         partition is in flight and within its visibility timeout: a message committed
         late, below it (found by a sweep), waits for that run to end instead of running
-        beside it (guarantee I5). Then the first open entry holds the partition."""
+        beside it (guarantee I5). The same for a delivery made under an earlier lease,
+        whose run may go on in a holder that lost the lease (``earlier_runs_until_ms``):
+        a message found late below it waits too, as the next one in order does. Then
+        the first open entry holds the partition."""
+        if now_ms < self.earlier_runs_until_ms:
+            return []
         if any(e.in_flight and not self._redeliverable(e, now_ms, answered)
                for e in self.entries.values()) or self._overtaken_run_going(now_ms):
             return []
@@ -185,7 +195,8 @@ class PartitionState:
     def next_due_ms(self) -> int | None:
         """When the earliest waiting entry becomes deliverable (None: nothing waits)."""
         waiting = [e.due_ms for e in self.entries.values() if not e.done and not e.in_flight]
-        return min(waiting) if waiting else None
+        # (Set in ordered partitions only, where it holds every one of them back.)
+        return max(min(waiting), self.earlier_runs_until_ms) if waiting else None
 
     def dispatched(self, entry: Entry, visible_again_ms: int = 0) -> None:
         entry.in_flight = True

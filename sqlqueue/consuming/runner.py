@@ -32,6 +32,7 @@ from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.handoff import EXIT_STUCK, HandlerPool
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.liveness import touch
+from sqlqueue.consuming.logholding import HeldLogs
 from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, Pacer, _Once
 from sqlqueue.consuming.pauses import PauseWatch, stored_pauses
 from sqlqueue.consuming.registry import Consumer, groups_known_here, refuse_routed_elsewhere
@@ -108,6 +109,7 @@ class Runner:
         self.wakeups: Wakeups | None = None
         self._signals = 0
         self.stats: Counter[str] = Counter()
+        self.held_logs = HeldLogs()
         self.pauses = PauseWatch(stored_pauses(self.alias))
         self.horizon = HorizonWatch(self.alias, self.conf.MAX_TRANSACTION_AGE)
         self.exit = ExitSettler(alias=self.alias, horizon=self.horizon, clock=self.clock,
@@ -160,7 +162,7 @@ class Runner:
         try:
             while not self.stopping.is_set():
                 if self.liveness_file:
-                    touch(self.liveness_file)
+                    touch(self.liveness_file, self.wakeups.deaf())
                 dispatched = self.pool.dispatched
                 try:
                     delay = self._cycle()
@@ -179,6 +181,7 @@ class Runner:
                     backoff = RECONNECT_BACKOFF[min(failures, len(RECONNECT_BACKOFF) - 1)]
                     failures += 1
                     self.instruments.reconnected()
+                    self._say_why_the_session_ended()
                     logger.warning("Database error in the consumer loop (%s); reconnecting "
                                    "in %.1fs.", exc, backoff,
                                    extra=events.fields(events.RUNNER_RECONNECTING,
@@ -233,6 +236,9 @@ class Runner:
               connection.execute_wrapper(self.server.bound_transaction_lock_waits),
               connection.cursor() as cursor):
             self.server.bound_lock_waits(connection, cursor)
+            if self.wakeups is not None:
+                # Autocommit, outside any transaction: heard by the listeners at once.
+                self.wakeups.keep_alive(lambda: dialect.notify_heartbeat(cursor))
             self._check_pauses()
             self.pool.enforce_timeouts(self.subscribers)
             outcomes = self.pool.collect()
@@ -288,7 +294,9 @@ class Runner:
         deliveries marked (committed). If a lock wait gives up, nothing of it happened:
         its outcomes are recorded at the next pass and its state is read again."""
         try:
-            with transaction.atomic(using=self.alias):
+            # Its log lines are written after the commit: a log write that blocks (a
+            # full pipe) must not keep the lease rows the fence locks (logholding).
+            with self.held_logs.holding(), transaction.atomic(using=self.alias):
                 subscriber.fence(cursor)
                 # The clock is read only now, after the fence's lock wait (however long):
                 # every time this transaction stamps comes from after it (guarantee I4, I10).
@@ -300,6 +308,7 @@ class Runner:
             subscriber.recorded(outcomes)
             return deliveries
         except AnyDatabaseError as exc:
+            self.server.note_error()  # first: no statement may run before (a reconnect)
             self.pool.keep_unrecorded(outcomes)
             if not store(self.alias).is_lock_wait(exc):
                 raise
@@ -337,7 +346,7 @@ class Runner:
         """Write outcomes as the partitions' owner (fenced), in one transaction."""
         if outcomes:
             try:
-                with transaction.atomic(using=self.alias):
+                with self.held_logs.holding(), transaction.atomic(using=self.alias):
                     subscriber.fence(cursor)
                     subscriber.record(cursor, outcomes)
                 subscriber.recorded(outcomes)
@@ -390,6 +399,22 @@ class Runner:
         self.clock.invalidate()
         for subscriber in self.subscribers:
             subscriber.forget_server()
+
+    def _say_why_the_session_ended(self) -> None:
+        """If the error came after one of this runner's transactions sat idle past the
+        server's bound (``idle_transaction_ms``): the runner was frozen or blocked inside
+        it, and the server ended its session, releasing its lease rows. Say so, once."""
+        idle_ms = self.server.ended_idle_transaction()
+        if idle_ms is None:
+            return
+        logger.warning(
+            "%s: a transaction of this runner sat idle for %.1fs (the process was frozen or "
+            "blocked, e.g. writing to a log nobody reads) and the database ended its "
+            "session after %.1fs, releasing its lease rows to the other runners; "
+            "reconnecting and taking leases again.", self.name, idle_ms / 1000,
+            self.conf.LEASE_DURATION,
+            extra=events.fields(events.RUNNER_SESSION_ENDED, subscriber=self.name,
+                                idle_ms=idle_ms))
 
     def _reset_connection(self) -> None:
         """After a database error: a new connection, and the in-memory view read again."""

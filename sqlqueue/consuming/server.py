@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,18 @@ def lock_wait_seconds(conf: QueueSettings) -> int:
     return max(1, min(5, round(conf.LEASE_RENEW_INTERVAL / 4)))
 
 
+def idle_transaction_ms(conf: QueueSettings) -> int:
+    """How long a transaction of the runner's own session may sit idle (no statement
+    running) before the server ends the session: ``LEASE_DURATION``. The runner's
+    transactions run statement after statement in milliseconds; one idle that long is a
+    runner frozen inside it (SIGSTOP, a VM pause, a log write blocked on a full pipe),
+    whose share locks on its lease rows would otherwise keep every other runner from
+    taking its partitions over for as long as it stays frozen. By then its leases have
+    run out anyway (it stops trusting them sooner), so nothing it could still do as
+    their owner is lost."""
+    return max(1000, round(conf.LEASE_DURATION * 1000))
+
+
 class ServerChanged(SqlqueueError):
     """The connection reached another database server than before."""
 
@@ -62,6 +75,16 @@ class ServerWatch:
         #: the outermost atomic block whose transaction has its lock waits bounded (held,
         #: so that no later block can take its identity)
         self._bounded_block: object = None
+        #: the server ends this session's transactions left idle (``idle_transaction_ms``)
+        self.idle_transactions_bounded = False
+        #: when the last statement started (monotonic), its transaction's outermost
+        #: atomic block (None: autocommit), and the longest gap between two statement
+        #: starts in that transaction (seconds)
+        self._last_statement_at = 0.0
+        self._last_block: object = None
+        self._longest_gap = 0.0
+        #: ``note_error`` found the session ended after this long idle (ms)
+        self.idle_ended_ms: int | None = None
 
     def head(self, dialect: Any, cursor: Any) -> int:
         """The log's head; the same statement says which server answered."""
@@ -93,8 +116,47 @@ class ServerWatch:
 
     def count_statement(self, execute: Callable[..., Any], sql: str, params: Any,
                          many: bool, context: Any) -> Any:
+        """An execute wrapper on the runner's connection: counts its statements, notes
+        when the last one started and in which transaction, and judges a failed one
+        (``note_error``)."""
         self.instruments.statement()
-        return execute(sql, params, many, context)
+        now = time.monotonic()
+        connection = context["connection"]
+        block = connection.atomic_blocks[0] if connection.in_atomic_block else None
+        if block is not None and block is self._last_block:
+            # A freeze during the statement before (its answer waiting in the socket)
+            # shows as a long gap between the two starts.
+            self._longest_gap = max(self._longest_gap, now - self._last_statement_at)
+        else:
+            self._longest_gap = 0.0
+        self._last_statement_at, self._last_block = now, block
+        try:
+            return execute(sql, params, many, context)
+        except AnyDatabaseError:
+            # Judged now: whoever catches this error may run statements before the
+            # runner's loop sees one (a reconnect, outside the transaction).
+            self.note_error()
+            raise
+
+    def note_error(self) -> None:
+        """A transaction of the runner failed (a statement, or its commit): before any
+        other statement runs (a reconnect's own included), judge whether it had sat idle
+        past ``idle_transaction_ms`` since a statement started: the process was frozen
+        or blocked inside it, and the server ended the session. A freeze shows as the
+        time since the last statement started, or as the longest gap between two
+        statement starts in that transaction (a freeze during the statement before,
+        whose answer then waited in the socket)."""
+        if not self.idle_transactions_bounded or self._last_block is None:
+            return
+        idle_ms = round(max(self._longest_gap, time.monotonic() - self._last_statement_at)
+                        * 1000)
+        if idle_ms >= idle_transaction_ms(self.conf):
+            self.idle_ended_ms = max(idle_ms, self.idle_ended_ms or 0)
+
+    def ended_idle_transaction(self) -> int | None:
+        """What ``note_error`` found (how long the transaction sat idle, in ms), once."""
+        idle, self.idle_ended_ms = self.idle_ended_ms, None
+        return idle
 
     def bound_lock_waits(self, connection: Any, cursor: Any) -> None:
         """Once per database connection (a new one after a reconnect): which server it
@@ -113,6 +175,9 @@ class ServerWatch:
                             and dialect.through_pooler(cursor))
             if not self._pooled:
                 dialect.bound_lock_waits(cursor, lock_wait_seconds(self.conf))
+                # Server-enforced, on this session only (never a pooler's, never global).
+                self.idle_transactions_bounded = dialect.bound_idle_transactions(
+                    cursor, idle_transaction_ms(self.conf))
             self._bounded_connection = connection.connection
 
     def bound_transaction_lock_waits(self, execute: Callable[..., Any], sql: str,

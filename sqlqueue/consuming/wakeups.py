@@ -34,7 +34,29 @@ class Wakeups:
         """Is a channel that hears other processes' publishes subscribed now (PostgreSQL
         ``LISTEN``, Redis)? Then each of their commits rings the runner, and quick polls
         after traffic would only cost passes (``Pacing._polling_delay``)."""
-        return any(listener.connected.is_set() for listener in self.listeners)
+        return any(listener.connected.is_set() and listener.deaf is None
+                   for listener in self.listeners)
+
+    def keep_alive(self, send: Callable[[], None]) -> None:
+        """``send`` one heartbeat (a notification on the channel, from the runner's own
+        connection) when a listener has heard nothing for a while and asks for one
+        (``Listener.wants_heartbeat``): a listener that does not hear it either is deaf.
+        A busy channel sends none."""
+        wanting = [listener for listener in self.listeners if listener.wants_heartbeat()]
+        if not wanting:
+            return
+        # Marked sent before it goes: its echo may be heard before send() returns.
+        before = [listener.heartbeat_sent() for listener in wanting]
+        try:
+            send()
+        except BaseException:
+            for listener, sent_at in zip(wanting, before, strict=True):
+                listener.heartbeat_sent_at = sent_at  # none went: nothing to wait for
+            raise
+
+    def deaf(self) -> list[str]:
+        """What each listener found deaf (not hearing again yet) says."""
+        return [listener.deaf for listener in self.listeners if listener.deaf is not None]
 
     def stop(self) -> None:
         if self._unsubscribe is not None:

@@ -10,6 +10,7 @@ turn of its loop: a probe of the process that needs no database.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,6 +20,7 @@ from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from sqlqueue.conf import get_settings
+from sqlqueue.consuming import liveness
 from sqlqueue.operations.state import SubscriptionState, subscription_states
 from sqlqueue.operations.unconsumed import unconsumed_topics
 
@@ -121,5 +123,7 @@ def runner_alive(path: str, max_age: float) -> HealthReport:
     report.subscriptions = []
     if age > max_age:
         report.fail(f"runconsumer loop last turned {age:.1f}s ago (more than {max_age:g}s)")
+    with contextlib.suppress(OSError):
+        report.warnings += liveness.notes(path)  # healthy: polls cover a deaf listener
     return report
 

@@ -67,6 +67,7 @@ def pooled_message(alias: str, why: str = "") -> str:
 
 class PostgreSQLListener(Listener):
     channel = "PostgreSQL LISTEN"
+    heartbeats = True
 
     def __init__(self, params: dict[str, Any], *args: Any, alias: str = "default",
                  listener_alias: bool = False, **kwargs: Any) -> None:
@@ -98,6 +99,7 @@ class PostgreSQLListener(Listener):
                     # raises here (OperationalError), and run() reconnects.
                     for notification in connection.notifies(timeout=STOP_CHECK):
                         self.heard(notification.payload)
+                    self.check_echo()  # after reading: a heartbeat heard is not missed
             finally:
                 self.backend_pid = None
 

@@ -154,3 +154,23 @@ def test_liveness_file_of_a_running_consumer(tmp_path: Path) -> None:
     done = manage("queue", "health", "--liveness-file", str(tmp_path / "missing"),
                   url="sqlite:////nonexistent-dir/h/queue.sqlite3")
     assert done.returncode == 1 and "unreadable" in done.stdout
+
+
+def test_a_liveness_file_passes_on_what_the_runner_warns_about(tmp_path: Path) -> None:
+    """Issue 51: a deaf wake-up listener (``Wakeups.deaf``) is written into the liveness
+    file by the runner's loop, and ``queue health --liveness-file`` shows it as a
+    warning (still healthy: polls cover the gap); gone once it hears again."""
+    from sqlqueue.consuming.liveness import touch
+
+    alive = tmp_path / "alive"
+    alive.write_text("left over from an earlier run\n")
+    touch(str(alive), ["The PostgreSQL LISTEN channel heard nothing for 10s"])
+    done = manage("queue", "health", "--liveness-file", str(alive), "--max-age", "30",
+                  url="sqlite:////nonexistent-dir/h/queue.sqlite3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "healthy", "  warning: The PostgreSQL LISTEN channel heard nothing for 10s"]
+    touch(str(alive))
+    done = manage("queue", "health", "--liveness-file", str(alive), "--max-age", "30",
+                  url="sqlite:////nonexistent-dir/h/queue.sqlite3")
+    assert done.stdout.splitlines() == ["healthy"]

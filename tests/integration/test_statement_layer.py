@@ -282,6 +282,23 @@ def test_delivery_state_writes(executor: Executor) -> None:
     assert state(executor, a) is not None  # acked: never given back
 
 
+def test_runs_in_flight(executor: Executor) -> None:
+    sql = executor.sql
+    a, b, c = (send_message("t", {}, partition_key="k").offset for _ in range(3))
+    d = send_message("t", {}, partition_key="j").offset
+    far, farther = 10**15, 10**15 + 5
+    executor.run(sql.mark_delivered("g", "t", [("k", a, farther), ("k", b, far),
+                                               ("k", c, 1), ("j", d, far)]))
+    executor.run(sql.write_outcomes("g", "t", [OutcomeWrite("j", d, True, 0)]))
+    # In flight above the watermark, not acked, not visible yet: the latest timeout.
+    assert sorted((p, int(u)) for p, u in executor.rows(sql.runs_in_flight(
+        "g", "t", [("k", 0), ("j", 0)]))) == [("k", farther)]
+    assert [(p, int(u)) for p, u in executor.rows(sql.runs_in_flight(
+        "g", "t", [("k", a)]))] == [("k", far)]  # a is at or below the watermark
+    assert executor.rows(sql.runs_in_flight("g", "t", [("k", b)])) == []  # c: visible
+    assert executor.rows(sql.runs_in_flight("other", "t", [("k", 0)])) == []
+
+
 def test_dead_letters_and_replays(executor: Executor) -> None:
     sql = executor.sql
     offset = send_message("t", {"n": 1}, partition_key="k").offset
@@ -461,8 +478,11 @@ def test_postgresql_publishing() -> None:
         cursor.execute(listen)
         cursor.execute(*sql.notify_wakeup("orders"))
         heard = next(connection.connection.notifies(timeout=5, stop_after=1))
+        cursor.execute(*sql.notify_heartbeat())
+        beat = next(connection.connection.notifies(timeout=5, stop_after=1))
         cursor.execute(f'UNLISTEN "{WAKEUP_CHANNEL}"')
     assert (heard.channel, heard.payload) == (WAKEUP_CHANNEL, "orders")
+    assert (beat.channel, beat.payload) == (WAKEUP_CHANNEL, "")  # never a topic
 
 
 def test_postgresql_prepared_message_insert() -> None:
@@ -508,11 +528,14 @@ def test_session_statements(executor: Executor) -> None:
     sql = executor.sql
     bound, galera = sql.bound_lock_waits(7), sql.galera()
     local = sql.bound_transaction_lock_waits(3)
+    idle = sql.bound_idle_transactions(7_000)
     if connection.vendor == "sqlite":
-        assert (bound, galera, local) == (None, None, None)  # the busy timeout; no cluster
+        # the busy timeout; no cluster; nothing ends an idle transaction (one process)
+        assert (bound, galera, local, idle) == (None, None, None, None)
         return
-    assert bound is not None
+    assert bound is not None and idle is not None
     executor.run(bound)
+    _check_idle_transactions_bounded(executor, idle)
     if connection.vendor == "postgresql":
         assert executor.rows(("SHOW lock_timeout", [])) == [("7s",)]
         assert local is not None
@@ -533,6 +556,23 @@ def test_session_statements(executor: Executor) -> None:
     ((charset, max_packet),) = executor.rows(sql.connection_charset())
     assert charset == "utf8mb4" and int(max_packet) >= 1024
     assert int(executor.rows(sql.autoinc_lock_mode())[0][0]) in (0, 1, 2)
+
+
+def _check_idle_transactions_bounded(executor: Executor, idle: Statement) -> None:
+    """``bound_idle_transactions`` sets the session's bound (then put back: the test
+    session must not be ended by a later test's pause)."""
+    if connection.vendor == "postgresql":
+        executor.run(idle)
+        assert executor.rows(("SHOW idle_in_transaction_session_timeout", [])) == [("7s",)]
+        executor.rows(("SELECT set_config('idle_in_transaction_session_timeout', '0', "
+                       "false)", []))
+        return
+    ((version,),) = executor.rows(("SELECT VERSION()", []))
+    if "mariadb" not in str(version).lower():
+        return  # MySQL has no such variable: its executor never runs it
+    executor.run(idle)
+    assert int(executor.rows(("SELECT @@SESSION.idle_transaction_timeout", []))[0][0]) == 7
+    executor.run(("SET SESSION idle_transaction_timeout = 0", []))
 
 
 def test_system_check_statements(executor: Executor) -> None:

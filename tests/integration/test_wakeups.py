@@ -452,3 +452,109 @@ def test_redis_down_breaks_neither_publishing_nor_consuming(register: Any,
             listeners = sleepy.runner.wakeups.listeners  # type: ignore[union-attr]
             (redis_listener,) = [x for x in listeners if isinstance(x, RedisListener)]
             assert redis_listener.is_alive() and not redis_listener.connected.is_set()
+
+
+class MutingForwarder:
+    """127.0.0.1:<port> relayed to PostgreSQL. ``mute()``: the connections open now stay
+    open but what the server sends them is dropped (seen from the client: a session
+    connected and deaf, as behind a frozen server process or a stuck proxy)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        import socket
+
+        self.backend = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.muted: list[threading.Event] = []
+        self.sockets: list[Any] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.backend)
+            muted = threading.Event()
+            self.muted.append(muted)
+            self.sockets += [client, server]
+            for source, target, mute in ((client, server, None), (server, client, muted)):
+                threading.Thread(target=self._pipe, args=(source, target, mute),
+                                 daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: Any, target: Any, muted: threading.Event | None) -> None:
+        try:
+            while data := source.recv(65536):
+                if muted is None or not muted.is_set():
+                    target.sendall(data)
+        except OSError:
+            pass
+
+    def mute(self) -> None:
+        for muted in self.muted:
+            muted.set()
+
+    def close(self) -> None:
+        self.listener.close()
+        for end in self.sockets:
+            end.close()
+
+
+def test_postgresql_listener_on_a_deaf_session_says_so_once_and_listens_again(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 51: a listening session that stays connected but hears nothing (the wave-4
+    rerun froze its server process: latency went to the poll interval, nothing logged).
+    Once it heard nothing for HEARTBEAT_AFTER the runner sends a heartbeat; when not
+    even that is heard within ECHO_WAIT the listener says so once, stops counting as a
+    channel (quick polls again), and listens on a new session, which hears."""
+    postgresql_only()
+    from sqlqueue.consuming.wakeups import Wakeups
+    from sqlqueue.storage import store
+    from sqlqueue.wakeups import listener as listener_module
+
+    monkeypatch.setattr(listener_module, "HEARTBEAT_AFTER", 0.3)
+    monkeypatch.setattr(listener_module, "ECHO_WAIT", 0.5)
+    params = connection_params("default")
+    forwarder = MutingForwarder(params.get("host") or "127.0.0.1", int(params.get("port")
+                                                                        or 5432))
+    params = {**{k: v for k, v in params.items() if k not in ("hostaddr", "service")},
+              "host": "127.0.0.1", "port": forwarder.port}
+    heard: queue.SimpleQueue[str] = queue.SimpleQueue()
+    started = PostgreSQLListener(params, ["wk.a"], heard.put, listener_alias=True)
+    channels = Wakeups(dataclasses.replace(QueueSettings(), WAKEUPS=False), "default",
+                       ["wk.a"], heard.put)
+    channels.listeners = [started]
+
+    def runner_pass() -> None:  # what the runner's loop does for its listeners
+        with connection.cursor() as cursor:
+            channels.keep_alive(lambda: store(connection).notify_heartbeat(cursor))
+
+    started.start()
+    try:
+        until(started.connected.is_set, what="the listener")
+        quiet = time.monotonic()
+        until(lambda: runner_pass() or time.monotonic() - quiet > 1.5, what="heartbeats")
+        assert started.silences == 0 and started.deaf is None  # its heartbeats are heard
+        assert started.heartbeat_sent_at > quiet and channels.cover_other_processes()
+        caplog.set_level("INFO", "sqlqueue.wakeups")
+        forwarder.mute()
+        until(lambda: runner_pass() or started.silences, what="the deaf session noticed")
+        assert started.deaf is not None and "connected but deaf" in started.deaf
+        assert channels.deaf() == [started.deaf]
+        assert not channels.cover_other_processes()  # quick polls cover the gap
+        until(lambda: runner_pass() or (started.connections == 2 and started.deaf is None),
+              what="a new session that hears")
+        assert channels.cover_other_processes() and channels.deaf() == []
+        send_message("wk.a", {"n": 1})
+        until(lambda: not heard.empty() and heard.get() == "wk.a", what="a wake-up")
+    finally:
+        started.stop()
+        started.join(10)  # its session closed before the test database goes
+        forwarder.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "connected but deaf" in warnings[0]
+    assert any("hears again" in r.getMessage() for r in caplog.records)

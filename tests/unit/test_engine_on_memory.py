@@ -4,14 +4,18 @@ moves only when a test moves the manual clock."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from sqlqueue import Message, send_message
 from sqlqueue.consuming.registry import Consumer, consumer, select_consumers, unregister
+from sqlqueue.exceptions import SqlqueueError
 from tests.engine.harness import ALIASES, MemoryQueue, SteppedRunner, memory_queue
+from tests.engine.memory.tables import StoredMessage
 
 TOPIC = "engine.t"
 Seen = list[tuple[str, str, int, int]]  # (partition, id, attempt, clock ms at its start)
@@ -275,6 +279,99 @@ def test_an_ordered_partition_never_has_two_messages_out_at_once(queue, register
     steps(queue, runner_box, 60, every_ms=100)
     assert [(i, a) for _, i, a, _ in seen] == [("a1", 1), ("a1", 2), ("a2", 1), ("a3", 1)]
     assert set(out) == {1}  # each handler ran with itself the only one out
+
+
+def test_a_takeover_starts_no_late_message_beside_a_run_under_the_earlier_lease(
+        queue, registered) -> None:
+    """Issue 51 (I5, ordered): the holder delivers ``long`` and freezes past its lease
+    while its handler runs; a lower offset commits late meanwhile. The new holder starts
+    nothing, the late message included, until ``long``'s visibility timeout has passed
+    (it started the late one at once, beside the frozen holder's run)."""
+    seen: Seen = []
+    registered("g", recorder(queue, seen), ordered=True, visibility_timeout=10.0)
+    late_offset = queue.database.allocate_offset()  # its transaction is still open
+    publish({"p0": ["long"]})
+    first = queue.runner(_consumers("g"), alias=ALIASES[0], name="first")
+    first.run_once()  # long marked delivered and handed out: its handler runs on, frozen
+    marked_at = queue.clock.ms
+    queue.clock.advance(1_000)
+    _commit_late(queue, late_offset, "p0", "late")
+    second = queue.runner(_consumers("g"), alias=ALIASES[1], name="second")
+    steps(queue, [second], 85, every_ms=100)  # past the first's lease (4 s), inside VT
+    assert queue.tables.leases[("g", TOPIC, "p0")].leased_by == "second"
+    assert seen == []  # neither the late message nor long again
+    steps(queue, [second], 30, every_ms=100)
+    assert [(i, a) for _, i, a, _ in seen] == [("late", 1), ("long", 2)]
+    assert seen[0][3] >= marked_at + 10_000
+
+
+def test_a_handler_whose_lease_ran_out_cannot_extend_its_visibility(queue,
+                                                                    registered) -> None:
+    """Issue 51 (I5): a new holder waits for the timeout it read when it took the lease;
+    a holder that lost the lease (frozen, cut off) must not push that timeout back, or
+    the new holder would start beside a run inside its (extended) timeout."""
+    refused: list[str] = []
+
+    def handle(message: Message) -> None:
+        if message.attempt == 1:
+            message.extend_visibility(2.0)  # within its lease: extended
+            queue.clock.advance(5_000)  # frozen past the lease (4 s)
+            try:
+                message.extend_visibility(60.0)
+            except SqlqueueError as exc:
+                refused.append(str(exc))
+                raise
+
+    registered("g", handle, visibility_timeout=3.0)
+    publish({"p0": ["m1"]})
+    runner = queue.runner(_consumers("g"))
+    runner.step()
+    assert len(refused) == 1 and "no longer holds the partition's lease" in refused[0]
+    state = queue.tables.states[("g", TOPIC, "p0", next(iter(queue.tables.messages)))]
+    assert state.invisible_until < queue.clock.ms  # the refused 60 s were not written
+
+
+def _commit_late(queue: MemoryQueue, offset: int, partition: str, message_id: str) -> None:
+    """The row of ``offset``, allocated earlier, becomes visible now (a late commit)."""
+    tables, now = queue.tables, queue.clock.ms
+    tables.messages[offset] = StoredMessage(offset, TOPIC, partition, message_id,
+                                            b'"late"', None, now, now, 0, 0)
+    tables.message_ids[(TOPIC, partition, message_id)] = offset
+    tables.messages = dict(sorted(tables.messages.items()))
+
+
+def test_what_a_cycle_logs_is_written_after_its_transaction(queue, registered) -> None:
+    """Issue 51: a log write that blocks (standard error piped to a reader that stopped)
+    inside a cycle transaction kept the lease rows its fence locks for as long as it
+    blocked. The lines a pass logs (here: its sweep finds a late-committed message) are
+    written once its transaction has ended."""
+    seen: Seen = []
+    registered("g", recorder(queue, seen))
+    late_offset = queue.database.allocate_offset()
+    publish({"p0": ["m1"]})
+    runner = queue.runner(_consumers("g"))
+    runner.run_once()  # m1 handed out, still running: the watermark stays below late
+    written: list[tuple[str, bool]] = []
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            written.append((record.getMessage(), connections[ALIASES[0]].in_atomic_block))
+
+    watch = Watch()
+    logger = logging.getLogger("sqlqueue.consumer")
+    level = logger.level
+    logger.addHandler(watch)
+    logger.setLevel(logging.INFO)
+    try:
+        _commit_late(queue, late_offset, "p0", "late")
+        for _ in range(30):  # a sweep finds it
+            runner.run_once()
+            queue.clock.advance(100)
+    finally:
+        logger.removeHandler(watch)
+        logger.setLevel(level)
+    found = [inside for message, inside in written if "late-committed" in message]
+    assert found == [False]
 
 
 def _consumers(group: str) -> list[Consumer]:

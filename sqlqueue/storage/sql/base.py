@@ -120,6 +120,10 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
         """``notify_wakeup``: tell listening runners, when the current transaction commits,
         that ``topic`` has a new message. No statement where the database cannot."""
 
+    def notify_heartbeat(self, cursor: CursorWrapper) -> None:
+        """``notify_heartbeat``: a notification the listeners hear at once that wakes no
+        topic (``sqlqueue.wakeups.listener``). No statement where the database cannot."""
+
     # -- idempotency keys (SPEC §9 "Idempotency window") -------------------------------
     def select_idempotency_keys(
         self, cursor: CursorWrapper, digests: Sequence[IdempotencyDigest], *, lock: bool
@@ -215,6 +219,18 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
         statement = self.sql.bound_lock_waits(seconds)
         if statement is not None:
             cursor.execute(*statement)
+
+    def bound_idle_transactions(self, cursor: CursorWrapper, milliseconds: int) -> bool:
+        """``bound_idle_transactions``: the server ends this session once one of its
+        transactions stays idle for ``milliseconds``. Returns whether the server does so
+        (False: the vendor, or this server, has no such setting). Called outside a
+        transaction, on a session of the runner's own, never on one shared through a
+        pooler."""
+        statement = self.sql.bound_idle_transactions(milliseconds)
+        if statement is None:
+            return False
+        cursor.execute(*statement)
+        return True
 
     def bound_transaction_lock_waits(self, seconds: int) -> Statement | None:
         """``bound_transaction_lock_waits``: the statement that bounds the lock waits of

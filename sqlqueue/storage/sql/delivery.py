@@ -105,6 +105,19 @@ class DeliveryAccess(VendorHooks):
             offsets.sort()  # a UNION promises no order
         return found
 
+    # runs_in_flight --------------------------------------------------------------------
+    def runs_in_flight(
+        self, cursor: CursorWrapper, group: str, topic: str,
+        windows: Sequence[tuple[str, int]],
+    ) -> dict[str, int]:
+        """``runs_in_flight``: partition -> the latest visibility timeout (database
+        ms) of a delivery above its watermark still in flight (or backing off); only the
+        partitions that have one."""
+        if not windows:
+            return {}
+        cursor.execute(*self.sql.runs_in_flight(group, topic, windows))
+        return {str(partition): int(until) for partition, until in cursor.fetchall()}
+
     # head_offset -----------------------------------------------------------------------
     def head_offset(self, cursor: CursorWrapper) -> int:
         """``head_offset``: the newest offset of the whole log (primary key, O(1))."""

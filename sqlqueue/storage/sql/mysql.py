@@ -23,6 +23,9 @@ from sqlqueue.storage.statements import MySQLStatements
 from sqlqueue.storage.statements.vendors import MySQLVendor
 
 ER_DUP_ENTRY = 1062
+#: the connection is gone: CR_SERVER_GONE_ERROR, CR_SERVER_LOST, and MySQL 8's
+#: ER_CLIENT_INTERACTION_TIMEOUT (the server ended an idle session)
+CONNECTION_LOST = (2006, 2013, 4031)
 
 #: What a one-row INSERT adds to its row's payload and metadata literals: the statement's
 #: text, and the topic, key and id (at most 255 bytes each, escaped twice as long).
@@ -188,10 +191,19 @@ class MySQLDialect(Dialect):
             raise DatabaseError("a Galera node's INNODB_TRX shows its own transactions only")
         try:
             cursor.execute(*self.sql.write_horizon())
-        except DatabaseError:
-            self._horizon_unavailable = True
+        except DatabaseError as error:
+            # Not for good when the connection was lost (the server ended the session):
+            # the next connection reads it again.
+            if not (error.args and error.args[0] in CONNECTION_LOST):
+                self._horizon_unavailable = True
             raise
         return self.sql.parse_write_horizon(cursor.fetchone())
+
+    def bound_idle_transactions(self, cursor: CursorWrapper, milliseconds: int) -> bool:
+        """MariaDB only: MySQL has no ``idle_transaction_timeout``."""
+        if not getattr(self.connection, "mysql_is_mariadb", False):
+            return False
+        return super().bound_idle_transactions(cursor, milliseconds)
 
     def is_lock_wait(self, error: BaseException) -> bool:
         # 1205 ER_LOCK_WAIT_TIMEOUT, 1213 ER_LOCK_DEADLOCK

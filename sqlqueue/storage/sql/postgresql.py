@@ -105,6 +105,9 @@ class PostgreSQLDialect(Dialect):
     def notify_wakeup(self, cursor: CursorWrapper, topic: str) -> None:
         cursor.execute(*self.sql.notify_wakeup(topic))
 
+    def notify_heartbeat(self, cursor: CursorWrapper) -> None:
+        cursor.execute(*self.sql.notify_heartbeat())
+
     # COPY has no parameter limit: a chunk is bounded by max_statement_bytes, and the
     # rows of a chunk smaller than COPY_MIN_ROWS fit one INSERT's parameters.
     max_rows_per_insert = 5000

@@ -138,6 +138,28 @@ class DeliveryStatements(Vendor):
         return (" UNION ALL ".join(self.union_member(sql) for sql, _ in members),
                 [value for _, params in members for value in params])
 
+    def runs_in_flight(self, group: str, topic: str,
+                       windows: Sequence[tuple[str, int]]) -> Statement:
+        """``runs_in_flight``: for each ``(partition, watermark)`` (at least one), the
+        latest visibility timeout of this group's deliveries above the watermark that are
+        not acked and not yet visible again (database time), as (partition, until); a
+        partition with none has no row. How a new holder of an ordered partition learns
+        that a run made under an earlier lease (a frozen or cut-off holder's) may still
+        be going (guarantee I5). A retry's backoff counts too (its row looks the same):
+        at worst a late message waits for it. Each window its own range of the state
+        table's primary key, in a UNION ALL."""
+        q = self.quote
+        one = (f"SELECT {q('partition_key')}, MAX({q('invisible_until')}) "
+               f"FROM {q(STATE_TABLE)} WHERE {q('consumer_group')} = %s "
+               f"AND {q('topic')} = %s AND {q('partition_key')} = %s "
+               f"AND {q('message_offset')} > %s AND NOT {q('acked')} "
+               f"AND {q('invisible_until')} > {self.now_ms_sql} "
+               f"GROUP BY {q('partition_key')}")
+        params: list[Any] = []
+        for partition, watermark in windows:
+            params += [group, topic, partition, watermark]
+        return " UNION ALL ".join([self.union_member(one)] * len(windows)), params
+
     def head_offset(self, with_server: str = "") -> Statement:
         """``head_offset``: the newest offset of the whole log (primary key, O(1)); NULL
         while the log is empty. ``with_server``: an expression of which server answered,

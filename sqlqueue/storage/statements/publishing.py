@@ -29,6 +29,9 @@ VALUE_COLUMNS = tuple(c for c in INSERT_COLUMNS if c != "created_at")
 #: The NOTIFY channel of wake-ups (sqlqueue.wakeups); its payload is the topic. NOTIFY
 #: stays within one database, so the channel needs no database name.
 WAKEUP_CHANNEL = "sqlqueue_wakeups"
+#: the payload of a runner's heartbeat on that channel: never a topic (a topic is not
+#: empty), so it rings nothing; hearing it proves a listening session still hears
+HEARTBEAT_PAYLOAD = ""
 #: the values of a message stored alone without a delay (``one_message_params``)
 ONE_MESSAGE_VALUES = 8
 
@@ -322,6 +325,12 @@ class PostgreSQLPublishing(Vendor):
         when the transaction commits (never if it rolls back); identical notifications
         of one transaction are delivered once."""
         return "SELECT pg_notify(%s, %s)", [WAKEUP_CHANNEL, topic]
+
+    def notify_heartbeat(self) -> Statement:
+        """``notify_heartbeat``: a notification every listener hears (at once, in
+        autocommit) that wakes no topic: what a runner sends when its own listener has
+        heard nothing for a while, to tell a quiet channel from a deaf session."""
+        return "SELECT pg_notify(%s, %s)", [WAKEUP_CHANNEL, HEARTBEAT_PAYLOAD]
 
     def listen_wakeups(self) -> Statement:
         """``listen_wakeups``: subscribe a session to the wake-up channel (the listener's

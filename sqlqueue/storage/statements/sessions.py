@@ -30,6 +30,15 @@ class SessionStatements(Vendor):
         transaction only (None: the vendor has no such setting; its session one is used)."""
         return None
 
+    def bound_idle_transactions(self, milliseconds: int) -> Statement | None:
+        """``bound_idle_transactions``: the server ends this session (rolling back its
+        transaction, releasing its row locks) once a transaction stays idle, no statement
+        running, for ``milliseconds`` (None: the vendor has no such setting). A runner
+        frozen inside its cycle transaction (SIGSTOP, a VM pause, a log write to a full
+        pipe) then holds its lease rows for about a lease, not for as long as it is
+        frozen. For the session of a connection the runner owns only."""
+        return None
+
     def galera(self) -> Statement | None:
         """``galera``: 1 on a node of a Galera cluster (MariaDB's ``wsrep_on``), whose
         open transactions one node cannot see; an error where the variable does not
@@ -46,6 +55,11 @@ class MySQLSessions(SessionStatements):
 
     def bound_lock_waits(self, seconds: int) -> Statement:
         return "SET SESSION innodb_lock_wait_timeout = %s", [seconds]
+
+    def bound_idle_transactions(self, milliseconds: int) -> Statement:
+        # MariaDB's (10.3+), in whole seconds, rounded up; MySQL has no such variable
+        # (its executor does not run this there). The server kills the connection.
+        return "SET SESSION idle_transaction_timeout = %s", [max(1, -(-milliseconds // 1000))]
 
     def galera(self) -> Statement:
         return "SELECT @@wsrep_on", []
@@ -85,6 +99,12 @@ class PostgreSQLSessions(SessionStatements):
     def bound_lock_waits(self, seconds: int) -> Statement:
         # set_config, not SET: SET takes no parameters. Session-wide (is_local false).
         return "SELECT set_config('lock_timeout', %s, false)", [f"{seconds}s"]
+
+    def bound_idle_transactions(self, milliseconds: int) -> Statement:
+        # Session-wide (is_local false); the server terminates the session (SQLSTATE
+        # 25P03, idle_in_transaction_session_timeout).
+        return ("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                [f"{milliseconds}ms"])
 
     def bound_transaction_lock_waits(self, seconds: int) -> Statement:
         # is_local true: SET LOCAL, gone at the transaction's end. Behind a transaction

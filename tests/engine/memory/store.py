@@ -72,6 +72,9 @@ class MemoryStore(MembershipStatements, Dialect):
     def bound_transaction_lock_waits(self, seconds: int) -> Statement | None:
         return None
 
+    def bound_idle_transactions(self, cursor: Any, milliseconds: int) -> bool:
+        return False  # nothing ends a session here: a stepped runner never freezes in one
+
     def offset_counter(self, cursor: Any) -> int | None:
         return self.database.next_offset
 
@@ -172,6 +175,18 @@ class MemoryStore(MembershipStatements, Dialect):
         return {partition: [m.offset for m in self._partition(t, topic, partition)
                             if after < m.offset <= upto][:limit]
                 for partition, after, upto in windows}
+
+    def runs_in_flight(self, cursor: Any, group: str, topic: str,
+                       windows: Sequence[tuple[str, int]]) -> dict[str, int]:
+        t, now = self._tables("runs_in_flight"), self._now()
+        found: dict[str, int] = {}
+        for partition, watermark in windows:
+            untils = [state.invisible_until for (g, tp, p, offset), state in t.states.items()
+                      if (g, tp, p) == (group, topic, partition) and offset > watermark
+                      and not state.acked and state.invisible_until > now]
+            if untils:
+                found[partition] = max(untils)
+        return found
 
     def discover_partitions(self, cursor: Any, topic: str) -> list[str]:
         t = self._tables("discover_partitions")
