@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+from django.db import transaction
 
 #: the loggers of what runs inside a runner's cycle transaction
 HELD_LOGGERS = ("sqlqueue.consumer", "sqlqueue.leases")
@@ -51,3 +53,17 @@ class HeldLogs(logging.Filter):
             held, self._held = self._held, []
             for record in held:
                 logging.getLogger(record.name).handle(record)
+
+
+@contextmanager
+def atomic_then_logs(alias: str, on_error: Callable[[], None]) -> Iterator[None]:
+    """``transaction.atomic(using=alias)``, what this thread logs inside it written once
+    it has ended (the runner's fenced transactions). ``on_error``: called first when it
+    fails (before any other statement: ``ServerWatch.note_error``)."""
+    with HeldLogs().holding():
+        try:
+            with transaction.atomic(using=alias):
+                yield
+        except BaseException:
+            on_error()
+            raise

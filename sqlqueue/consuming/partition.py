@@ -168,6 +168,11 @@ class PartitionState:
             return []
         return [head]
 
+    def wait_for_earlier_runs(self, until_ms: int) -> None:
+        """Ordered: a delivery made under an earlier lease may run until ``until_ms``
+        (``EarlierRuns``): nothing starts before."""
+        self.earlier_runs_until_ms = until_ms
+
     def _overtaken_run_going(self, now_ms: int) -> bool:
         """A run of a message already done is still within its visibility timeout (its
         entry may be gone already: the watermark passed it)."""

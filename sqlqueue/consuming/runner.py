@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import Error as AnyDatabaseError
-from django.db import connections, transaction
+from django.db import connections
 
 from sqlqueue import events
 from sqlqueue.conf import QueueSettings, get_settings
@@ -32,7 +32,7 @@ from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.handoff import EXIT_STUCK, HandlerPool
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.liveness import touch
-from sqlqueue.consuming.logholding import HeldLogs
+from sqlqueue.consuming.logholding import atomic_then_logs
 from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, Pacer, _Once
 from sqlqueue.consuming.pauses import PauseWatch, stored_pauses
 from sqlqueue.consuming.registry import Consumer, groups_known_here, refuse_routed_elsewhere
@@ -109,7 +109,6 @@ class Runner:
         self.wakeups: Wakeups | None = None
         self._signals = 0
         self.stats: Counter[str] = Counter()
-        self.held_logs = HeldLogs()
         self.pauses = PauseWatch(stored_pauses(self.alias))
         self.horizon = HorizonWatch(self.alias, self.conf.MAX_TRANSACTION_AGE)
         self.exit = ExitSettler(alias=self.alias, horizon=self.horizon, clock=self.clock,
@@ -176,19 +175,16 @@ class Runner:
                     self._forget_server(exc.now)
                     continue
                 except AnyDatabaseError as exc:
-                    # Not only DatabaseError: a connection the server dropped raises
-                    # InterfaceError, which Django does not derive from it.
+                    # Not only DatabaseError: Django's InterfaceError (a dropped connection).
                     backoff = RECONNECT_BACKOFF[min(failures, len(RECONNECT_BACKOFF) - 1)]
                     failures += 1
                     self.instruments.reconnected()
-                    self._say_why_the_session_ended()
                     logger.warning("Database error in the consumer loop (%s); reconnecting "
                                    "in %.1fs.", exc, backoff,
                                    extra=events.fields(events.RUNNER_RECONNECTING,
                                                        error=str(exc), delay=backoff))
                     self._reset_connection()
-                    # Not on ``wakeup``: handlers finishing (or failing) during an outage
-                    # would end the wait early and run through the backoff in a moment.
+                    # Not on ``wakeup``: handlers ending in an outage would cut it short.
                     self.stopping.wait(backoff)
                     continue
                 if delay is None:
@@ -223,10 +219,9 @@ class Runner:
 
     # -- one pass ---------------------------------------------------------------------------
     def run_once(self) -> float | None:
-        """One pass over every subscription, without its wait: what ``run`` does each time
-        it wakes (for tests, and for a loop of your own: ``start_handler_threads`` first,
-        ``shutdown`` at the end). Returns how long ``run`` would wait before the next
-        pass, or None when an ``until_empty`` runner has nothing left to do."""
+        """One pass over every subscription, without its wait (for tests, and a loop of
+        your own: ``start_handler_threads`` first, ``shutdown`` at the end): how long
+        ``run`` would wait next, or None when an ``until_empty`` runner is done."""
         return self._cycle()
 
     def _cycle(self) -> float | None:
@@ -236,8 +231,7 @@ class Runner:
               connection.execute_wrapper(self.server.bound_transaction_lock_waits),
               connection.cursor() as cursor):
             self.server.bound_lock_waits(connection, cursor)
-            if self.wakeups is not None:
-                # Autocommit, outside any transaction: heard by the listeners at once.
+            if self.wakeups is not None:  # autocommit: heard at once
                 self.wakeups.keep_alive(lambda: dialect.notify_heartbeat(cursor))
             self._check_pauses()
             self.pool.enforce_timeouts(self.subscribers)
@@ -294,9 +288,7 @@ class Runner:
         deliveries marked (committed). If a lock wait gives up, nothing of it happened:
         its outcomes are recorded at the next pass and its state is read again."""
         try:
-            # Its log lines are written after the commit: a log write that blocks (a
-            # full pipe) must not keep the lease rows the fence locks (logholding).
-            with self.held_logs.holding(), transaction.atomic(using=self.alias):
+            with atomic_then_logs(self.alias, self.server.note_error):  # logs: after it
                 subscriber.fence(cursor)
                 # The clock is read only now, after the fence's lock wait (however long):
                 # every time this transaction stamps comes from after it (guarantee I4, I10).
@@ -308,7 +300,6 @@ class Runner:
             subscriber.recorded(outcomes)
             return deliveries
         except AnyDatabaseError as exc:
-            self.server.note_error()  # first: no statement may run before (a reconnect)
             self.pool.keep_unrecorded(outcomes)
             if not store(self.alias).is_lock_wait(exc):
                 raise
@@ -346,7 +337,7 @@ class Runner:
         """Write outcomes as the partitions' owner (fenced), in one transaction."""
         if outcomes:
             try:
-                with self.held_logs.holding(), transaction.atomic(using=self.alias):
+                with atomic_then_logs(self.alias, self.server.note_error):
                     subscriber.fence(cursor)
                     subscriber.record(cursor, outcomes)
                 subscriber.recorded(outcomes)
@@ -400,25 +391,9 @@ class Runner:
         for subscriber in self.subscribers:
             subscriber.forget_server()
 
-    def _say_why_the_session_ended(self) -> None:
-        """If the error came after one of this runner's transactions sat idle past the
-        server's bound (``idle_transaction_ms``): the runner was frozen or blocked inside
-        it, and the server ended its session, releasing its lease rows. Say so, once."""
-        idle_ms = self.server.ended_idle_transaction()
-        if idle_ms is None:
-            return
-        logger.warning(
-            "%s: a transaction of this runner sat idle for %.1fs (the process was frozen or "
-            "blocked, e.g. writing to a log nobody reads) and the database ended its "
-            "session after %.1fs, releasing its lease rows to the other runners; "
-            "reconnecting and taking leases again.", self.name, idle_ms / 1000,
-            self.conf.LEASE_DURATION,
-            extra=events.fields(events.RUNNER_SESSION_ENDED, subscriber=self.name,
-                                idle_ms=idle_ms))
-
     def _reset_connection(self) -> None:
         """After a database error: a new connection, and the in-memory view read again."""
-        self.server.drop_connection()
+        self.server.drop_connection(self.name)
         self.clock.invalidate()
         for subscriber in self.subscribers:
             subscriber.reset()

@@ -14,6 +14,7 @@ from typing import Any
 from django.db import Error as AnyDatabaseError
 from django.db import connections
 
+from sqlqueue import events
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.takeover import record_first_server, void_old_server
@@ -158,6 +159,22 @@ class ServerWatch:
         idle, self.idle_ended_ms = self.idle_ended_ms, None
         return idle
 
+    def say_why_the_session_ended(self, name: str) -> None:
+        """After an error in the runner ``name``'s loop: if ``note_error`` found its
+        transaction idle past the server's bound (the runner was frozen or blocked inside
+        it, and the server ended its session, releasing its lease rows), say so, once."""
+        idle_ms = self.ended_idle_transaction()
+        if idle_ms is None:
+            return
+        logger.warning(
+            "%s: a transaction of this runner sat idle for %.1fs (the process was frozen or "
+            "blocked, e.g. writing to a log nobody reads) and the database ended its "
+            "session after %.1fs, releasing its lease rows to the other runners; "
+            "reconnecting and taking leases again.", name, idle_ms / 1000,
+            self.conf.LEASE_DURATION,
+            extra=events.fields(events.RUNNER_SESSION_ENDED, subscriber=name,
+                                idle_ms=idle_ms))
+
     def bound_lock_waits(self, connection: Any, cursor: Any) -> None:
         """Once per database connection (a new one after a reconnect): which server it
         reaches (``ServerChanged``); its lock waits bounded for the session,
@@ -202,7 +219,9 @@ class ServerWatch:
         with connection.cursor() as cursor:
             return store(connection).database_now_ms(cursor)
 
-    def drop_connection(self) -> None:
-        """After a database error: the next pass opens a new connection."""
+    def drop_connection(self, name: str) -> None:
+        """After a database error in the runner ``name``'s loop: the next pass opens a
+        new connection (first, ``say_why_the_session_ended``)."""
+        self.say_why_the_session_ended(name)
         with contextlib.suppress(AnyDatabaseError):
             connections[self.alias].close()

@@ -23,6 +23,7 @@ from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming import recording
 from sqlqueue.consuming.delivering import RESTAMP_AFTER_MS, Fetcher, HeldView
 from sqlqueue.consuming.discovery import PartitionFinder
+from sqlqueue.consuming.earlier_runs import EarlierRuns
 from sqlqueue.consuming.handlers import Delivery, Outcome, published_id, subject_of
 from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
@@ -58,9 +59,7 @@ class Subscriber:
         self.partitions: dict[str, PartitionState] = {}  # the partitions this one holds
         self.outstanding: dict[int, Delivery] = {}  # handed to the pool, no outcome yet
         self.stuck: list[Delivery] = []  # timed out, handler still running: in flight
-        #: ordered: partition -> (tenure, until when a delivery made under an earlier
-        #: lease may still run), read once a tenure (``_wait_for_earlier_runs``)
-        self._earlier_runs: dict[str, tuple[int | None, int]] = {}
+        self.earlier_runs = EarlierRuns(consumer.group, consumer.topic, clock)  # ordered
         self.limits = None if consumer.rate_limit is None and consumer.max_in_flight is None \
             else Limits(consumer.rate_limit, consumer.max_in_flight,
                         warm_up=conf.LEASE_RENEW_INTERVAL)
@@ -106,7 +105,7 @@ class Subscriber:
         self.reset()
         self.outstanding.clear()
         self.leases.forget()
-        self._earlier_runs.clear()
+        self.earlier_runs.forget()
     # -- partitions ---------------------------------------------------------------------
     @property
     def discovered(self) -> list[str]:
@@ -147,35 +146,11 @@ class Subscriber:
             self.watermarks.check_not_back(key, watermark)
             self.partitions[key] = PartitionState(key, watermark,
                                                   tenure=self.leases.tenure(key))
-        self._wait_for_earlier_runs(cursor, fresh)
+        if self.consumer.ordered:
+            self.earlier_runs.wait_for(cursor, self.dialect,
+                                       [self.partitions[key] for key in fresh],
+                                       self.leases.owned)
         return self._take_back(self.leases.releasing)
-
-    def _wait_for_earlier_runs(self, cursor: CursorWrapper, fresh: list[str]) -> None:
-        """Ordered: a partition held in a new tenure starts nothing while a delivery made
-        under an earlier lease is in flight and inside its visibility timeout. Its holder
-        may have lost the lease while its handler ran on (frozen, cut off from the
-        database): the run is not this process's to see, only its delivery state is. Read
-        once a tenure (for every partition gained, in one statement); a view rebuilt in
-        the same tenure (after a lost lock wait) keeps what was read then, so that this
-        subscriber's own deliveries since never count as someone else's."""
-        if not self.consumer.ordered or not fresh:
-            return
-        self._earlier_runs = {key: run for key, run in self._earlier_runs.items()
-                              if key in self.leases.owned}
-        unread = [key for key in fresh
-                  if self._earlier_runs.get(key, (None, 0))[0] != self.partitions[key].tenure]
-        if unread:
-            found = self.dialect.runs_in_flight(
-                cursor, self.group, self.topic,
-                [(key, self.partitions[key].watermark) for key in unread])
-            for key in unread:
-                self._earlier_runs[key] = (self.partitions[key].tenure, found.get(key, 0))
-                if key in found:
-                    logger.info("%s/%s: a delivery made under an earlier lease may still "
-                                "run for %.1fs; the ordered partition starts nothing before.",
-                                self.topic, key, max(0, found[key] - self.clock()) / 1000)
-        for key in fresh:
-            self.partitions[key].earlier_runs_until_ms = self._earlier_runs[key][1]
 
     def _take_back(self, partitions: set[str]) -> list[Delivery]:
         """Take back the queued (not started) deliveries of partitions being handed over,

@@ -41,7 +41,7 @@ class ChannelOff(SqlqueueError):
     keeps polling as if it had no such channel."""
 
 
-class SilentChannel(Exception):
+class SilentChannel(SqlqueueError):
     """The session heard nothing, not even a heartbeat sent ``ECHO_WAIT`` ago."""
 
 

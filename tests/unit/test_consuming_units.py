@@ -319,6 +319,7 @@ def test_no_quick_polls_while_a_wake_up_channel_hears_other_processes() -> None:
     class Channel:  # a Listener's state, without its thread
         def __init__(self) -> None:
             self.connected = threading.Event()
+            self.deaf = None  # hears (a deaf one does not count: issue 51)
 
     conf = dataclasses.replace(QueueSettings(), POLL_INTERVAL=0.1)
     runner = Runner([], conf=conf)
