@@ -7,7 +7,6 @@ import json
 import logging
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -17,6 +16,7 @@ from django.db import Error as AnyDatabaseError
 from django.db import connections, transaction
 
 from sqlqueue import events, tracing
+from sqlqueue.consuming.failure_text import described, error_text
 from sqlqueue.consuming.message import Message, Reject, Retry
 from sqlqueue.consuming.outcomes import ack
 from sqlqueue.exceptions import SqlqueueError
@@ -244,7 +244,7 @@ def handle(delivery: Delivery) -> Outcome:
             call_handler(consumer.handler, message)
             return Outcome(delivery, "ack")
     except Retry as retry:
-        return Outcome(delivery, "retry", error=_error_text(retry), delay=_delay_of(retry))
+        return Outcome(delivery, "retry", error=error_text(retry), delay=_delay_of(retry))
     except Reject as reject:
         return Outcome(delivery, "reject",
                        error=storable_text(getattr(reject, "reason", "rejected")))
@@ -253,18 +253,18 @@ def handle(delivery: Delivery) -> Outcome:
     except BaseException as exc:  # SystemExit, a custom BaseException: an outcome too
         if isinstance(exc, AnyDatabaseError):  # InterfaceError too (a dropped connection)
             _after_database_error(delivery.alias)
-        described = _described(exc)
+        description = described(exc)
         subject = subject_of(delivery)
         logger.warning(
             "Handler %s failed on %s/%s@%s (attempt %s)%s: %s", consumer.name,
             consumer.topic, delivery.partition_key, delivery.row.offset, delivery.attempt,
-            f", {subject}" if subject else "", described,
+            f", {subject}" if subject else "", description,
             extra=events.fields(events.HANDLER_FAILED, group=consumer.group,
                                 topic=consumer.topic, partition=delivery.partition_key,
                                 offset=delivery.row.offset, attempt=delivery.attempt,
-                                error=described, subject=subject),
+                                error=description, subject=subject),
         )
-        return Outcome(delivery, "fail", error=_error_text(exc), exception=exc)
+        return Outcome(delivery, "fail", error=error_text(exc), exception=exc)
 
 
 def _after_database_error(alias: str) -> None:
@@ -378,28 +378,3 @@ def _delay_of(retry: Retry) -> float | None:
     if not isinstance(delay, int | float) or isinstance(delay, bool) or not delay >= 0:
         return None
     return float(min(delay, MAX_RETRY_DELAY))
-
-
-def _error_text(exc: BaseException) -> str:
-    """The traceback to store: made safe and capped (``storable_text``, guarantee I15). An
-    exception that cannot even be formatted (a hostile ``__str__`` is handled by
-    ``traceback`` itself; a RecursionError on a deep chain is not) is named by its type."""
-    try:
-        text = "".join(traceback.format_exception(exc))
-    except Exception:
-        text = f"{_type_path(exc)}: <the exception could not be formatted>"
-    return storable_text(text)
-
-
-def _described(exc: BaseException) -> str:
-    """``repr(exc)`` for a log line, never raising (a hostile ``__repr__``), capped."""
-    try:
-        text = repr(exc)
-    except Exception:
-        text = f"<{_type_path(exc)} whose repr() failed>"
-    return storable_text(text, max_chars=1000)
-
-
-def _type_path(exc: BaseException) -> str:
-    kind = type(exc)
-    return f"{kind.__module__}.{kind.__qualname__}"
