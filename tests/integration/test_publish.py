@@ -271,9 +271,15 @@ def test_unicode_names_round_trip() -> None:
 
 
 def test_names_compare_exactly() -> None:
-    """Case and trailing spaces are significant (binary, no-pad collation)."""
-    sent = [send_message("t", 1, partition_key="k", id=i) for i in ("a", "A", "a ")]
+    """Case and accents are significant (a binary collation, where a connection's
+    ``utf8mb4_general_ci`` would take "a", "A" and "ä" for one id). A trailing space, which
+    a PAD SPACE collation would ignore, is refused before it reaches the table (issue 53,
+    W7: a look-alike of the name without it)."""
+    sent = [send_message("t", 1, partition_key="k", id=i) for i in ("a", "A", "\u00e4")]
     assert all(s.created for s in sent)
+    assert len(stored_messages()) == 3
+    with pytest.raises(InvalidMessage, match="ends with whitespace"):
+        send_message("t", 1, partition_key="k", id="a ")
     assert len(stored_messages()) == 3
 
 
