@@ -10,10 +10,12 @@ import pytest
 from django.test import Client, override_settings
 from django.urls import reverse
 
+from sqlqueue.admin.stored_schedules import StoredScheduleForm
 from sqlqueue.models import ScheduleState, StoredSchedule
 from sqlqueue.operations.schedules import run_schedule_now, schedule_overview
 from sqlqueue.operations.stored_schedules import save_stored_schedule, set_paused
 from sqlqueue.scheduling import ScheduleError
+from sqlqueue.scheduling.definitions import Schedule
 from sqlqueue.scheduling.stored import ReloadingTicker
 from tests.integration.test_admin import admin_client, staff_with
 from tests.integration.test_schedules import MINUTE, T0, Clock, ticks_of
@@ -143,3 +145,19 @@ def test_the_admin_needs_the_model_permissions() -> None:
     assert not StoredSchedule.objects.get().paused
     overview = viewer.get(reverse("admin:sqlqueue_schedulestate_changelist")).text
     assert "sqlqueue-add-schedule" not in overview
+
+
+def test_the_jitter_help_text_says_what_the_runner_does() -> None:
+    """Issue 53, F11: the form said "random delay"; the delay is derived from the schedule
+    and the tick, the same in every process (as docs/guides/schedules.md says)."""
+    help_text = str(StoredScheduleForm.base_fields["jitter"].help_text)
+    assert "random" not in help_text.lower()
+    assert "derived from the schedule and the tick" in help_text
+    assert "the same in every process" in help_text
+    # ... which is what the runner does: two processes' copies agree on every tick's delay,
+    # a delay up to the jitter that differs from tick to tick
+    here, there = (Schedule(name="beat", topic="t", every_ms=MINUTE, jitter_ms=30_000)
+                   for _ in range(2))
+    delays = [here.jitter_for(T0 + n * MINUTE) for n in range(20)]
+    assert delays == [there.jitter_for(T0 + n * MINUTE) for n in range(20)]
+    assert all(0 <= delay <= 30_000 for delay in delays) and len(set(delays)) > 1
