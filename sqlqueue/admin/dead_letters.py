@@ -57,6 +57,9 @@ def register_dead_letter_link(link: DeadLetterLink) -> None:
 #: dead letters one "replay all matching" request replays; the rest on the next click, or
 #: from the command line (manage.py queue dead-letters replay --all), which shows progress
 BULK_REPLAY_LIMIT = 5_000
+#: the list reloads its content this often (``_auto_refresh.html``), unless the operator
+#: has selected rows or is in the form (issue 53)
+REFRESH_SECONDS = 10
 
 
 @admin.register(DeadLetter)
@@ -134,6 +137,7 @@ class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedL
             **(extra_context or {}),
             "replay_matching_url": f"{url}?{query}" if query else url,
             "may_replay": self.has_replay_permission(request),
+            "refresh_seconds": REFRESH_SECONDS,
         })
 
     # -- columns ---------------------------------------------------------------------------
