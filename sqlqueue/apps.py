@@ -29,6 +29,9 @@ class SqlqueueConfig(AppConfig):
         from sqlqueue.integrations.tasks.schedules import register_task_target
 
         register_task_target()  # schedules naming a task enqueue it
+        from sqlqueue import stored_schedule_rows
+
+        stored_schedule_rows.connect()  # a re-created stored schedule starts afresh (F14)
         register_task_consumers()  # TASKS backends of ours: a consumer per queue
         if apps.is_installed("django.contrib.admin"):
             from sqlqueue.integrations.tasks import admin  # noqa: F401  (the results page)

@@ -54,9 +54,33 @@ def register_dead_letter_link(link: DeadLetterLink) -> None:
         _dead_letter_links.append(link)
 
 
+#: What a dead letter's message asks for, in its integration's words ("task
+#: app.tasks.send_invoice"), or None: not one of its own. The Tasks backend registers one
+#: reading the task's path from the envelope (issue 53, F17: the list and the page name the
+#: task, not only "tasks.default / default-5"), as its worker's ``describe_message`` does
+#: for the failure log lines.
+DeadLetterSubject = Callable[[DeadLetter], str | None]
+_dead_letter_subjects: list[DeadLetterSubject] = []
+
+
+def register_dead_letter_subject(describe: DeadLetterSubject) -> None:
+    """Name what ``describe(dead_letter)`` says on the dead letters list and pages."""
+    if describe not in _dead_letter_subjects:
+        _dead_letter_subjects.append(describe)
+
+
+def subject_of_dead_letter(dead: DeadLetter) -> str:
+    """The first registered description of ``dead``; "" when none names it."""
+    return next((subject for describe in _dead_letter_subjects
+                 if (subject := describe(dead))), "")
+
+
 #: dead letters one "replay all matching" request replays; the rest on the next click, or
 #: from the command line (manage.py queue dead-letters replay --all), which shows progress
 BULK_REPLAY_LIMIT = 5_000
+#: the list reloads its content this often (``_auto_refresh.html``), unless the operator
+#: has selected rows or is in the form (issue 53)
+REFRESH_SECONDS = 10
 
 
 @admin.register(DeadLetter)
@@ -82,7 +106,8 @@ class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedL
     ordering = ((F("offset") + 0).desc(),)
     paginator = OffsetsFirstPaginator
     actions = ("replay", "discard")
-    fields = ("offset", "consumer_group", "original_topic", "partition_key", "message_id",
+    fields = ("offset", "consumer_group", "original_topic", "partition_key", "subject",
+              "message_id",
               "failure_count", "failed", "task_result", "traceback", "payload_json",
               "metadata_json")
     readonly_fields = fields
@@ -134,6 +159,7 @@ class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedL
             **(extra_context or {}),
             "replay_matching_url": f"{url}?{query}" if query else url,
             "may_replay": self.has_replay_permission(request),
+            "refresh_seconds": REFRESH_SECONDS,
         })
 
     # -- columns ---------------------------------------------------------------------------
@@ -144,8 +170,16 @@ class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedL
 
     @admin.display(description="group / topic / partition", ordering="consumer_group")
     def where(self, obj: DeadLetter) -> SafeString:
-        return format_html("<strong>{}</strong><br>{} / {}", obj.consumer_group,
-                           obj.original_topic, obj.partition_key)
+        where = format_html("<strong>{}</strong><br>{} / {}", obj.consumer_group,
+                            obj.original_topic, obj.partition_key)
+        subject = subject_of_dead_letter(obj)
+        if not subject:
+            return where
+        return format_html('{}<br><span class="sqlqueue-subject">{}</span>', where, subject)
+
+    @admin.display(description="asks for")
+    def subject(self, obj: DeadLetter) -> str:
+        return subject_of_dead_letter(obj) or "-"
 
     @admin.display(description="attempts", ordering="failure_count")
     def failures(self, obj: DeadLetter) -> int:

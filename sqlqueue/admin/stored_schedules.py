@@ -32,6 +32,10 @@ from sqlqueue.operations.stored_schedules import (
 PLAIN = ("every", "cron", "timezone", "topic", "partition_key", "priority", "task",
          "jitter", "catch_up")
 JSON = ("payload", "args", "kwargs")
+#: what the runner does with ``jitter`` (Schedule.jitter_for): not random, so that every
+#: process publishes a tick at the same moment (issue 53, F11; docs/guides/schedules.md)
+JITTER_HELP = ("Seconds, at most: each tick is published up to this much later, by an "
+               "amount derived from the schedule and the tick (the same in every process).")
 
 
 class StoredScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -49,7 +53,7 @@ class StoredScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
                              "(one of the project's registered tasks) ...")
     args = forms.CharField(required=False, help_text="... with these JSON args (a list) ...")
     kwargs = forms.CharField(required=False, help_text="... and kwargs (an object).")
-    jitter = forms.FloatField(required=False, help_text="Seconds of random delay, at most.")
+    jitter = forms.FloatField(required=False, help_text=JITTER_HELP)
     catch_up = forms.IntegerField(required=False, help_text="Missed ticks published "
                                   "after an outage (1 if empty).")
 

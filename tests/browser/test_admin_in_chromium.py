@@ -190,7 +190,18 @@ def test_operator_walkthrough(live_server: Any, browser: Chrome, screenshots: Pa
     assert "ValueError: cannot parse the order total" in admin.text()
     admin.shot("05-dead-letter-detail")
     admin.open("/admin/sqlqueue/deadletter/")
+    # It refreshes itself (issue 53): untouched, the rows are swapped for fresh ones, on
+    # which selecting still works; once a row is selected, it refreshes no more.
+    browser.execute_script("document.getElementById('result_list').dataset.served = 'yes'")
+    browser.execute_async_script("const done = arguments[arguments.length - 1];"
+                                 "window.sqlqueueRefresh().then(() => done());")
+    assert browser.execute_script(
+        "return document.getElementById('result_list').dataset.served") is None
+    assert "updated" in browser.find_element(By.ID, "sqlqueue-page-updated").text
     browser.find_elements(By.CSS_SELECTOR, "input.action-select")[0].click()
+    assert browser.find_element(By.CSS_SELECTOR, ".action-counter").text.startswith("1 of")
+    assert browser.execute_script(
+        "document.activeElement.blur(); return window.sqlqueueRefresh() === undefined")
     Select(browser.find_element(By.NAME, "action")).select_by_value("replay")
     admin.follow(browser.find_element(By.CSS_SELECTOR, 'button[name="index"]'))
     assert admin.success() == "Replayed 1 dead letter(s)."

@@ -128,3 +128,44 @@ def test_the_schedules_page_pauses_and_tells_a_collected_message(
     admin.follow(resume)
     assert not StoredSchedule.objects.get().paused
     admin.driver.execute_script("localStorage.removeItem('theme')")
+
+
+#: left and right edges of the content column, the table, the "Add a schedule" button and
+#: the last of the page's buttons, and how wide the page scrolls
+EDGES = """
+const box = (e) => { const r = e.getBoundingClientRect(); return [r.left, r.right]; };
+const tools = document.querySelectorAll('.sqlqueue-schedules .object-tools li');
+return {main: box(document.getElementById('content-main')),
+        table: box(document.querySelector('.sqlqueue-schedules table')),
+        add: box(document.getElementById('sqlqueue-add-schedule')),
+        last: box(tools[tools.length - 1]),
+        scroll: document.documentElement.scrollWidth, width: window.innerWidth};
+"""
+
+
+def test_the_schedules_table_and_buttons_keep_to_the_content_column(
+        live_server: Any, browser: Chrome, screenshots: Path) -> None:
+    """Trial F9: at 1366 px, long words (a message id, a time zone, a task path) pushed the
+    table past the content column; "Add a schedule" was at the right on 5.2, at the left
+    on 6.1. Now: within the column, and at the right, on both."""
+    save_stored_schedule("nightly-report-for-all-customers", {
+        "topic": "reports", "cron": "0 3 * * 1-5",
+        "timezone": "America/Argentina/Buenos_Aires"})
+    save_stored_schedule("beat", {"topic": "beats", "every": 60})
+    for name in ("nightly-report-for-all-customers", "beat"):
+        run_schedule_now(name)
+    create_operator()
+    admin = Admin(browser, live_server.url, screenshots)
+    admin.log_in()
+    browser.set_window_size(1366, 900)
+    try:
+        admin.open(SCHEDULES)
+        edges = browser.execute_script(EDGES)
+        admin.shot(f"53-schedules-1366-{django_version_tag()}")
+    finally:
+        browser.set_window_size(1400, 1000)
+    (left, right) = edges["main"]
+    assert edges["table"][1] <= right + 1, edges
+    assert edges["scroll"] <= edges["width"], edges  # no sideways scroll
+    assert abs(edges["last"][1] - right) <= 1, edges  # the buttons end at the right edge
+    assert edges["add"][0] > (left + right) / 2, edges  # ... "Add a schedule" with them

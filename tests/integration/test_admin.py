@@ -92,6 +92,21 @@ def test_dead_letter_page_and_replay(admin_client: Client, register: Any) -> Non
     assert QueueMessage.objects.filter(topic="t", consumer_group="g").count() == 1
 
 
+def test_the_dead_letters_list_refreshes_itself_but_not_under_the_operator(
+        admin_client: Client, register: Any) -> None:
+    """Issue 53: the list reloads its content every 10 s as the Subscribers and Consumer
+    lag pages do, skipping while rows are selected or a field is changed or focused."""
+    dead_letters(register)
+    page = admin_client.get(reverse(DEAD)).text
+    assert "Refreshed every 10 seconds" in page and 'id="sqlqueue-page-updated"' in page
+    main = page.index('id="content-main"')
+    script = page.index("window.sqlqueueRefresh")
+    assert page.index('id="result_list"') > main and script > page.index("</form>", main)
+    refresh = page[page.index("function refresh()", main):script]
+    assert "touched(box)" in refresh and "box.contains(document.activeElement)" in refresh
+    assert "window.Actions(rows)" in refresh  # selecting works on the new rows
+
+
 def test_discard_asks_first(admin_client: Client, register: Any) -> None:
     first, _ = dead_letters(register)
     ask = admin_client.post(reverse(DEAD), {"action": "discard",

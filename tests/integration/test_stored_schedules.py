@@ -4,16 +4,19 @@ by every runner (ReloadingTicker), each tick once."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 from django.test import Client, override_settings
 from django.urls import reverse
 
+from sqlqueue.admin.stored_schedules import StoredScheduleForm
 from sqlqueue.models import ScheduleState, StoredSchedule
 from sqlqueue.operations.schedules import run_schedule_now, schedule_overview
 from sqlqueue.operations.stored_schedules import save_stored_schedule, set_paused
 from sqlqueue.scheduling import ScheduleError
+from sqlqueue.scheduling.definitions import Schedule
 from sqlqueue.scheduling.stored import ReloadingTicker
 from tests.integration.test_admin import admin_client, staff_with
 from tests.integration.test_schedules import MINUTE, T0, Clock, ticks_of
@@ -143,3 +146,71 @@ def test_the_admin_needs_the_model_permissions() -> None:
     assert not StoredSchedule.objects.get().paused
     overview = viewer.get(reverse("admin:sqlqueue_schedulestate_changelist")).text
     assert "sqlqueue-add-schedule" not in overview
+
+
+def test_the_jitter_help_text_says_what_the_runner_does() -> None:
+    """Issue 53, F11: the form said "random delay"; the delay is derived from the schedule
+    and the tick, the same in every process (as docs/guides/schedules.md says)."""
+    help_text = str(StoredScheduleForm.base_fields["jitter"].help_text)
+    assert "random" not in help_text.lower()
+    assert "derived from the schedule and the tick" in help_text
+    assert "the same in every process" in help_text
+    # ... which is what the runner does: two processes' copies agree on every tick's delay,
+    # a delay up to the jitter that differs from tick to tick
+    here, there = (Schedule(name="beat", topic="t", every_ms=MINUTE, jitter_ms=30_000)
+                   for _ in range(2))
+    delays = [here.jitter_for(T0 + n * MINUTE) for n in range(20)]
+    assert delays == [there.jitter_for(T0 + n * MINUTE) for n in range(20)]
+    assert all(0 <= delay <= 30_000 for delay in delays) and len(set(delays)) > 1
+
+
+@pytest.mark.parametrize("delete", ["orm_row", "orm_queryset", "admin_action"])
+def test_a_stored_schedule_created_again_starts_afresh(
+        delete: str, admin_client: Client, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 53, F14: deleted, its ``queue_schedules`` row went on living, and the same
+    name created again later went on from it ("1 missed tick(s) skipped"), whereas a
+    schedule seen for the first time starts from that moment."""
+    clock = Clock(T0 + 1)
+    runner = ReloadingTicker([], clock, reload_ms=RELOAD)
+    save_stored_schedule("beat", {"topic": "beats", "every": 60})
+    runner.run_due()  # seen: its row starts now
+    clock.now = T0 + MINUTE
+    assert [p.ticks for p in runner.run_due()] == [[T0 + MINUTE]]
+    assert ScheduleState.objects.filter(name="beat").exists()
+    if delete == "orm_row":
+        StoredSchedule.objects.get(name="beat").delete()
+    elif delete == "orm_queryset":
+        StoredSchedule.objects.filter(name="beat").delete()
+    else:
+        changelist = reverse("admin:sqlqueue_storedschedule_changelist")
+        done = admin_client.post(changelist, {"action": "delete_selected", "post": "yes",
+                                              "_selected_action": ["beat"]})
+        assert done.status_code == 302 and not StoredSchedule.objects.exists()
+    assert not ScheduleState.objects.filter(name="beat").exists()
+    clock.now = T0 + 5 * MINUTE + 1  # the runner reloads: nothing of "beat" any more
+    assert runner.run_due() == []
+    save_stored_schedule("beat", {"topic": "beats", "every": 60})
+    clock.now += RELOAD
+    caplog.set_level(logging.INFO, logger="sqlqueue.schedules")
+    assert runner.run_due() == []  # starts from now: 2 to 5 minutes were never its ticks
+    clock.now = T0 + 6 * MINUTE
+    assert [(p.ticks, p.skipped) for p in runner.run_due()] == [([T0 + 6 * MINUTE], 0)]
+    assert "missed tick" not in caplog.text
+    assert [m["tick"] for m in ticks_of("beat")] == [
+        Schedule(name="beat", every_ms=MINUTE).tick_label(tick)
+        for tick in (T0 + MINUTE, T0 + 6 * MINUTE)]
+
+
+def test_a_runner_that_wrote_the_row_back_does_not_leak_it_into_the_new_schedule() -> None:
+    """Deleted while a runner has it loaded (up to one reload): the runner may write the
+    row back at its next tick; creating the schedule again clears it once more."""
+    clock = Clock(T0 + 1)
+    runner = ReloadingTicker([], clock, reload_ms=10 * MINUTE)
+    save_stored_schedule("beat", {"topic": "beats", "every": 60})
+    runner.run_due()
+    StoredSchedule.objects.filter(name="beat").delete()
+    clock.now = T0 + MINUTE  # not reloaded yet: its claim finds no row, it writes one back
+    assert runner.run_due() == []
+    assert ScheduleState.objects.filter(name="beat").exists()
+    save_stored_schedule("beat", {"topic": "beats", "every": 60})
+    assert not ScheduleState.objects.filter(name="beat").exists()

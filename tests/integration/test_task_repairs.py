@@ -169,3 +169,18 @@ def test_the_list_actions_retry_and_discard_after_confirmation() -> None:
     assert set(TaskRecord.objects.values_list("status", flat=True)) == {
         Status.READY, Status.SUCCESSFUL}
     assert not DeadLetter.objects.exists()
+
+
+def test_the_dead_letters_list_and_page_name_the_task() -> None:
+    """Issue 53, F17: a Tasks backend's dead letter said only "tasks.default /
+    default-5"; the list and its page name the task, from the envelope (so even once its
+    result row is gone)."""
+    failed_order_task()
+    dead = DeadLetter.objects.get()
+    client = operator()
+    named = "task tests.testapp.tasks.needs_order"
+    listing = client.get(reverse("admin:sqlqueue_deadletter_changelist")).text
+    assert f'<span class="sqlqueue-subject">{named}</span>' in listing
+    TaskRecord.objects.all().delete()  # pruned: the envelope still names it
+    page = client.get(reverse("admin:sqlqueue_deadletter_change", args=[dead.offset])).text
+    assert "Asks for" in page and named in page

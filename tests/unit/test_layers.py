@@ -27,6 +27,10 @@ FORBIDDEN = {
     # imports it).
     "sqlqueue.stats_models": ("sqlqueue.publishing", "sqlqueue.consuming",
                               "sqlqueue.scheduling", OPERATIONS, INTEGRATIONS, *FACES),
+    # A stored schedule's row of ticks goes with it (signals connected by sqlqueue.apps).
+    "sqlqueue.stored_schedule_rows": ("sqlqueue.publishing", "sqlqueue.consuming",
+                                      "sqlqueue.scheduling", OPERATIONS, INTEGRATIONS,
+                                      *FACES),
     "sqlqueue.publishing": ("sqlqueue.consuming", "sqlqueue.scheduling", OPERATIONS,
                             INTEGRATIONS, *FACES),
     "sqlqueue.consuming": ("sqlqueue.publishing", "sqlqueue.scheduling", OPERATIONS,

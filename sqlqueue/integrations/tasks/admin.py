@@ -24,10 +24,11 @@ from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from sqlqueue.admin.dead_letters import register_dead_letter_link
+from sqlqueue.admin.dead_letters import register_dead_letter_link, register_dead_letter_subject
 from sqlqueue.admin.messages import ReadOnlyAdmin
 from sqlqueue.admin.operator_pages import WithoutSchemaHelp
 from sqlqueue.admin.pages import admin_url, confirmation_page
+from sqlqueue.integrations.tasks.envelope import BadEnvelope, open_envelope
 from sqlqueue.integrations.tasks.models import TaskRecord
 from sqlqueue.integrations.tasks.repairs import (
     NotRetryable,
@@ -39,6 +40,7 @@ from sqlqueue.integrations.tasks.repairs import (
     retry_tasks,
     task_of_dead_letter,
 )
+from sqlqueue.integrations.tasks.schedules import TaskTarget
 from sqlqueue.models import DeadLetter
 from sqlqueue.templatetags.sqlqueue_admin import last_line
 
@@ -284,5 +286,18 @@ def task_result_link(dead: DeadLetter, admin_site: str) -> SafeString | None:
                        record.task_path, record.get_status_display())
 
 
+def task_of_message(dead: DeadLetter) -> str | None:
+    """A dead letter of a Tasks backend's topic: "task <its dotted path>", from the
+    envelope (no result row needed: pruned, it still names the task), as the worker's
+    ``describe_message`` names it in the failure log lines (issue 53, F17)."""
+    if not TaskTarget().owns_topic(dead.original_topic):
+        return None
+    try:  # the stored payload: UTF-8 JSON bytes (a memoryview on PostgreSQL)
+        return f"task {open_envelope(json.loads(bytes(dead.payload))).task_path}"
+    except (BadEnvelope, ValueError, TypeError):  # not JSON, or not a task's envelope
+        return None
+
+
 admin.site.register(TaskRecord, TaskRecordAdmin)
 register_dead_letter_link(task_result_link)
+register_dead_letter_subject(task_of_message)
