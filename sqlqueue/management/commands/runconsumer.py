@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -189,9 +190,15 @@ class Command(BaseCommand):
         return super().execute(*args, **options)
 
     def _checks_when_reachable(self) -> None:
+        self._when_reachable(self.check)
+
+    @staticmethod
+    def _when_reachable(step: Callable[[], None]) -> None:
+        """Run ``step``, which asks the database, again until the database answers (a
+        server restarting or starting is waited for, not a traceback and exit 1)."""
         for attempt in itertools.count():
             try:
-                self.check()
+                step()
                 return
             except DatabaseError as exc:
                 delay = RECONNECT_BACKOFF[min(attempt, len(RECONNECT_BACKOFF) - 1)]
@@ -227,7 +234,9 @@ class Command(BaseCommand):
             )
             # One runner per name: the name is how leases, heartbeats and stop requests
             # tell runners apart.
-            refuse_a_live_namesake(runner.name, using=runner.alias)
+            # (It asks the database: one not reachable yet is waited for.)
+            self._when_reachable(
+                lambda: refuse_a_live_namesake(runner.name, using=runner.alias))
             runner.pacer.add_timer(OffsetCounterWatch(runner.alias, runner.clock.now_ms))
             runner.pacer.add_timer(RunnerControl.of(runner))  # the admin's stop requests
             rollup = MinuteRollup.of(runner)  # the admin's live overview
