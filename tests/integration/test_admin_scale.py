@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -29,7 +28,9 @@ from django.test.utils import CaptureQueriesContext
 from sqlqueue import send_message
 from sqlqueue.models import DeadLetter, PartitionOffset, QueueMessage
 from sqlqueue.operations.log_browse import COUNT_CAP
+from tests.integration.test_admin import admin_client
 
+__all__ = ["admin_client"]  # a fixture of test_admin
 A = "/admin/sqlqueue"
 BIG = 300_000
 DEAD = 30_000
@@ -40,14 +41,6 @@ EARLY = 500
 #: over the dead letters stored among the newest rows); never the 300,000 of the backlog.
 #: Before issue 52 each of these pages read the whole table at least twice (660,000).
 ROW_BUDGET = 3 * COUNT_CAP + 2 * DEAD
-
-
-@pytest.fixture
-def admin_client() -> Client:
-    user = User.objects.create_superuser("boss", "boss@example.com", "pw")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def page_urls(newest: int, dead: int, middle: int, topic: str, dead_topic: str) -> list[str]:
