@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from django.db import connections
 
 from sqlqueue.conf import DURATION_BUCKETS, get_settings
-from sqlqueue.stats_models import DURATION_COLUMNS, OUTCOMES
+from sqlqueue.models.stats import DURATION_COLUMNS, OUTCOMES
 from sqlqueue.storage import store
 
 MINUTE_MS = 60_000
