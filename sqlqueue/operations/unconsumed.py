@@ -17,12 +17,11 @@ from dataclasses import dataclass
 
 from sqlqueue.conf import get_settings
 from sqlqueue.models import QueueMessage
+from sqlqueue.operations import COUNT_CAP
 from sqlqueue.operations.lag import known_subscriptions
 
 #: topics looked at, at most (a page or a command stays fast whatever is stored)
 MAX_TOPICS = 1_000
-#: messages counted per topic, at most (reported as "at least")
-COUNT_CAP = 10_000
 
 
 @dataclass(frozen=True)

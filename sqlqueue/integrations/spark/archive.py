@@ -64,11 +64,10 @@ from sqlqueue.integrations.spark.archive_layout import (
 from sqlqueue.integrations.spark.arrow import record_batch
 from sqlqueue.integrations.spark.connect import Connection, Database
 from sqlqueue.integrations.spark.horizon import database_now_ms, settled_before_ms
-from sqlqueue.integrations.spark.tables import TABLES, Column
+from sqlqueue.integrations.spark.tables import MESSAGE_COLUMNS, TABLES, Column
 
 ARCHIVE_GROUP = "sqlqueue:archive"
 READ_CHUNK = 10_000
-MESSAGE_COLUMNS = TABLES["messages"].columns
 STATE_COLUMNS = TABLES["delivery_state"].columns
 MESSAGE_NAMES = [c.name for c in MESSAGE_COLUMNS]
 CREATED_AT = MESSAGE_NAMES.index("created_at")

@@ -25,6 +25,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from sqlqueue.admin.dead_letters import register_dead_letter_link, register_dead_letter_subject
+from sqlqueue.admin.display import MAX_SHOWN_CHARS
 from sqlqueue.admin.messages import ReadOnlyAdmin
 from sqlqueue.admin.operator_pages import WithoutSchemaHelp
 from sqlqueue.admin.pages import admin_url, confirmation_page
@@ -43,8 +44,6 @@ from sqlqueue.integrations.tasks.repairs import (
 from sqlqueue.integrations.tasks.schedules import TaskTarget
 from sqlqueue.models import DeadLetter
 from sqlqueue.templatetags.sqlqueue_admin import last_line
-
-MAX_SHOWN_CHARS = 20_000
 
 
 def _pre(text: str) -> SafeString:
