@@ -46,8 +46,8 @@ KEEP_MS = 70 * MINUTE_MS
 #: the outcomes not counted (as in ``sqlqueue.metrics.ProcessMetrics``)
 UNCOUNTED = "not_started"
 
-#: (group, topic, minute) -> column -> amount
-Pending = dict[tuple[str, str, int], dict[str, float]]
+#: counts of the minute rows not yet written: (group, topic, minute) -> column -> amount
+UnwrittenCounts = dict[tuple[str, str, int], dict[str, float]]
 
 
 _DURATION_COLUMNS = tuple(f"duration_{i:02d}" for i in range(len(DURATION_BUCKETS) + 1))
@@ -73,15 +73,15 @@ class ThreadCounts:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.rows: Pending = {}
+        self.rows: UnwrittenCounts = {}
 
-    def take(self) -> Pending:
+    def take(self) -> UnwrittenCounts:
         with self.lock:
             rows, self.rows = self.rows, {}
         return rows
 
 
-def _row(rows: Pending, key: tuple[str, str, int]) -> dict[str, float]:
+def _row(rows: UnwrittenCounts, key: tuple[str, str, int]) -> dict[str, float]:
     row = rows.get(key)
     if row is None:
         row = rows[key] = dict(_EMPTY_ROW)
@@ -105,7 +105,7 @@ class MinuteRollup(Instruments):
         self._local = threading.local()
         self._threads: list[ThreadCounts] = []  # every counting thread's
         self._threads_lock = threading.Lock()
-        self._pending: Pending = {}  # summed up, not yet written (main thread only)
+        self._pending: UnwrittenCounts = {}  # summed up, not yet written (main thread only)
         self._max_attempts: dict[tuple[str, str], int] = {}
         # (the minute's start in database ms, the monotonic second it ends): a handler
         # thread asks the clock once a minute, not at every run
@@ -227,7 +227,7 @@ class MinuteRollup(Instruments):
             return False
         return True
 
-    def _keep(self, taken: Pending) -> None:
+    def _keep(self, taken: UnwrittenCounts) -> None:
         for key, columns in taken.items():
             row = self._pending.setdefault(key, dict(_EMPTY_ROW))
             for column, amount in columns.items():
