@@ -1,4 +1,5 @@
-"""Topics that have messages and no consumer group (SPEC §10 "The first hour").
+"""Topics that have messages and no consumer group (docs/guides/operator-commands.md,
+``queue status``).
 
 Nobody consumes such a topic yet: its messages are kept (garbage collection only
 collects what the known groups finished) and a group added later starts where its
