@@ -88,9 +88,10 @@ class IdempotencyKey(models.Model):
     ``IDEMPOTENCY_WINDOW`` after its first publish, so that publishing it again into the
     same (topic, partition_key) is absorbed also after its message was garbage-collected.
 
-    Compact on purpose (docs/reference/schema.md, "Idempotency keys"): the key is a
-    128-bit BLAKE2b digest of (topic, partition_key, id) in two BIGINTs, not the three
-    strings; ids sqlqueue generates itself (UUID4) are never stored here.
+    Compact on purpose (docs/reference/schema.md, "The idempotency keys table
+    (queue_idempotency_keys)"): the key is a 128-bit BLAKE2b digest of (topic,
+    partition_key, id) in two BIGINTs, not the three strings; ids sqlqueue generates
+    itself (UUID4) are never stored here.
     """
 
     pk = models.CompositePrimaryKey("key_high", "key_low")
