@@ -11,8 +11,8 @@ were published (their ``created_at``: the log has no index to count publishes by
 and runners do not publish); ``dead_lettered``, runs that end in a dead letter (a reject,
 or a failure or retry at the last attempt).
 
-Rows older than ``KEEP_MS`` go with garbage collection (``prune_minute_stats``, a pruner
-``sqlqueue.apps`` registers).
+Rows older than ``KEEP_MS`` go with garbage collection (``collect_minute_stats``, an extra
+collection ``sqlqueue.apps`` registers).
 """
 
 from __future__ import annotations
@@ -234,8 +234,8 @@ class MinuteRollup(Instruments):
                 row[column] += amount
 
 
-def prune_minute_stats(database: str, batch: int) -> tuple[int, bool]:
-    """A garbage-collection pruner (``register_pruner``): the rows older than
+def collect_minute_stats(database: str, batch: int) -> tuple[int, bool]:
+    """An extra collection of garbage collection (``register_collection``): the rows older than
     ``KEEP_MS``. ``batch`` is not needed: a pass finds a minute's rows at most."""
     with connections[database].cursor() as cursor:
         return store(database).delete_minute_stats(cursor, KEEP_MS), False

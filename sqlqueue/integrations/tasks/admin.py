@@ -287,7 +287,7 @@ def task_result_link(dead: DeadLetter, admin_site: str) -> SafeString | None:
 
 def task_of_message(dead: DeadLetter) -> str | None:
     """A dead letter of a Tasks backend's topic: "task <its dotted path>", from the
-    envelope (no result row needed: pruned, it still names the task), as the worker's
+    envelope (no result row needed: collected, it still names the task), as the worker's
     ``describe_message`` names it in the failure log lines (issue 53, F17)."""
     if not TaskTarget().owns_topic(dead.original_topic):
         return None
