@@ -139,7 +139,7 @@ def _checks_inline(topic: str, payload: Any, partition_key: str) -> int:
 
     from sqlqueue import tracing, wakeups
     from sqlqueue.conf import get_settings
-    from sqlqueue.publishing.api import _check_fits
+    from sqlqueue.publishing.inserts import check_fits
     from sqlqueue.publishing.messages import _PAYLOAD_ENCODER, new_message_id, now_ms
     from sqlqueue.storage import store
     from sqlqueue.storage.sql import MessageRow
@@ -162,7 +162,7 @@ def _checks_inline(topic: str, payload: Any, partition_key: str) -> int:
     connection = connections[conf.alias_for(topic)]
     dialect: Any = store(connection)
     dialect.check_connection()
-    _check_fits(dialect, row)
+    check_fits(dialect, row)
     connection.close_if_health_check_failed()
     if (connection.queries_logged or connection.connection is not dialect._kept_for
             or dialect._kept_by != get_ident()):

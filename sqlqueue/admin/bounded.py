@@ -22,7 +22,8 @@ from django.http import HttpRequest
 from django.utils.functional import cached_property
 
 from sqlqueue.admin.display import EpochMsDateRangeFilter
-from sqlqueue.operations.log_browse import COUNT_CAP, created_offset_range
+from sqlqueue.operations import COUNT_CAP
+from sqlqueue.operations.log_browse import created_offset_range
 from sqlqueue.operations.unconsumed import stored_topics
 
 

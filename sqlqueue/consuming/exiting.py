@@ -1,5 +1,5 @@
 """A graceful exit's last watermark moves: over every row the process acked, as far as
-the write horizon lets them go (SPEC §10 "Exit with positions"). ``Runner`` owns one
+the write horizon lets them go (docs/reference/guarantees.md, below the table). ``Runner`` owns one
 ``ExitSettler``; runs on the runner's main thread at its shutdown.
 """
 

@@ -9,8 +9,9 @@ Topics nobody consumes, dead-letter topics among them, are never collected. With
 ``KEEP_DELIVERY_STATE`` the groups' delivery state of collected rows goes with them.
 
 The same passes delete the idempotency keys whose ``IDEMPOTENCY_WINDOW`` has passed (a
-key outlives its message, not the window), and run the pruners integrations register with
-``register_pruner`` (the Tasks backend's expired results): this layer imports none of them.
+key outlives its message, not the window), and run the extra collections integrations
+register with ``register_collection`` (the Tasks backend's expired results, the live
+overview's old minutes): this layer imports none of them.
 """
 
 from __future__ import annotations
@@ -41,14 +42,14 @@ GC_SWEEP_WINDOW = 10_000
 GC_SWEEP_PARTITIONS = 400
 
 #: (database alias, batch size) -> (rows deleted, whether more may be left)
-Pruner = Callable[[str, int], tuple[int, bool]]
-_pruners: list[Pruner] = []
+ExtraCollection = Callable[[str, int], tuple[int, bool]]
+_extra_collections: list[ExtraCollection] = []
 
 
-def register_pruner(pruner: Pruner) -> None:
-    """Have every garbage-collection pass also run ``pruner`` (once per pruner)."""
-    if pruner not in _pruners:
-        _pruners.append(pruner)
+def register_collection(collection: ExtraCollection) -> None:
+    """Have every garbage-collection pass also run ``collection`` (once each)."""
+    if collection not in _extra_collections:
+        _extra_collections.append(collection)
 
 
 class GarbageCollector:
@@ -82,9 +83,9 @@ class GarbageCollector:
             deleted += removed
             self._next_pass[topic] = now + (0.0 if more else GC_INTERVAL)
         self.deleted += deleted
-        return deleted + self._prune_results(now, force) + self._prune_keys(cursor, now, force)
+        return deleted + self._collect_extras(now, force) + self._collect_keys(cursor, now, force)
 
-    def _prune_keys(self, cursor: Any, now: float, force: bool) -> int:
+    def _collect_keys(self, cursor: Any, now: float, force: bool) -> int:
         if not force and now < self._next_keys_pass:
             return 0
         dialect = store(self.alias)
@@ -93,12 +94,12 @@ class GarbageCollector:
         self.keys_deleted += removed
         return removed
 
-    def _prune_results(self, now: float, force: bool) -> int:
+    def _collect_extras(self, now: float, force: bool) -> int:
         if not force and now < self._next_results_pass:
             return 0
         removed, more = 0, False
-        for pruner in _pruners:
-            deleted, left = pruner(self.alias, GC_BATCH)
+        for collection in _extra_collections:
+            deleted, left = collection(self.alias, GC_BATCH)
             removed, more = removed + deleted, more or left
         self._next_results_pass = now + (0.0 if more else GC_INTERVAL)
         self.results_deleted += removed

@@ -1,4 +1,5 @@
-"""Flow limits of one consumer: ``rate_limit`` and ``max_in_flight`` (SPEC §9). No I/O here.
+"""Limits of one consumer: ``rate_limit`` and ``max_in_flight`` (docs/guides/consuming.md,
+"Limits: protecting a slow downstream"). No I/O here.
 
 Both limits hold for the whole consumer group, across its ``runconsumer`` processes,
 without any extra coordination: each process takes its share and stays within it.

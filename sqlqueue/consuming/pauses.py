@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-#: Seconds between two reads of the pauses by a running subscriber. SPEC §9 asks that
-#: nothing new starts within 2 s of a pause; one read a second leaves a second for the
-#: handler threads to see it.
+#: Seconds between two reads of the pauses by a running subscriber. Nothing new starts
+#: within 2 s of a pause ("within about a second": docs/guides/operations.md, "Pause and
+#: resume"); one read a second leaves a second for the handler threads to see it.
 PAUSE_CHECK_INTERVAL = 1.0
 
 Pause = tuple[str, str]  # (group, topic); "" matches any

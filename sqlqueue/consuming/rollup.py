@@ -11,8 +11,8 @@ were published (their ``created_at``: the log has no index to count publishes by
 and runners do not publish); ``dead_lettered``, runs that end in a dead letter (a reject,
 or a failure or retry at the last attempt).
 
-Rows older than ``KEEP_MS`` go with garbage collection (``prune_minute_stats``, a pruner
-``sqlqueue.apps`` registers).
+Rows older than ``KEEP_MS`` go with garbage collection (``collect_minute_stats``, an extra
+collection ``sqlqueue.apps`` registers).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ KEEP_MS = 70 * MINUTE_MS
 #: the outcomes not counted (as in ``sqlqueue.metrics.ProcessMetrics``)
 UNCOUNTED = "not_started"
 
-#: (group, topic, minute) -> column -> amount
-Pending = dict[tuple[str, str, int], dict[str, float]]
+#: counts of the minute rows not yet written: (group, topic, minute) -> column -> amount
+UnwrittenCounts = dict[tuple[str, str, int], dict[str, float]]
 
 
 _DURATION_COLUMNS = tuple(f"duration_{i:02d}" for i in range(len(DURATION_BUCKETS) + 1))
@@ -73,15 +73,15 @@ class ThreadCounts:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.rows: Pending = {}
+        self.rows: UnwrittenCounts = {}
 
-    def take(self) -> Pending:
+    def take(self) -> UnwrittenCounts:
         with self.lock:
             rows, self.rows = self.rows, {}
         return rows
 
 
-def _row(rows: Pending, key: tuple[str, str, int]) -> dict[str, float]:
+def _row(rows: UnwrittenCounts, key: tuple[str, str, int]) -> dict[str, float]:
     row = rows.get(key)
     if row is None:
         row = rows[key] = dict(_EMPTY_ROW)
@@ -105,7 +105,7 @@ class MinuteRollup(Instruments):
         self._local = threading.local()
         self._threads: list[ThreadCounts] = []  # every counting thread's
         self._threads_lock = threading.Lock()
-        self._pending: Pending = {}  # summed up, not yet written (main thread only)
+        self._pending: UnwrittenCounts = {}  # summed up, not yet written (main thread only)
         self._max_attempts: dict[tuple[str, str], int] = {}
         # (the minute's start in database ms, the monotonic second it ends): a handler
         # thread asks the clock once a minute, not at every run
@@ -227,15 +227,15 @@ class MinuteRollup(Instruments):
             return False
         return True
 
-    def _keep(self, taken: Pending) -> None:
+    def _keep(self, taken: UnwrittenCounts) -> None:
         for key, columns in taken.items():
             row = self._pending.setdefault(key, dict(_EMPTY_ROW))
             for column, amount in columns.items():
                 row[column] += amount
 
 
-def prune_minute_stats(database: str, batch: int) -> tuple[int, bool]:
-    """A garbage-collection pruner (``register_pruner``): the rows older than
+def collect_minute_stats(database: str, batch: int) -> tuple[int, bool]:
+    """An extra collection of garbage collection (``register_collection``): the rows older than
     ``KEEP_MS``. ``batch`` is not needed: a pass finds a minute's rows at most."""
     with connections[database].cursor() as cursor:
         return store(database).delete_minute_stats(cursor, KEEP_MS), False

@@ -1,4 +1,5 @@
-"""Flow control: pause and resume consumer groups (SPEC §9).
+"""Pauses: pause and resume consumer groups (docs/guides/operations.md, "Pause and resume";
+the module keeps the name ``flow`` its documented import path has).
 
 A pause is a row of ``queue_flow_control`` naming a group and a topic, or every group of
 a topic (``group=None``), or every topic of a group (``topic=None``). Every running

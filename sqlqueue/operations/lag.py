@@ -37,6 +37,7 @@ from django.db import connections
 
 from sqlqueue.conf import get_settings
 from sqlqueue.models import PartitionOffset
+from sqlqueue.operations import COUNT_CAP
 from sqlqueue.operations.flow import PauseRow, is_paused, pauses
 from sqlqueue.operations.lag_reads import (
     TopicRead,
@@ -50,7 +51,6 @@ from sqlqueue.operations.lag_reads import (
 )
 
 # Re-exported: the shapes are imported from here by callers and tests.
-from sqlqueue.operations.lag_shapes import COUNT_CAP as COUNT_CAP
 from sqlqueue.operations.lag_shapes import GroupLag as GroupLag
 from sqlqueue.operations.lag_shapes import PartitionLag as PartitionLag
 from sqlqueue.storage import store

@@ -29,8 +29,6 @@ from sqlqueue.operations.lag import known_subscriptions
 from sqlqueue.operations.unconsumed import stored_topics
 from sqlqueue.storage import store
 
-#: rows a list page counts at most; more is shown as "more than COUNT_CAP"
-COUNT_CAP = 10_000
 #: matches one search returns at most (the newest of each topic first)
 SEARCH_CAP = 1_000
 #: partitions of one topic a search by message id looks in at most

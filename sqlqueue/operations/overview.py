@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from django.db import connections
 
 from sqlqueue.conf import DURATION_BUCKETS, get_settings
-from sqlqueue.stats_models import DURATION_COLUMNS, OUTCOMES
+from sqlqueue.consuming.rollup import MINUTE_MS
+from sqlqueue.models.stats import DURATION_COLUMNS, OUTCOMES
 from sqlqueue.storage import store
 
-MINUTE_MS = 60_000
 #: minutes the page shows, the current one last
 WINDOW_MINUTES = 60
 COLUMNS = ("published", "dead_lettered", *OUTCOMES, "duration_sum", *DURATION_COLUMNS)

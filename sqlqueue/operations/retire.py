@@ -1,5 +1,6 @@
-"""Retiring a consumer group (SPEC §9): delete its offsets, delivery state, leases,
-heartbeats, dead letters and pauses, so that garbage collection no longer waits for it.
+"""Retiring a consumer group (docs/guides/operations.md, "Retiring a group"): delete its
+offsets, delivery state, leases, heartbeats, dead letters and pauses, so that garbage
+collection no longer waits for it.
 
 A group that left the code base still has its ``queue_offsets`` rows, which keep it
 *known* to garbage collection (guarantee I8): it shows STOP for ever and holds every message of

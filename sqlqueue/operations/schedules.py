@@ -1,6 +1,7 @@
 """Schedules for operators: what is configured, when each ticks next, what it published
-last and how each consumer group fared with it; publishing a tick now (SPEC §9
-"Schedules"; the admin's Schedules page and ``manage.py queue schedules``)."""
+last and how each consumer group fared with it; publishing a tick now (the admin's
+Schedules page and ``manage.py queue schedules``; docs/guides/schedules.md, "Seeing and
+running schedules")."""
 
 from __future__ import annotations
 

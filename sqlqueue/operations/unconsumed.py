@@ -1,4 +1,5 @@
-"""Topics that have messages and no consumer group (SPEC §10 "The first hour").
+"""Topics that have messages and no consumer group (docs/guides/operator-commands.md,
+``queue status``).
 
 Nobody consumes such a topic yet: its messages are kept (garbage collection only
 collects what the known groups finished) and a group added later starts where its
@@ -17,12 +18,11 @@ from dataclasses import dataclass
 
 from sqlqueue.conf import get_settings
 from sqlqueue.models import QueueMessage
+from sqlqueue.operations import COUNT_CAP
 from sqlqueue.operations.lag import known_subscriptions
 
 #: topics looked at, at most (a page or a command stays fast whatever is stored)
 MAX_TOPICS = 1_000
-#: messages counted per topic, at most (reported as "at least")
-COUNT_CAP = 10_000
 
 
 @dataclass(frozen=True)

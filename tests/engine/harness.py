@@ -30,7 +30,7 @@ from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming import gc
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.runner import Runner
-from sqlqueue.integrations.tasks.retention import prune_results
+from sqlqueue.integrations.tasks.retention import collect_results
 from sqlqueue.testing.inline import InlinePool
 from tests.engine.memory.base import register, unregister
 from tests.engine.memory.tables import MemoryDatabase, Tables
@@ -138,9 +138,9 @@ def memory_queue(seed: int = 0) -> Iterator[MemoryQueue]:
     connections.settings.update({alias: configured[alias] for alias in ALIASES})
     clock_time = ClockTime(queue.clock)
     replaced: list[tuple[ModuleType, Any]] = []
-    pruners = list(gc._pruners)
+    registered = list(gc._extra_collections)
     # Task results are ORM rows: not in the in-memory database (nothing writes them).
-    gc._pruners[:] = [p for p in gc._pruners if p is not prune_results]
+    gc._extra_collections[:] = [p for p in gc._extra_collections if p is not collect_results]
     try:
         for name in TIMED_MODULES:
             module = sys.modules.get(name) or __import__(name, fromlist=["time"])
@@ -150,7 +150,7 @@ def memory_queue(seed: int = 0) -> Iterator[MemoryQueue]:
     finally:
         for module, original in replaced:
             module.time = original  # type: ignore[attr-defined]
-        gc._pruners[:] = pruners
+        gc._extra_collections[:] = registered
         random.setstate(randomness)
         for alias in ALIASES:
             if alias in connections:  # opened in this thread

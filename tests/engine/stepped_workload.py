@@ -124,7 +124,7 @@ class SteppedWorkload:
                 ran("fail", self.now)
                 raise RuntimeError(f"{message.id} fails attempt {message.attempt}")
             if group == "h-atomic":
-                # Its own write, committed with the ack or not at all (SPEC I13).
+                # Its own write, committed with the ack or not at all (guarantee I13).
                 send_message(TOPIC + ".out", message.id, partition_key=message.partition_key,
                              using=slot.alias)
                 finished = self.now

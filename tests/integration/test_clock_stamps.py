@@ -146,7 +146,7 @@ def test_covered_at_is_read_after_the_head(register: Any, runner_for: Callable[.
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # The late-commit window may close once every transaction open at ``covered_at_ms``
     # has ended: a time from before the head was read would let it close over a
-    # publisher that was still open when the head passed its offset (SPEC I4).
+    # publisher that was still open when the head passed its offset (guarantee I4).
     handled: list[int] = []
     register("t", "g", lambda message: handled.append(message.offset))
     runner = runner_for("g")

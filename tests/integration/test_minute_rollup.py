@@ -19,7 +19,7 @@ from sqlqueue.conf import DURATION_BUCKETS
 from sqlqueue.consuming import handoff
 from sqlqueue.consuming.gc import GarbageCollector
 from sqlqueue.consuming.registry import select_consumers
-from sqlqueue.consuming.rollup import KEEP_MS, MinuteRollup, prune_minute_stats
+from sqlqueue.consuming.rollup import KEEP_MS, MinuteRollup, collect_minute_stats
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.metrics import ProcessMetrics
 from sqlqueue.operations.overview import activity, histogram_quantile
@@ -139,7 +139,7 @@ def test_garbage_collection_deletes_the_rows_older_than_it_keeps() -> None:
         collector.collect(cursor, force=True)
         rows = store(connection).read_minute_stats(cursor, 0, ("ack",))
     assert [(r[2], int(r[3])) for r in rows] == [(minute, 1)]
-    assert prune_minute_stats("default", 1000) == (0, False)  # nothing left to delete
+    assert collect_minute_stats("default", 1000) == (0, False)  # nothing left to delete
 
 
 def test_the_timer_writes_every_ten_seconds_what_every_thread_counted(

@@ -1,4 +1,4 @@
-"""SPEC I15, no poison outcome: nothing a handler raises or returns, and nothing another
+"""guarantee I15, no poison outcome: nothing a handler raises or returns, and nothing another
 program wrote into the table, stops a runner or a partition. Error texts are stored made
 safe (NUL and lone surrogates replaced, capped); after max_attempts the message is a dead
 letter with its real error, and the partition's next message is handled at once (no

@@ -888,13 +888,13 @@ def test_created_at_defaults_to_the_database_clock(mysql_only: None) -> None:
 
 
 def test_statements_are_cut_by_their_escaped_size() -> None:
-    from sqlqueue.publishing.api import _chunks
+    from sqlqueue.publishing.inserts import message_chunks
 
     dialect = dialect_for(connection)
     quotes = row("k", "q")._replace(payload=b'"' + b"'" * 900_000 + b'"')
     rows = [quotes._replace(id=f"q{n}") for n in range(12)]
     limit = dialect.max_statement_bytes()
-    for chunk in _chunks(rows, dialect):
+    for chunk in message_chunks(rows, dialect):
         assert sum(dialect.literal_bytes(r.payload, r.metadata) + 1024 for r in chunk) <= limit
     if connection.vendor == "mysql":  # inlined literals: each quote is sent escaped
         assert dialect.literal_bytes(quotes.payload, None) == 2 * len(quotes.payload)

@@ -600,7 +600,7 @@ def test_system_check_statements(executor: Executor) -> None:
 
 
 def test_server_identity(executor: Executor) -> None:
-    """Which server answers: what an atomic handler compares before its ack (SPEC I16)."""
+    """Which server answers: what an atomic handler compares before its ack (guarantee I16)."""
     (identity,) = executor.rows(executor.sql.server_identity())[0]
     expected = {"sqlite": "", "mysql": " server_id ", "postgresql": " started "}
     assert expected[connection.vendor] in str(identity)

@@ -1,4 +1,4 @@
-"""The write horizon against a real server, with real second connections (SPEC I4).
+"""The write horizon against a real server, with real second connections (guarantee I4).
 
 PostgreSQL lists every open transaction exactly (pg_stat_activity): its tests check that
 the reader's own and another connection's open writers bound the horizon with no margin,

@@ -96,7 +96,7 @@ def test_the_stream_holds_back_behind_an_open_publishing_transaction(
         spark: Any, db_url: str, streams: Any, tmp_path: Path, mysql_only: None) -> None:
     """A transaction inserts a message and stays open: its offset is allocated, its row
     invisible. A message committed after it must not be streamed before it, or the
-    stream's checkpoint would move past the late one and lose it (SPEC I4)."""
+    stream's checkpoint would move past the late one and lose it (guarantee I4)."""
     publish("live", "before")
     sink = Collector()
     query = start(streams, spark, db_url, sink, tmp_path / "cp", topic="live")

@@ -1,5 +1,5 @@
 """The write horizon rule (sqlqueue.horizon) and how the consumer engine applies it: which
-rows are settled, from a snapshot of the open transactions that may be stale (SPEC I4)."""
+rows are settled, from a snapshot of the open transactions that may be stale (guarantee I4)."""
 
 from __future__ import annotations
 

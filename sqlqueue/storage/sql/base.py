@@ -124,7 +124,7 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
         """``notify_heartbeat``: a notification the listeners hear at once that wakes no
         topic (``sqlqueue.wakeups.listener``). No statement where the database cannot."""
 
-    # -- idempotency keys (SPEC §9 "Idempotency window") -------------------------------
+    # -- idempotency keys (docs/reference/api.md, "The idempotency window") ------------
     def select_idempotency_keys(
         self, cursor: CursorWrapper, digests: Sequence[IdempotencyDigest], *, lock: bool
     ) -> dict[IdempotencyDigest, int]:

@@ -79,7 +79,7 @@ class MemoryStore(MembershipStatements, Dialect):
         return self.database.next_offset
 
     def delete_minute_stats(self, cursor: Any, keep_ms: int) -> int:
-        return 0  # the live overview's rows are not modelled: none to prune
+        return 0  # the live overview's rows are not modelled: none to collect
 
     # -- publishing ------------------------------------------------------------------------------
     def insert_messages(self, cursor: Any, rows: Sequence[MessageRow], *,
