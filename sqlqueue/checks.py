@@ -18,8 +18,8 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from sqlqueue import storage
 from sqlqueue.conf import QueueSettings, validate
-from sqlqueue.storage import store
 from sqlqueue.storage.sql import SUPPORTED_VENDORS
 from sqlqueue.storage.sql.postgresql import reaches_server_directly
 from sqlqueue.storage.statements import MySQLStatements, PostgreSQLStatements
@@ -191,15 +191,15 @@ def _check_mysql(connection: BaseDatabaseWrapper, conf: QueueSettings) -> list[C
             id="sqlqueue.E102",
         ))
     with connection.cursor() as cursor:
-        dialect = store(connection)
-        sql = dialect.sql
+        store = storage.store(connection)
+        sql = store.sql
         assert isinstance(sql, MySQLStatements)
         cursor.execute(*sql.server_settings())
         charset, max_packet = cursor.fetchone()
         isolation = _isolation_level(cursor, sql)
         cursor.execute(*sql.table_collations(ALL_TABLES))  # each migration converts its own
         collations = dict(cursor.fetchall())
-        galera = dialect.is_galera(cursor)
+        galera = store.is_galera(cursor)
     if galera:
         messages.append(Warning(
             f"Database {conf.DATABASE!r} is a Galera cluster node: a node's "
@@ -293,9 +293,9 @@ def _check_postgresql(connection: BaseDatabaseWrapper,
             f"PostgreSQL {_version_text(MIN_POSTGRESQL)} or newer is required.",
             id="sqlqueue.E102",
         ))
-    dialect = store(connection)
+    store = storage.store(connection)
     with connection.cursor() as cursor:
-        sql = dialect.sql
+        sql = store.sql
         assert isinstance(sql, PostgreSQLStatements)
         cursor.execute(*sql.server_settings())
         encoding, server_isolation = cursor.fetchone()

@@ -15,7 +15,7 @@ from django.test import override_settings
 from sqlqueue import ConfigurationError, send_message
 from sqlqueue.checks import PACKET_MARGIN, check_database, check_settings
 from sqlqueue.migrations._collation import binary_collation
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 
 pytestmark = pytest.mark.django_db
 
@@ -141,7 +141,7 @@ def test_postgresql_isolation_above_read_committed_is_an_error(
 def test_postgresql_role_blind_to_other_sessions_warns(
     postgresql: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    statements_class = type(dialect_for(connection).sql)
+    statements_class = type(store_for(connection).sql)
     monkeypatch.setattr(statements_class, "horizon_privileges",
                         lambda self: ("SELECT false", []))
     assert ids(check_database(databases=["default"])) == ["sqlqueue.W105"]

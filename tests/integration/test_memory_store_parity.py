@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from django.db import IntegrityError, connection, connections
 
-from sqlqueue.storage import store
+from sqlqueue import storage
 from sqlqueue.storage.sql import MessageRow
-from sqlqueue.storage.sql.base import Dialect
+from sqlqueue.storage.sql.base import Store
 from sqlqueue.storage.statements.delivery import OutcomeWrite
 from tests.engine.harness import ALIASES, memory_queue
 
@@ -25,8 +25,8 @@ G, T, LONG = "g", "t", 60_000
 class Side:
     """One database's run of the script: its store, and the offsets its messages got."""
 
-    def __init__(self, dialect: Dialect, cursor: Any) -> None:
-        self.d, self.c = dialect, cursor
+    def __init__(self, store: Store, cursor: Any) -> None:
+        self.d, self.c = store, cursor
         self.offsets: dict[str, int] = {}
 
     def o(self, message_id: str) -> int:
@@ -171,7 +171,8 @@ def test_the_memory_store_answers_as_the_database_does() -> None:
     with memory_queue() as queue:
         memory = connections[ALIASES[0]]
         with connection.cursor() as cursor, memory.cursor() as memory_cursor:
-            real, fake = Side(store(connection), cursor), Side(store(memory), memory_cursor)
+            real = Side(storage.store(connection), cursor)
+            fake = Side(storage.store(memory), memory_cursor)
             for name, step in SCRIPT:
                 queue.clock.ms = real.d.database_now_ms(cursor)
                 assert step(fake) == step(real), name

@@ -163,14 +163,14 @@ class Archiver:
         collection keeps the topic's messages until a later run exports them."""
         from django.db import connections, transaction
 
-        from sqlqueue.storage import store
+        from sqlqueue import storage
 
         connection = connections[self.alias]
-        dialect = store(connection)
+        store = storage.store(connection)
         with transaction.atomic(using=self.alias), connection.cursor() as cursor:
-            _, watermarks = dialect.topic_watermarks(cursor, topic)
+            _, watermarks = store.topic_watermarks(cursor, topic)
             for partition in watermarks:
-                dialect.ensure_watermark(cursor, self.group, topic, partition)
+                store.ensure_watermark(cursor, self.group, topic, partition)
 
     def _archive_topic(self, db: Connection, topic: str, groups: set[str],
                        before: int | None) -> None:
@@ -200,11 +200,11 @@ class Archiver:
                 before: int | None) -> Iterator[_Piece]:
         from django.db import connections
 
-        from sqlqueue.storage import store
+        from sqlqueue import storage
 
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            _, watermarks = store(connection).topic_watermarks(cursor, topic)
+            _, watermarks = storage.store(connection).topic_watermarks(cursor, topic)
         for partition in sorted(watermarks):
             marks = watermarks[partition]
             finished = min(marks.get(group, 0) for group in groups)
@@ -306,7 +306,7 @@ class Archiver:
         """Move the batch's files into place, then record the positions it reached."""
         from django.db import connections, transaction
 
-        from sqlqueue.storage import store
+        from sqlqueue import storage
 
         for staged, final in journal["files"]:
             source, target = self.directory / staged, self.directory / final
@@ -314,11 +314,11 @@ class Archiver:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(source, target)
         connection = connections[self.alias]
-        dialect = store(connection)
+        store = storage.store(connection)
         with transaction.atomic(using=self.alias), connection.cursor() as cursor:
             for topic, partition, reaches in journal["watermarks"]:
-                dialect.ensure_watermark(cursor, self.group, topic, partition)
-                dialect.advance_watermarks(cursor, self.group, topic,
+                store.ensure_watermark(cursor, self.group, topic, partition)
+                store.advance_watermarks(cursor, self.group, topic,
                                            [(partition, int(reaches), None)])
         state = self._state()
         if state.get("last_batch") != journal["batch"]:

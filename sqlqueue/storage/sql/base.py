@@ -53,13 +53,13 @@ class ConsumingAccess(DeliveryAccess, LeaseAccess):
     """The subscriber's statements."""
 
 
-#: a vendor's error for a missing sqlqueue table (``Dialect.is_missing_queue_table``)
+#: a vendor's error for a missing sqlqueue table (``Store.is_missing_queue_table``)
 MISSING_QUEUE_TABLE = re.compile(
     r"""(?:table|relation) ['"`]?(?:\w+\.)?queue_\w+['"`]? (?:doesn't|does not) exist"""
     r"|no such table: (?:\w+\.)?queue_\w+", re.IGNORECASE)
 
 
-class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAccess):
+class Store(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAccess):
     """Named statements for one database vendor, bound to one connection."""
 
     vendor = ""
@@ -291,7 +291,6 @@ __all__ = [
     "STATE_TABLE",
     "ConsumingAccess",
     "DeliveryAccess",
-    "Dialect",
     "FetchedRow",
     "IdempotencyDigest",
     "LeaseAccess",
@@ -300,5 +299,6 @@ __all__ = [
     "OperatingAccess",
     "OutcomeWrite",
     "PendingSummary",
+    "Store",
     "VendorHooks",
 ]

@@ -24,7 +24,7 @@ FETCH_PARTITIONS_PER_STATEMENT = 64
 
 
 class DeliveryAccess(VendorHooks):
-    """Mixin for ``Dialect``: the subscriber's reads and writes of messages and state."""
+    """Mixin for ``Store``: the subscriber's reads and writes of messages and state."""
 
     # fetch_messages ---------------------------------------------------------------------
     def fetch_messages(

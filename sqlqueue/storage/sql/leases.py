@@ -20,7 +20,7 @@ def _lease_rows(rows: Sequence[Sequence[Any]]) -> list[LeaseRow]:
 
 
 class LeaseAccess(VendorHooks):
-    """Mixin for ``Dialect``: leases, heartbeats and pauses."""
+    """Mixin for ``Store``: leases, heartbeats and pauses."""
 
     # leases -------------------------------------------------------------------------------
     def acquire_leases(

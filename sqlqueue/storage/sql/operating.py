@@ -34,7 +34,7 @@ class PendingSummary:
 
 
 class OperatingAccess(VendorHooks):
-    """Mixin for ``Dialect``: the operator's reads."""
+    """Mixin for ``Store``: the operator's reads."""
 
     def partition_heads(self, cursor: CursorWrapper, topic: str) -> dict[str, int]:
         """``partition_heads`` (sqlqueue.storage.statements.vendors): partition -> newest

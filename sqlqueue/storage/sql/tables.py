@@ -1,5 +1,5 @@
 """The rows the statements read and write, and the hooks every statement mixin relies
-on (``Dialect`` and the vendor modules fill them in). The tables are named once, in
+on (``Store`` and the vendor modules fill them in). The tables are named once, in
 ``sqlqueue.storage.statements.tables``."""
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ def _text(value: Any) -> str | None:
 
 
 class VendorHooks:
-    """What the statement mixins need from ``Dialect`` and its vendor subclasses."""
+    """What the statement mixins need from ``Store`` and its vendor subclasses."""
 
     quote: Any
     #: the vendor's shared statements (sqlqueue.storage.statements)
     sql: Statements
     now_ms_sql: str
     #: which server a statement ran on (``Vendor.server_identity_sql``; a class
-    #: attribute of the dialect, so that a test can pretend another server answered)
+    #: attribute of the store, so that a test can pretend another server answered)
     server_identity_sql = "''"
     locking_read_suffix: str
 

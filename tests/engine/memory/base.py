@@ -61,7 +61,7 @@ class DatabaseWrapper(BaseDatabaseWrapper):
         return MEMORY_DATABASES[self.settings_dict["NAME"]]
 
     def sqlqueue_store(self) -> Any:
-        """The queue's named statements for this connection (``dialect_for``'s hook)."""
+        """The queue's named statements for this connection (``store_for``'s hook)."""
         from tests.engine.memory.store import MemoryStore
 
         return MemoryStore(self)

@@ -1,6 +1,6 @@
 """``MemoryStore``: the queue's named statements on a ``MemoryDatabase``, with the
 semantics of the SQL in ``sqlqueue.storage.statements`` (delivery, watermarks,
-publishing; membership in ``membership``). A ``Dialect``, so that whatever the engine
+publishing; membership in ``membership``). A ``Store``, so that whatever the engine
 calls and this class lacks reaches the cursor, which runs no SQL and names the statement.
 
 Time is the database's: ``now_ms`` of the ``MemoryDatabase``, the clock the harness
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError
 
 from sqlqueue.horizon import WriteHorizon
-from sqlqueue.storage.sql.base import Dialect
+from sqlqueue.storage.sql.base import Store
 from sqlqueue.storage.sql.tables import FetchedRow, IdempotencyDigest, MessageKey, MessageRow
 from sqlqueue.storage.statements.delivery import OutcomeWrite
 from sqlqueue.storage.statements.vendors import Statement
@@ -37,7 +37,7 @@ class DuplicateMessage(IntegrityError):
     """idx_topic_partition_id: the (topic, partition_key, id) is stored already."""
 
 
-class MemoryStore(MembershipStatements, Dialect):
+class MemoryStore(MembershipStatements, Store):
     vendor = "memory"
 
     def __init__(self, connection: DatabaseWrapper) -> None:  # no SQL statements to build
