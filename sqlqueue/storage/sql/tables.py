@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
-from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.statements import Statements
 from sqlqueue.storage.statements.delivery import OutcomeWrite as OutcomeWrite
 from sqlqueue.storage.statements.publishing import IdempotencyDigest as IdempotencyDigest
@@ -48,6 +48,8 @@ def _text(value: Any) -> str | None:
 class VendorHooks:
     """What the statement mixins need from ``Store`` and its vendor subclasses."""
 
+    #: the Django connection the store runs its statements on
+    connection: BaseDatabaseWrapper
     quote: Any
     #: the vendor's shared statements (sqlqueue.storage.statements)
     sql: Statements
@@ -72,8 +74,3 @@ class VendorHooks:
         """The vendor's upsert (``sqlqueue.storage.statements.vendors.Vendor``)."""
         return self.sql.upsert_clause(key, assignments, table)
 
-    def write_horizon(self, cursor: CursorWrapper) -> WriteHorizon | None:
-        """``write_horizon``: what the database shows of open transactions, for
-        ``sqlqueue.horizon.settled_before`` (None: no transaction can commit out of offset
-        order on this database). Read inside a started transaction."""
-        raise NotImplementedError

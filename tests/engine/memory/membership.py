@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlqueue.storage.sql.leases import LeaseRow as ListedLease
+from sqlqueue.storage.sql.membership import LeaseRow as ListedLease
 from tests.engine.memory.tables import HeartbeatRow, LeaseRow, Tables
 
 #: the server record's key in the leases table (statements.failover.SERVER_RECORD_KEY)
