@@ -68,6 +68,10 @@ class VendorHooks:
         """The offset the INSERT just run (with ``returning_offset_sql``) allocated."""
         return int(cursor.lastrowid)
 
+    def partition_heads(self, cursor: CursorWrapper, topic: str) -> dict[str, int]:
+        """``partition_heads`` (``sql/vendors.py``): partition -> newest offset."""
+        raise NotImplementedError
+
     def upsert_clause(
         self, key: Sequence[str], assignments: dict[str, str], table: str = ""
     ) -> str:

@@ -33,8 +33,7 @@ class WatermarkAccess(VendorHooks):
         cursor.execute(*self.sql.group_watermarks(group, topic))
         if cursor.fetchone() is not None:
             return 0
-        cursor.execute(*self.sql.partition_heads(topic))
-        heads = {row[0]: int(row[1]) for row in cursor.fetchall() if row[0] is not None}
+        heads = self.partition_heads(cursor, topic)
         for partition, head in sorted(heads.items()):
             cursor.execute(*self.sql.ensure_watermarks(group, topic, [partition], head))
         return len(heads)
