@@ -18,7 +18,7 @@ from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.partition import Entry, PartitionState
 from sqlqueue.consuming.registry import Consumer, ConsumerOptions
-from sqlqueue.storage.sql import Store
+from sqlqueue.storage.protocols import DeliveryStore
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -116,7 +116,7 @@ class Fetcher:
         return self.consumer.topic
 
     @property
-    def store(self) -> Store:
+    def store(self) -> DeliveryStore:
         return storage.store(self.alias)
 
     def poll(

@@ -22,7 +22,7 @@ from django.db import DatabaseError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events
-from sqlqueue.storage.sql import Store
+from sqlqueue.storage.protocols import LeaseStore
 
 logger = logging.getLogger("sqlqueue.leases")
 # What a subscriber stops working on is the consumer's news (its log since 0.1).
@@ -163,7 +163,7 @@ class LeaseKeeper:
         seen, self._membership_head = self._membership_head, head()
         return self._membership_head > seen
 
-    def check_membership(self, cursor: CursorWrapper, store: Store,
+    def check_membership(self, cursor: CursorWrapper, store: LeaseStore,
                          discovered: Iterable[str]) -> None:
         """Between ticks: has a subscriber joined or left, or does nobody hold some
         partition (released by a member that stopped, or expired)? Then tick now, so that
@@ -182,7 +182,7 @@ class LeaseKeeper:
             self.notice_free()
 
     # -- the periodic tick ----------------------------------------------------------------
-    def tick(self, cursor: CursorWrapper, store: Store, discovered: Iterable[str],
+    def tick(self, cursor: CursorWrapper, store: LeaseStore, discovered: Iterable[str],
              idle: set[str], may_release: Callable[[], bool] = lambda: True,
              ) -> tuple[set[str], set[str]]:
         """Heartbeat, renew, rebalance. ``idle``: owned partitions with nothing in flight,
@@ -249,7 +249,7 @@ class LeaseKeeper:
                                             lost=len(lost), released=len(released)))
         return gained, lost | released
 
-    def _unless_locked(self, store: Store, what: str, statement: Callable[[], object]) -> bool:
+    def _unless_locked(self, store: LeaseStore, what: str, statement: Callable[[], object]) -> bool:
         """Run ``statement``; if it gave up waiting for a lock (the wait is bounded, see
         ``Store.bound_lock_waits``), log it and go on: the next tick tries again."""
         try:
@@ -285,7 +285,7 @@ class LeaseKeeper:
         self.others = others
         self.releasing &= set(owned)
 
-    def _shed(self, cursor: CursorWrapper, store: Store, idle: set[str]) -> set[str]:
+    def _shed(self, cursor: CursorWrapper, store: LeaseStore, idle: set[str]) -> set[str]:
         """Give up partitions beyond the fair share: the highest keys first (the same
         choice every time), each once nothing of it is in flight."""
         excess = len(self.owned) - self.share
@@ -329,7 +329,7 @@ class LeaseKeeper:
         self.members = []
         self.hurry()
 
-    def release_all(self, cursor: CursorWrapper, store: Store) -> None:
+    def release_all(self, cursor: CursorWrapper, store: LeaseStore) -> None:
         """Graceful stop: hand every partition over and say goodbye."""
         store.release_leases(cursor, self.group, self.topic, sorted(self.owned), self.name)
         store.deregister(cursor, self.group, self.topic, self.name)

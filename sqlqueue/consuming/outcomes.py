@@ -21,7 +21,7 @@ from django.db.backends.utils import CursorWrapper
 from sqlqueue import storage
 from sqlqueue.conf import MAX_NAME_BYTES
 from sqlqueue.naming import storable_text
-from sqlqueue.storage.sql import Store
+from sqlqueue.storage.protocols import DeliveryStore
 from sqlqueue.storage.sql.base import OutcomeWrite
 
 
@@ -43,7 +43,7 @@ class RetryAt:
     error: str
 
 
-def write_acks(cursor: CursorWrapper, store: Store, group: str, topic: str,
+def write_acks(cursor: CursorWrapper, store: DeliveryStore, group: str, topic: str,
                acks: Iterable[Ack], retries: Iterable[RetryAt] = ()) -> None:
     """Ack ``acks`` for ``group`` (an acked row stays acked), and schedule ``retries``
     with them: one statement, none at all for nothing. Error texts are stored made safe
@@ -66,7 +66,7 @@ def ack(alias: str, group: str, topic: str, partition_key: str, offset: int) -> 
         write_acks(cursor, storage.store(connection), group, topic, [Ack(partition_key, offset)])
 
 
-def give_back(cursor: CursorWrapper, store: Store, group: str, topic: str,
+def give_back(cursor: CursorWrapper, store: DeliveryStore, group: str, topic: str,
               partition_key: str, offset: int, previous_retry_count: int | None) -> None:
     """Undo the delivery of a message no handler started: no attempt charged (its retry
     count back to ``previous_retry_count``; None: never delivered), visible again now."""
@@ -82,7 +82,7 @@ def dead_letter_id(original_id: str, group: str) -> str:
     return "sha256:" + hashlib.sha256(f"{original_id}\x00{group}".encode()).hexdigest()
 
 
-def copy_to_dead_letters(cursor: CursorWrapper, store: Store, *, dead_letter_topic: str,
+def copy_to_dead_letters(cursor: CursorWrapper, store: DeliveryStore, *, dead_letter_topic: str,
                          group: str, message_id: str, offset: int, attempts: int,
                          error: str, reason: str) -> None:
     """Copy a message into its dead-letter topic for ``group`` (the caller acks it, with

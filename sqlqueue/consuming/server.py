@@ -19,6 +19,7 @@ from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.takeover import record_first_server, void_old_server
 from sqlqueue.exceptions import SqlqueueError
+from sqlqueue.storage.protocols import ServerStore
 
 #: seconds between attempts after a lost connection, capped at 2 s: a failover (Patroni
 #: promotes a replica in about 10 s) is noticed within 2 s of the new primary accepting
@@ -86,7 +87,7 @@ class ServerWatch:
         #: ``note_error`` found the session ended after this long idle (ms)
         self.idle_ended_ms: int | None = None
 
-    def head(self, store: Any, cursor: Any) -> int:
+    def head(self, store: ServerStore, cursor: Any) -> int:
         """The log's head; the same statement says which server answered."""
         head, server = store.head_and_server(cursor)
         self.check(server)

@@ -31,7 +31,7 @@ from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, give_back, wr
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.watermarks import WatermarkKeeper
-from sqlqueue.storage.sql import Store
+from sqlqueue.storage.protocols import EngineStore
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -79,7 +79,7 @@ class Subscriber:
                                           keep_delivery_state=conf.KEEP_DELIVERY_STATE)
 
     @property
-    def store(self) -> Store:
+    def store(self) -> EngineStore:
         return storage.store(self.alias)
 
     @property

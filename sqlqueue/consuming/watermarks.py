@@ -13,7 +13,7 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events, storage
 from sqlqueue.consuming.partition import PartitionState
-from sqlqueue.storage.sql import Store
+from sqlqueue.storage.protocols import WatermarkStore
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -53,7 +53,7 @@ class WatermarkKeeper:
         self._seen_watermarks: dict[str, int] = {}
 
     @property
-    def store(self) -> Store:
+    def store(self) -> WatermarkStore:
         return storage.store(self.alias)
 
     def advance(

@@ -15,7 +15,7 @@ from django.db.models import Count, Q
 
 from sqlqueue.models import DeliveryState, PartitionLease, PartitionOffset
 from sqlqueue.operations.lag_shapes import PartitionLag
-from sqlqueue.storage.sql import Store
+from sqlqueue.storage.protocols import OperatorStore
 
 LAST_ERRORS_READ = 1_000
 
@@ -129,7 +129,7 @@ def read_leases(alias: str, topic: str, groups: list[str], now: int
     return result
 
 
-def pending_messages(cursor: Any, store: Store, read: TopicRead, group: str,
+def pending_messages(cursor: Any, store: OperatorStore, read: TopicRead, group: str,
                      states: dict[str, StateCounts], count: bool) -> dict[str, Pending]:
     """Partition -> its pending messages, for the partitions where the group has one."""
     lagging = read.lagging(group)
@@ -149,7 +149,7 @@ def pending_messages(cursor: Any, store: Store, read: TopicRead, group: str,
     return result
 
 
-def first_messages_above(cursor: Any, store: Store, read: TopicRead,
+def first_messages_above(cursor: Any, store: OperatorStore, read: TopicRead,
                          groups: list[str]) -> dict[tuple[str, int], tuple[int, int, str]]:
     """The first message stored above each lagging (partition, watermark) of ``groups``,
     and when it is due (by primary key). Where the group's runconsumer left a hint of it
@@ -179,7 +179,7 @@ def first_messages_above(cursor: Any, store: Store, read: TopicRead,
             if first in dues}  # else: nothing stored above that watermark now
 
 
-def first_pending_only(cursor: Any, store: Store, read: TopicRead, group: str,
+def first_pending_only(cursor: Any, store: OperatorStore, read: TopicRead, group: str,
                        lagging: dict[str, int], states: dict[str, StateCounts]
                        ) -> dict[str, Pending]:
     """Too many partitions lag to count them all: each one's first message above the

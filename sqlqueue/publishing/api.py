@@ -32,6 +32,7 @@ from sqlqueue.publishing.messages import (
 )
 from sqlqueue.publishing.wakeups import announce, notification_to_send
 from sqlqueue.storage.chunks import statement_chunks
+from sqlqueue.storage.protocols import PublishStore
 from sqlqueue.storage.retry import retry_victims
 from sqlqueue.storage.sql import MessageRow, Store
 
@@ -143,7 +144,7 @@ def send_message(
     return _retry_alone(connection, lambda: _store_one(connection, store, topic, row, conf))
 
 
-def _store_one(connection: BaseDatabaseWrapper, store: Store, topic: str,
+def _store_one(connection: BaseDatabaseWrapper, store: PublishStore, topic: str,
                row: MessageRow, conf: QueueSettings) -> SentMessage:
     """``send_message`` of a validated ``row``."""
     if row.fresh_id or conf.IDEMPOTENCY_WINDOW <= 0:
@@ -181,7 +182,7 @@ def _together(connection: BaseDatabaseWrapper) -> Any:
 
 
 def _insert_one(
-    connection: BaseDatabaseWrapper, store: Store, topic: str, row: MessageRow,
+    connection: BaseDatabaseWrapper, store: PublishStore, topic: str, row: MessageRow,
     wake: str | None = None, prepared: bool = False,
 ) -> SentMessage:
     """Store one message; an id still stored in its partition is a dedup hit. ``wake``
@@ -289,7 +290,7 @@ def _prepare_item(
 
 
 def _store_chunk(
-    connection: BaseDatabaseWrapper, store: Store, topic: str, chunk: Sequence[MessageRow]
+    connection: BaseDatabaseWrapper, store: PublishStore, topic: str, chunk: Sequence[MessageRow]
 ) -> tuple[dict[tuple[str, str], int], set[tuple[str, str]]]:
     """Insert the rows of ``chunk`` not yet stored; return every row's offset, and the new ones."""
     # Ids that sqlqueue just generated (UUID4) cannot be stored yet: no lookup for them.
@@ -318,7 +319,7 @@ def _store_chunk(
 
 
 def _store_remembered_chunk(
-    connection: BaseDatabaseWrapper, store: Store, topic: str, chunk: Sequence[MessageRow],
+    connection: BaseDatabaseWrapper, store: PublishStore, topic: str, chunk: Sequence[MessageRow],
     window_ms: int,
 ) -> tuple[dict[tuple[str, str], int], set[tuple[str, str]]]:
     """``_store_chunk`` for a chunk with ids of the caller's: those published within the
@@ -342,7 +343,7 @@ def _store_remembered_chunk(
     return {**absorbed, **offsets}, created
 
 
-def _check_fits(store: Store, row: MessageRow, where: str = "") -> None:
+def _check_fits(store: PublishStore, row: MessageRow, where: str = "") -> None:
     """Refuse, before anything is sent, a message whose statement the server would not
     take (MySQL's ``max_allowed_packet``: the connection would be dropped mid-send with
     "server has gone away"). Payload and metadata each count as escaped."""
@@ -361,7 +362,7 @@ def _check_fits(store: Store, row: MessageRow, where: str = "") -> None:
             "less.")
 
 
-def _chunks(rows: Sequence[MessageRow], store: Store) -> Iterable[Sequence[MessageRow]]:
+def _chunks(rows: Sequence[MessageRow], store: PublishStore) -> Iterable[Sequence[MessageRow]]:
     """Split ``rows`` so each statement stays under the row, parameter and byte limits."""
     max_params = store.max_query_params()
     max_rows = max(1, min(store.max_rows_per_insert, max_params // 10))

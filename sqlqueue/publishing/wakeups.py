@@ -24,7 +24,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from sqlqueue import wakeups
 from sqlqueue.conf import QueueSettings
-from sqlqueue.storage.sql import Store
+from sqlqueue.storage.protocols import PublishStore
 
 
 class Announcement:
@@ -42,7 +42,7 @@ class Announcement:
             publish(self.redis_url, sorted(self.topics))
 
 
-def notification_to_send(connection: BaseDatabaseWrapper, store: Store, topic: str,
+def notification_to_send(connection: BaseDatabaseWrapper, store: PublishStore, topic: str,
                          conf: QueueSettings) -> str | None:
     """The topic whose ``notify_wakeup`` the INSERT of a message about to be written can
     carry (``Store.insert_messages(wake=...)``), if it needs one: one round trip fewer
@@ -52,7 +52,7 @@ def notification_to_send(connection: BaseDatabaseWrapper, store: Store, topic: s
     return topic
 
 
-def announce(connection: BaseDatabaseWrapper, store: Store, topic: str,
+def announce(connection: BaseDatabaseWrapper, store: PublishStore, topic: str,
              conf: QueueSettings, *, notified: bool = False) -> None:
     """Wake the consumers of ``topic`` when the message just written on ``connection``
     commits (at once in autocommit). ``notified``: its INSERT sent the ``pg_notify``

@@ -27,6 +27,7 @@ from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.publishing.api import send_message
 from sqlqueue.scheduling.definitions import Schedule
 from sqlqueue.scheduling.targets import target_for
+from sqlqueue.storage.protocols import ScheduleStore
 from sqlqueue.storage.sql.schedules import PublishedTick
 
 logger = logging.getLogger("sqlqueue.schedules")
@@ -151,7 +152,7 @@ class Ticker:
         self._log(published)
         return published
 
-    def _read(self, cursor: Any, store: Any, schedule: Schedule, now: int) -> int:
+    def _read(self, cursor: Any, store: ScheduleStore, schedule: Schedule, now: int) -> int:
         """The row's ``checked_until``, newest committed value. The row is written first
         (created if missing, starting now: no tick from before the schedule existed):
         the write takes the row's lock at once, so that two processes reading it at the
