@@ -49,7 +49,7 @@ def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000
     from django.db import connection
 
     from sqlqueue.models import PartitionOffset
-    from sqlqueue.storage.sql import dialect_for
+    from sqlqueue.storage.sql import store_for
 
     reset()
     if dead_letters_first:  # a failure storm, then the backlog: the dead letters are old
@@ -59,8 +59,8 @@ def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000
         _insert(REJECTS + "_dlq", dead_letters, partitions, dead_of=(REJECTS, "scale-reject"))
     _insert(RECENT, recent, partitions)
     with connection.cursor() as cursor:
-        now = dialect_for(connection).database_now_ms(cursor)
-        heads = dialect_for(connection).partition_heads(cursor, RECENT)
+        now = store_for(connection).database_now_ms(cursor)
+        heads = store_for(connection).partition_heads(cursor, RECENT)
     keys = [f"k{n}" for n in range(partitions)]
     PartitionOffset.objects.bulk_create(
         [PartitionOffset(consumer_group="scale-idle", topic=BACKLOG, partition_key=key,

@@ -10,9 +10,9 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from sqlqueue import storage
 from sqlqueue.checks.versions import MIN_MARIADB, MIN_MYSQL, too_old
 from sqlqueue.conf import QueueSettings
-from sqlqueue.storage import store
 from sqlqueue.storage.statements import MySQLStatements
 from sqlqueue.storage.statements.tables import ALL_TABLES
 
@@ -41,15 +41,15 @@ class MySQLServer:
     @classmethod
     def read(cls, connection: BaseDatabaseWrapper) -> MySQLServer:
         with connection.cursor() as cursor:
-            dialect = store(connection)
-            sql = dialect.sql
+            store = storage.store(connection)
+            sql = store.sql
             assert isinstance(sql, MySQLStatements)
             cursor.execute(*sql.server_settings())
             charset, max_packet = cursor.fetchone()
             isolation = _isolation_level(cursor, sql)
             cursor.execute(*sql.table_collations(ALL_TABLES))  # each migration converts its own
             collations = {table: str(c) for table, c in cursor.fetchall()}
-            galera = dialect.is_galera(cursor)
+            galera = store.is_galera(cursor)
         return cls(alias=connection.alias,
                    is_mariadb=bool(connection.mysql_is_mariadb),  # type: ignore[attr-defined]
                    version=tuple(connection.mysql_version),  # type: ignore[attr-defined]

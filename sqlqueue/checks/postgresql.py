@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from django.core.checks import CheckMessage, Error, Warning
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from sqlqueue import storage
 from sqlqueue.checks.poolers import behind_pooler, pooler_problems
 from sqlqueue.checks.versions import MIN_POSTGRESQL, too_old
 from sqlqueue.conf import QueueSettings
-from sqlqueue.storage import store
 from sqlqueue.storage.statements import PostgreSQLStatements
 
 
@@ -33,9 +33,9 @@ class PostgreSQLServer:
     @classmethod
     def read(cls, connection: BaseDatabaseWrapper) -> PostgreSQLServer:
         number = int(connection.pg_version)  # type: ignore[attr-defined]  # e.g. 150020
-        dialect = store(connection)
+        store = storage.store(connection)
         with connection.cursor() as cursor:
-            sql = dialect.sql
+            sql = store.sql
             assert isinstance(sql, PostgreSQLStatements)
             cursor.execute(*sql.server_settings())
             encoding, server_isolation = cursor.fetchone()

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from django.db.backends.utils import CursorWrapper
 
+from sqlqueue import storage
 from sqlqueue.consuming.leases import LeaseKeeper
-from sqlqueue.storage import store
 
 # While the log grows, partitions are looked for again after MIN_DISCOVERY_INTERVAL, or
 # DISCOVERY_COST_FACTOR times what the last look took, whichever is longer: a new
@@ -77,12 +77,12 @@ class PartitionFinder:
             self._next_discovery + DISCOVERY_IDLE_INTERVAL
         ):
             return
-        dialect = store(self.alias)
-        self.discovered = dialect.discover_partitions(cursor, self.topic)
+        store = storage.store(self.alias)
+        self.discovered = store.discover_partitions(cursor, self.topic)
         if not self._start_placed:
             # Before the first lease tick creates any offsets row at 0: a new group
             # starts after what is stored now (a group with a position keeps it).
-            dialect.start_at_heads(cursor, self.group, self.topic)
+            store.start_at_heads(cursor, self.group, self.topic)
             self._start_placed = True
         took = time.monotonic() - now
         held = set(self.leases.owned) | self.leases.others

@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from sqlqueue import storage
 from sqlqueue.conf import QueueSettings
-from sqlqueue.storage import store
 
 logger = logging.getLogger("sqlqueue.gc")
 
@@ -88,8 +88,8 @@ class GarbageCollector:
     def _collect_keys(self, cursor: Any, now: float, force: bool) -> int:
         if not force and now < self._next_keys_pass:
             return 0
-        dialect = store(self.alias)
-        removed = dialect.delete_expired_idempotency_keys(cursor, GC_BATCH)
+        store = storage.store(self.alias)
+        removed = store.delete_expired_idempotency_keys(cursor, GC_BATCH)
         self._next_keys_pass = now + (0.0 if removed == GC_BATCH else GC_INTERVAL)
         self.keys_deleted += removed
         return removed
@@ -109,8 +109,8 @@ class GarbageCollector:
                        budget: int | None) -> tuple[int, bool]:
         """Delete what every group is done with, in at most ``budget`` DELETEs (None: no
         limit); returns rows deleted, and whether more may be left."""
-        dialect = store(self.alias)
-        groups, watermarks = dialect.topic_watermarks(cursor, topic)
+        store = storage.store(self.alias)
+        groups, watermarks = store.topic_watermarks(cursor, topic)
         # When the watermarks were seen: after the read (which may have waited), so that
         # RETENTION is never counted from before a watermark got where it is.
         seen_at = time.monotonic()
@@ -134,13 +134,13 @@ class GarbageCollector:
                     more = True  # the next pass goes on at once
                     continue
                 budget -= 1
-            removed = dialect.delete_messages_upto(cursor, topic, partition, upto, GC_BATCH)
+            removed = store.delete_messages_upto(cursor, topic, partition, upto, GC_BATCH)
             deleted += removed
             if removed and self.conf.KEEP_DELIVERY_STATE:
                 # The groups' delivery state was kept for the analytics report: it goes
                 # with its messages (a primary-key range per group).
                 for group in by_group:
-                    dialect.delete_states_upto(cursor, group, topic, [(partition, upto)])
+                    store.delete_states_upto(cursor, group, topic, [(partition, upto)])
             if removed == GC_BATCH:
                 more = True
             else:
@@ -157,9 +157,9 @@ class GarbageCollector:
         between passes) or the sweep is done; returns rows deleted and whether more may
         be left. The next pass starts from the oldest row left, which is where this one
         stopped (``_collected``: how far each partition was swept)."""
-        dialect = store(self.alias)
+        store = storage.store(self.alias)
         partitions = sorted(todo)
-        firsts = dialect.first_offsets_above(
+        firsts = store.first_offsets_above(
             cursor, topic, [(p, self._collected.get((topic, p), 0)) for p in partitions])
         limits: dict[str, int] = {}
         oldest: int | None = None  # the oldest row to delete
@@ -177,12 +177,12 @@ class GarbageCollector:
         while after < end and not deleted:
             upto = min(after + GC_SWEEP_WINDOW, end)
             window = [(p, limit) for p, limit in sorted(limits.items()) if limit > after]
-            deleted = dialect.delete_messages_in_window(cursor, topic, after, upto, window)
+            deleted = store.delete_messages_in_window(cursor, topic, after, upto, window)
             swept = [(p, min(limit, upto)) for p, limit in window]
             if deleted and self.conf.KEEP_DELIVERY_STATE:
                 # The groups' delivery state of the rows collected goes with them.
                 for group in sorted(state_groups):
-                    dialect.delete_states_upto(cursor, group, topic, swept)
+                    store.delete_states_upto(cursor, group, topic, swept)
             # Every row of these partitions up to here is gone: the next pass seeks
             # from here, not over the rows deleted (PostgreSQL keeps them as dead
             # tuples until a vacuum, and walked them again at every pass: 156,000

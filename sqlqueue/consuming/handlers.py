@@ -15,13 +15,12 @@ from asgiref.sync import async_to_sync
 from django.db import Error as AnyDatabaseError
 from django.db import connections, transaction
 
-from sqlqueue import events, tracing
+from sqlqueue import events, storage, tracing
 from sqlqueue.consuming.failure_text import described, error_text
 from sqlqueue.consuming.message import Message, Reject, Retry
 from sqlqueue.consuming.outcomes import ack
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.naming import storable_text
-from sqlqueue.storage import store
 from sqlqueue.storage.sql.base import FetchedRow
 
 if TYPE_CHECKING:
@@ -323,7 +322,7 @@ def _confirm_server(delivery: Delivery) -> None:
         return
     connection = connections[delivery.alias]
     with connection.cursor() as cursor:
-        now = store(connection).server_identity(cursor)
+        now = storage.store(connection).server_identity(cursor)
     if now != delivery.server:
         raise DeliveredByAnotherServer(
             f"{delivery.consumer.topic}/{delivery.partition_key}@{delivery.row.offset} was "
@@ -355,7 +354,7 @@ def _extend_visibility(delivery: Delivery, seconds: float) -> None:
         connection = side
     try:
         with connection.cursor() as cursor:
-            changed = store(connection).extend_visibility(
+            changed = storage.store(connection).extend_visibility(
                 cursor, consumer.group, consumer.topic, delivery.partition_key,
                 delivery.row.offset, round(seconds * 1000),
             )

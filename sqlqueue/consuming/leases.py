@@ -22,7 +22,7 @@ from django.db import DatabaseError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events
-from sqlqueue.storage.sql import Dialect
+from sqlqueue.storage.protocols import LeaseStore
 
 logger = logging.getLogger("sqlqueue.leases")
 # What a subscriber stops working on is the consumer's news (its log since 0.1).
@@ -163,7 +163,7 @@ class LeaseKeeper:
         seen, self._membership_head = self._membership_head, head()
         return self._membership_head > seen
 
-    def check_membership(self, cursor: CursorWrapper, dialect: Dialect,
+    def check_membership(self, cursor: CursorWrapper, store: LeaseStore,
                          discovered: Iterable[str]) -> None:
         """Between ticks: has a subscriber joined or left, or does nobody hold some
         partition (released by a member that stopped, or expired)? Then tick now, so that
@@ -171,18 +171,18 @@ class LeaseKeeper:
         within about a tenth of a second instead of at the next renewal (up to
         LEASE_RENEW_INTERVAL). Plain reads: they wait for no lock."""
         self._members_checked_at = time.monotonic()
-        if dialect.live_subscribers(cursor, self.group, self.topic,
+        if store.live_subscribers(cursor, self.group, self.topic,
                                     self.duration_ms) != self.members:
             self.hurry()
             return
         ages = {partition: age for partition, _, _, age in
-                dialect.list_leases(cursor, self.group, self.topic)}
+                store.list_leases(cursor, self.group, self.topic)}
         if any(key not in ages for key in discovered) or any(
                 age >= self.duration_ms for age in ages.values()):
             self.notice_free()
 
     # -- the periodic tick ----------------------------------------------------------------
-    def tick(self, cursor: CursorWrapper, dialect: Dialect, discovered: Iterable[str],
+    def tick(self, cursor: CursorWrapper, store: LeaseStore, discovered: Iterable[str],
              idle: set[str], may_release: Callable[[], bool] = lambda: True,
              ) -> tuple[set[str], set[str]]:
         """Heartbeat, renew, rebalance. ``idle``: owned partitions with nothing in flight,
@@ -191,23 +191,23 @@ class LeaseKeeper:
         started = time.monotonic()
         self._next_tick = started + self.renew_interval
         self._ticks += 1
-        dialect.heartbeat(cursor, self.group, self.topic, self.name)
+        store.heartbeat(cursor, self.group, self.topic, self.name)
         # Only the rows of leases held (primary-key lookups), so that no peer's locks on
         # its own rows hold this renewal up. If it waits for a lock anyway (a peer paused
         # while fencing a partition it believes it holds), what the list below reads is
         # still the truth, and the leases not renewed run out safely.
-        self._unless_locked(dialect, "renewing leases", lambda: dialect.renew_leases(
+        self._unless_locked(store, "renewing leases", lambda: store.renew_leases(
             cursor, self.group, self.topic, self.name,
             {partition: lease.generation for partition, lease in self.owned.items()}))
-        leases = dialect.list_leases(cursor, self.group, self.topic)
-        self.members = dialect.live_subscribers(cursor, self.group, self.topic, self.duration_ms)
+        leases = store.list_leases(cursor, self.group, self.topic)
+        self.members = store.live_subscribers(cursor, self.group, self.topic, self.duration_ms)
         self._members_checked_at = time.monotonic()
         before = set(self.owned)
         self._adopt(leases, started)
         partitions = set(discovered) | {partition for partition, *_ in leases}
         self.share = fair_share(len(partitions), self.members, self.name)
 
-        released = self._shed(cursor, dialect, idle if may_release() else set())
+        released = self._shed(cursor, store, idle if may_release() else set())
         wanted = self.share - len(self.owned)
         if wanted > 0:
             free = sorted(p for p in partitions if p not in self.owned and p not in self.others)
@@ -220,9 +220,9 @@ class LeaseKeeper:
                 candidates = sorted((free[start:] + free[:start])[:wanted])
                 # An expired lease is still locked while its paused holder's transaction
                 # stays open (fencing, guarantee I5): the lock wait is bounded; try again later.
-                self._unless_locked(dialect, "acquiring leases", lambda: dialect.acquire_leases(
+                self._unless_locked(store, "acquiring leases", lambda: store.acquire_leases(
                     cursor, self.group, self.topic, candidates, self.name, self.duration_ms))
-                self._adopt(dialect.list_leases(cursor, self.group, self.topic), started)
+                self._adopt(store.list_leases(cursor, self.group, self.topic), started)
         gained = set(self.owned) - before
         short = len(self.owned) < self.share
         # Progress, or nothing missing, renews the budget of quick ticks.
@@ -233,8 +233,8 @@ class LeaseKeeper:
             # stays quick (a few times only, so that a slow peer does not make us spin).
             self._next_tick = min(self._next_tick, time.monotonic() + QUICK_TICK)
         if self._ticks % PURGE_AFTER_LEASES == 0:
-            self._unless_locked(dialect, "purging abandoned leases",
-                                lambda: dialect.purge_abandoned(
+            self._unless_locked(store, "purging abandoned leases",
+                                lambda: store.purge_abandoned(
                                     cursor, self.group, self.topic,
                                     PURGE_AFTER_LEASES * self.duration_ms))
         lost = (before - set(self.owned)) - released
@@ -249,13 +249,13 @@ class LeaseKeeper:
                                             lost=len(lost), released=len(released)))
         return gained, lost | released
 
-    def _unless_locked(self, dialect: Dialect, what: str, statement: Callable[[], object]) -> bool:
+    def _unless_locked(self, store: LeaseStore, what: str, statement: Callable[[], object]) -> bool:
         """Run ``statement``; if it gave up waiting for a lock (the wait is bounded, see
-        ``Dialect.bound_lock_waits``), log it and go on: the next tick tries again."""
+        ``Store.bound_lock_waits``), log it and go on: the next tick tries again."""
         try:
             statement()
         except DatabaseError as exc:
-            if not dialect.is_lock_wait(exc):
+            if not store.is_lock_wait(exc):
                 raise
             logger.warning("%s on %s/%s: gave up %s after a lock wait (%s); trying again at "
                            "the next lease tick.", self.name, self.group, self.topic, what, exc)
@@ -285,7 +285,7 @@ class LeaseKeeper:
         self.others = others
         self.releasing &= set(owned)
 
-    def _shed(self, cursor: CursorWrapper, dialect: Dialect, idle: set[str]) -> set[str]:
+    def _shed(self, cursor: CursorWrapper, store: LeaseStore, idle: set[str]) -> set[str]:
         """Give up partitions beyond the fair share: the highest keys first (the same
         choice every time), each once nothing of it is in flight."""
         excess = len(self.owned) - self.share
@@ -295,7 +295,7 @@ class LeaseKeeper:
         self.releasing = set(sorted(self.owned)[-excess:])
         ready = sorted(self.releasing & idle)
         if ready:
-            dialect.release_leases(cursor, self.group, self.topic, ready, self.name)
+            store.release_leases(cursor, self.group, self.topic, ready, self.name)
             for partition in ready:
                 del self.owned[partition]
             self.releasing -= set(ready)
@@ -329,9 +329,9 @@ class LeaseKeeper:
         self.members = []
         self.hurry()
 
-    def release_all(self, cursor: CursorWrapper, dialect: Dialect) -> None:
+    def release_all(self, cursor: CursorWrapper, store: LeaseStore) -> None:
         """Graceful stop: hand every partition over and say goodbye."""
-        dialect.release_leases(cursor, self.group, self.topic, sorted(self.owned), self.name)
-        dialect.deregister(cursor, self.group, self.topic, self.name)
+        store.release_leases(cursor, self.group, self.topic, sorted(self.owned), self.name)
+        store.deregister(cursor, self.group, self.topic, self.name)
         self.owned.clear()
         self.releasing.clear()

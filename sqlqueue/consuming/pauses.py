@@ -30,12 +30,12 @@ def stored_pauses(alias: str) -> Callable[[], list[Pause]]:
     ``matches``) and must not import Django."""
     from django.db import connections
 
-    from sqlqueue.storage import store
+    from sqlqueue import storage
 
     def read() -> list[Pause]:
         connection = connections[alias]
         with connection.cursor() as cursor:
-            return store(connection).list_pauses(cursor)
+            return storage.store(connection).list_pauses(cursor)
 
     return read
 

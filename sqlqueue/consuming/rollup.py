@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 from django.db import Error as AnyDatabaseError
 from django.db import connections, transaction
 
+from sqlqueue import storage
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.instruments import DURATION_BUCKETS, Instruments
-from sqlqueue.storage import store
 
 if TYPE_CHECKING:
     from sqlqueue.consuming.handlers import Delivery
@@ -220,7 +220,7 @@ class MinuteRollup(Instruments):
         try:
             with transaction.atomic(using=self.alias), \
                     connections[self.alias].cursor() as cursor:
-                store(self.alias).add_minute_stats(cursor, taken)
+                storage.store(self.alias).add_minute_stats(cursor, taken)
         except AnyDatabaseError as exc:  # the consumer loop reconnects; add them next time
             logger.debug("Could not write the per-minute rollup: %s", exc)
             self._keep(taken)
@@ -238,5 +238,5 @@ def collect_minute_stats(database: str, batch: int) -> tuple[int, bool]:
     """An extra collection of garbage collection (``register_collection``): the rows older than
     ``KEEP_MS``. ``batch`` is not needed: a pass finds a minute's rows at most."""
     with connections[database].cursor() as cursor:
-        return store(database).delete_minute_stats(cursor, KEEP_MS), False
+        return storage.store(database).delete_minute_stats(cursor, KEEP_MS), False
 

@@ -23,7 +23,7 @@ from typing import Any
 from django.db import Error as AnyDatabaseError
 from django.db import connections
 
-from sqlqueue import events
+from sqlqueue import events, storage
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.consuming.clock import Clock, DatabaseClock
 from sqlqueue.consuming.exiting import EXIT_SETTLE_SECONDS, ExitSettler
@@ -40,7 +40,6 @@ from sqlqueue.consuming.server import RECONNECT_BACKOFF, ServerChanged, ServerWa
 from sqlqueue.consuming.settling import HorizonWatch
 from sqlqueue.consuming.subscriber import Subscriber
 from sqlqueue.consuming.wakeups import Wakeups
-from sqlqueue.storage import store
 from sqlqueue.wakeups import Doorbell
 
 logger = logging.getLogger("sqlqueue.consumer")
@@ -226,19 +225,19 @@ class Runner:
 
     def _cycle(self) -> float | None:
         connection = connections[self.alias]
-        dialect = store(connection)
+        store = storage.store(connection)
         with (connection.execute_wrapper(self.server.count_statement),
               connection.execute_wrapper(self.server.bound_transaction_lock_waits),
               connection.cursor() as cursor):
             self.server.bound_lock_waits(connection, cursor)
             if self.wakeups is not None:  # autocommit: heard at once
-                self.wakeups.keep_alive(lambda: dialect.notify_heartbeat(cursor))
+                self.wakeups.keep_alive(lambda: store.notify_heartbeat(cursor))
             self._check_pauses()
             self.pool.enforce_timeouts(self.subscribers)
             outcomes = self.pool.collect()
             # The log's head, read when first needed; the same statement says which server
             # answered.
-            head = _Once(lambda: self.server.head(dialect, cursor))
+            head = _Once(lambda: self.server.head(store, cursor))
             try:
                 self._subscriptions(cursor, outcomes, head)
             finally:
@@ -301,7 +300,7 @@ class Runner:
             return deliveries
         except AnyDatabaseError as exc:
             self.pool.keep_unrecorded(outcomes)
-            if not store(self.alias).is_lock_wait(exc):
+            if not storage.store(self.alias).is_lock_wait(exc):
                 raise
             logger.warning("%s on %s/%s: gave up a lock wait (%s); trying again at the next "
                            "pass.", self.name, subscriber.group, subscriber.topic, exc)

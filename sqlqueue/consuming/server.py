@@ -14,12 +14,12 @@ from typing import Any
 from django.db import Error as AnyDatabaseError
 from django.db import connections
 
-from sqlqueue import events
+from sqlqueue import events, storage
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.takeover import record_first_server, void_old_server
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.storage import store
+from sqlqueue.storage.protocols import ServerStore
 
 #: seconds between attempts after a lost connection, capped at 2 s: a failover (Patroni
 #: promotes a replica in about 10 s) is noticed within 2 s of the new primary accepting
@@ -87,9 +87,9 @@ class ServerWatch:
         #: ``note_error`` found the session ended after this long idle (ms)
         self.idle_ended_ms: int | None = None
 
-    def head(self, dialect: Any, cursor: Any) -> int:
+    def head(self, store: ServerStore, cursor: Any) -> int:
         """The log's head; the same statement says which server answered."""
-        head, server = dialect.head_and_server(cursor)
+        head, server = store.head_and_server(cursor)
         self.check(server)
         return int(head)
 
@@ -183,17 +183,17 @@ class ServerWatch:
         if not self.owns_session:
             return
         if connection.connection is not self._bounded_connection:
-            dialect = store(connection)
+            store = storage.store(connection)
             # A new connection (the first, or after a lost one) may reach another server:
             # known before this cycle takes or writes anything (the head query's answer,
             # as at every poll).
-            self.head(dialect, cursor)
-            self._pooled = (dialect.bound_transaction_lock_waits(1) is not None
-                            and dialect.through_pooler(cursor))
+            self.head(store, cursor)
+            self._pooled = (store.bound_transaction_lock_waits(1) is not None
+                            and store.through_pooler(cursor))
             if not self._pooled:
-                dialect.bound_lock_waits(cursor, lock_wait_seconds(self.conf))
+                store.bound_lock_waits(cursor, lock_wait_seconds(self.conf))
                 # Server-enforced, on this session only (never a pooler's, never global).
-                self.idle_transactions_bounded = dialect.bound_idle_transactions(
+                self.idle_transactions_bounded = store.bound_idle_transactions(
                     cursor, idle_transaction_ms(self.conf))
             self._bounded_connection = connection.connection
 
@@ -206,7 +206,7 @@ class ServerWatch:
         if self._pooled and connection.in_atomic_block:
             outermost = connection.atomic_blocks[0]
             if outermost is not self._bounded_block:
-                statement = store(connection).bound_transaction_lock_waits(
+                statement = storage.store(connection).bound_transaction_lock_waits(
                     lock_wait_seconds(self.conf))
                 assert statement is not None  # _pooled says so
                 execute(*statement, False, context)
@@ -217,7 +217,7 @@ class ServerWatch:
         """The server's clock (epoch ms): what the runner's ``DatabaseClock`` reads."""
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            return store(connection).database_now_ms(cursor)
+            return storage.store(connection).database_now_ms(cursor)
 
     def drop_connection(self, name: str) -> None:
         """After a database error in the runner ``name``'s loop: the next pass opens a

@@ -10,8 +10,8 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from sqlqueue import storage
 from sqlqueue.horizon import UNKNOWN, SettledCache, settled_before
-from sqlqueue.storage import store
 
 
 class HorizonWatch:
@@ -46,7 +46,7 @@ class HorizonWatch:
 
     def _read(self, cursor: Any, now_ms: int, previous: int | None) -> int | None:
         try:
-            seen = store(self.alias).write_horizon(cursor)
+            seen = storage.store(self.alias).write_horizon(cursor)
         except DatabaseError:
             seen = UNKNOWN  # no view of open transactions: assume the longest allowed
         if seen is None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from django.db import transaction
 from django.db.backends.utils import CursorWrapper
 
-from sqlqueue import events
+from sqlqueue import events, storage
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming import recording
 from sqlqueue.consuming.delivering import RESTAMP_AFTER_MS, Fetcher, HeldView
@@ -31,8 +31,7 @@ from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, give_back, wr
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.watermarks import WatermarkKeeper
-from sqlqueue.storage import store
-from sqlqueue.storage.sql import Dialect
+from sqlqueue.storage.protocols import EngineStore
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -80,8 +79,8 @@ class Subscriber:
                                           keep_delivery_state=conf.KEEP_DELIVERY_STATE)
 
     @property
-    def dialect(self) -> Dialect:
-        return store(self.alias)
+    def store(self) -> EngineStore:
+        return storage.store(self.alias)
 
     @property
     def group(self) -> str:
@@ -126,12 +125,12 @@ class Subscriber:
         the log grew)."""
         if not self.leases.due() and self.leases.membership_worth_a_look(
                 busy=bool(self.outstanding), watching=self.watch_when_idle, head=head):
-            self.leases.check_membership(cursor, self.dialect, self.discovered)
+            self.leases.check_membership(cursor, self.store, self.discovered)
         if not self.leases.due():
             return []
         idle = {key for key, state in self.partitions.items() if state.in_flight_count == 0}
         idle |= set(self.leases.owned) - set(self.partitions)
-        self.leases.tick(cursor, self.dialect, self.discovered, idle,
+        self.leases.tick(cursor, self.store, self.discovered, idle,
                          may_release=self._within_in_flight_share)
         # Work exactly on the partitions held: new ones (and, after a reconnect, every
         # one) start from their durable watermark; lost ones are dropped.
@@ -142,12 +141,12 @@ class Subscriber:
                 del self.partitions[key]
         fresh = sorted(set(self.leases.owned) - set(self.partitions))
         for key in fresh:
-            watermark = self.dialect.ensure_watermark(cursor, self.group, self.topic, key)
+            watermark = self.store.ensure_watermark(cursor, self.group, self.topic, key)
             self.watermarks.check_not_back(key, watermark)
             self.partitions[key] = PartitionState(key, watermark,
                                                   tenure=self.leases.tenure(key))
         if self.consumer.ordered:
-            self.earlier_runs.wait_for(cursor, self.dialect,
+            self.earlier_runs.wait_for(cursor, self.store,
                                        [self.partitions[key] for key in fresh],
                                        self.leases.owned)
         return self._take_back(self.leases.releasing)
@@ -175,7 +174,7 @@ class Subscriber:
             return
         # Only this subscriber's own lease rows (primary-key lookups): a peer paused inside
         # its own cycle transaction then blocks nobody's renewal, and nobody blocks ours.
-        rows, server = self.dialect.fence_leases(cursor, self.group, self.topic,
+        rows, server = self.store.fence_leases(cursor, self.group, self.topic,
                                                  sorted(self.partitions))
         if server is not None:
             self.check_server(server)  # before anything is written as owner
@@ -284,7 +283,7 @@ class Subscriber:
         self.stats["abandoned"] += plan.abandoned
         for give in plan.give_backs:
             delivery = give.delivery
-            give_back(cursor, self.dialect, self.group, self.topic,
+            give_back(cursor, self.store, self.group, self.topic,
                       delivery.partition_key, delivery.row.offset, give.previous_retry_count)
             self.partitions[delivery.partition_key].given_back(delivery.row.offset)
         for dead in plan.dead_letters:
@@ -316,12 +315,12 @@ class Subscriber:
         now), so that no wait cuts one short (guarantee I9)."""
         now = self.clock()
         retries = [retry.stamped(now) for retry in retries]
-        write_acks(cursor, self.dialect, self.group, self.topic, acks,
+        write_acks(cursor, self.store, self.group, self.topic, acks,
                    [retry.write() for retry in retries])
         stamped_at, now = now, self.clock()
         if retries and now - stamped_at > RESTAMP_AFTER_MS:
             retries = [retry.stamped(now) for retry in retries]
-            write_acks(cursor, self.dialect, self.group, self.topic, [],
+            write_acks(cursor, self.store, self.group, self.topic, [],
                        [retry.write() for retry in retries])
         return retries
 
@@ -332,10 +331,10 @@ class Subscriber:
         row = delivery.row
         with transaction.atomic(using=self.alias):
             copy_to_dead_letters(
-                cursor, self.dialect, dead_letter_topic=self.topic + self.conf.DLQ_SUFFIX,
+                cursor, self.store, dead_letter_topic=self.topic + self.conf.DLQ_SUFFIX,
                 group=self.group, message_id=published_id(row), offset=row.offset,
                 attempts=delivery.attempt, error=error, reason=reason)
-            write_acks(cursor, self.dialect, self.group, self.topic,
+            write_acks(cursor, self.store, self.group, self.topic,
                        [Ack(delivery.partition_key, row.offset)])
         subject = subject_of(delivery)
         logger.error("Dead-lettered %s/%s@%s%s for group %r after %s attempt(s) (%s).",
@@ -372,7 +371,7 @@ class Subscriber:
 
     def stop(self, cursor: CursorWrapper) -> None:
         """Graceful stop: hand every partition over and deregister."""
-        self.leases.release_all(cursor, self.dialect)
+        self.leases.release_all(cursor, self.store)
         self.partitions.clear()
 
     def next_due_ms(self) -> int | None:

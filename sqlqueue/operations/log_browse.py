@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 from django.db import connections
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.models import QueueMessage
 from sqlqueue.operations.lag import known_subscriptions
 from sqlqueue.operations.unconsumed import stored_topics
-from sqlqueue.storage import store
 
 #: matches one search returns at most (the newest of each topic first)
 SEARCH_CAP = 1_000
@@ -68,7 +68,7 @@ def subscribed_topics(using: str) -> list[str]:
 def partition_keys(using: str, topic: str) -> list[str]:
     """The partition keys of ``topic`` that hold messages (one index seek each)."""
     with connections[using].cursor() as cursor:
-        heads = store(using).partition_heads(cursor, topic)
+        heads = storage.store(using).partition_heads(cursor, topic)
     return sorted(heads)[:MAX_SEARCHED_PARTITIONS]
 
 

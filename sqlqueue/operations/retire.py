@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from django.db import connections, transaction
 from django.db.models import Q
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import (
@@ -36,7 +37,6 @@ from sqlqueue.models import (
     PartitionOffset,
     SubscriberHeartbeat,
 )
-from sqlqueue.storage import store
 
 RETIRE_BATCH = 1000
 
@@ -132,9 +132,9 @@ def live_subscribers(group: str, topics: list[str], alias: str) -> list[str]:
     connection = connections[alias]
     within = round(get_settings().LEASE_DURATION * 1000)
     with connection.cursor() as cursor:
-        dialect = store(connection)
+        store = storage.store(connection)
         return sorted({name for topic in topics
-                       for name in dialect.live_subscribers(cursor, group, topic, within)})
+                       for name in store.live_subscribers(cursor, group, topic, within)})
 
 
 def _delete_states(alias: str, group: str, topic: str,

@@ -17,7 +17,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.connection import ConnectionDoesNotExist
 
-from sqlqueue import tracing
+from sqlqueue import storage, tracing
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.exceptions import InvalidMessage, NotMigrated
 from sqlqueue.publishing.idempotency import (
@@ -36,9 +36,8 @@ from sqlqueue.publishing.messages import (
     prepare_fields,
 )
 from sqlqueue.publishing.wakeups import announce, notification_to_send
-from sqlqueue.storage import store
 from sqlqueue.storage.retry import retry_victims
-from sqlqueue.storage.sql import Dialect, MessageRow
+from sqlqueue.storage.sql import MessageRow, Store
 
 #: Tries of a publish made outside any transaction of the caller's that the database
 #: rolled back as a lock-wait or deadlock victim (a Galera certification conflict is
@@ -78,7 +77,7 @@ def _naming_migrate(publish: _Publish) -> _Publish:
         try:
             return publish(topic, *args, using=using, **kwargs)
         except DatabaseError as error:
-            if not Dialect.is_missing_queue_table(error):
+            if not Store.is_missing_queue_table(error):
                 raise
             alias = _connection(using, get_settings(), topic).alias
             raise NotMigrated.no_tables(alias) from error
@@ -95,7 +94,7 @@ def _retry_alone(connection: BaseDatabaseWrapper, attempt: Callable[[], _Sent]) 
     transaction)."""
     def is_victim(error: Exception) -> bool:
         return (isinstance(error, DatabaseError) and not connection.in_atomic_block
-                and store(connection).is_lock_wait(error))
+                and storage.store(connection).is_lock_wait(error))
 
     return retry_victims(attempt, tries=ALONE_TRIES, is_victim=is_victim,
                          pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** (tried - 1))
@@ -135,29 +134,29 @@ def send_message(
     row = prepare_fields(topic, payload, partition_key, id, metadata, priority, delay,
                          deliver_at, conf, now_ms())
     connection = _connection(using, conf, topic)
-    dialect = store(connection)
-    dialect.check_connection()  # a latin1 MySQL connection is refused before any write
-    check_fits(dialect, row)
+    store = storage.store(connection)
+    store.check_connection()  # a latin1 MySQL connection is refused before any write
+    check_fits(store, row)
     if connection.in_atomic_block:
-        return _store_one(connection, dialect, topic, row, conf)
+        return _store_one(connection, store, topic, row, conf)
     # Its own transaction: tried again if the database picks it as a deadlock victim,
     # with the same row (validated once; a victim stored nothing of it).
-    return _retry_alone(connection, lambda: _store_one(connection, dialect, topic, row, conf))
+    return _retry_alone(connection, lambda: _store_one(connection, store, topic, row, conf))
 
 
-def _store_one(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
+def _store_one(connection: BaseDatabaseWrapper, store: Store, topic: str,
                row: MessageRow, conf: QueueSettings) -> SentMessage:
     """``send_message`` of a validated ``row``."""
     if row.fresh_id or conf.IDEMPOTENCY_WINDOW <= 0:
         # One INSERT (on PostgreSQL carrying the wake-up's NOTIFY).
-        wake = notification_to_send(connection, dialect, topic, conf)
-        sent = insert_one(connection, dialect, topic, row, wake, conf.PREPARED_PUBLISH)
+        wake = notification_to_send(connection, store, topic, conf)
+        sent = insert_one(connection, store, topic, row, wake, conf.PREPARED_PUBLISH)
         if sent.created:
-            announce(connection, dialect, topic, conf, notified=wake is not None)
+            announce(connection, store, topic, conf, notified=wake is not None)
         return sent
     # An id of the caller's: remembered for IDEMPOTENCY_WINDOW, also once its message is
     # collected.
-    return store_remembered_one(connection, dialect, topic, row, conf)
+    return store_remembered_one(connection, store, topic, row, conf)
 
 
 def send_messages(
@@ -183,10 +182,10 @@ def send_messages(
     if not rows:
         return []
     connection = _connection(using, conf, topic)
-    dialect = store(connection)
-    dialect.check_connection()  # a latin1 MySQL connection is refused before any write
+    store = storage.store(connection)
+    store.check_connection()  # a latin1 MySQL connection is refused before any write
     for index, row in enumerate(rows):
-        check_fits(dialect, row, f"message {index}: ")
+        check_fits(store, row, f"message {index}: ")
 
     first_of_key: dict[tuple[str, str], MessageRow] = {}
     for row in rows:
@@ -194,7 +193,7 @@ def send_messages(
     unique_rows = list(first_of_key.values())
     offsets: dict[tuple[str, str], int] = {}
     created: set[tuple[str, str]] = set()
-    chunks = list(message_chunks(unique_rows, dialect))
+    chunks = list(message_chunks(unique_rows, store))
     window_ms = round(conf.IDEMPOTENCY_WINDOW * 1000)
     remembering = window_ms > 0 and any(not row.fresh_id for row in unique_rows)
     # One statement stores a chunk whole or not at all (a failed statement is undone on
@@ -209,13 +208,13 @@ def send_messages(
         for chunk in chunks:
             if remembering:
                 chunk_offsets, chunk_created = store_remembered_chunk(
-                    connection, dialect, topic, chunk, window_ms)
+                    connection, store, topic, chunk, window_ms)
             else:
-                chunk_offsets, chunk_created = store_chunk(connection, dialect, topic, chunk)
+                chunk_offsets, chunk_created = store_chunk(connection, store, topic, chunk)
             offsets.update(chunk_offsets)
             created.update(chunk_created)
         if created:
-            announce(connection, dialect, topic, conf)
+            announce(connection, store, topic, conf)
 
     results: list[SentMessage] = []
     for row in rows:

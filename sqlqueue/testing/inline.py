@@ -22,6 +22,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from sqlqueue import storage
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming import handlers
 from sqlqueue.consuming.gc import GarbageCollector
@@ -30,7 +31,6 @@ from sqlqueue.consuming.handoff import HandlerPool
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.runner import Runner, default_name
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.storage import store
 from sqlqueue.testing.clock import moved_database_clock
 from sqlqueue.testing.failures import HandlerFailure
 
@@ -184,7 +184,7 @@ class InlineRunner(Runner):
         to the log's head, and none has a message due."""
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            head = self.server.head(store(connection), cursor)
+            head = self.server.head(storage.store(connection), cursor)
         now_ms = self.clock.now_ms()
         for subscriber in self.subscribers:
             if self._paused(subscriber):

@@ -16,7 +16,7 @@ from sqlqueue import ConfigurationError, send_message
 from sqlqueue.checks import check_database, check_settings
 from sqlqueue.checks.mysql import PACKET_MARGIN
 from sqlqueue.migrations._collation import binary_collation
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 
 pytestmark = pytest.mark.django_db
 
@@ -142,7 +142,7 @@ def test_postgresql_isolation_above_read_committed_is_an_error(
 def test_postgresql_role_blind_to_other_sessions_warns(
     postgresql: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    statements_class = type(dialect_for(connection).sql)
+    statements_class = type(store_for(connection).sql)
     monkeypatch.setattr(statements_class, "horizon_privileges",
                         lambda self: ("SELECT false", []))
     assert ids(check_database(databases=["default"])) == ["sqlqueue.W105"]

@@ -17,7 +17,7 @@ from sqlqueue.consuming.pauses import PauseWatch, matches
 from sqlqueue.models import FlowControl
 from sqlqueue.operations import flow
 from sqlqueue.operations.lag import PartitionLag, group_lag, partition_status
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import drain, fast_settings, queue, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,7 +49,7 @@ def test_list_pauses_statement() -> None:
     flow.pause("g", "t")
     flow.pause(topic="t2")
     with connection.cursor() as cursor:
-        assert sorted(dialect_for(connection).list_pauses(cursor)) == [("", "t2"), ("g", "t")]
+        assert sorted(store_for(connection).list_pauses(cursor)) == [("", "t2"), ("g", "t")]
 
 
 def test_pause_watch_reads_at_most_once_an_interval() -> None:

@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import sqlqueue
-from sqlqueue import OutgoingMessage, send_messages
+from sqlqueue import OutgoingMessage, send_messages, storage
 from sqlqueue.conf import DURATION_BUCKETS
 from sqlqueue.consuming import handoff
 from sqlqueue.consuming.gc import GarbageCollector
@@ -23,7 +23,6 @@ from sqlqueue.consuming.rollup import KEEP_MS, MinuteRollup, collect_minute_stat
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.metrics import ProcessMetrics
 from sqlqueue.operations.overview import activity, histogram_quantile
-from sqlqueue.storage import store
 from tests.integration.consuming_helpers import RUN_TIMEOUT, fast_settings, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -119,7 +118,7 @@ def test_the_minutes_are_the_database_clock_s_and_the_hour_is_zero_filled(
     send_messages("t", [OutgoingMessage(n) for n in range(3)])
     run_with_rollup(["g"], ProcessMetrics())
     with connection.cursor() as cursor:
-        now = store(connection).database_now_ms(cursor)
+        now = storage.store(connection).database_now_ms(cursor)
     [sub] = activity()
     assert len(sub.minutes) == 60 and sub.minutes[-1].start_ms == now - now % 60_000
     assert sum(m.acked for m in sub.minutes) == 3 == sub.total.acked
@@ -128,16 +127,16 @@ def test_the_minutes_are_the_database_clock_s_and_the_hour_is_zero_filled(
 
 def test_garbage_collection_deletes_the_rows_older_than_it_keeps() -> None:
     with connection.cursor() as cursor:
-        dialect = store(connection)
-        now = dialect.database_now_ms(cursor)
+        store = storage.store(connection)
+        now = store.database_now_ms(cursor)
         minute = now - now % 60_000
         old = minute - KEEP_MS - 60_000
-        dialect.add_minute_stats(cursor, {("g", "t", old): {"ack": 5},
+        store.add_minute_stats(cursor, {("g", "t", old): {"ack": 5},
                                           ("g", "t", minute): {"ack": 1}})
     collector = GarbageCollector(fast_settings(), "default", {})
     with connection.cursor() as cursor:
         collector.collect(cursor, force=True)
-        rows = store(connection).read_minute_stats(cursor, 0, ("ack",))
+        rows = storage.store(connection).read_minute_stats(cursor, 0, ("ack",))
     assert [(r[2], int(r[3])) for r in rows] == [(minute, 1)]
     assert collect_minute_stats("default", 1000) == (0, False)  # nothing left to delete
 
@@ -184,4 +183,4 @@ def fetched_deliveries(runner: Runner) -> list[Any]:
 
 def rows() -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
-        return store(connection).read_minute_stats(cursor, 0, ("ack", "published"))
+        return storage.store(connection).read_minute_stats(cursor, 0, ("ack", "published"))

@@ -647,16 +647,16 @@ def test_a_missing_queue_table_is_recognised_on_this_database() -> None:
     error text for a table that does not exist."""
     from django.db import DatabaseError, transaction
 
-    from sqlqueue.storage.sql.base import Dialect
+    from sqlqueue.storage.sql.base import Store
 
     with pytest.raises(DatabaseError) as raised, transaction.atomic(), \
             connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM queue_not_migrated")
-    assert Dialect.is_missing_queue_table(raised.value)
+    assert Store.is_missing_queue_table(raised.value)
     with pytest.raises(DatabaseError) as other, transaction.atomic(), \
             connection.cursor() as cursor:
         cursor.execute("SELECT no_such_column FROM queue_messages")
-    assert not Dialect.is_missing_queue_table(other.value)
+    assert not Store.is_missing_queue_table(other.value)
 
 
 # -- export and bulk publishing (storage.statements.export, .bulk) -----------------------

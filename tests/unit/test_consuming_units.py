@@ -228,7 +228,7 @@ def test_free_partitions_hurry_the_lease_tick_at_most_once_a_second(
 
 
 class _Members:
-    """A dialect that answers live_subscribers and list_leases with what the test sets."""
+    """A store that answers live_subscribers and list_leases with what the test sets."""
 
     def __init__(self, members: list[str], leases: dict[str, int] | None = None) -> None:
         self.members = members
@@ -254,13 +254,13 @@ def test_a_membership_change_between_ticks_hurries_the_tick(
     assert not keeper.membership_check_due()
     now[0] += MEMBERSHIP_RECHECK
     assert keeper.membership_check_due()
-    dialect = _Members(["a"], {"p1": 0})
-    keeper.check_membership(None, dialect, ["p1"])  # type: ignore[arg-type]
+    store = _Members(["a"], {"p1": 0})
+    keeper.check_membership(None, store, ["p1"])  # type: ignore[arg-type]
     assert not keeper.due() and not keeper.membership_check_due()
     now[0] += MEMBERSHIP_RECHECK
-    dialect.members = ["a", "b"]  # a newcomer
-    keeper.check_membership(None, dialect, ["p1"])  # type: ignore[arg-type]
-    assert keeper.due() and dialect.reads == 2
+    store.members = ["a", "b"]  # a newcomer
+    keeper.check_membership(None, store, ["p1"])  # type: ignore[arg-type]
+    assert keeper.due() and store.reads == 2
 
 
 @pytest.mark.parametrize("leases", [{"p1": 0}, {"p1": 0, "p2": 30_000}],

@@ -45,9 +45,9 @@ def experiment():
 
         subscriber.MEMBERSHIP_RECHECK = float(os.environ["BENCH_MEMBERSHIP_RECHECK"])
     if os.environ.get("BENCH_NARROW"):
-        from sqlqueue.storage.sql.mysql import MySQLDialect
+        from sqlqueue.storage.sql.mysql import MySQLStore
 
-        MySQLDialect.narrows_fetches = os.environ["BENCH_NARROW"] == "1"
+        MySQLStore.narrows_fetches = os.environ["BENCH_NARROW"] == "1"
 
 
 def install(directory):

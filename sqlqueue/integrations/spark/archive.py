@@ -116,14 +116,14 @@ class Archiver:
         collection keeps the topic's messages until a later run exports them."""
         from django.db import connections, transaction
 
-        from sqlqueue.storage import store
+        from sqlqueue import storage
 
         connection = connections[self.alias]
-        dialect = store(connection)
+        store = storage.store(connection)
         with transaction.atomic(using=self.alias), connection.cursor() as cursor:
-            _, watermarks = dialect.topic_watermarks(cursor, topic)
+            _, watermarks = store.topic_watermarks(cursor, topic)
             for partition in watermarks:
-                dialect.ensure_watermark(cursor, self.group, topic, partition)
+                store.ensure_watermark(cursor, self.group, topic, partition)
 
     def _archive_topic(self, db: Connection, topic: str, groups: set[str],
                        before: int | None) -> None:
@@ -153,11 +153,11 @@ class Archiver:
                 before: int | None) -> Iterator[Piece]:
         from django.db import connections
 
-        from sqlqueue.storage import store
+        from sqlqueue import storage
 
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            _, watermarks = store(connection).topic_watermarks(cursor, topic)
+            _, watermarks = storage.store(connection).topic_watermarks(cursor, topic)
         for partition in sorted(watermarks):
             marks = watermarks[partition]
             finished = min(marks.get(group, 0) for group in groups)

@@ -148,7 +148,7 @@ class BatchWriter:
         """Move the batch's files into place, then record the positions it reached."""
         from django.db import connections, transaction
 
-        from sqlqueue.storage import store
+        from sqlqueue import storage
 
         for staged, final in journal["files"]:
             source, target = self.directory / staged, self.directory / final
@@ -156,11 +156,11 @@ class BatchWriter:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(source, target)
         connection = connections[self.alias]
-        dialect = store(connection)
+        store = storage.store(connection)
         with transaction.atomic(using=self.alias), connection.cursor() as cursor:
             for topic, partition, reaches in journal["watermarks"]:
-                dialect.ensure_watermark(cursor, self.group, topic, partition)
-                dialect.advance_watermarks(cursor, self.group, topic,
+                store.ensure_watermark(cursor, self.group, topic, partition)
+                store.advance_watermarks(cursor, self.group, topic,
                                            [(partition, int(reaches), None)])
         state = self._state()
         if state.get("last_batch") != journal["batch"]:

@@ -43,7 +43,7 @@ from sqlqueue.storage.statements import PostgreSQLStatements
 
 logger = logging.getLogger("sqlqueue.spark")
 
-ROWS_PER_INSERT = 500  # as the core dialect's Dialect.max_rows_per_insert
+ROWS_PER_INSERT = 500  # as the core store's Store.max_rows_per_insert
 BYTES_PER_INSERT = 4 << 20  # under max_allowed_packet (16 MiB on MariaDB by default)
 KEYS_PER_LOOKUP = 500
 #: server or client refuses LOAD DATA LOCAL: 1148 ER_NOT_ALLOWED_COMMAND, 2068

@@ -1,6 +1,6 @@
 """The operator's reads (lag, metrics, health) on a Django connection: every one
 bounded. The statements are built once, in ``sqlqueue.storage.statements.operating``
-(and the vendors'); these methods cut the work into statements, run them and shape the
+these methods cut the work into statements, run them and shape the
 rows."""
 
 from __future__ import annotations
@@ -34,13 +34,7 @@ class PendingSummary:
 
 
 class OperatingAccess(VendorHooks):
-    """Mixin for ``Dialect``: the operator's reads."""
-
-    def partition_heads(self, cursor: CursorWrapper, topic: str) -> dict[str, int]:
-        """``partition_heads`` (sqlqueue.storage.statements.vendors): partition -> newest
-        offset."""
-        cursor.execute(*self.sql.partition_heads(topic))
-        return {r[0]: int(r[1]) for r in cursor.fetchall() if r[0] is not None}
+    """Mixin for ``Store``: the operator's reads."""
 
     def pending_summary(
         self, cursor: CursorWrapper, topic: str, group: str, watermarks: dict[str, int],
@@ -93,13 +87,6 @@ class OperatingAccess(VendorHooks):
                                                  pairs[start:start + DUES_PER_STATEMENT]))
             found.update((key, int(offset)) for key, offset in cursor.fetchall())
         return found
-
-    def offset_counter(self, cursor: CursorWrapper) -> int | None:
-        """``offset_counter``: where the log's offset counter stands (None: unknown). It
-        only grows: lower than before means the database lost writes."""
-        cursor.execute(*self.sql.offset_counter())
-        row = cursor.fetchone()
-        return None if row is None or row[0] is None else int(row[0])
 
     def dead_letter_counts(
         self, cursor: CursorWrapper, dead_letter_topic: str, group: str, cap: int

@@ -27,7 +27,7 @@ class ScheduleRow(NamedTuple):
 
 
 class ScheduleAccess:
-    """Mixin for ``Dialect``: the schedules' statements."""
+    """Mixin for ``Store``: the schedules' statements."""
 
     sql: Statements
 

@@ -1,6 +1,6 @@
 """Named statements of membership: heartbeats, partition leases with their fencing
 generation, the pauses a subscriber obeys, and an operator's request that a runner stop.
-Each returns a ``Statement``; the executors run it (``sqlqueue.storage.sql.leases`` for
+Each returns a ``Statement``; the executors run it (``sqlqueue.storage.sql.membership`` for
 Django, the Spark consumer group for its own connections)."""
 
 from __future__ import annotations
