@@ -50,7 +50,7 @@ class ExitSettler:
                 with transaction.atomic(using=self.alias):
                     subscriber.fence(cursor)
                     settled = self.horizon.settled_before(cursor, self.clock.now_ms())
-                    subscriber.advance(cursor, settled, force=True)
+                    subscriber.watermarks.advance(cursor, settled, force=True)
             waiting = [s for s in waiting if s.done_above_watermarks()]
             if not waiting or time.monotonic() >= deadline:
                 break

@@ -22,6 +22,7 @@ from django.db import DatabaseError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events
+from sqlqueue.consuming.limits import Limits
 from sqlqueue.storage.sql import Dialect
 
 logger = logging.getLogger("sqlqueue.leases")
@@ -61,6 +62,17 @@ class Lease:
     #: lost and found again may carry the generation it had (what this subscriber
     #: delivered before must then not be recorded as the owner's).
     tenure: int
+
+
+@dataclass(frozen=True)
+class LeaseChange:
+    """What a lease tick changed: the partitions gained, and those lost or released."""
+
+    gained: frozenset[str] = frozenset()
+    lost: frozenset[str] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.gained or self.lost)
 
 
 def fair_share(partitions: int, members: list[str], me: str) -> int:
@@ -183,11 +195,12 @@ class LeaseKeeper:
 
     # -- the periodic tick ----------------------------------------------------------------
     def tick(self, cursor: CursorWrapper, dialect: Dialect, discovered: Iterable[str],
-             idle: set[str], may_release: Callable[[], bool] = lambda: True,
-             ) -> tuple[set[str], set[str]]:
+             idle: set[str], *, limits: Limits | None = None, in_flight: int = 0,
+             ) -> LeaseChange:
         """Heartbeat, renew, rebalance. ``idle``: owned partitions with nothing in flight,
-        which may be released now; ``may_release``: asked (once the members are read)
-        whether any may go now at all. Returns (partitions gained, partitions lost)."""
+        which may be released now, once this process is within its max_in_flight share
+        of ``limits`` among the members read (``in_flight``: its deliveries in flight).
+        Returns the partitions gained, and those lost or released."""
         started = time.monotonic()
         self._next_tick = started + self.renew_interval
         self._ticks += 1
@@ -207,7 +220,9 @@ class LeaseKeeper:
         partitions = set(discovered) | {partition for partition, *_ in leases}
         self.share = fair_share(len(partitions), self.members, self.name)
 
-        released = self._shed(cursor, dialect, idle if may_release() else set())
+        share = None if limits is None else limits.in_flight_share(self.members, self.name)
+        may_release = share is None or in_flight <= share
+        released = self._shed(cursor, dialect, idle if may_release else set())
         wanted = self.share - len(self.owned)
         if wanted > 0:
             free = sorted(p for p in partitions if p not in self.owned and p not in self.others)
@@ -247,7 +262,7 @@ class LeaseKeeper:
                                             topic=self.topic, subscriber=self.name,
                                             held=len(self.owned), gained=len(gained),
                                             lost=len(lost), released=len(released)))
-        return gained, lost | released
+        return LeaseChange(frozenset(gained), frozenset(lost | released))
 
     def _unless_locked(self, dialect: Dialect, what: str, statement: Callable[[], object]) -> bool:
         """Run ``statement``; if it gave up waiting for a lock (the wait is bounded, see

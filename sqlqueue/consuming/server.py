@@ -59,6 +59,25 @@ class ServerChanged(SqlqueueError):
         self.now = now
 
 
+class Head:
+    """The log's head in one pass: read from the server on first use (the same statement
+    says which server answered), then remembered. ``ServerWatch.head_of_pass`` makes one
+    per pass; the parts below the runner call it, the Pacer reads ``known()``."""
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self._read = read
+        self._value: int | None = None
+
+    def __call__(self) -> int:
+        if self._value is None:
+            self._value = self._read()
+        return self._value
+
+    def known(self) -> int | None:
+        """The head if this pass read it (without reading it)."""
+        return self._value
+
+
 class ServerWatch:
     """The server the runner's connection reaches, and that connection's session."""
 
@@ -92,6 +111,10 @@ class ServerWatch:
         head, server = dialect.head_and_server(cursor)
         self.check(server)
         return int(head)
+
+    def head_of_pass(self, dialect: Any, cursor: Any) -> Head:
+        """The log's head for one pass, read when first needed (``Head``)."""
+        return Head(lambda: self.head(dialect, cursor))
 
     def check(self, server: str) -> None:
         """Raise ServerChanged if ``server`` is not the one this process talked to."""

@@ -165,7 +165,7 @@ class InlineRunner(Runner):
                         return
                     # The handlers may have published to partitions not seen yet.
                     for subscriber in self.subscribers:
-                        subscriber.look_again_now()
+                        subscriber.finder.look_again_now()
                     continue  # the next pass records their outcomes
                 if self._has_outcomes():
                     continue

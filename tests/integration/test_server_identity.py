@@ -89,7 +89,7 @@ def test_outcomes_of_deliveries_made_on_the_old_server_are_dropped(
     assert changed.value.now == "another server"
     runner._forget_server(changed.value.now)
     subscriber = runner.subscribers[0]
-    assert not subscriber.partitions and not subscriber.outstanding
+    assert not subscriber.partitions and not subscriber.deliveries.outstanding
     assert not subscriber.leases.owned
     release.set()  # the old delivery's handler acks ...
     cycle_until(runner, lambda: subscriber.stats["abandoned"] == 1)

@@ -285,12 +285,13 @@ def test_polling_adapts_to_traffic_and_falls_back_to_the_poll_interval() -> None
     import dataclasses
 
     from sqlqueue.conf import QueueSettings
-    from sqlqueue.consuming.runner import FIRST_QUICK_POLL, Runner, _Once
+    from sqlqueue.consuming.runner import FIRST_QUICK_POLL, Runner
+    from sqlqueue.consuming.server import Head
 
     runner = Runner([], conf=dataclasses.replace(QueueSettings(), POLL_INTERVAL=0.1))
 
     def delay_after_a_pass_that_saw(head: int | None) -> float:
-        seen = _Once(lambda: head if head is not None else 0)
+        seen = Head(lambda: head if head is not None else 0)
         if head is not None:
             seen()
         return runner.pacer.polling_delay(seen)
@@ -312,8 +313,9 @@ def test_no_quick_polls_while_a_wake_up_channel_hears_other_processes() -> None:
     import dataclasses
 
     from sqlqueue.conf import QueueSettings
-    from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, _Once
+    from sqlqueue.consuming.pacing import FIRST_QUICK_POLL
     from sqlqueue.consuming.runner import Runner
+    from sqlqueue.consuming.server import Head
     from sqlqueue.consuming.wakeups import Wakeups
 
     class Channel:  # a Listener's state, without its thread
@@ -329,7 +331,7 @@ def test_no_quick_polls_while_a_wake_up_channel_hears_other_processes() -> None:
     heads = iter(range(10, 100))
 
     def delay_after_a_pass_that_saw_a_new_message() -> float:
-        seen = _Once(lambda: next(heads))
+        seen = Head(lambda: next(heads))
         seen()
         return runner.pacer.polling_delay(seen)
 
