@@ -52,7 +52,11 @@ class OutcomeRecorder:
         """Write what the handlers did: ``recording.plan`` decides, ``write`` writes.
         Deliveries stay outstanding until the caller's transaction commits (and calls
         ``recorded``): a failed write is retried as the owner's, not dropped as a
-        stranger's (the ack would be lost, the message run again)."""
+        stranger's (the ack would be lost, the message run again). Nothing to record
+        reads nothing (not even the clock)."""
+        outcomes = list(outcomes)
+        if not outcomes:
+            return
         self.write(cursor, recording.plan(outcomes, outstanding=self.deliveries.outstanding,
                                           partitions=self.partitions, options=self.options,
                                           now_ms=self.clock()))
