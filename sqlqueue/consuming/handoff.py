@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -21,6 +20,7 @@ from django.db import connections
 
 from sqlqueue import events
 from sqlqueue.consuming import handlers
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.ledger import Deliveries
@@ -42,7 +42,9 @@ class HandlerPool:
     def __init__(self, *, name: str, threads: int, alias: str, instruments: Instruments,
                  stopping: threading.Event, wakeup: Doorbell,
                  paused: Callable[[str, str], bool],
-                 exit_when_stuck: float | None, on_stuck: Callable[[], None]) -> None:
+                 exit_when_stuck: float | None, on_stuck: Callable[[], None],
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.name = name  # the runner's: its threads are named after it
         self.threads = threads
         self.alias = alias
@@ -147,7 +149,7 @@ class HandlerPool:
         with backoff). Its thread cannot be stopped: a new one takes its place, and it
         exits when the handler returns, its outcome dropped. ``ledgers``: each
         subscription's consumer and its ``Deliveries``."""
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         for consumer, deliveries in ledgers:
             limit = consumer.timeout
             if limit is None:
@@ -214,7 +216,7 @@ class HandlerPool:
                     self.done.put(Outcome(delivery, "not_started"))
                     self.wakeup.set()
                 continue
-            started = time.time()
+            started = self.host_clock.wall()
             try:
                 outcome = handlers.handle(delivery)
             finally:
@@ -235,7 +237,7 @@ class HandlerPool:
     def _instrument(self, outcome: Outcome, started: float) -> None:
         row, consumer = outcome.delivery.row, outcome.delivery.consumer
         due_ms = max(row.created_at, row.deliver_after)  # this host's clock vs the database's
-        duration = time.time() - started
+        duration = self.host_clock.wall() - started
         self.instruments.handled(consumer.group, consumer.topic, outcome.kind, duration,
                                  max(0.0, started - due_ms / 1000))
         self.instruments.finished(outcome.delivery, outcome.kind, duration)

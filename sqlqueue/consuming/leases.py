@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from django.db import DatabaseError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.storage.sql import Dialect
 
@@ -91,7 +91,8 @@ class LeaseKeeper:
     """The leases one subscriber holds on one (group, topic)."""
 
     def __init__(self, group: str, topic: str, name: str, duration: float,
-                 renew_interval: float) -> None:
+                 renew_interval: float, *, host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.group = group
         self.topic = topic
         self.name = name
@@ -118,14 +119,14 @@ class LeaseKeeper:
         """May this subscriber start work on ``partition`` now?"""
         lease = self.owned.get(partition)
         return (lease is not None and partition not in self.releasing
-                and time.monotonic() < lease.deadline)
+                and self.host_clock.monotonic() < lease.deadline)
 
     def trusts(self, partition: str, tenure: int | None) -> bool:
         """Is the lease of ``partition`` still this subscriber's in ``tenure``, before
         its local deadline (whether or not it is being handed over)?"""
         lease = self.owned.get(partition)
         return (lease is not None and lease.tenure == tenure
-                and time.monotonic() < lease.deadline)
+                and self.host_clock.monotonic() < lease.deadline)
 
     def generation(self, partition: str) -> int | None:
         lease = self.owned.get(partition)
@@ -136,7 +137,7 @@ class LeaseKeeper:
         return None if lease is None else lease.tenure
 
     def due(self) -> bool:
-        return time.monotonic() >= self._next_tick
+        return self.host_clock.monotonic() >= self._next_tick
 
     def hurry(self) -> None:
         """Tick at the next opportunity (new partitions, a member left)."""
@@ -147,7 +148,7 @@ class LeaseKeeper:
         tick soon instead of at the end of the renew interval, so that a rolling deploy
         does not leave them unserved for up to LEASE_RENEW_INTERVAL. At most once per
         FREE_LEASE_RECHECK, so that a partition left free a while costs little."""
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         if now - self._free_noticed_at >= FREE_LEASE_RECHECK:
             self._free_noticed_at = now
             self.hurry()
@@ -158,7 +159,7 @@ class LeaseKeeper:
         return len(self.owned) < self.share and self._quick_left > 0
 
     def membership_check_due(self, every: float = MEMBERSHIP_RECHECK) -> bool:
-        return time.monotonic() - self._members_checked_at >= every
+        return self.host_clock.monotonic() - self._members_checked_at >= every
 
     def membership_worth_a_look(self, *, busy: bool, watching: bool,
                                 head: Callable[[], int] | None) -> bool:
@@ -182,7 +183,7 @@ class LeaseKeeper:
         a newcomer gets its share from a busy holder, and a free partition a new holder,
         within about a tenth of a second instead of at the next renewal (up to
         LEASE_RENEW_INTERVAL). Plain reads: they wait for no lock."""
-        self._members_checked_at = time.monotonic()
+        self._members_checked_at = self.host_clock.monotonic()
         if dialect.live_subscribers(cursor, self.group, self.topic,
                                     self.duration_ms) != self.members:
             self.hurry()
@@ -201,7 +202,7 @@ class LeaseKeeper:
         which may be released now, once this process is within its max_in_flight share
         of ``limits`` among the members read (``in_flight``: its deliveries in flight).
         Returns the partitions gained, and those lost or released."""
-        started = time.monotonic()
+        started = self.host_clock.monotonic()
         self._next_tick = started + self.renew_interval
         self._ticks += 1
         dialect.heartbeat(cursor, self.group, self.topic, self.name)
@@ -214,7 +215,7 @@ class LeaseKeeper:
             {partition: lease.generation for partition, lease in self.owned.items()}))
         leases = dialect.list_leases(cursor, self.group, self.topic)
         self.members = dialect.live_subscribers(cursor, self.group, self.topic, self.duration_ms)
-        self._members_checked_at = time.monotonic()
+        self._members_checked_at = self.host_clock.monotonic()
         before = set(self.owned)
         self._adopt(leases, started)
         partitions = set(discovered) | {partition for partition, *_ in leases}
@@ -246,7 +247,7 @@ class LeaseKeeper:
             # Handing partitions over, or waiting a little for some to be handed over:
             # look again shortly, not in a whole renew interval, so that rebalancing
             # stays quick (a few times only, so that a slow peer does not make us spin).
-            self._next_tick = min(self._next_tick, time.monotonic() + QUICK_TICK)
+            self._next_tick = min(self._next_tick, self.host_clock.monotonic() + QUICK_TICK)
         if self._ticks % PURGE_AFTER_LEASES == 0:
             self._unless_locked(dialect, "purging abandoned leases",
                                 lambda: dialect.purge_abandoned(
@@ -274,7 +275,7 @@ class LeaseKeeper:
                 raise
             logger.warning("%s on %s/%s: gave up %s after a lock wait (%s); trying again at "
                            "the next lease tick.", self.name, self.group, self.topic, what, exc)
-            self._next_tick = min(self._next_tick, time.monotonic() + FREE_LEASE_RECHECK)
+            self._next_tick = min(self._next_tick, self.host_clock.monotonic() + FREE_LEASE_RECHECK)
             return False
         return True
 

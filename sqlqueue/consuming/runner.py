@@ -14,7 +14,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -24,14 +23,13 @@ from django.db import connections
 
 from sqlqueue import events
 from sqlqueue.conf import QueueSettings, get_settings
-from sqlqueue.consuming.clock import Clock, DatabaseClock
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, Clock, DatabaseClock, HostClock
 from sqlqueue.consuming.exiting import EXIT_SETTLE_SECONDS, ExitSettler
 from sqlqueue.consuming.gc import GarbageCollector
-from sqlqueue.consuming.handlers import Delivery, Outcome
+from sqlqueue.consuming.handlers import Outcome
 from sqlqueue.consuming.handoff import EXIT_STUCK, HandlerPool
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.liveness import touch
-from sqlqueue.consuming.logholding import atomic_then_logs
 from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, Pacer
 from sqlqueue.consuming.pauses import PauseWatch, stored_pauses
 from sqlqueue.consuming.registry import Consumer, groups_known_here, refuse_routed_elsewhere
@@ -39,6 +37,7 @@ from sqlqueue.consuming.server import RECONNECT_BACKOFF, Head, ServerChanged, Se
 from sqlqueue.consuming.settling import HorizonWatch
 from sqlqueue.consuming.signals import StopOnSignals
 from sqlqueue.consuming.subscriber import Subscriber
+from sqlqueue.consuming.transactions import FencedTransactions
 from sqlqueue.consuming.wakeups import Wakeups
 from sqlqueue.storage import store
 from sqlqueue.wakeups import Doorbell
@@ -73,8 +72,11 @@ class Runner:
         instruments: Instruments | None = None,
         exit_when_stuck: float | None = None,
         clock: Clock | None = None,
+        host_clock: HostClock | None = None,
     ) -> None:
         self.conf = conf or get_settings()
+        # This host's clocks, passed to every part that reads time (a test: a manual one).
+        self.host_clock: HostClock = host_clock or SYSTEM_CLOCK
         # Under a supervisor: seconds a handler may stay stuck past its timeout before
         # this process stops (EXIT_STUCK) so that a fresh one takes its place.
         self.exit_when_stuck = exit_when_stuck
@@ -91,32 +93,42 @@ class Runner:
         self.max_messages = max_messages
         self.server = ServerWatch(conf=self.conf, alias=self.alias,
                                   instruments=self.instruments,
-                                  owns_session=self.owns_connection)
+                                  owns_session=self.owns_connection,
+                                  host_clock=self.host_clock)
         # The database's time (guarantee I11); a test may pass one it moves itself.
-        self.clock: Clock = clock or DatabaseClock(self.server.database_now)
+        self.clock: Clock = clock or DatabaseClock(self.server.database_now,
+                                                   host_clock=self.host_clock)
         self.subscribers = [Subscriber(c, self.conf, self.alias, self.name,
                                        clock=self.clock.now_ms,
                                        hold_clock=self.clock.estimate_ms,
                                        check_server=self.server.check,
-                                       watch_when_idle=until_empty)
+                                       watch_when_idle=until_empty,
+                                       host_clock=self.host_clock)
                             for c in consumers]
         self.collector = self.collector_class(self.conf, self.alias,
-                                              groups_known_here(consumers))
+                                              groups_known_here(consumers),
+                                              host_clock=self.host_clock)
         self.stopping = threading.Event()
         # Handler threads and stop() set it (a pass now); a publish rings it (a pass soon,
         # never sooner than FIRST_QUICK_POLL after the last: sqlqueue.wakeups.Doorbell).
         self.wakeup = Doorbell(FIRST_QUICK_POLL)
         self.wakeups: Wakeups | None = None
         self.on_signals = StopOnSignals(self.stop, self.conf.SHUTDOWN_TIMEOUT)
-        self.pauses = PauseWatch(stored_pauses(self.alias))
-        self.horizon = HorizonWatch(self.alias, self.conf.MAX_TRANSACTION_AGE)
+        self.pauses = PauseWatch(stored_pauses(self.alias), host_clock=self.host_clock)
+        self.horizon = HorizonWatch(self.alias, self.conf.MAX_TRANSACTION_AGE,
+                                    host_clock=self.host_clock)
         self.exit = ExitSettler(alias=self.alias, horizon=self.horizon, clock=self.clock,
-                                settle_seconds=self.exit_settle_seconds)
+                                settle_seconds=self.exit_settle_seconds,
+                                host_clock=self.host_clock)
         self.pool = self.pool_class(
             name=self.name, threads=self.threads, alias=self.alias,
             instruments=self.instruments, stopping=self.stopping, wakeup=self.wakeup,
             paused=self.pauses.paused,
-            exit_when_stuck=self.exit_when_stuck, on_stuck=self._stuck)
+            exit_when_stuck=self.exit_when_stuck, on_stuck=self._stuck,
+            host_clock=self.host_clock)
+        self.transactions = FencedTransactions(alias=self.alias, name=self.name,
+                                               server=self.server, horizon=self.horizon,
+                                               clock=self.clock, pool=self.pool)
         self.pacer = Pacer(conf=self.conf, clock=self.clock, pool=self.pool,
                            subscribers=self.subscribers, pauses=self.pauses,
                            until_empty=until_empty, max_messages=max_messages)
@@ -251,7 +263,7 @@ class Runner:
             key = id(subscriber.consumer)
             if self.stopping.is_set():
                 # A stop was asked for during this pass: record, take nothing new.
-                self._record(subscriber, cursor, outcomes.pop(key, []))
+                self.transactions.record(subscriber, cursor, outcomes.pop(key, []))
                 continue
             if self._paused(subscriber):
                 self._hold_paused(subscriber, cursor, outcomes.pop(key, []), head)
@@ -265,7 +277,8 @@ class Runner:
                                                 len(change.lost))
             if not subscriber.has_work(len(outcomes.get(key, ())), head):
                 continue
-            deliveries = self._pass(subscriber, cursor, outcomes.pop(key, []), head, budget)
+            deliveries = self.transactions.deliver(subscriber, cursor, outcomes.pop(key, []),
+                                                     head, budget)
             self.instruments.polled(group, topic, len(deliveries))
             # Handed to the handlers only once the marks are committed, each with the
             # server whose fence this pass passed (an atomic handler's ack goes there).
@@ -275,34 +288,6 @@ class Runner:
             self.pool.dispatch(deliveries)
             if budget is not None:
                 budget -= len(deliveries)
-
-    def _pass(self, subscriber: Subscriber, cursor: Any, outcomes: list[Outcome],
-              head: Head, budget: int | None) -> list[Delivery]:
-        """One short transaction for one subscription: its leases are share-locked first,
-        so every write below is made by the partitions' current owner. Returns the
-        deliveries marked (committed). If a lock wait gives up, nothing of it happened:
-        its outcomes are recorded at the next pass and its state is read again."""
-        try:
-            with atomic_then_logs(self.alias, self.server.note_error):  # logs: after it
-                subscriber.fence(cursor)
-                # The clock is read only now, after the fence's lock wait (however long):
-                # every time this transaction stamps comes from after it (guarantee I4, I10).
-                settled = self.horizon.settled_before(cursor, self.clock.now_ms())
-                subscriber.recorder.record(cursor, outcomes)
-                deliveries = subscriber.poll(cursor, head, budget)
-                # Fewer watermarks while messages wait for this commit (quiet passes: more).
-                subscriber.watermarks.advance(cursor, settled, delivering=bool(deliveries))
-            subscriber.recorder.recorded(outcomes)
-            return deliveries
-        except AnyDatabaseError as exc:
-            self.pool.keep_unrecorded(outcomes)
-            if not store(self.alias).is_lock_wait(exc):
-                raise
-            logger.warning("%s on %s/%s: gave up a lock wait (%s); trying again at the next "
-                           "pass.", self.name, subscriber.consumer.group,
-                           subscriber.consumer.topic, exc)
-            subscriber.reset()
-            return []
 
     # -- pauses (queue pause / resume) --------------------------------------------------------
     def _check_pauses(self) -> None:
@@ -320,7 +305,7 @@ class Runner:
         """A paused subscription fetches nothing: it records what its running handlers did
         (gives back what they did not start), and keeps its leases, heartbeat and share of
         new partitions, to resume where it stopped and not be reported as STOP."""
-        self._record(subscriber, cursor, outcomes)
+        self.transactions.record(subscriber, cursor, outcomes)
         subscriber.discover(cursor, head)
         _, taken = subscriber.keep_leases(cursor)
         self.pool.taken_back(taken)
@@ -328,19 +313,7 @@ class Runner:
     def _record_outcomes(self, cursor: Any) -> None:
         outcomes = self.pool.collect()
         for subscriber in self.subscribers:
-            self._record(subscriber, cursor, outcomes.get(id(subscriber.consumer), []))
-
-    def _record(self, subscriber: Subscriber, cursor: Any, outcomes: list[Outcome]) -> None:
-        """Write outcomes as the partitions' owner (fenced), in one transaction."""
-        if outcomes:
-            try:
-                with atomic_then_logs(self.alias, self.server.note_error):
-                    subscriber.fence(cursor)
-                    subscriber.recorder.record(cursor, outcomes)
-                subscriber.recorder.recorded(outcomes)
-            except AnyDatabaseError:
-                self.pool.keep_unrecorded(outcomes)
-                raise
+            self.transactions.record(subscriber, cursor, outcomes.get(id(subscriber.consumer), []))
 
     # -- shutdown -------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -348,13 +321,13 @@ class Runner:
         (up to SHUTDOWN_TIMEOUT); record their outcomes, move the watermarks over them,
         hand the partitions over; stop the threads. ``run`` ends with it."""
         self.pool.take_back_queued()  # given back with the first outcomes recorded below
-        deadline = time.monotonic() + self.shutdown_timeout
+        deadline = self.host_clock.monotonic() + self.shutdown_timeout
         try:
             connection = connections[self.alias]
             with (connection.execute_wrapper(self.server.bound_transaction_lock_waits),
                   connection.cursor() as cursor):
-                while self.pool.in_flight > 0 and time.monotonic() < deadline:
-                    self.wakeup.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                while self.pool.in_flight > 0 and self.host_clock.monotonic() < deadline:
+                    self.wakeup.wait(min(0.1, max(0.0, deadline - self.host_clock.monotonic())))
                     self.wakeup.clear()
                     self._record_outcomes(cursor)
                 self._record_outcomes(cursor)

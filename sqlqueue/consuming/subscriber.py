@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.delivering import Fetcher, HeldView
 from sqlqueue.consuming.discovery import PartitionFinder
 from sqlqueue.consuming.earlier_runs import EarlierRuns
@@ -36,7 +37,8 @@ class Subscriber:
                  name: str = "subscriber", *, clock: Callable[[], int],
                  hold_clock: Callable[[], int] | None = None,
                  check_server: Callable[[str], None] = lambda server: None,
-                 watch_when_idle: bool = False) -> None:
+                 watch_when_idle: bool = False,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
         self.consumer = consumer
         # The database clock (epoch ms), read at each decision rather than once a cycle: a
         # statement can wait seconds for a lock, and a reading from before the wait would
@@ -48,29 +50,34 @@ class Subscriber:
         self.conf = conf
         self.alias = alias
         self.name = name
+        # This host's clocks, for every part's timers (``HostClock``).
+        self.host_clock = host_clock
         self.leases = LeaseKeeper(consumer.group, consumer.topic, name, conf.LEASE_DURATION,
-                                  conf.LEASE_RENEW_INTERVAL)
+                                  conf.LEASE_RENEW_INTERVAL, host_clock=host_clock)
         self.partitions: dict[str, PartitionState] = {}  # the partitions this one holds
         self.deliveries = Deliveries()  # handed to the pool, no outcome yet; stuck ones
         self.earlier_runs = EarlierRuns(consumer.group, consumer.topic, clock)  # ordered
         self.limits = None if consumer.rate_limit is None and consumer.max_in_flight is None \
             else Limits(consumer.rate_limit, consumer.max_in_flight,
-                        warm_up=conf.LEASE_RENEW_INTERVAL)
+                        warm_up=conf.LEASE_RENEW_INTERVAL, now=host_clock.monotonic)
         self.check_server = check_server  # raises if a fenced pass ran on another server
         # --until-empty: idle, it watches the membership too (WATCH_RECHECK) to take
         # over at once what a member that finished released, not at its next renewal.
         self.watch_when_idle = watch_when_idle
         self.finder = PartitionFinder(group=consumer.group, topic=consumer.topic,
                                       alias=alias, leases=self.leases,
-                                      start_latest=consumer.start == "latest")
+                                      start_latest=consumer.start == "latest",
+                                      host_clock=host_clock)
         self.fetcher = Fetcher(consumer=consumer, options=self.options, alias=alias,
                                clock=clock, leases=self.leases, limits=self.limits,
                                partitions=self.partitions,
                                outstanding=self.deliveries.outstanding,
-                               view=HeldView(self.leases, self.partitions, self.hold_clock))
+                               view=HeldView(self.leases, self.partitions, self.hold_clock),
+                               host_clock=host_clock)
         self.watermarks = WatermarkKeeper(group=consumer.group, topic=consumer.topic,
                                           alias=alias, partitions=self.partitions,
-                                          keep_delivery_state=conf.KEEP_DELIVERY_STATE)
+                                          keep_delivery_state=conf.KEEP_DELIVERY_STATE,
+                                          host_clock=host_clock)
         self.recorder = OutcomeRecorder(consumer=consumer, options=self.options, alias=alias,
                                         dead_letter_topic=consumer.topic + conf.DLQ_SUFFIX,
                                         clock=clock, partitions=self.partitions,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import queue
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -150,10 +149,10 @@ class InlineRunner(Runner):
         """Pass, run what was handed out, pass again (recording it), until settled; then
         record the last outcomes, move the watermarks and release the leases, as a
         ``runconsumer`` that exits does."""
-        deadline = time.monotonic() + SETTLE_TIMEOUT
+        deadline = self.host_clock.monotonic() + SETTLE_TIMEOUT
         try:
             while True:
-                if time.monotonic() > deadline:
+                if self.host_clock.monotonic() > deadline:
                     raise SqlqueueError(self._not_settled())
                 delay = self.run_once()
                 if self.pool.run_handed_out():

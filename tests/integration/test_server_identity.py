@@ -22,6 +22,7 @@ from sqlqueue import Message, events, send_message
 from sqlqueue.consuming.counter import OffsetCounterWatch
 from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner, ServerChanged
+from sqlqueue.consuming.server import Head
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.operations.positions import reset_position
 from sqlqueue.storage import store
@@ -123,7 +124,7 @@ def test_a_fence_on_another_server_writes_nothing(
         monkeypatch.setattr(dialect_class, statement, spy)
     move_to_another_server(monkeypatch)
     with connection.cursor() as cursor, pytest.raises(ServerChanged):
-        runner._pass(subscriber, cursor, [], lambda: 0, None)
+        runner.transactions.deliver(subscriber, cursor, [], Head(lambda: 0), None)
     assert written == []
 
 

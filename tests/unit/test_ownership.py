@@ -42,6 +42,7 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "ledger.py": ("Deliveries",),
     "recorder.py": ("OutcomeRecorder",),
     "signals.py": ("StopOnSignals",),
+    "transactions.py": ("FencedTransactions",),
     "partition.py": ("PartitionState", "Entry"),
 }
 #: How the code names the engine's objects: a write to ``<name>.x`` is to that class's.
@@ -51,7 +52,7 @@ RECEIVERS = {"runner": "Runner", "subscriber": "Subscriber", "pool": "HandlerPoo
              "finder": "PartitionFinder", "leases": "LeaseKeeper", "fetcher": "Fetcher",
              "view": "HeldView", "watermarks": "WatermarkKeeper", "state": "PartitionState",
              "entry": "Entry", "deliveries": "Deliveries", "recorder": "OutcomeRecorder",
-             "on_signals": "StopOnSignals"}
+             "on_signals": "StopOnSignals", "transactions": "FencedTransactions"}
 #: The modules (relative to sqlqueue/) that handle engine objects under other names too.
 ENGINE_USERS = ("consuming/", "testing/", "management/")
 MUTATING = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "add",
