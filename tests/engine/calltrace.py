@@ -53,13 +53,13 @@ class CallTree:
             out[caller].add(callee)
         return out
 
-    def cycles(self, allowed: frozenset[tuple[str, str, str]] = frozenset(),
+    def cycles(self, allowed: Callable[[str, str, str], bool] = lambda *call: False,
                ) -> list[list[str]]:
-        """The strongly connected components of more than one file, once the edges in
-        ``allowed`` ((caller, callee, function): named callbacks) are left out."""
+        """The strongly connected components of more than one file, once the calls
+        ``allowed(caller, callee, function)`` says are named callbacks are left out."""
         graph: dict[str, set[str]] = defaultdict(set)
         for (caller, callee), functions in self.edges.items():
-            if any((caller, callee, f) not in allowed for f in functions):
+            if any(not allowed(caller, callee, f) for f in functions):
                 graph[caller].add(callee)
         return [sorted(c) for c in _components(graph, self.files) if len(c) > 1]
 
