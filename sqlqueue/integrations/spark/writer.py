@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -82,8 +81,8 @@ class ChunkPublisher:
     """Publishes prepared rows of one topic, a transaction per chunk."""
 
     def __init__(self, options: SourceOptions, db: Connection,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        self.sleep = sleep  # between a deadlock victim's tries (a test's records them)
+                 sleep: Callable[[float], None] | None = None) -> None:
+        self.sleep = sleep  # between a deadlock victim's tries (None: time.sleep)
         self.topic = options.require_topic("publish")
         self.database = options.database
         self.db = db
