@@ -13,6 +13,7 @@ from collections.abc import Callable
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import storage
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.handlers import Delivery
 from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
@@ -96,7 +97,7 @@ class Fetcher:
     def __init__(self, *, consumer: Consumer, options: ConsumerOptions, alias: str,
                  clock: Callable[[], int], leases: LeaseKeeper, limits: Limits | None,
                  partitions: dict[str, PartitionState], outstanding: dict[int, Delivery],
-                 view: HeldView) -> None:
+                 view: HeldView, host_clock: HostClock = SYSTEM_CLOCK) -> None:
         self.consumer = consumer
         self.options = options
         self.alias = alias
@@ -106,6 +107,7 @@ class Fetcher:
         self.partitions = partitions
         self.outstanding = outstanding
         self.view = view
+        self.host_clock = host_clock  # a Delivery's: when its handler started
 
     @property
     def group(self) -> str:
@@ -281,7 +283,7 @@ class Fetcher:
             assert entry.row is not None
             delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
                                 entry.attempt, next(_sequence), view=self.view,
-                                tenure=state.tenure)
+                                tenure=state.tenure, host_clock=self.host_clock)
             # Attempts charged but never reported (a worker died mid-handler, or gave up
             # past the visibility timeout) may have spent the retry budget.
             (spent if entry.attempt > self.options.max_attempts else deliveries).append(

@@ -17,13 +17,13 @@ overview's old minutes): this layer imports none of them.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from sqlqueue import storage
 from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 
 logger = logging.getLogger("sqlqueue.gc")
 
@@ -53,7 +53,9 @@ def register_collection(collection: ExtraCollection) -> None:
 
 
 class GarbageCollector:
-    def __init__(self, conf: QueueSettings, alias: str, known_groups: dict[str, set[str]]):
+    def __init__(self, conf: QueueSettings, alias: str, known_groups: dict[str, set[str]],
+                 *, host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.conf = conf
         self.alias = alias
         self.known_groups = known_groups  # topic -> groups running in this process
@@ -73,7 +75,7 @@ class GarbageCollector:
     def collect(self, cursor: Any, force: bool = False) -> int:
         """One bounded pass over the topics whose turn it is, and over expired task
         results when theirs is; returns rows deleted (messages and results)."""
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         deleted = 0
         for topic in self.known_groups:
             if not force and now < self._next_pass.get(topic, 0.0):
@@ -113,7 +115,7 @@ class GarbageCollector:
         groups, watermarks = store.topic_watermarks(cursor, topic)
         # When the watermarks were seen: after the read (which may have waited), so that
         # RETENTION is never counted from before a watermark got where it is.
-        seen_at = time.monotonic()
+        seen_at = self.host_clock.monotonic()
         groups |= self.known_groups.get(topic, set())
         if not groups:
             return 0, False

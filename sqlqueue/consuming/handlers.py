@@ -6,7 +6,6 @@ import inspect
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -16,6 +15,7 @@ from django.db import Error as AnyDatabaseError
 from django.db import connections, transaction
 
 from sqlqueue import events, storage, tracing
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.failure_text import described, error_text
 from sqlqueue.consuming.message import Message, Reject, Retry
 from sqlqueue.consuming.outcomes import ack
@@ -88,7 +88,8 @@ class Delivery:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # queued -> started | given_back | refused; started -> finished | timed_out -> returned_late
     _state: str = "queued"
-    started_at: float = 0.0  # time.monotonic() when a handler thread started it
+    started_at: float = 0.0  # host_clock.monotonic() when a handler thread started it
+    host_clock: HostClock = field(default=SYSTEM_CLOCK, repr=False)
     # False when the handler runs on the caller's connection, inside the caller's
     # transaction (sqlqueue.testing): a second connection would wait on its locks.
     own_connection: bool = True
@@ -114,7 +115,7 @@ class Delivery:
                 self._state = "refused"
                 return False
             self._state = "started"
-            self.started_at = time.monotonic()
+            self.started_at = self.host_clock.monotonic()
             return True
 
     def time_out(self) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from django.db import DatabaseError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
+from sqlqueue.consuming.limits import Limits
 from sqlqueue.storage.protocols import LeaseStore
 
 logger = logging.getLogger("sqlqueue.leases")
@@ -63,6 +64,17 @@ class Lease:
     tenure: int
 
 
+@dataclass(frozen=True)
+class LeaseChange:
+    """What a lease tick changed: the partitions gained, and those lost or released."""
+
+    gained: frozenset[str] = frozenset()
+    lost: frozenset[str] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.gained or self.lost)
+
+
 def fair_share(partitions: int, members: list[str], me: str) -> int:
     """How many partitions ``me`` should hold: floor(P/S), plus one for the first P mod S
     members by name, so that the shares add up to P exactly."""
@@ -79,7 +91,8 @@ class LeaseKeeper:
     """The leases one subscriber holds on one (group, topic)."""
 
     def __init__(self, group: str, topic: str, name: str, duration: float,
-                 renew_interval: float) -> None:
+                 renew_interval: float, *, host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.group = group
         self.topic = topic
         self.name = name
@@ -106,14 +119,14 @@ class LeaseKeeper:
         """May this subscriber start work on ``partition`` now?"""
         lease = self.owned.get(partition)
         return (lease is not None and partition not in self.releasing
-                and time.monotonic() < lease.deadline)
+                and self.host_clock.monotonic() < lease.deadline)
 
     def trusts(self, partition: str, tenure: int | None) -> bool:
         """Is the lease of ``partition`` still this subscriber's in ``tenure``, before
         its local deadline (whether or not it is being handed over)?"""
         lease = self.owned.get(partition)
         return (lease is not None and lease.tenure == tenure
-                and time.monotonic() < lease.deadline)
+                and self.host_clock.monotonic() < lease.deadline)
 
     def generation(self, partition: str) -> int | None:
         lease = self.owned.get(partition)
@@ -124,7 +137,7 @@ class LeaseKeeper:
         return None if lease is None else lease.tenure
 
     def due(self) -> bool:
-        return time.monotonic() >= self._next_tick
+        return self.host_clock.monotonic() >= self._next_tick
 
     def hurry(self) -> None:
         """Tick at the next opportunity (new partitions, a member left)."""
@@ -135,7 +148,7 @@ class LeaseKeeper:
         tick soon instead of at the end of the renew interval, so that a rolling deploy
         does not leave them unserved for up to LEASE_RENEW_INTERVAL. At most once per
         FREE_LEASE_RECHECK, so that a partition left free a while costs little."""
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         if now - self._free_noticed_at >= FREE_LEASE_RECHECK:
             self._free_noticed_at = now
             self.hurry()
@@ -146,7 +159,7 @@ class LeaseKeeper:
         return len(self.owned) < self.share and self._quick_left > 0
 
     def membership_check_due(self, every: float = MEMBERSHIP_RECHECK) -> bool:
-        return time.monotonic() - self._members_checked_at >= every
+        return self.host_clock.monotonic() - self._members_checked_at >= every
 
     def membership_worth_a_look(self, *, busy: bool, watching: bool,
                                 head: Callable[[], int] | None) -> bool:
@@ -170,7 +183,7 @@ class LeaseKeeper:
         a newcomer gets its share from a busy holder, and a free partition a new holder,
         within about a tenth of a second instead of at the next renewal (up to
         LEASE_RENEW_INTERVAL). Plain reads: they wait for no lock."""
-        self._members_checked_at = time.monotonic()
+        self._members_checked_at = self.host_clock.monotonic()
         if store.live_subscribers(cursor, self.group, self.topic,
                                     self.duration_ms) != self.members:
             self.hurry()
@@ -183,12 +196,13 @@ class LeaseKeeper:
 
     # -- the periodic tick ----------------------------------------------------------------
     def tick(self, cursor: CursorWrapper, store: LeaseStore, discovered: Iterable[str],
-             idle: set[str], may_release: Callable[[], bool] = lambda: True,
-             ) -> tuple[set[str], set[str]]:
+             idle: set[str], *, limits: Limits | None = None, in_flight: int = 0,
+             ) -> LeaseChange:
         """Heartbeat, renew, rebalance. ``idle``: owned partitions with nothing in flight,
-        which may be released now; ``may_release``: asked (once the members are read)
-        whether any may go now at all. Returns (partitions gained, partitions lost)."""
-        started = time.monotonic()
+        which may be released now, once this process is within its max_in_flight share
+        of ``limits`` among the members read (``in_flight``: its deliveries in flight).
+        Returns the partitions gained, and those lost or released."""
+        started = self.host_clock.monotonic()
         self._next_tick = started + self.renew_interval
         self._ticks += 1
         store.heartbeat(cursor, self.group, self.topic, self.name)
@@ -201,13 +215,15 @@ class LeaseKeeper:
             {partition: lease.generation for partition, lease in self.owned.items()}))
         leases = store.list_leases(cursor, self.group, self.topic)
         self.members = store.live_subscribers(cursor, self.group, self.topic, self.duration_ms)
-        self._members_checked_at = time.monotonic()
+        self._members_checked_at = self.host_clock.monotonic()
         before = set(self.owned)
         self._adopt(leases, started)
         partitions = set(discovered) | {partition for partition, *_ in leases}
         self.share = fair_share(len(partitions), self.members, self.name)
 
-        released = self._shed(cursor, store, idle if may_release() else set())
+        share = None if limits is None else limits.in_flight_share(self.members, self.name)
+        may_release = share is None or in_flight <= share
+        released = self._shed(cursor, store, idle if may_release else set())
         wanted = self.share - len(self.owned)
         if wanted > 0:
             free = sorted(p for p in partitions if p not in self.owned and p not in self.others)
@@ -231,7 +247,7 @@ class LeaseKeeper:
             # Handing partitions over, or waiting a little for some to be handed over:
             # look again shortly, not in a whole renew interval, so that rebalancing
             # stays quick (a few times only, so that a slow peer does not make us spin).
-            self._next_tick = min(self._next_tick, time.monotonic() + QUICK_TICK)
+            self._next_tick = min(self._next_tick, self.host_clock.monotonic() + QUICK_TICK)
         if self._ticks % PURGE_AFTER_LEASES == 0:
             self._unless_locked(store, "purging abandoned leases",
                                 lambda: store.purge_abandoned(
@@ -247,7 +263,7 @@ class LeaseKeeper:
                                             topic=self.topic, subscriber=self.name,
                                             held=len(self.owned), gained=len(gained),
                                             lost=len(lost), released=len(released)))
-        return gained, lost | released
+        return LeaseChange(frozenset(gained), frozenset(lost | released))
 
     def _unless_locked(self, store: LeaseStore, what: str, statement: Callable[[], object]) -> bool:
         """Run ``statement``; if it gave up waiting for a lock (the wait is bounded, see
@@ -259,7 +275,7 @@ class LeaseKeeper:
                 raise
             logger.warning("%s on %s/%s: gave up %s after a lock wait (%s); trying again at "
                            "the next lease tick.", self.name, self.group, self.topic, what, exc)
-            self._next_tick = min(self._next_tick, time.monotonic() + FREE_LEASE_RECHECK)
+            self._next_tick = min(self._next_tick, self.host_clock.monotonic() + FREE_LEASE_RECHECK)
             return False
         return True
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from bisect import bisect_left
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,6 +28,7 @@ from django.db import connections, transaction
 
 from sqlqueue import storage
 from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.instruments import DURATION_BUCKETS, Instruments
 
 if TYPE_CHECKING:
@@ -94,7 +94,9 @@ class MinuteRollup(Instruments):
 
     def __init__(self, inner: Instruments, *, alias: str, conf: QueueSettings,
                  now_ms: Callable[[], int], estimate_ms: Callable[[], int],
-                 interval_ms: int = FLUSH_INTERVAL_MS) -> None:
+                 interval_ms: int = FLUSH_INTERVAL_MS,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.inner = inner
         self.alias = alias
         self.conf = conf
@@ -144,7 +146,7 @@ class MinuteRollup(Instruments):
         dead = outcome == "reject" or (outcome in FAILED
                                        and attempt >= self._last_attempt(consumer))
         minute, ends = self._minute
-        if time.monotonic() >= ends:
+        if self.host_clock.monotonic() >= ends:
             minute, ends = self._minute = self._this_minute()
         key = (group, topic, minute)
         column = _DURATION_COLUMNS[bisect_left(DURATION_BUCKETS, duration)]
@@ -165,7 +167,8 @@ class MinuteRollup(Instruments):
         """The current minute (database time) and when it ends on this host's monotonic
         clock."""
         now = self._estimate_ms()
-        return now - now % MINUTE_MS, time.monotonic() + (MINUTE_MS - now % MINUTE_MS) / 1000
+        left = (MINUTE_MS - now % MINUTE_MS) / 1000
+        return now - now % MINUTE_MS, self.host_clock.monotonic() + left
 
     def _new_counts(self) -> ThreadCounts:
         """This thread's rows, at its first run."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ from django.db import connections
 
 from sqlqueue import events, storage
 from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.takeover import record_first_server, void_old_server
 from sqlqueue.exceptions import SqlqueueError
@@ -59,11 +59,31 @@ class ServerChanged(SqlqueueError):
         self.now = now
 
 
+class Head:
+    """The log's head in one pass: read from the server on first use (the same statement
+    says which server answered), then remembered. ``ServerWatch.head_of_pass`` makes one
+    per pass; the parts below the runner call it, the Pacer reads ``known()``."""
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self._read = read
+        self._value: int | None = None
+
+    def __call__(self) -> int:
+        if self._value is None:
+            self._value = self._read()
+        return self._value
+
+    def known(self) -> int | None:
+        """The head if this pass read it (without reading it)."""
+        return self._value
+
+
 class ServerWatch:
     """The server the runner's connection reaches, and that connection's session."""
 
     def __init__(self, *, conf: QueueSettings, alias: str, instruments: Instruments,
-                 owns_session: bool = True) -> None:
+                 owns_session: bool = True, host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.conf = conf
         self.alias = alias
         self.instruments = instruments
@@ -93,6 +113,10 @@ class ServerWatch:
         self.check(server)
         return int(head)
 
+    def head_of_pass(self, store: Any, cursor: Any) -> Head:
+        """The log's head for one pass, read when first needed (``Head``)."""
+        return Head(lambda: self.head(store, cursor))
+
     def check(self, server: str) -> None:
         """Raise ServerChanged if ``server`` is not the one this process talked to."""
         if self.server is None:
@@ -121,7 +145,7 @@ class ServerWatch:
         when the last one started and in which transaction, and judges a failed one
         (``note_error``)."""
         self.instruments.statement()
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         connection = context["connection"]
         block = connection.atomic_blocks[0] if connection.in_atomic_block else None
         if block is not None and block is self._last_block:
@@ -149,8 +173,8 @@ class ServerWatch:
         whose answer then waited in the socket)."""
         if not self.idle_transactions_bounded or self._last_block is None:
             return
-        idle_ms = round(max(self._longest_gap, time.monotonic() - self._last_statement_at)
-                        * 1000)
+        since = self.host_clock.monotonic() - self._last_statement_at
+        idle_ms = round(max(self._longest_gap, since) * 1000)
         if idle_ms >= idle_transaction_ms(self.conf):
             self.idle_ended_ms = max(idle_ms, self.idle_ended_ms or 0)
 

@@ -11,16 +11,18 @@ from typing import Any
 from django.db import DatabaseError
 
 from sqlqueue import storage
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.horizon import UNKNOWN, SettledCache, settled_before
 
 
 class HorizonWatch:
     """What the runner knows of the write horizon on its current server."""
 
-    def __init__(self, alias: str, max_transaction_age: float) -> None:
+    def __init__(self, alias: str, max_transaction_age: float, *,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
         self.alias = alias
         self.max_transaction_age_ms = round(max_transaction_age * 1000)
-        self._cache = SettledCache()
+        self._cache = SettledCache(monotonic=host_clock.monotonic)
 
     def settled_before(self, cursor: Any, now_ms: int) -> int | None:
         """Database time before which no publishing transaction is still open, so no row

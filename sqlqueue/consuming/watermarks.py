@@ -7,11 +7,11 @@ its transactions.
 from __future__ import annotations
 
 import logging
-import time
 
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events, storage
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.storage.protocols import WatermarkStore
 
@@ -39,7 +39,9 @@ class WatermarkKeeper:
     and the highest seen. The partitions are the subscriber's."""
 
     def __init__(self, *, group: str, topic: str, alias: str,
-                 partitions: dict[str, PartitionState], keep_delivery_state: bool) -> None:
+                 partitions: dict[str, PartitionState], keep_delivery_state: bool,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.group = group
         self.topic = topic
         self.alias = alias
@@ -65,7 +67,7 @@ class WatermarkKeeper:
         rows; then drop the delivery state it covers. At most ``ADVANCES_PER_PASS``
         partitions (``ADVANCES_WHILE_DELIVERING`` when the pass is ``delivering``), but
         with ``force`` (a stop: every partition)."""
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         due: list[tuple[float, str, PartitionState]] = []
         for key, state in self.partitions.items():
             if not state.window_open:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import queue
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -150,10 +149,10 @@ class InlineRunner(Runner):
         """Pass, run what was handed out, pass again (recording it), until settled; then
         record the last outcomes, move the watermarks and release the leases, as a
         ``runconsumer`` that exits does."""
-        deadline = time.monotonic() + SETTLE_TIMEOUT
+        deadline = self.host_clock.monotonic() + SETTLE_TIMEOUT
         try:
             while True:
-                if time.monotonic() > deadline:
+                if self.host_clock.monotonic() > deadline:
                     raise SqlqueueError(self._not_settled())
                 delay = self.run_once()
                 if self.pool.run_handed_out():
@@ -165,7 +164,7 @@ class InlineRunner(Runner):
                         return
                     # The handlers may have published to partitions not seen yet.
                     for subscriber in self.subscribers:
-                        subscriber.look_again_now()
+                        subscriber.finder.look_again_now()
                     continue  # the next pass records their outcomes
                 if self._has_outcomes():
                     continue

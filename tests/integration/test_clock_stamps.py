@@ -20,7 +20,8 @@ from django.db import OperationalError, connection, connections
 import sqlqueue
 from sqlqueue import Message, send_message
 from sqlqueue.consuming.registry import select_consumers
-from sqlqueue.consuming.runner import Runner, _Once
+from sqlqueue.consuming.runner import Runner
+from sqlqueue.consuming.server import Head
 from sqlqueue.models import DeliveryState
 from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import fast_settings, register
@@ -164,7 +165,7 @@ def test_covered_at_is_read_after_the_head(register: Any, runner_for: Callable[.
 
     connection_ = connections[runner.alias]
     with connection_.cursor() as cursor:
-        subscriber.poll(cursor, _Once(head_read_after_a_wait), None)
+        subscriber.poll(cursor, Head(head_read_after_a_wait), None)
     assert state.covered >= later.offset
     assert state.covered_at_ms == clock_ms[0]  # read after the head, not before
 

@@ -362,16 +362,16 @@ def test_draining_costs_a_few_statements_per_batch_not_per_message(
     closes depends on the machine's speed (a loaded CI machine runs more of them), so
     the count of passes is bounded per batch, not exactly. The steady figure (about
     0.08 statements per message) is measured by ``bench.statements``."""
-    from sqlqueue.consuming.runner import Runner
+    from sqlqueue.consuming.transactions import FencedTransactions
 
     passes = []
-    original = Runner._pass
+    original = FencedTransactions.deliver
 
-    def counted(self: Runner, *args: Any, **kwargs: Any) -> Any:
+    def counted(self: FencedTransactions, *args: Any, **kwargs: Any) -> Any:
         passes.append(1)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(Runner, "_pass", counted)
+    monkeypatch.setattr(FencedTransactions, "deliver", counted)
     register("t", "g", lambda message: None, batch_size=100)
     sent = send_messages("t", [OutgoingMessage(n, partition_key="k") for n in range(2000)])
     with CaptureQueriesContext(connection) as queries:

@@ -14,6 +14,7 @@ from django.urls import reverse
 
 from sqlqueue import OutgoingMessage, send_messages
 from sqlqueue.consuming.pauses import PauseWatch, matches
+from sqlqueue.consuming.server import Head
 from sqlqueue.models import FlowControl
 from sqlqueue.operations import flow
 from sqlqueue.operations.lag import PartitionLag, group_lag, partition_status
@@ -81,7 +82,7 @@ def test_a_paused_runner_handles_nothing_and_keeps_its_leases(register: Any) -> 
     assert runner.subscribers[0].partitions  # leased, heartbeating
     lag = group_lag("g", "t")
     assert lag.status == "PAUSED" and lag.held == 1
-    assert runner.pacer.next_delay(lambda: sent[-1].offset) == runner.conf.POLL_INTERVAL
+    assert runner.pacer.next_delay(Head(lambda: sent[-1].offset)) == runner.conf.POLL_INTERVAL
     runner.stop()
     runner.shutdown()
     flow.resume("g", "t")

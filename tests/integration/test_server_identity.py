@@ -22,6 +22,7 @@ from sqlqueue import Message, events, send_message, storage
 from sqlqueue.consuming.counter import OffsetCounterWatch
 from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner, ServerChanged
+from sqlqueue.consuming.server import Head
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.operations.positions import reset_position
 from sqlqueue.storage.sql import store_for
@@ -88,7 +89,7 @@ def test_outcomes_of_deliveries_made_on_the_old_server_are_dropped(
     assert changed.value.now == "another server"
     runner._forget_server(changed.value.now)
     subscriber = runner.subscribers[0]
-    assert not subscriber.partitions and not subscriber.outstanding
+    assert not subscriber.partitions and not subscriber.deliveries.outstanding
     assert not subscriber.leases.owned
     release.set()  # the old delivery's handler acks ...
     cycle_until(runner, lambda: subscriber.stats["abandoned"] == 1)
@@ -122,7 +123,7 @@ def test_a_fence_on_another_server_writes_nothing(
         monkeypatch.setattr(store_class, statement, spy)
     move_to_another_server(monkeypatch)
     with connection.cursor() as cursor, pytest.raises(ServerChanged):
-        runner._pass(subscriber, cursor, [], lambda: 0, None)
+        runner.transactions.deliver(subscriber, cursor, [], Head(lambda: 0), None)
     assert written == []
 
 

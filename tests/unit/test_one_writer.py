@@ -49,8 +49,8 @@ def test_the_scan_sees_the_writer() -> None:
 
 
 def test_the_writer_is_used_by_every_acking_layer() -> None:
-    # The atomic handler, the subscriber, an operator's cancel and the Tasks worker.
-    for module in ("consuming/handlers.py", "consuming/subscriber.py",
+    # The atomic handler, the outcome recorder, an operator's cancel and the Tasks worker.
+    for module in ("consuming/handlers.py", "consuming/recorder.py",
                    "operations/cancel.py", "integrations/tasks/worker.py"):
         source = (PACKAGE / module).read_text()
         assert "from sqlqueue.consuming.outcomes import" in source, module

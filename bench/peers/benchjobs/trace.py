@@ -53,7 +53,7 @@ def experiment():
 def install(directory):
     from django.db import connections
 
-    from sqlqueue.consuming import handlers, runner
+    from sqlqueue.consuming import handlers, runner, transactions
     from sqlqueue.wakeups import Doorbell
 
     def wrap(cls, name, before=None, after=None):
@@ -91,14 +91,14 @@ def install(directory):
 
     runner.Runner._cycle = cycle
 
-    original_pass = runner.Runner._pass
+    original_pass = transactions.FencedTransactions.deliver
 
     def one_pass(self, *args, **kwargs):
         deliveries = original_pass(self, *args, **kwargs)
         _add("commit", time.time(), [d.row.offset for d in deliveries])
         return deliveries
 
-    runner.Runner._pass = one_pass
+    transactions.FencedTransactions.deliver = one_pass
 
     original_handle = handlers.handle
 
