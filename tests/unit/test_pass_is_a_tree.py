@@ -8,8 +8,8 @@ tests/engine/calltrace.py), and each tree must be a tree of files:
 * calls go down the ownership ranks (``RANKS``: the runner, its parts, the subscriber,
   its parts, the window and the records, the server and the clock, storage);
 * a statement crosses exactly two storage files with matching names
-  (``storage/sql/<x>.py`` runs ``storage/statements/<x>.py``; ``STORAGE_MISMATCHES``
-  lists the executors that do not mirror their builders yet);
+  (``storage/sql/<x>.py`` runs ``storage/statements/<x>.py``), besides the vendor's own
+  layer where a vendor has a variant (``VENDOR_LAYER``);
 * no tree grows past its ceiling (``CEILINGS``).
 
 The rules are in tests/engine/call_rules.py.
