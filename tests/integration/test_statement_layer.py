@@ -203,6 +203,27 @@ def test_runner_requests(executor: Executor) -> None:
     assert executor.rows(sql.runner_request("web-1.42")) == []
 
 
+def test_runner_stops(executor: Executor) -> None:
+    """Trial F16: a runner that stopped for a cause writes its row (replacing its last);
+    rows older than the kept window are forgotten, a request not obeyed yet is kept."""
+    from sqlqueue.models import RunnerRequest
+
+    sql = executor.sql
+    executor.run(sql.record_runner_stop("web-1.42", "drain", "signal", "SIGTERM", 1500))
+    row = RunnerRequest.objects.get(runner_name="web-1.42")
+    assert (row.action, row.cause, row.requested_by) == ("drain", "signal", "SIGTERM")
+    assert row.obeyed_at - row.requested_at == 1500
+    assert executor.rows(sql.runner_request("web-1.42")) == []  # nothing for it to obey
+    executor.run(sql.record_runner_stop("web-1.42", "stop", "recycle", "--max-memory", 0))
+    row = RunnerRequest.objects.get(runner_name="web-1.42")
+    assert (row.action, row.cause, row.requested_by) == ("stop", "recycle", "--max-memory")
+    RunnerRequest.objects.create(runner_name="web-2.7", action="drain", requested_at=1)
+    assert executor.run(sql.forget_runner_stops(60_000)) == 0  # both are recent or pending
+    RunnerRequest.objects.filter(runner_name="web-1.42").update(obeyed_at=row.obeyed_at - 61_000)
+    assert executor.run(sql.forget_runner_stops(60_000)) == 1
+    assert list(RunnerRequest.objects.values_list("runner_name", flat=True)) == ["web-2.7"]
+
+
 def test_write_horizon() -> None:
     """Read inside a transaction that has written a row (the executors' own rule)."""
     from django.db import transaction

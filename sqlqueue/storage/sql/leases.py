@@ -113,6 +113,12 @@ class LeaseAccess(VendorHooks):
         cursor.execute(*self.sql.obey_runner_request(name, requested_at))
         return bool(cursor.rowcount)
 
+    def record_runner_stop(self, cursor: CursorWrapper, name: str, action: str, cause: str,
+                           by: str, stopped_ms_ago: int, keep_ms: int) -> None:
+        """``record_runner_stop``, then ``forget_runner_stops`` older than ``keep_ms``."""
+        cursor.execute(*self.sql.record_runner_stop(name, action, cause, by, stopped_ms_ago))
+        cursor.execute(*self.sql.forget_runner_stops(keep_ms))
+
     # the server record (a failover) ---------------------------------------------------------
     def record_server(self, cursor: CursorWrapper, server: str,
                       replacing: Sequence[str] | None = None) -> bool:
