@@ -257,7 +257,7 @@ class RunnerStopCause(models.TextChoices):  # why a runner stopped (trial F16)
     SIGNAL = "signal", "a signal"
     UNTIL_EMPTY = "until-empty", "--until-empty (nothing left to do)"
     RECYCLE = "recycle", "recycling"
-    SUPERVISOR = "supervisor", "its supervisor exiting"
+    SUPERVISOR = "supervisor", "its supervisor went away"
 
 
 class RunnerRequest(models.Model):

@@ -17,6 +17,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='runnerrequest',
             name='cause',
-            field=models.CharField(choices=[('request', "an operator's request"), ('signal', 'a signal'), ('until-empty', '--until-empty (nothing left to do)'), ('recycle', 'recycling'), ('supervisor', 'its supervisor exiting')], db_default='request', max_length=16),
+            field=models.CharField(choices=[('request', "an operator's request"), ('signal', 'a signal'), ('until-empty', '--until-empty (nothing left to do)'), ('recycle', 'recycling'), ('supervisor', 'its supervisor went away')], db_default='request', max_length=16),
         ),
     ]

@@ -1,5 +1,5 @@
 """The live overview's numbers (issue 42): per (group, topic), what the runners handled in
-each minute of the last hour, from the per-minute rollup they keep
+each minute of the last hour (up to a day), from the per-minute rollup they keep
 (``sqlqueue.consuming.rollup``, table ``queue_minute_stats``).
 
 Definitions (the page says them too):
@@ -27,7 +27,8 @@ from sqlqueue.stats_models import DURATION_COLUMNS, OUTCOMES
 from sqlqueue.storage import store
 
 MINUTE_MS = 60_000
-#: minutes the page shows, the current one last
+#: the live overview's default range in minutes, the current one last (the runners keep
+#: the rows a day: ``sqlqueue.consuming.rollup.KEEP_MS``)
 WINDOW_MINUTES = 60
 COLUMNS = ("published", "dead_lettered", *OUTCOMES, "duration_sum", *DURATION_COLUMNS)
 
@@ -53,14 +54,48 @@ class Minute:
         return histogram_quantile(0.95, self.durations)
 
 
+    def add(self, other: Minute) -> None:
+        """Count ``other``'s numbers in too (a chart's point of several minutes)."""
+        self.published += other.published
+        self.acked += other.acked
+        self.retried += other.retried
+        self.dead_lettered += other.dead_lettered
+        for outcome, count in other.handled.items():
+            self.handled[outcome] = self.handled.get(outcome, 0) + count
+        self.durations = [a + b for a, b in zip(self.durations, other.durations, strict=True)]
+
+
 @dataclass
 class SubscriptionActivity:
-    """A (group, topic)'s last hour: ``minutes`` oldest first, and the hour's totals."""
+    """A (group, topic)'s last ``len(minutes)`` minutes: ``minutes`` oldest first, and the
+    range's totals."""
 
     group: str
     topic: str
     minutes: list[Minute]
     total: Minute
+
+    def points(self, step: int) -> list[Minute]:
+        """The minutes summed ``step`` by ``step``, counted back from the current minute
+        (which is in the last point): a chart's points over a long range."""
+        if step == 1:
+            return self.minutes
+        points = []
+        for end in range(len(self.minutes), 0, -step):
+            point = Minute(self.minutes[max(0, end - step)].start_ms)
+            for minute in self.minutes[max(0, end - step):end]:
+                point.add(minute)
+            points.append(point)
+        return points[::-1]
+
+
+def minutes_per_point(minutes: int) -> int:
+    """How many minutes a chart over ``minutes`` sums into each point: one up to an hour,
+    else the fewest of 5, 15, 30 or 60 that make at most 100 points (6 h: 72 points of 5
+    minutes; 24 h: 96 of 15), so that a chart of a day is not 1,440 points wide."""
+    if minutes <= WINDOW_MINUTES:
+        return 1
+    return next((s for s in (5, 15, 30) if minutes / s <= 100), 60)
 
 
 def histogram_quantile(q: float, buckets: Sequence[int]) -> float | None:

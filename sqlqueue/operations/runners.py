@@ -120,7 +120,7 @@ class StoppedRunner:
             return f"asked to {RunnerAction(self.action).label} by {by or 'an operator'}"
         if self.cause == RunnerStopCause.SIGNAL:
             how = "at once" if self.action == RunnerAction.STOP else "drained"
-            return f"stopped by the signal {by} ({how})"
+            return f"by the signal {by} ({how})"
         if self.cause == RunnerStopCause.RECYCLE:
             return f"recycled by its supervisor ({by})"
         if self.cause == FOUND_DEAD:

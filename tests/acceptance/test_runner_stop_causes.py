@@ -63,7 +63,7 @@ def test_a_runner_stopped_by_a_signal_is_listed_with_the_signal(
     assert (found.cause, found.requested_by, found.action) == ("signal", signum.name, "drain")
     assert found.obeyed_at_ms >= found.requested_at_ms > 0
     row = page_row(name)
-    assert f"stopped: stopped by the signal {signum.name} (drained) at" in row, row
+    assert f"stopped: by the signal {signum.name} (drained) at" in row, row
     assert "exited at" in row
 
 
@@ -105,7 +105,7 @@ def test_a_runner_restarted_under_its_name_shows_how_the_last_one_stopped(
     assert "phoenix" not in [r.runner for r in stopped_runners()]  # live again
     row = page_row("phoenix")
     assert "running; its previous process stopped at" in row
-    assert "stopped by the signal SIGTERM (drained)" in row
+    assert "by the signal SIGTERM (drained)" in row
     second.send_signal(signal.SIGTERM)
     assert second.wait(60) == 0
 

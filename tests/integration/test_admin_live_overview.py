@@ -151,6 +151,54 @@ def test_the_range_selector_offers_ranges_the_rollup_keeps(operator: Client) -> 
             ("billing", "orders", minute - 20 * 60_000): {"published": 5, "ack": 5}})
     assert "6 published" in operator.get(URL, {"minutes": "15"}).content.decode()
     assert "11 published" in operator.get(URL, {"minutes": "30"}).content.decode()
-    refused = operator.get(URL, {"minutes": "1440"})
+    refused = operator.get(URL, {"minutes": "2880"})
     assert refused.status_code == 400
-    assert "choose one of 15, 30, 60" in refused.content.decode()
+    assert "choose one of 15, 30, 60, 360, 1440" in refused.content.decode()
+
+
+@pytest.mark.parametrize(("minutes", "step", "ticks", "top"), [
+    (360, 5, ["now", "-2", "-4"], "6"),
+    (1440, 15, ["now", "-6", "-12", "-18"], "2"),
+])
+def test_ranges_of_hours_sum_minutes_into_points(operator: Client, minutes: int, step: int,
+                                                 ticks: list[str], top: str) -> None:
+    """Trial F7, beyond an hour: the runners keep the per-minute rows a day, and a chart
+    of 6 or 24 hours sums them into points of 5 or 15 minutes, drawn as their average
+    per minute, with the x axis in round hours."""
+    with connection.cursor() as cursor:
+        dialect = store(connection)
+        now = dialect.database_now_ms(cursor)
+        minute = now - now % 60_000
+        dialect.add_minute_stats(cursor, {
+            ("billing", "orders", minute - (minutes - 30) * 60_000): {"published": 30,
+                                                                     "ack": 30},
+            ("billing", "orders", minute - 90 * 60_000): {"published": 3, "ack": 3},
+            ("billing", "orders", minute - (minutes + 30) * 60_000): {"published": 500}})
+    page = operator.get(URL, {"minutes": str(minutes)}).content.decode()
+    assert f'<strong aria-current="true">{minutes // 60} h</strong>' in page
+    assert f"last {minutes // 60} h" in page and "33 published" in page  # not the 500
+    assert f"each point of the charts sums\n  {step} minutes" in page
+    (chart,) = re.findall(r'<svg class="sqlqueue-activity-chart"[^>]*aria-label="[^"]*'
+                          r'messages per minute \(average of each \d+ minutes\).*?</svg>',
+                          page, re.S)
+    x_ticks = re.findall(r'text-anchor="middle" font-size="11"[^>]*>([^<]+)</text>', chart)
+    assert x_ticks == ticks
+    assert "hours ago (database time)" in chart
+    assert f"the last {step} minutes, this minute so far" in chart
+    # 30 published in one minute of a point of `step` minutes: drawn as 30/step a minute.
+    assert "per minute (avg of" in chart
+    y_ticks = re.findall(r'text-anchor="end"[^>]*>([^<]+)</text>', chart)
+    assert y_ticks[-1] == top
+    assert 'refresh' in page and f'fragment=1&minutes={minutes}' in page
+
+
+def test_points_sum_the_minutes_counted_back_from_the_current_one() -> None:
+    from sqlqueue.operations.overview import SubscriptionActivity, minutes_per_point
+
+    minutes = [Minute(i * 60_000, published=i) for i in range(12)]
+    sub = SubscriptionActivity("g", "t", minutes, Minute(0))
+    points = sub.points(5)
+    assert [p.published for p in points] == [0 + 1, 2 + 3 + 4 + 5 + 6, 7 + 8 + 9 + 10 + 11]
+    assert [p.start_ms for p in points] == [0, 2 * 60_000, 7 * 60_000]
+    assert sub.points(1) is minutes
+    assert [minutes_per_point(m) for m in (15, 60, 360, 1440)] == [1, 1, 5, 15]

@@ -300,12 +300,12 @@ def runner_row(page: str, name: str) -> str:
 
 
 @pytest.mark.parametrize(("cause", "by", "action", "shown"), [
-    ("signal", "SIGTERM", "drain", "stopped: stopped by the signal SIGTERM (drained) at"),
-    ("signal", "SIGINT", "stop", "stopped: stopped by the signal SIGINT (at once) at"),
+    ("signal", "SIGTERM", "drain", "stopped: by the signal SIGTERM (drained) at"),
+    ("signal", "SIGINT", "stop", "stopped: by the signal SIGINT (at once) at"),
     ("until-empty", "--until-empty", "drain", "stopped: --until-empty (nothing left to do) at"),
     ("recycle", "--max-messages 50", "drain",
      "stopped: recycled by its supervisor (--max-messages 50) at"),
-    ("supervisor", "its supervisor is gone", "drain", "stopped: its supervisor exiting at"),
+    ("supervisor", "its supervisor is gone", "drain", "stopped: its supervisor went away at"),
 ])
 def test_a_runner_that_stopped_for_a_cause_is_listed_with_it(
         cause: str, by: str, action: str, shown: str) -> None:
