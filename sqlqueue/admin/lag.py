@@ -27,7 +27,8 @@ from sqlqueue.operations.unconsumed import unconsumed_topics
 
 #: partitions listed on a subscription's page before "show all" (worst first)
 PARTITION_ROWS = 200
-#: the overview reloads its content this often (``_auto_refresh.html``)
+#: the overview and a subscription's page reload their content this often
+#: (``_auto_refresh.html``)
 REFRESH_SECONDS = 10
 
 
@@ -121,6 +122,7 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
             and may_retire(group, topic, _alias(topic), held=bool(lag.held)),
             "retire_url": self._action_url("retire", group, topic),
             "rules": lag_rules,
+            "refresh_seconds": REFRESH_SECONDS,
         })
 
     # -- repairs ----------------------------------------------------------------------------
