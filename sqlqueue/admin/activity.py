@@ -48,9 +48,9 @@ def _card(alias: str, sub: SubscriptionActivity, minutes: int) -> dict[str, Any]
     span = "the last hour" if minutes == 60 else f"the last {_range_name(minutes)}"
     step = minutes_per_point(minutes)
     per = "per minute" if step == 1 else f"per minute (average of each {step} minutes)"
-    last = sub.minutes[-1]
+    last = sub.this_minute
     total = sub.total
-    points = sub.points(step)
+    points = sub.minutes
     return {
         "sub": sub, "database": alias, "last": last,
         "rows": [(s.label, s.value(last), s.value(total),

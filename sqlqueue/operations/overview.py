@@ -54,39 +54,22 @@ class Minute:
         return histogram_quantile(0.95, self.durations)
 
 
-    def add(self, other: Minute) -> None:
-        """Count ``other``'s numbers in too (a chart's point of several minutes)."""
-        self.published += other.published
-        self.acked += other.acked
-        self.retried += other.retried
-        self.dead_lettered += other.dead_lettered
-        for outcome, count in other.handled.items():
-            self.handled[outcome] = self.handled.get(outcome, 0) + count
-        self.durations = [a + b for a, b in zip(self.durations, other.durations, strict=True)]
-
-
 @dataclass
 class SubscriptionActivity:
-    """A (group, topic)'s last ``len(minutes)`` minutes: ``minutes`` oldest first, and the
-    range's totals."""
+    """A (group, topic)'s last minutes: ``minutes`` oldest first (over a range of hours,
+    points of ``step`` minutes each, the current minute in the last), the range's totals,
+    and ``this_minute``."""
 
     group: str
     topic: str
     minutes: list[Minute]
     total: Minute
+    step: int = 1
+    current: Minute | None = None  # the current minute, when ``minutes`` are points
 
-    def points(self, step: int) -> list[Minute]:
-        """The minutes summed ``step`` by ``step``, counted back from the current minute
-        (which is in the last point): a chart's points over a long range."""
-        if step == 1:
-            return self.minutes
-        points = []
-        for end in range(len(self.minutes), 0, -step):
-            point = Minute(self.minutes[max(0, end - step)].start_ms)
-            for minute in self.minutes[max(0, end - step):end]:
-                point.add(minute)
-            points.append(point)
-        return points[::-1]
+    @property
+    def this_minute(self) -> Minute:
+        return self.minutes[-1] if self.current is None else self.current
 
 
 def minutes_per_point(minutes: int) -> int:
@@ -135,23 +118,37 @@ def _add(minute: Minute, values: dict[str, float]) -> None:
 def activity(using: str | None = None, now_ms: int | None = None,
              minutes: int = WINDOW_MINUTES) -> list[SubscriptionActivity]:
     """Every (group, topic) with a row in the last ``minutes`` minutes (database time),
-    in name order."""
+    in name order; over a range of hours summed by the database into points of
+    ``minutes_per_point(minutes)`` minutes (``read_minute_points``: a day of 1,440 rows
+    per subscription is not added up here)."""
     alias = using or get_settings().DATABASE
+    step = minutes_per_point(minutes)
+    step_ms, points = step * MINUTE_MS, minutes // step
     connection = connections[alias]
     with connection.cursor() as cursor:
         dialect = store(connection)
         now = dialect.database_now_ms(cursor) if now_ms is None else now_ms
-        first = now - now % MINUTE_MS - (minutes - 1) * MINUTE_MS
-        rows = dialect.read_minute_stats(cursor, first, COLUMNS)
+        current = now - now % MINUTE_MS
+        first = current - (minutes - 1) * MINUTE_MS
+        if step == 1:
+            rows, current_rows = dialect.read_minute_stats(cursor, first, COLUMNS), []
+        else:
+            rows = dialect.read_minute_points(cursor, first, step_ms, COLUMNS)
+            current_rows = dialect.read_minute_stats(cursor, current, COLUMNS)
     found: dict[tuple[str, str], SubscriptionActivity] = {}
     for group, topic, start, *values in rows:
         key = (str(group), str(topic))
         if key not in found:
             found[key] = SubscriptionActivity(
-                *key, [Minute(first + i * MINUTE_MS) for i in range(minutes)], Minute(first))
+                *key, [Minute(first + i * step_ms) for i in range(points)], Minute(first),
+                step, None if step == 1 else Minute(current))
         by_column = dict(zip(COLUMNS, values, strict=True))
-        index = (int(start) - first) // MINUTE_MS
-        if 0 <= index < minutes:  # a runner's clock ahead of this one: not shown
+        index = (int(start) - first) // step_ms
+        if 0 <= index < points:  # a runner's clock ahead of this one: not shown
             _add(found[key].minutes[index], by_column)
             _add(found[key].total, by_column)
+    for group, topic, start, *values in current_rows:
+        sub = found.get((str(group), str(topic)))
+        if sub is not None and sub.current is not None and int(start) == current:
+            _add(sub.current, dict(zip(COLUMNS, values, strict=True)))
     return [found[key] for key in sorted(found)]

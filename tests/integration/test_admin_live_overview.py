@@ -192,13 +192,25 @@ def test_ranges_of_hours_sum_minutes_into_points(operator: Client, minutes: int,
     assert 'refresh' in page and f'fragment=1&minutes={minutes}' in page
 
 
-def test_points_sum_the_minutes_counted_back_from_the_current_one() -> None:
-    from sqlqueue.operations.overview import SubscriptionActivity, minutes_per_point
+def test_points_are_summed_by_the_database_back_from_the_current_minute() -> None:
+    """``read_minute_points``: over 6 hours, 72 points of 5 minutes, the last ending with
+    the current minute; "this minute" read on its own."""
+    from sqlqueue.operations.overview import activity, minutes_per_point
 
-    minutes = [Minute(i * 60_000, published=i) for i in range(12)]
-    sub = SubscriptionActivity("g", "t", minutes, Minute(0))
-    points = sub.points(5)
-    assert [p.published for p in points] == [0 + 1, 2 + 3 + 4 + 5 + 6, 7 + 8 + 9 + 10 + 11]
-    assert [p.start_ms for p in points] == [0, 2 * 60_000, 7 * 60_000]
-    assert sub.points(1) is minutes
+    with connection.cursor() as cursor:
+        dialect = store(connection)
+        now = dialect.database_now_ms(cursor)
+        minute = now - now % 60_000
+        dialect.add_minute_stats(cursor, {
+            ("g", "t", minute - ago * 60_000): {"published": n, "ack": n, "duration_03": n}
+            for ago, n in ((0, 1), (4, 2), (5, 4), (9, 8), (359, 16), (360, 32))})
+    (sub,) = activity(now_ms=now, minutes=360)
+    assert (sub.step, len(sub.minutes)) == (5, 72)
+    assert [m.published for m in sub.minutes[-2:]] == [4 + 8, 1 + 2]
+    assert sub.minutes[0].published == 16 and sub.total.published == 31  # not the 32
+    assert sub.minutes[-1].start_ms == minute - 4 * 60_000
+    assert sub.this_minute.published == 1 and sub.this_minute.acked == 1
+    assert sub.minutes[-1].p50 == pytest.approx(histogram_quantile(0.5, [0, 0, 0, 3] + [0] * 11))
+    (hour,) = activity(now_ms=now, minutes=60)
+    assert hour.step == 1 and hour.this_minute is hour.minutes[-1]
     assert [minutes_per_point(m) for m in (15, 60, 360, 1440)] == [1, 1, 5, 15]
