@@ -821,5 +821,15 @@ def test_minute_stats(executor: Executor) -> None:
     assert [(r[0], r[1], int(r[2]), *map(int, r[3:7]), round(float(r[7]), 3))
             for r in rows] == [("g", "t", minute, 0, 3, 1, 2, 0.58)]
     assert len(executor.rows(sql.read_minute_stats(0, columns))) == 2
+    # Summed per point of 5 minutes from `since` (9 minutes before `minute`): the minutes
+    # 8 and 6 before `minute` in the first point, 3 and 1 before it in the second.
+    since = minute - 9 * 60_000
+    for ago, n in ((8, 10), (6, 20), (3, 40), (1, 80)):
+        executor.run(sql.add_minute_stats("p", "t", minute - ago * 60_000, {"published": n}))
+    points = executor.rows(sql.read_minute_points(since, 300_000, ("published", "ack")))
+    assert [(r[0], r[1], int(r[2]), int(r[3]), int(r[4])) for r in points] == [
+        ("g", "t", since + 300_000, 0, 3),  # the minute itself: its point's last
+        ("p", "t", since, 10 + 20, 0), ("p", "t", since + 300_000, 40 + 80, 0)]
+    executor.run(("DELETE FROM queue_minute_stats WHERE consumer_group = 'p'", []))
     assert executor.run(sql.delete_minute_stats(3_600_000)) == 1
     assert len(executor.rows(sql.read_minute_stats(0, columns))) == 1
