@@ -1,5 +1,5 @@
 """The live overview (issue 42): per (group, topic), what the runners handled in each
-minute of the last 15 minutes, 30 minutes or hour (``RANGES``), and handler duration
+minute of the last 15 minutes, 30 minutes, hour, 6 or 24 hours (``RANGES``), and handler duration
 percentiles, from the per-minute rollup (``sqlqueue.operations.overview``). The page
 refreshes its numbers in place: a few lines of plain JavaScript fetch its fragment again
 every ``REFRESH_SECONDS``."""
@@ -26,33 +26,43 @@ from sqlqueue.admin.messages import ReadOnlyAdmin
 from sqlqueue.admin.pages import REFRESH_SECONDS
 from sqlqueue.conf import get_settings
 from sqlqueue.models import LiveOverview
-from sqlqueue.operations.overview import WINDOW_MINUTES, SubscriptionActivity, activity
+from sqlqueue.operations.overview import (
+    WINDOW_MINUTES,
+    SubscriptionActivity,
+    activity,
+    minutes_per_point,
+)
 
-#: the ranges the page offers, in minutes: at most ``WINDOW_MINUTES``, because the runners
-#: keep the per-minute rows only a little longer (``sqlqueue.consuming.rollup.KEEP_MS``)
-RANGES = (15, 30, WINDOW_MINUTES)
+#: the ranges the page offers, in minutes: at most a day, which the runners keep the
+#: per-minute rows for (``sqlqueue.consuming.rollup.KEEP_MS``); over 6 h and 24 h a chart's
+#: point sums several minutes (``minutes_per_point``)
+RANGES = (15, 30, WINDOW_MINUTES, 6 * 60, 24 * 60)
 
 
 def _range_name(minutes: int) -> str:
-    return "1 h" if minutes == 60 else f"{minutes} min"
+    return f"{minutes // 60} h" if minutes % 60 == 0 else f"{minutes} min"
 
 
 def _card(alias: str, sub: SubscriptionActivity, minutes: int) -> dict[str, Any]:
     name = f"{sub.group} on {sub.topic}"
-    span = "the last hour" if minutes == 60 else f"the last {minutes} minutes"
-    last = sub.minutes[-1]
+    span = "the last hour" if minutes == 60 else f"the last {_range_name(minutes)}"
+    step = minutes_per_point(minutes)
+    per = "per minute" if step == 1 else f"per minute (average of each {step} minutes)"
+    last = sub.this_minute
     total = sub.total
+    points = sub.minutes
     return {
         "sub": sub, "database": alias, "last": last,
         "rows": [(s.label, s.value(last), s.value(total),
                   (s.value(total) or 0) / minutes) for s in THROUGHPUT],
         "throughput": throughput_chart(
-            sub.minutes, f"{name}: messages per minute over {span}: "
+            points, f"{name}: messages {per} over {span}: "
             f"{total.published} published, {total.acked} acked, {total.retried} retried, "
-            f"{total.dead_lettered} dead-lettered"),
+            f"{total.dead_lettered} dead-lettered", step),
         "latency": latency_chart(
-            sub.minutes, f"{name}: handler duration p50 and p95 per minute over {span} "
-            f"(whole range: p50 {_seconds(total.p50)}, p95 {_seconds(total.p95)})"),
+            points, f"{name}: handler duration p50 and p95 "
+            f"{'per minute' if step == 1 else f'per {step} minutes'} over {span} "
+            f"(whole range: p50 {_seconds(total.p50)}, p95 {_seconds(total.p95)})", step),
     }
 
 
@@ -86,6 +96,7 @@ class LiveOverviewAdmin(ReadOnlyAdmin):
             **({} if fragment else self.admin_site.each_context(request)),
             "opts": self.opts, "title": "Live overview", "cards": cards,
             "several_databases": len(conf.databases) > 1, "minutes": minutes,
+            "range_name": _range_name(minutes), "step": minutes_per_point(minutes),
             "ranges": [(r, _range_name(r)) for r in RANGES], "series_style": series_style(),
             "refresh_seconds": REFRESH_SECONDS,
             "throughput_legend": legend(THROUGHPUT), "latency_legend": legend(LATENCY),

@@ -72,12 +72,14 @@ def series_style() -> SafeString:
         'html[data-theme="dark"]{{{}}}</style>', light, dark, dark)
 
 
-def throughput_chart(minutes: Sequence[Minute], label: str) -> SafeString:
-    return _chart(minutes, THROUGHPUT, "messages per minute", label, whole=True)
+def throughput_chart(points: Sequence[Minute], label: str, step: int = 1) -> SafeString:
+    """Messages per minute; over points of ``step`` minutes, their average per minute."""
+    return _chart(points, THROUGHPUT, "messages per minute" if step == 1 else
+                  f"per minute (avg of {step} min)", label, whole=step == 1, step=step)
 
 
-def latency_chart(minutes: Sequence[Minute], label: str) -> SafeString:
-    return _chart(minutes, LATENCY, "handler duration (s)", label, whole=False)
+def latency_chart(points: Sequence[Minute], label: str, step: int = 1) -> SafeString:
+    return _chart(points, LATENCY, "handler duration (s)", label, whole=False, step=step)
 
 
 def legend(series: Sequence[Series]) -> SafeString:
@@ -121,12 +123,21 @@ def _x_step(minutes: int) -> int:
                        minutes // 4))
 
 
+def _ago(minutes: int, hours: bool) -> str:
+    """An x tick: "now", or how long ago, in minutes (in hours on a range of hours)."""
+    if minutes == 0:
+        return "now"
+    return f"-{minutes // 60}" if hours else f"-{minutes}"
+
+
 def _chart(minutes: Sequence[Minute], series: Sequence[Series], y_title: str, label: str,
-           whole: bool) -> SafeString:
-    """The last of ``minutes`` is the current one, still filling: it is drawn apart, on a
-    shaded band titled "this minute, so far", its segment faint, so that a minute half
-    over does not read as a drop."""
-    values = [[s.value(m) for m in minutes] for s in series]
+           whole: bool, step: int = 1) -> SafeString:
+    """The last of ``minutes`` (points of ``step`` minutes each) holds the current minute,
+    still filling: it is drawn apart, on a shaded band titled "this minute, so far", its
+    segment faint, so that a minute half over does not read as a drop. Message counts of
+    a point of several minutes are drawn as their average per minute."""
+    values = [[_per_minute(s.value(m), step if s in THROUGHPUT else 1) for m in minutes]
+              for s in series]
     ticks = nice_ticks(max([v for line in values for v in line if v is not None] + [0.0]),
                        whole)
     top = ticks[-1]
@@ -146,17 +157,21 @@ def _chart(minutes: Sequence[Minute], series: Sequence[Series], y_title: str, la
         ((LEFT, _n(y(v)), WIDTH - RIGHT, _n(y(v)), GRID_OPACITY, LEFT - 4, _n(y(v) + 4),
           tick_text(v)) for v in ticks))
     last = len(minutes) - 1
+    hours = step > 1  # a range of hours: the x axis in hours
+    tick_every = max(1, _x_step((last + 1) * step) // step)
     x_ticks = format_html_join("", (
         '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="currentColor" stroke-opacity="{}"/>'
         '<text x="{}" y="{}" text-anchor="middle" font-size="11" fill="currentColor">{}'
         "</text>"),
         ((_n(x(i)), TOP + plot_h, _n(x(i)), TOP + plot_h + 4, AXIS_OPACITY, _n(x(i)),
-          TOP + plot_h + 16, "now" if i == last else f"-{last - i}")
-         for i in range(last, -1, -_x_step(last + 1))))
+          TOP + plot_h + 16, _ago((last - i) * step, hours))
+         for i in range(last, -1, -tick_every)))
     partial = format_html(
         '<rect class="sqlqueue-partial-minute" x="{}" y="{}" width="{}" height="{}" '
-        'fill="currentColor" fill-opacity="0.08"><title>this minute, so far</title></rect>',
-        _n(x(last - 1)), TOP, _n(x(last) - x(last - 1)), plot_h) if last >= 1 else ""
+        'fill="currentColor" fill-opacity="0.08"><title>{}</title></rect>',
+        _n(x(last - 1)), TOP, _n(x(last) - x(last - 1)), plot_h,
+        "this minute, so far" if step == 1 else
+        f"the last {step} minutes, this minute so far") if last >= 1 else ""
     return format_html(
         '<svg class="sqlqueue-activity-chart" role="img" aria-label="{}" width="{}" '
         'height="{}" viewBox="0 0 {} {}" style="max-width:100%;height:auto;{}">'
@@ -164,13 +179,18 @@ def _chart(minutes: Sequence[Minute], series: Sequence[Series], y_title: str, la
         '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="currentColor" stroke-opacity="{}"/>'
         '<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="currentColor" stroke-opacity="{}"/>{}'
         '<text x="{}" y="{}" text-anchor="middle" font-size="12" fill="currentColor">'
-        "minutes ago (database time)</text>"
+        "{} ago (database time)</text>"
         '<text transform="translate(14 {}) rotate(-90)" text-anchor="middle" '
         'font-size="12" fill="currentColor">{}</text></svg>',
         label, WIDTH, HEIGHT, WIDTH, HEIGHT, FRAME, label, partial, y_ticks, x_ticks,
         LEFT, TOP, LEFT, TOP + plot_h, AXIS_OPACITY,
         LEFT, TOP + plot_h, WIDTH - RIGHT, TOP + plot_h, AXIS_OPACITY,
-        lines, LEFT + plot_w / 2, HEIGHT - 6, _n(TOP + plot_h / 2), y_title)
+        lines, LEFT + plot_w / 2, HEIGHT - 6, "hours" if hours else "minutes",
+        _n(TOP + plot_h / 2), y_title)
+
+
+def _per_minute(value: float | None, step: int) -> float | None:
+    return value if value is None or step == 1 else value / step
 
 
 def _polylines(line: Sequence[float | None], series: Series,

@@ -90,7 +90,7 @@ def pending_labels(partitions: Sequence[PartitionLag]) -> tuple[SafeString, Safe
     SVG would be stretched too): the scale (the tallest column's count) above, and the
     partition keys under their columns, or the first and last key when there are many."""
     if not partitions:
-        return format_html(""), format_html("")
+        return SafeString(""), SafeString("")
     top = max(p.pending or 0 for p in partitions)
     capped = any(p.pending_capped for p in partitions)
     scale = format_html(

@@ -120,6 +120,7 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
             and may_retire(group, topic, _alias(topic), held=bool(lag.held)),
             "retire_url": self._action_url("retire", group, topic),
             "rules": lag_rules,
+            "refresh_seconds": REFRESH_SECONDS,
         })
 
     # -- repairs ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from sqlqueue.conf import get_settings
 from sqlqueue.models import RunnerAction, RunnerRequest, SubscriberStatus
 from sqlqueue.operations.runners import (
     NotARunningRunner,
+    earlier_stops,
     live_runners,
     pending_requests,
     request_runner_stop,
@@ -51,13 +52,17 @@ class SubscriberStatusAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         conf = get_settings()
         pending = {p.runner: p for p in pending_requests()}
+        earlier = earlier_stops()
         return TemplateResponse(request, "admin/sqlqueue/subscribers.html", {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": "Subscribers and leases",
             "memberships": [m for alias in conf.databases
                             for m in memberships(conf.read_alias(alias))],
-            "runners": [(name, pending.get(name)) for name in live_runners()],
+            # (name, its pending request, how its previous process stopped, and when)
+            "runners": [(name, pending.get(name), earlier.get(name),
+                         _when(earlier[name].obeyed_at_ms) if name in earlier else None)
+                        for name in live_runners()],
             "stopped_runners": [(r, _when(r.requested_at_ms), _when(r.obeyed_at_ms))
                                 for r in stopped_runners()],
             "refresh_seconds": REFRESH_SECONDS,

@@ -7,18 +7,25 @@ A request made before this runner started (for an earlier process of the same na
 stamped obeyed and otherwise ignored. ``drain`` stops as SIGTERM does; ``stop`` also
 stops without waiting for the running handlers (their messages come back after their
 visibility timeout).
+
+A runner that stops for another reason (a signal, ``--until-empty``, recycling) has its
+``StopRecord`` write that row itself as it exits, with the cause (trial F16).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import Error as AnyDatabaseError
 from django.db import connections
 
 from sqlqueue import events, storage
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
+from sqlqueue.consuming.handoff import EXIT_STUCK
+from sqlqueue.models import RunnerAction, RunnerStopCause
 
 if TYPE_CHECKING:
     from sqlqueue.consuming.runner import Runner
@@ -99,3 +106,75 @@ class RunnerControl:
             extra=events.fields(events.RUNNER_STOP_REQUESTED, subscriber=self.name,
                                 action=action, requested_by=by, requested_at=at))
         self._stop(action == "stop")
+
+
+#: How long the row of a stopped runner is kept (the admin lists it that long); each
+#: process of a default name (host and pid) leaves one, so they are forgotten after it.
+STOPPED_KEPT_MS = 24 * 3600 * 1000
+
+
+class StopRecord:
+    """Why this runner stopped, written as its row of ``queue_runner_requests`` once it
+    has exited (``write``), for the admin's Subscribers page. The first cause noted
+    counts; recycling (the supervisor's note) counts over the SIGTERM that follows it.
+    A stop an operator asked for is that request's row, which ``RunnerControl`` stamped."""
+
+    def __init__(self, name: str, alias: str, host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.name, self.alias, self.host_clock = name, alias, host_clock
+        self.cause: str | None = None
+        self.by = ""
+        self.at_once = False
+        self._noted_at = 0.0  # monotonic
+
+    def note(self, cause: str, by: str, *, overrides: bool = False) -> None:
+        if self.cause is None or overrides:
+            self.cause, self.by = cause, by[:255]
+            self._noted_at = self.host_clock.monotonic()
+
+    def recycled(self) -> None:
+        """The supervisor recycles this worker (--max-memory), with a SIGTERM next."""
+        self.note(RunnerStopCause.RECYCLE, "--max-memory", overrides=True)
+
+    def noting_supervisor_gone(self, stop: Callable[[], None]) -> Callable[[], None]:
+        """``stop``, noting first that the supervisor is gone."""
+        def supervisor_gone() -> None:
+            self.note(RunnerStopCause.SUPERVISOR, "its supervisor is gone")
+            stop()
+        return supervisor_gone
+
+    def watch_signals(self) -> None:
+        """Wrap the SIGINT and SIGTERM handlers installed (the runner's): each notes
+        its signal, then does what it did."""
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(signum)
+            if callable(handler):
+                signal.signal(signum, self._noting(handler))
+
+    def _noting(self, handler: Callable[[int, Any], Any]) -> Callable[[int, Any], Any]:
+        def handle(signum: int, frame: Any) -> Any:
+            self.note(RunnerStopCause.SIGNAL, signal.Signals(signum).name)
+            return handler(signum, frame)
+        return handle
+
+    def write(self, runner: Runner, control: RunnerControl | None) -> None:
+        """After ``runner.run()``: write why it stopped (nothing when an operator's
+        request was obeyed: its row says so)."""
+        if control is not None and control.obeyed:
+            return
+        if self.cause is None and runner.exit_code == EXIT_STUCK:
+            self.note(RunnerStopCause.RECYCLE, "a handler stuck past its timeout")
+        elif self.cause is None and runner.reached_max_messages:
+            self.note(RunnerStopCause.RECYCLE, f"--max-messages {runner.max_messages}")
+        elif self.cause is None and runner.until_empty:
+            self.note(RunnerStopCause.UNTIL_EMPTY, "--until-empty")
+        if self.cause is None:
+            return
+        action = RunnerAction.STOP if runner.shutdown_timeout == 0 else RunnerAction.DRAIN
+        ago = round((self.host_clock.monotonic() - self._noted_at) * 1000)
+        try:
+            with connections[self.alias].cursor() as cursor:
+                storage.store(connections[self.alias]).record_runner_stop(
+                    cursor, self.name, action, self.cause, self.by, ago, STOPPED_KEPT_MS)
+        except AnyDatabaseError as exc:
+            logger.warning("%s: could not record why it stopped (%s): %s.", self.name,
+                           self.by, exc)

@@ -48,6 +48,8 @@ STABLE_AFTER = 30.0  # a worker that ran this long resets its slot's crash count
 KILL_AFTER_MARGIN = 10.0  # past SHUTDOWN_TIMEOUT, a worker told to stop is killed
 SECOND_SIGNAL_WAIT = 5.0  # after the second signal, how long workers get to exit
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: Written on a worker's lifeline before the SIGTERM that recycles it (--max-memory).
+RECYCLE_NOTE = b"m"
 
 
 @dataclass
@@ -219,6 +221,8 @@ class Supervisor:
                     logger.info("Worker %s (pid %s) uses %.0f MB; recycling it.", worker.slot,
                                 worker.pid, rss / 2**20)
                     worker.told_to_stop = self.host_clock.monotonic()
+                    with contextlib.suppress(OSError):  # why, for the worker's record
+                        os.write(worker.lifeline, RECYCLE_NOTE)
                     self._signal(worker, signal.SIGTERM)
 
     def _kill_overdue(self) -> None:
@@ -248,11 +252,13 @@ def resident_bytes(pid: int) -> int | None:
 
 
 # -- the worker's side -------------------------------------------------------------------------
-def attach(lifeline: int, stop: Callable[[], None]) -> None:
-    """In a worker: stop (gracefully) when the supervisor is gone, however it went."""
+def attach(lifeline: int, stop: Callable[[], None],
+           recycled: Callable[[], None] = lambda: None) -> None:
+    """In a worker: stop (gracefully) when the supervisor is gone, however it went;
+    ``recycled()`` when the supervisor says it recycles this worker (``RECYCLE_NOTE``)."""
     _die_with_parent()
-    watcher = threading.Thread(target=_watch_lifeline, args=(lifeline, stop), daemon=True,
-                               name="sqlqueue-lifeline")
+    watcher = threading.Thread(target=_watch_lifeline, args=(lifeline, stop, recycled),
+                               daemon=True, name="sqlqueue-lifeline")
     watcher.start()
 
 
@@ -268,11 +274,13 @@ def _die_with_parent() -> None:
         logger.debug("prctl(PR_SET_PDEATHSIG) is not available; the lifeline pipe remains.")
 
 
-def _watch_lifeline(fd: int, stop: Callable[[], None]) -> None:
-    """The supervisor never writes: the read returns only at end-of-file, when the last
-    write end closed, that is, when the supervisor exited (or was killed)."""
+def _watch_lifeline(fd: int, stop: Callable[[], None], recycled: Callable[[], None]) -> None:
+    """The supervisor writes only ``RECYCLE_NOTE`` (before the SIGTERM that recycles the
+    worker); the read returns empty at end-of-file, when the last write end closed, that
+    is, when the supervisor exited (or was killed)."""
     with contextlib.suppress(OSError):
-        while os.read(fd, 1):
-            pass
+        while note := os.read(fd, 1):
+            if note == RECYCLE_NOTE:
+                recycled()
     logger.warning("The supervisor is gone: finishing in-flight handlers and exiting.")
     stop()

@@ -23,7 +23,7 @@ from __future__ import annotations
 # The results table of the Django Tasks backend (sqlqueue.integrations.tasks), defined
 # next to the backend it serves; imported here so that it belongs to this app.
 from sqlqueue.integrations.tasks.models import TaskRecord
-from sqlqueue.models.control import FlowControl, RunnerAction, RunnerRequest
+from sqlqueue.models.control import FlowControl, RunnerAction, RunnerRequest, RunnerStopCause
 from sqlqueue.models.fields import UnsignedBigAutoField
 from sqlqueue.models.groups import (
     DeliveryState,
@@ -42,8 +42,26 @@ from sqlqueue.models.pages import ConsumerLag, LiveOverview, SubscriberStatus
 from sqlqueue.models.schedules import ScheduleState, StoredSchedule
 from sqlqueue.models.stats import MinuteStats
 
-__all__ = ["IS_DEAD_LETTER", "ConsumerLag", "DeadLetter", "DeadLetterManager",
-           "DeliveryState", "FlowControl", "IdempotencyKey", "LiveOverview", "MinuteStats",
-           "PartitionLease", "PartitionOffset", "QueueMessage", "RunnerAction",
-           "RunnerRequest", "ScheduleState", "StoredSchedule", "SubscriberHeartbeat",
-           "SubscriberStatus", "TaskRecord", "UnsignedBigAutoField"]
+__all__ = [
+    "IS_DEAD_LETTER",
+    "ConsumerLag",
+    "DeadLetter",
+    "DeadLetterManager",
+    "DeliveryState",
+    "FlowControl",
+    "IdempotencyKey",
+    "LiveOverview",
+    "MinuteStats",
+    "PartitionLease",
+    "PartitionOffset",
+    "QueueMessage",
+    "RunnerAction",
+    "RunnerRequest",
+    "RunnerStopCause",
+    "ScheduleState",
+    "StoredSchedule",
+    "SubscriberHeartbeat",
+    "SubscriberStatus",
+    "TaskRecord",
+    "UnsignedBigAutoField",
+]

@@ -37,17 +37,29 @@ class RunnerAction(models.TextChoices):
     STOP = "stop", "stop at once"
 
 
+class RunnerStopCause(models.TextChoices):  # why a runner stopped (trial F16)
+    REQUEST = "request", "an operator's request"
+    SIGNAL = "signal", "a signal"
+    UNTIL_EMPTY = "until-empty", "--until-empty (nothing left to do)"
+    RECYCLE = "recycle", "recycling"
+    SUPERVISOR = "supervisor", "its supervisor went away"
+
+
 class RunnerRequest(models.Model):
     """An operator's request that one runner (``runconsumer``, by its subscriber name)
     stop: ``drain`` (finish the running handlers first, as on SIGTERM) or ``stop`` (at
     once). The runner reads its row once per lease renew interval, obeys a request made
-    after it started, and stamps ``obeyed_at`` (added by sqlqueue, not in the RFC)."""
+    after it started, and stamps ``obeyed_at`` (added by sqlqueue, not in the RFC).
+    A runner that stops for another ``cause`` writes its row as it exits:
+    ``requested_by`` is then what stopped it (``SIGTERM``, ``--max-messages 9``)."""
 
     runner_name = name_field(primary_key=True)
     action = models.CharField(max_length=5, choices=RunnerAction.choices)
     requested_by = name_field(blank=True, db_default="")
     requested_at = epoch_ms_field()
     obeyed_at = epoch_ms_field(db_default=0)
+    cause = models.CharField(max_length=16, choices=RunnerStopCause.choices,
+                             db_default=RunnerStopCause.REQUEST)
 
     class Meta:
         db_table = "queue_runner_requests"

@@ -1,5 +1,5 @@
 """The live overview's numbers (issue 42): per (group, topic), what the runners handled in
-each minute of the last hour, from the per-minute rollup they keep
+each minute of the last hour (up to a day), from the per-minute rollup they keep
 (``sqlqueue.consuming.rollup``, table ``queue_minute_stats``).
 
 Definitions (the page says them too):
@@ -27,7 +27,8 @@ from sqlqueue.conf import DURATION_BUCKETS, get_settings
 from sqlqueue.consuming.rollup import MINUTE_MS
 from sqlqueue.models.stats import DURATION_COLUMNS, OUTCOMES
 
-#: minutes the page shows, the current one last
+#: the live overview's default range in minutes, the current one last (the runners keep
+#: the rows a day: ``sqlqueue.consuming.rollup.KEEP_MS``)
 WINDOW_MINUTES = 60
 COLUMNS = ("published", "dead_lettered", *OUTCOMES, "duration_sum", *DURATION_COLUMNS)
 
@@ -55,12 +56,29 @@ class Minute:
 
 @dataclass
 class SubscriptionActivity:
-    """A (group, topic)'s last hour: ``minutes`` oldest first, and the hour's totals."""
+    """A (group, topic)'s last minutes: ``minutes`` oldest first (over a range of hours,
+    points of ``step`` minutes each, the current minute in the last), the range's totals,
+    and ``this_minute``."""
 
     group: str
     topic: str
     minutes: list[Minute]
     total: Minute
+    step: int = 1
+    current: Minute | None = None  # the current minute, when ``minutes`` are points
+
+    @property
+    def this_minute(self) -> Minute:
+        return self.minutes[-1] if self.current is None else self.current
+
+
+def minutes_per_point(minutes: int) -> int:
+    """How many minutes a chart over ``minutes`` sums into each point: one up to an hour,
+    else the fewest of 5, 15, 30 or 60 that make at most 100 points (6 h: 72 points of 5
+    minutes; 24 h: 96 of 15), so that a chart of a day is not 1,440 points wide."""
+    if minutes <= WINDOW_MINUTES:
+        return 1
+    return next((s for s in (5, 15, 30) if minutes / s <= 100), 60)
 
 
 def histogram_quantile(q: float, buckets: Sequence[int]) -> float | None:
@@ -100,23 +118,37 @@ def _add(minute: Minute, values: dict[str, float]) -> None:
 def activity(using: str | None = None, now_ms: int | None = None,
              minutes: int = WINDOW_MINUTES) -> list[SubscriptionActivity]:
     """Every (group, topic) with a row in the last ``minutes`` minutes (database time),
-    in name order."""
+    in name order; over a range of hours summed by the database into points of
+    ``minutes_per_point(minutes)`` minutes (``read_minute_points``: a day of 1,440 rows
+    per subscription is not added up here)."""
     alias = using or get_settings().DATABASE
+    step = minutes_per_point(minutes)
+    step_ms, points = step * MINUTE_MS, minutes // step
     connection = connections[alias]
     with connection.cursor() as cursor:
         store = storage.store(connection)
         now = store.database_now_ms(cursor) if now_ms is None else now_ms
-        first = now - now % MINUTE_MS - (minutes - 1) * MINUTE_MS
-        rows = store.read_minute_stats(cursor, first, COLUMNS)
+        current = now - now % MINUTE_MS
+        first = current - (minutes - 1) * MINUTE_MS
+        if step == 1:
+            rows, current_rows = store.read_minute_stats(cursor, first, COLUMNS), []
+        else:
+            rows = store.read_minute_points(cursor, first, step_ms, COLUMNS)
+            current_rows = store.read_minute_stats(cursor, current, COLUMNS)
     found: dict[tuple[str, str], SubscriptionActivity] = {}
     for group, topic, start, *values in rows:
         key = (str(group), str(topic))
         if key not in found:
             found[key] = SubscriptionActivity(
-                *key, [Minute(first + i * MINUTE_MS) for i in range(minutes)], Minute(first))
+                *key, [Minute(first + i * step_ms) for i in range(points)], Minute(first),
+                step, None if step == 1 else Minute(current))
         by_column = dict(zip(COLUMNS, values, strict=True))
-        index = (int(start) - first) // MINUTE_MS
-        if 0 <= index < minutes:  # a runner's clock ahead of this one: not shown
+        index = (int(start) - first) // step_ms
+        if 0 <= index < points:  # a runner's clock ahead of this one: not shown
             _add(found[key].minutes[index], by_column)
             _add(found[key].total, by_column)
+    for group, topic, start, *values in current_rows:
+        sub = found.get((str(group), str(topic)))
+        if sub is not None and sub.current is not None and int(start) == current:
+            _add(sub.current, dict(zip(COLUMNS, values, strict=True)))
     return [found[key] for key in sorted(found)]

@@ -22,8 +22,9 @@ from django.db.models import Max
 
 from sqlqueue import storage
 from sqlqueue.conf import MAX_NAME_BYTES, get_settings
+from sqlqueue.consuming.control import STOPPED_KEPT_MS
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.models import RunnerAction, RunnerRequest, SubscriberHeartbeat
+from sqlqueue.models import RunnerAction, RunnerRequest, RunnerStopCause, SubscriberHeartbeat
 
 ACTIONS = {"drain": RunnerAction.DRAIN, "stop": RunnerAction.STOP}
 
@@ -91,38 +92,87 @@ def pending_requests(*, using: str | None = None) -> list[PendingRequest]:
             .values_list("runner_name", "action", "requested_by", "requested_at")]
 
 
-#: how long a runner stopped at an operator's request stays listed on the admin's page
-STOPPED_SHOWN_MS = 24 * 3600 * 1000
+#: how long a stopped runner stays listed on the admin's page (its row is kept that long)
+STOPPED_SHOWN_MS = STOPPED_KEPT_MS
+#: the cause of a runner found dead: its heartbeat stopped with no goodbye (no row says so)
+FOUND_DEAD = "dead"
 
 
 @dataclass(frozen=True)
 class StoppedRunner:
-    """A runner that obeyed an operator's request and is no longer live."""
+    """A runner that stopped and is no longer live: asked to by an operator, or stopped
+    for another ``cause`` (``RunnerStopCause``, or ``FOUND_DEAD``), with when it was told
+    (``requested_at_ms``; a dead one's last heartbeat) and when it had stopped
+    (``obeyed_at_ms``; a dead one's lease expiry)."""
 
     runner: str
     action: str  # "drain" or "stop"
     requested_by: str
     requested_at_ms: int
     obeyed_at_ms: int
+    cause: str = RunnerStopCause.REQUEST
 
     @property
     def description(self) -> str:
-        return RunnerAction(self.action).label
+        """What stopped it, in words (the admin's Runners table)."""
+        by = self.requested_by
+        if self.cause == RunnerStopCause.REQUEST:
+            return f"asked to {RunnerAction(self.action).label} by {by or 'an operator'}"
+        if self.cause == RunnerStopCause.SIGNAL:
+            how = "at once" if self.action == RunnerAction.STOP else "drained"
+            return f"by the signal {by} ({how})"
+        if self.cause == RunnerStopCause.RECYCLE:
+            return f"recycled by its supervisor ({by})"
+        if self.cause == FOUND_DEAD:
+            return ("found dead: its heartbeat stopped with no goodbye (it crashed or was "
+                    "killed); its leases expired")
+        return RunnerStopCause(self.cause).label
+
+    @property
+    def found_dead(self) -> bool:
+        return self.cause == FOUND_DEAD
 
 
 def stopped_runners(*, using: str | None = None,
                     shown_ms: int = STOPPED_SHOWN_MS) -> list[StoppedRunner]:
-    """The runners that obeyed a request in the last ``shown_ms`` (database time) and
-    have no live heartbeat now, the latest first: what the Subscribers page lists after
-    a drain or a stop, with who asked and when (one row per runner name, so few)."""
+    """The runners that stopped in the last ``shown_ms`` (database time) and have no live
+    heartbeat now, the latest first: what the Subscribers page lists, with what stopped
+    them and when (one row per runner name, so few). Those that said why are rows of
+    ``queue_runner_requests``; one whose heartbeats outlived it with no such row since
+    (killed, crashed, the power went) is found dead, until garbage collection of its
+    heartbeats (``PURGE_AFTER_LEASES`` lease durations)."""
     alias = using or get_settings().DATABASE
-    since = _database_now(alias) - shown_ms
     live = set(live_runners(using=alias))
-    rows = (RunnerRequest.objects.using(alias).filter(obeyed_at__gte=since)
-            .exclude(obeyed_at=0).order_by("-obeyed_at")
+    return [r for r in _last_stops(alias, shown_ms) if r.runner not in live]
+
+
+def earlier_stops(*, using: str | None = None,
+                  shown_ms: int = STOPPED_SHOWN_MS) -> dict[str, StoppedRunner]:
+    """By live runner name: how the last process of that name stopped, if it did in the
+    last ``shown_ms`` (a supervisor's recycled worker, a restarted service)."""
+    alias = using or get_settings().DATABASE
+    live = set(live_runners(using=alias))
+    return {r.runner: r for r in _last_stops(alias, shown_ms) if r.runner in live}
+
+
+def _last_stops(alias: str, shown_ms: int) -> list[StoppedRunner]:
+    now = _database_now(alias)
+    rows = (RunnerRequest.objects.using(alias).filter(obeyed_at__gte=now - shown_ms)
+            .exclude(obeyed_at=0)
             .values_list("runner_name", "action", "requested_by", "requested_at",
-                         "obeyed_at"))
-    return [StoppedRunner(*row) for row in rows if row[0] not in live]
+                         "obeyed_at", "cause"))
+    stops = {row[0]: StoppedRunner(*row) for row in rows}
+    lease_ms = int(get_settings().LEASE_DURATION * 1000)
+    beats = (SubscriberHeartbeat.objects.using(alias)
+             .filter(deregistered_at=0, heartbeat_at__gte=now - shown_ms)
+             .values("subscriber_name").annotate(last=Max("heartbeat_at"))
+             .values_list("subscriber_name", "last"))
+    for name, last in beats:
+        known = stops.get(name)
+        if last < now - lease_ms and (known is None or known.obeyed_at_ms < last):
+            stops[name] = StoppedRunner(name, RunnerAction.STOP, "", last, last + lease_ms,
+                                        FOUND_DEAD)
+    return sorted(stops.values(), key=lambda r: r.obeyed_at_ms, reverse=True)
 
 
 def refuse_a_live_namesake(name: str, *, using: str | None = None,

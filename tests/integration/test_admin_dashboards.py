@@ -94,6 +94,19 @@ def test_overview_and_subscription_pages(admin_client: Client, register: Any) ->
         caught_up and caught_up.group(1))
 
 
+def test_a_subscription_s_page_refreshes_itself(admin_client: Client, register: Any) -> None:
+    """Trial F16 (issue 53): the lag subscription page reloads its content in place, as
+    the lag overview, the Subscribers page and the Dead letters list do; its stamp
+    stays outside the content it replaces. (A subscription with no message yet: its page
+    answered HTTP 500 on Django 6, whose format_html() refuses to be called without
+    arguments.)"""
+    journal(register)
+    text = admin_client.get(at(SUBSCRIPTION, group="g", topic="t")).content.decode()
+    assert "Refreshed every 10 seconds" in text and "DOMParser" in text
+    content = text[text.index('<div id="content-main"'):text.index('class="sqlqueue-refresh-note"')]
+    assert 'id="sqlqueue-partitions"' in content and "sqlqueue-page-updated" not in content
+
+
 def test_unknown_subscription_is_404(admin_client: Client) -> None:
     assert admin_client.get(at(SUBSCRIPTION, group="nope", topic="none")).status_code == 404
 

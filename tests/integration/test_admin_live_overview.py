@@ -151,6 +151,66 @@ def test_the_range_selector_offers_ranges_the_rollup_keeps(operator: Client) -> 
             ("billing", "orders", minute - 20 * 60_000): {"published": 5, "ack": 5}})
     assert "6 published" in operator.get(URL, {"minutes": "15"}).content.decode()
     assert "11 published" in operator.get(URL, {"minutes": "30"}).content.decode()
-    refused = operator.get(URL, {"minutes": "1440"})
+    refused = operator.get(URL, {"minutes": "2880"})
     assert refused.status_code == 400
-    assert "choose one of 15, 30, 60" in refused.content.decode()
+    assert "choose one of 15, 30, 60, 360, 1440" in refused.content.decode()
+
+
+@pytest.mark.parametrize(("minutes", "step", "ticks", "top"), [
+    (360, 5, ["now", "-2", "-4"], "6"),
+    (1440, 15, ["now", "-6", "-12", "-18"], "2"),
+])
+def test_ranges_of_hours_sum_minutes_into_points(operator: Client, minutes: int, step: int,
+                                                 ticks: list[str], top: str) -> None:
+    """Trial F7, beyond an hour: the runners keep the per-minute rows a day, and a chart
+    of 6 or 24 hours sums them into points of 5 or 15 minutes, drawn as their average
+    per minute, with the x axis in round hours."""
+    with connection.cursor() as cursor:
+        store = storage.store(connection)
+        now = store.database_now_ms(cursor)
+        minute = now - now % 60_000
+        store.add_minute_stats(cursor, {
+            ("billing", "orders", minute - (minutes - 30) * 60_000): {"published": 30,
+                                                                     "ack": 30},
+            ("billing", "orders", minute - 90 * 60_000): {"published": 3, "ack": 3},
+            ("billing", "orders", minute - (minutes + 30) * 60_000): {"published": 500}})
+    page = operator.get(URL, {"minutes": str(minutes)}).content.decode()
+    assert f'<strong aria-current="true">{minutes // 60} h</strong>' in page
+    assert f"last {minutes // 60} h" in page and "33 published" in page  # not the 500
+    assert f"each point of the charts sums\n  {step} minutes" in page
+    (chart,) = re.findall(r'<svg class="sqlqueue-activity-chart"[^>]*aria-label="[^"]*'
+                          r'messages per minute \(average of each \d+ minutes\).*?</svg>',
+                          page, re.S)
+    x_ticks = re.findall(r'text-anchor="middle" font-size="11"[^>]*>([^<]+)</text>', chart)
+    assert x_ticks == ticks
+    assert "hours ago (database time)" in chart
+    assert f"the last {step} minutes, this minute so far" in chart
+    # 30 published in one minute of a point of `step` minutes: drawn as 30/step a minute.
+    assert "per minute (avg of" in chart
+    y_ticks = re.findall(r'text-anchor="end"[^>]*>([^<]+)</text>', chart)
+    assert y_ticks[-1] == top
+    assert 'refresh' in page and f'fragment=1&minutes={minutes}' in page
+
+
+def test_points_are_summed_by_the_database_back_from_the_current_minute() -> None:
+    """``read_minute_points``: over 6 hours, 72 points of 5 minutes, the last ending with
+    the current minute; "this minute" read on its own."""
+    from sqlqueue.operations.overview import activity, minutes_per_point
+
+    with connection.cursor() as cursor:
+        store = storage.store(connection)
+        now = store.database_now_ms(cursor)
+        minute = now - now % 60_000
+        store.add_minute_stats(cursor, {
+            ("g", "t", minute - ago * 60_000): {"published": n, "ack": n, "duration_03": n}
+            for ago, n in ((0, 1), (4, 2), (5, 4), (9, 8), (359, 16), (360, 32))})
+    (sub,) = activity(now_ms=now, minutes=360)
+    assert (sub.step, len(sub.minutes)) == (5, 72)
+    assert [m.published for m in sub.minutes[-2:]] == [4 + 8, 1 + 2]
+    assert sub.minutes[0].published == 16 and sub.total.published == 31  # not the 32
+    assert sub.minutes[-1].start_ms == minute - 4 * 60_000
+    assert sub.this_minute.published == 1 and sub.this_minute.acked == 1
+    assert sub.minutes[-1].p50 == pytest.approx(histogram_quantile(0.5, [0, 0, 0, 3] + [0] * 11))
+    (hour,) = activity(now_ms=now, minutes=60)
+    assert hour.step == 1 and hour.this_minute is hour.minutes[-1]
+    assert [minutes_per_point(m) for m in (15, 60, 360, 1440)] == [1, 1, 5, 15]

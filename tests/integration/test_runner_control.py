@@ -12,6 +12,7 @@ from django.db import connection
 from django.db.models import F
 
 from sqlqueue import events
+from sqlqueue.conf import get_settings
 from sqlqueue.consuming.control import RunnerControl
 from sqlqueue.models import RunnerRequest, SubscriberHeartbeat
 from sqlqueue.operations.runners import (
@@ -248,8 +249,8 @@ def test_a_stopped_runner_stays_listed_with_who_asked_and_when() -> None:
         deregistered_at=clock.ms)  # it said goodbye
 
     (stopped,) = stopped_runners()
-    assert (stopped.runner, stopped.description, stopped.requested_by) == (
-        "web-1.42", "drain and stop", "alice")
+    assert (stopped.runner, stopped.description, stopped.requested_by, stopped.cause) == (
+        "web-1.42", "asked to drain and stop by alice", "alice", "request")
     client = Client()
     client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
     page = client.get(reverse("admin:sqlqueue_subscriberstatus_changelist")).text
@@ -279,3 +280,78 @@ def test_the_lag_overview_refreshes_itself() -> None:
     client.force_login(User.objects.create_superuser("boss", "boss@example.com", "pw"))
     page = client.get(reverse("admin:sqlqueue_consumerlag_changelist")).text
     assert "Refreshed every 10 seconds" in page and "DOMParser" in page
+
+
+def subscribers_page() -> str:
+    from django.contrib.auth.models import User
+    from django.test import Client
+    from django.urls import reverse
+
+    client = Client()
+    user = User.objects.filter(username="boss").first() or User.objects.create_superuser(
+        "boss", "boss@example.com", "pw")
+    client.force_login(user)
+    return client.get(reverse("admin:sqlqueue_subscriberstatus_changelist")).text
+
+
+def runner_row(page: str, name: str) -> str:
+    row = page[page.index(f'data-runner="{name}"'):]
+    return row[:row.index("</tr>")]
+
+
+@pytest.mark.parametrize(("cause", "by", "action", "shown"), [
+    ("signal", "SIGTERM", "drain", "stopped: by the signal SIGTERM (drained) at"),
+    ("signal", "SIGINT", "stop", "stopped: by the signal SIGINT (at once) at"),
+    ("until-empty", "--until-empty", "drain", "stopped: --until-empty (nothing left to do) at"),
+    ("recycle", "--max-messages 50", "drain",
+     "stopped: recycled by its supervisor (--max-messages 50) at"),
+    ("supervisor", "its supervisor is gone", "drain", "stopped: its supervisor went away at"),
+])
+def test_a_runner_that_stopped_for_a_cause_is_listed_with_it(
+        cause: str, by: str, action: str, shown: str) -> None:
+    """Trial F16: what the runner's StopRecord writes as it exits (the real process is
+    tests/acceptance/test_runner_stop_causes.py's) is listed with what stopped it."""
+    from sqlqueue.consuming.control import STOPPED_KEPT_MS
+
+    with connection.cursor() as cursor:
+        store_for(connection).record_runner_stop(cursor, "web-1.42", action, cause, by,
+                                                   2_000, STOPPED_KEPT_MS)
+    (stopped,) = stopped_runners()
+    assert (stopped.runner, stopped.cause, stopped.requested_by) == ("web-1.42", cause, by)
+    assert stopped.obeyed_at_ms - stopped.requested_at_ms == 2_000
+    row = runner_row(subscribers_page(), "web-1.42")
+    assert shown in row and "exited at" in row, row
+    assert f'data-cause="{cause}"' in row
+
+
+def test_a_runner_whose_heartbeat_stopped_is_found_dead() -> None:
+    """Trial F16: a runner killed (no goodbye, no row of its own) is listed as found dead
+    once its heartbeat is older than the lease, until its heartbeats are purged; one that
+    wrote why it stopped after its last heartbeat is listed with that instead."""
+    alive("web-1.42")
+    assert stopped_runners() == []  # live
+    lease_ms = int(get_settings().LEASE_DURATION * 1000)
+    SubscriberHeartbeat.objects.update(heartbeat_at=F("heartbeat_at") - lease_ms - 1_000)
+    (dead,) = stopped_runners()
+    assert (dead.runner, dead.cause, dead.found_dead) == ("web-1.42", "dead", True)
+    assert dead.obeyed_at_ms - dead.requested_at_ms == lease_ms
+    row = runner_row(subscribers_page(), "web-1.42")
+    assert "found dead: its heartbeat stopped with no goodbye" in row
+    assert "last heartbeat at" in row and "found dead at" in row
+    # A row written after the last heartbeat says better why it stopped.
+    with connection.cursor() as cursor:
+        store_for(connection).record_runner_stop(cursor, "web-1.42", "drain", "signal",
+                                                   "SIGTERM", 0, STOPPED_SHOWN_MS)
+    assert [(r.runner, r.cause) for r in stopped_runners()] == [("web-1.42", "signal")]
+
+
+def test_a_live_runner_shows_how_its_previous_process_stopped() -> None:
+    with connection.cursor() as cursor:
+        store_for(connection).record_runner_stop(cursor, "web-1.42", "drain", "recycle",
+                                                   "--max-messages 50", 0, STOPPED_SHOWN_MS)
+    alive("web-1.42")  # its replacement, under its name
+    assert stopped_runners() == []
+    row = runner_row(subscribers_page(), "web-1.42")
+    assert "running; its previous process stopped at" in row
+    assert "recycled by its supervisor (--max-messages 50)" in row
+    assert "action=drain" in row  # it can be asked to stop like any live runner

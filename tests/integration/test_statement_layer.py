@@ -203,6 +203,27 @@ def test_runner_requests(executor: Executor) -> None:
     assert executor.rows(sql.runner_request("web-1.42")) == []
 
 
+def test_runner_stops(executor: Executor) -> None:
+    """Trial F16: a runner that stopped for a cause writes its row (replacing its last);
+    rows older than the kept window are forgotten, a request not obeyed yet is kept."""
+    from sqlqueue.models import RunnerRequest
+
+    sql = executor.sql
+    executor.run(sql.record_runner_stop("web-1.42", "drain", "signal", "SIGTERM", 1500))
+    row = RunnerRequest.objects.get(runner_name="web-1.42")
+    assert (row.action, row.cause, row.requested_by) == ("drain", "signal", "SIGTERM")
+    assert row.obeyed_at - row.requested_at == 1500
+    assert executor.rows(sql.runner_request("web-1.42")) == []  # nothing for it to obey
+    executor.run(sql.record_runner_stop("web-1.42", "stop", "recycle", "--max-memory", 0))
+    row = RunnerRequest.objects.get(runner_name="web-1.42")
+    assert (row.action, row.cause, row.requested_by) == ("stop", "recycle", "--max-memory")
+    RunnerRequest.objects.create(runner_name="web-2.7", action="drain", requested_at=1)
+    assert executor.run(sql.forget_runner_stops(60_000)) == 0  # both are recent or pending
+    RunnerRequest.objects.filter(runner_name="web-1.42").update(obeyed_at=row.obeyed_at - 61_000)
+    assert executor.run(sql.forget_runner_stops(60_000)) == 1
+    assert list(RunnerRequest.objects.values_list("runner_name", flat=True)) == ["web-2.7"]
+
+
 def test_write_horizon() -> None:
     """Read inside a transaction that has written a row (the executors' own rule)."""
     from django.db import transaction
@@ -800,5 +821,15 @@ def test_minute_stats(executor: Executor) -> None:
     assert [(r[0], r[1], int(r[2]), *map(int, r[3:7]), round(float(r[7]), 3))
             for r in rows] == [("g", "t", minute, 0, 3, 1, 2, 0.58)]
     assert len(executor.rows(sql.read_minute_stats(0, columns))) == 2
+    # Summed per point of 5 minutes from `since` (9 minutes before `minute`): the minutes
+    # 8 and 6 before `minute` in the first point, 3 and 1 before it in the second.
+    since = minute - 9 * 60_000
+    for ago, n in ((8, 10), (6, 20), (3, 40), (1, 80)):
+        executor.run(sql.add_minute_stats("p", "t", minute - ago * 60_000, {"published": n}))
+    points = executor.rows(sql.read_minute_points(since, 300_000, ("published", "ack")))
+    assert [(r[0], r[1], int(r[2]), int(r[3]), int(r[4])) for r in points] == [
+        ("g", "t", since + 300_000, 0, 3),  # the minute itself: its point's last
+        ("p", "t", since, 10 + 20, 0), ("p", "t", since + 300_000, 40 + 80, 0)]
+    executor.run(("DELETE FROM queue_minute_stats WHERE consumer_group = 'p'", []))
     assert executor.run(sql.delete_minute_stats(3_600_000)) == 1
     assert len(executor.rows(sql.read_minute_stats(0, columns))) == 1

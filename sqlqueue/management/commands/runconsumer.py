@@ -19,7 +19,7 @@ from django.db import connections
 from sqlqueue import __version__
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.consuming import supervisor
-from sqlqueue.consuming.control import RunnerControl
+from sqlqueue.consuming.control import RunnerControl, StopRecord
 from sqlqueue.consuming.counter import OffsetCounterWatch
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.registry import Consumer, select_consumers
@@ -238,7 +238,8 @@ class Command(BaseCommand):
             self._when_reachable(
                 lambda: refuse_a_live_namesake(runner.name, using=runner.alias))
             runner.pacer.add_timer(OffsetCounterWatch(runner.alias, runner.clock.now_ms))
-            runner.pacer.add_timer(RunnerControl.of(runner))  # the admin's stop requests
+            control = RunnerControl.of(runner)  # the admin's stop requests
+            runner.pacer.add_timer(control)
             rollup = MinuteRollup.of(runner)  # the admin's live overview
             runner.pacer.add_timer(rollup)
             if not options["no_schedules"]:
@@ -253,14 +254,18 @@ class Command(BaseCommand):
         # Before anything is printed: a Ctrl-C that follows the banner at once (a user, a
         # script waiting for it) ends the process cleanly, not with a traceback.
         runner.install_signal_handlers()
+        stopped = StopRecord(runner.name, runner.alias, runner.host_clock)  # why, for the admin
+        stopped.watch_signals()
         if options["verbosity"] >= 1 and options["supervisor_lifeline"] is None:
             self.stdout.write("\n".join(start_banner(
                 [s.consumer for s in runner.subscribers], runner.conf, runner.alias,
                 f"subscriber {runner.name}, {runner.threads} handler thread(s)")))
         if options["supervisor_lifeline"] is not None:
-            supervisor.attach(options["supervisor_lifeline"], runner.stop)
+            supervisor.attach(options["supervisor_lifeline"],
+                              stopped.noting_supervisor_gone(runner.stop), stopped.recycled)
         status = runner.run(install_signal_handlers=False)
         rollup.flush()  # the last seconds' counts
+        stopped.write(runner, control)
         if options["verbosity"] >= 1:
             self._report(runner)
         if options["supervisor_lifeline"] is not None and runner.reached_max_messages:

@@ -112,3 +112,9 @@ class MembershipAccess(VendorHooks):
         """``obey_runner_request``: stamp it obeyed; False if it was replaced meanwhile."""
         cursor.execute(*self.sql.obey_runner_request(name, requested_at))
         return bool(cursor.rowcount)
+
+    def record_runner_stop(self, cursor: CursorWrapper, name: str, action: str, cause: str,
+                           by: str, stopped_ms_ago: int, keep_ms: int) -> None:
+        """``record_runner_stop``, then ``forget_runner_stops`` older than ``keep_ms``."""
+        cursor.execute(*self.sql.record_runner_stop(name, action, cause, by, stopped_ms_ago))
+        cursor.execute(*self.sql.forget_runner_stops(keep_ms))

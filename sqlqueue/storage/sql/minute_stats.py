@@ -29,6 +29,12 @@ class MinuteStatsAccess(VendorHooks):
         cursor.execute(*self.sql.read_minute_stats(since, columns))
         return [tuple(row) for row in cursor.fetchall()]
 
+    def read_minute_points(self, cursor: CursorWrapper, since: int, step_ms: int,
+                           columns: tuple[str, ...]) -> list[tuple[Any, ...]]:
+        """``read_minute_points``: (group, topic, point's start, *sums) from ``since`` on."""
+        cursor.execute(*self.sql.read_minute_points(since, step_ms, columns))
+        return [tuple(row) for row in cursor.fetchall()]
+
     def delete_minute_stats(self, cursor: CursorWrapper, keep_ms: int) -> int:
         """``delete_minute_stats``: rows deleted."""
         cursor.execute(*self.sql.delete_minute_stats(keep_ms))

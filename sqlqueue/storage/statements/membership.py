@@ -194,3 +194,31 @@ class MembershipStatements(Vendor):
             f"{q('obeyed_at')} = 0",
             [name, requested_at],
         )
+
+    def record_runner_stop(self, name: str, action: str, cause: str, by: str,
+                           stopped_ms_ago: int) -> Statement:
+        """``record_runner_stop``: the runner ``name`` stopped for ``cause`` (not an
+        operator's request: that row is the request's), told by ``by`` (``SIGTERM``) some
+        ``stopped_ms_ago``; it has finished now (database time). Replaces its last row."""
+        q = self.quote
+        columns = ("runner_name", "action", "requested_by", "requested_at", "obeyed_at",
+                   "cause")
+        clause = self.upsert_clause(("runner_name",), {
+            column: f"{{new}}({q(column)})" for column in columns[1:]
+        }, table=RUNNER_REQUESTS_TABLE)
+        now = self.now_ms_sql
+        return (
+            f"INSERT INTO {q(RUNNER_REQUESTS_TABLE)} ({self.names(columns)}) VALUES "
+            f"({self.text_mark}, %s, {self.text_mark}, {now} - %s, {now}, %s) {clause}",
+            [name, action, by, stopped_ms_ago, cause],
+        )
+
+    def forget_runner_stops(self, older_than_ms: int) -> Statement:
+        """``forget_runner_stops``: the rows of runners that stopped (obeyed) more than
+        ``older_than_ms`` ago; each process of a default name (host and pid) leaves one."""
+        q = self.quote
+        return (
+            f"DELETE FROM {q(RUNNER_REQUESTS_TABLE)} WHERE {q('obeyed_at')} > 0 AND "
+            f"{q('obeyed_at')} < {self.now_ms_sql} - %s",
+            [older_than_ms],
+        )

@@ -37,6 +37,20 @@ class MinuteStatsStatements(Vendor):
                 f"{q(MINUTE_STATS_TABLE)} WHERE {q('minute')} >= %s "
                 f"ORDER BY {self.names(MINUTE_STATS_KEY)}", [since])
 
+    def read_minute_points(self, since: int, step_ms: int,
+                           columns: tuple[str, ...]) -> Statement:
+        """``read_minute_points``: the rows of the minutes from ``since`` on, summed per
+        point of ``step_ms`` (a chart over hours), as (group, topic, point's start,
+        *columns): point k sums the minutes ``since + k * step_ms`` up to the next point."""
+        q = self.quote
+        point = (f"{int(since)} + " + self.int_div_sql.format(
+            a=f"{q('minute')} - {int(since)}", b=str(int(step_ms))) + f" * {int(step_ms)}")
+        sums = ", ".join(f"SUM({q(column)})" for column in columns)
+        return (f"SELECT {q('consumer_group')}, {q('topic')}, {point} AS {q('point')}, "
+                f"{sums} FROM {q(MINUTE_STATS_TABLE)} WHERE {q('minute')} >= %s "
+                f"GROUP BY {q('consumer_group')}, {q('topic')}, {q('point')} "
+                f"ORDER BY {q('consumer_group')}, {q('topic')}, {q('point')}", [since])
+
     def delete_minute_stats(self, keep_ms: int) -> Statement:
         """``delete_minute_stats``: the rows of the minutes that started more than
         ``keep_ms`` ago (database time). Unbatched: a pass every few seconds finds at

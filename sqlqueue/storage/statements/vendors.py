@@ -48,6 +48,8 @@ class Vendor:
     #: topic, partition key, message id, group, subscriber or owner name. Plain here;
     #: MySQL's says why it is not there.
     text_mark = "%s"
+    #: integer division of two integer expressions, truncated ("{a}", "{b}")
+    int_div_sql = "({a}) / ({b})"
 
     @property
     def message_clock_sql(self) -> str:
@@ -195,6 +197,7 @@ class MySQLVendor(Vendor):
     # same character set, so no conversion, and the clash stays.)
     # tests/integration/test_plans_at_scale.py reads the plans.
     text_mark = "_binary%s"
+    int_div_sql = "({a}) DIV ({b})"  # "/" would give a DECIMAL
 
     def upsert_clause(
         self, key: Sequence[str], assignments: dict[str, str], table: str = ""
