@@ -6,18 +6,21 @@ collects what the known groups finished) and a group added later starts where it
 ``queue health`` (a warning, still healthy) show them, so that a typo in a topic name or a
 consumer left out of ``INSTALLED_APPS`` is not silent.
 
-The topics are found by a loose index scan done with the ORM: one ``ORDER BY topic LIMIT
-1`` seek of ``idx_topic_partition_offset`` per topic, so the cost grows with the number of
-topics, not of messages.
+The topics are found by a loose index scan, one statement (``log_topics``): one seek of
+``idx_topic_partition_offset`` per topic, so the cost grows with the number of topics,
+not of messages.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.db import connections
+
 from sqlqueue.conf import get_settings
 from sqlqueue.models import QueueMessage
 from sqlqueue.operations.lag import known_subscriptions
+from sqlqueue.storage import store
 
 #: topics looked at, at most (a page or a command stays fast whatever is stored)
 MAX_TOPICS = 1_000
@@ -38,14 +41,10 @@ class UnconsumedTopic:
 
 
 def stored_topics(using: str, limit: int = MAX_TOPICS) -> list[str]:
-    """The distinct topics of ``queue_messages``, by one index seek each."""
-    found: list[str] = []
-    rows = QueueMessage.objects.using(using).order_by("topic").values_list("topic", flat=True)
-    topic = rows.first()
-    while topic is not None and len(found) < limit:
-        found.append(topic)
-        topic = rows.filter(topic__gt=topic).first()
-    return found
+    """The distinct topics of ``queue_messages`` in order, at most ``limit``, by one
+    statement (a loose index scan: one seek each)."""
+    with connections[using].cursor() as cursor:
+        return store(using).log_topics(cursor, limit)
 
 
 def unconsumed_topics(using: str | None = None) -> list[UnconsumedTopic]:

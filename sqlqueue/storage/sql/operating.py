@@ -106,3 +106,54 @@ class OperatingAccess(VendorHooks):
     ) -> dict[str, int]:
         cursor.execute(*self.sql.dead_letter_counts(dead_letter_topic, group, cap))
         return {r[0]: int(r[1]) for r in cursor.fetchall()}
+
+    # -- the admin's log pages (sqlqueue.storage.statements.browse) ----------------------
+    def log_topics(self, cursor: CursorWrapper, limit: int) -> list[str]:
+        """``log_topics``: the log's topics in order, at most ``limit``."""
+        cursor.execute(*self.sql.log_topics(limit))
+        return [r[0] for r in cursor.fetchall()]
+
+    def log_partitions(self, cursor: CursorWrapper, limit: int) -> dict[str, list[str]]:
+        """``log_partitions``: topic -> its partition keys, at most ``limit`` pairs."""
+        cursor.execute(*self.sql.log_partitions(limit))
+        found: dict[str, list[str]] = {}
+        for topic, key in cursor.fetchall():
+            found.setdefault(topic, []).append(key)
+        return found
+
+    def newest_of_key(self, cursor: CursorWrapper, topics: Sequence[str], key: str,
+                      limit: int) -> list[int]:
+        """``newest_of_key`` for any number of topics (a statement per
+        ``PENDING_BRANCHES_PER_STATEMENT``)."""
+        found: list[int] = []
+        for start in range(0, len(topics), PENDING_BRANCHES_PER_STATEMENT):
+            cursor.execute(*self.sql.newest_of_key(
+                topics[start:start + PENDING_BRANCHES_PER_STATEMENT], key, limit))
+            found += [int(r[0]) for r in cursor.fetchall()]
+        return found
+
+    def offsets_of_id(self, cursor: CursorWrapper, partitions: dict[str, list[str]],
+                      message_id: str) -> list[int]:
+        """``offsets_of_id`` for any number of topics and partitions: a statement per
+        ``DUES_PER_STATEMENT`` parameters or ``PENDING_BRANCHES_PER_STATEMENT`` topics
+        (old SQLite builds take 999 variables and 500 compound terms)."""
+        found: list[int] = []
+        chunk: list[tuple[str, list[str]]] = []
+        size = 0
+        for topic, keys in partitions.items():
+            for key in keys:
+                if size + 3 > DUES_PER_STATEMENT or (
+                        len(chunk) == PENDING_BRANCHES_PER_STATEMENT and chunk[-1][0] != topic):
+                    cursor.execute(*self.sql.offsets_of_id(chunk, message_id))
+                    found += [int(r[0]) for r in cursor.fetchall()]
+                    chunk, size = [], 0
+                if chunk and chunk[-1][0] == topic:
+                    chunk[-1][1].append(key)
+                    size += 1
+                else:
+                    chunk.append((topic, [key]))
+                    size += 3
+        if chunk:
+            cursor.execute(*self.sql.offsets_of_id(chunk, message_id))
+            found += [int(r[0]) for r in cursor.fetchall()]
+        return found
