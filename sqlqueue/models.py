@@ -93,6 +93,12 @@ class QueueMessage(models.Model):
             models.Index(
                 fields=["topic", "partition_key", "offset"], name="idx_topic_partition_offset"
             ),
+            # A group's rows of some topics (its dead letters in the dead-letter topics,
+            # its replays), without reading the other groups' (issue 52: the admin's
+            # consumer-group filter of 100,000 dead letters).
+            models.Index(
+                fields=["consumer_group", "topic", "offset"], name="idx_group_topic_offset"
+            ),
         ]
         verbose_name = "message"
 

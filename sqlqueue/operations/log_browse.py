@@ -65,6 +65,18 @@ def dead_letter_topics(using: str, stored: list[str] | None = None) -> list[str]
     return [t for t in topics if suffix and t.endswith(suffix)]
 
 
+def group_dead_letter_topics(using: str, group: str) -> list[str]:
+    """The dead-letter topics that may hold ``group``'s dead letters: those of the topics
+    it consumes (``<topic><DLQ_SUFFIX>``), or every one if it consumes none any more. A
+    filter by group names these few, not every dead-letter topic: with hundreds of them
+    MariaDB estimated its ranges from statistics and read the dead letters of every group
+    through another index (0.5-2 s for 100 of 100,000 on a log of 2 million)."""
+    suffix = get_settings().DLQ_SUFFIX
+    topics = {topic + suffix for g, topic in known_subscriptions(using) if g == group}
+    stored = dead_letter_topics(using)
+    return [t for t in stored if t in topics] or stored
+
+
 def subscribed_groups(using: str) -> list[str]:
     """The consumer groups with a position or registered in this process."""
     return sorted({group for group, _ in known_subscriptions(using)})
