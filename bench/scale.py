@@ -15,7 +15,14 @@ For each backlog size (``--sizes``, 0 first: the reference), on emptied tables:
   drain:   those messages by one ``runconsumer --group bench-unordered --until-empty``
            (process start-up included, as bench.drain)
   gc:      the backlog's group skipped to the head of every partition, then
-           ``manage.py queue gc`` as a process: rows deleted a second of its own time
+           ``manage.py queue gc`` as a process: rows deleted a second of its own time;
+           meanwhile live traffic (``--live-rate`` messages a second, one
+           ``send_message`` each, handled by a ``runconsumer`` of its own,
+           bench.live_traffic): its publish-to-handled latency p50/p99 for
+           ``--quiet-seconds`` before the GC ("quiet") and while it runs ("gc"), and the
+           live topic's rows left at the end (the runner's own collection keeps it bounded)
+Message ids (``--ids``): ``ordered`` as sqlqueue draws them (UUIDv7: time first), or
+``random`` (a caller's random ids, or sqlqueue before issue 52: UUIDv4).
 Prints a table (rates, and each beside the size-0 run's); a machine shared with other
 work moves the wall times, not the plans (tests/integration/test_plans_at_scale.py).
 """
@@ -53,7 +60,7 @@ def _numbers(vendor: str, start: int, count: int) -> str:
     return f"SELECT {start} + {value} AS n FROM {joins} WHERE {value} < {count}"
 
 
-def build_backlog(size: int, partitions: int) -> None:
+def build_backlog(size: int, partitions: int, ids: str = "ordered") -> None:
     """``size`` messages of BACKLOG_TOPIC, and BACKLOG_GROUP at offset 0 on each of its
     partitions."""
     from django.db import connection
@@ -63,13 +70,18 @@ def build_backlog(size: int, partitions: int) -> None:
     pad = "x" * 80
     if vendor == "postgresql":
         key, ident = f"'k' || (n % {partitions})", "md5(n::text)"
+        ordered = "lpad(to_hex(n), 32, '0')"
         payload = f"convert_to('{{\"n\": ' || n || ', \"pad\": \"{pad}\"}}', 'UTF8')"
     elif vendor == "mysql":
         key, ident = f"CONCAT('k', n % {partitions})", "MD5(n)"
+        ordered = "LPAD(HEX(n), 32, '0')"
         payload = f"CONCAT('{{\"n\": ', n, ', \"pad\": \"{pad}\"}}')"
     else:
         key, ident = f"'k' || (n % {partitions})", "lower(hex(randomblob(16)))"
+        ordered = "printf('%032x', n)"
         payload = f"CAST('{{\"n\": ' || n || ', \"pad\": \"{pad}\"}}' AS BLOB)"
+    if ids == "ordered":  # in offset order, as UUIDv7s drawn one after another are
+        ident = ordered
     with connection.cursor() as cursor:
         for start in range(0, size, FILL_CHUNK):
             count = min(FILL_CHUNK, size - start)
@@ -124,9 +136,33 @@ def drain(url: str, messages: int) -> float:
     return messages / (time.perf_counter() - started)
 
 
-def collect(url: str) -> tuple[int, float]:
+def collect(url: str, live_rate: float = 0, quiet_seconds: float = 20,
+            ) -> tuple[int, float, dict[str, Any]]:
     """The idle group skipped to the head of each partition, then ``queue gc``: (rows
-    deleted, seconds)."""
+    deleted, seconds, the live traffic's latencies by phase: {} without)."""
+    from django.db import connection
+
+    from bench.consumers import LIVE_TOPIC
+    from bench.live_traffic import LiveTraffic
+    from sqlqueue.models import QueueMessage
+
+    if live_rate <= 0:
+        return (*_collect(url), {})
+    with LiveTraffic(url, live_rate) as live:
+        live.mark("quiet")
+        time.sleep(quiet_seconds)
+        live.mark("gc")
+        deleted, seconds = _collect(url)
+        live.mark("after")
+        time.sleep(quiet_seconds)
+    latencies: dict[str, Any] = live.summary()
+    latencies["live_rows_left"] = QueueMessage.objects.filter(topic=LIVE_TOPIC).count()
+    latencies["live_sent"] = len(live.publish_ms)
+    connection.close()
+    return deleted, seconds, latencies
+
+
+def _collect(url: str) -> tuple[int, float]:
     from django.db import connection
 
     q = connection.ops.quote_name
@@ -144,34 +180,45 @@ def collect(url: str) -> tuple[int, float]:
     return int(found.group(1)), float(found.group(2))
 
 
-def run_size(url: str, size: int, partitions: int, messages: int) -> dict[str, Any]:
+def run_size(url: str, size: int, partitions: int, messages: int, ids: str = "ordered",
+             live_rate: float = 0, quiet_seconds: float = 20) -> dict[str, Any]:
     reset()
     started = time.perf_counter()
-    build_backlog(size, partitions)
+    build_backlog(size, partitions, ids)
     built = time.perf_counter() - started
     result: dict[str, Any] = {"backlog": size, "build_s": round(built, 1),
                               "publish_msg_s": round(publish(messages)),
                               "drain_msg_s": round(drain(url, messages))}
-    deleted, seconds = collect(url)
+    deleted, seconds, live = collect(url, live_rate if size else 0, quiet_seconds)
     # The command gives its time to a tenth of a second: no rate below that.
     result.update(gc_rows=deleted, gc_s=round(seconds, 1),
-                  gc_rows_s=round(deleted / seconds) if seconds >= 0.1 else None)
+                  gc_rows_s=round(deleted / seconds) if seconds >= 0.1 else None,
+                  live=live, load=round(os.getloadavg()[0], 1))
     reset()
     return result
 
 
 def table(results: list[dict[str, Any]]) -> str:
     base = results[0]
-    lines = ["| backlog | publish msg/s (vs 0) | drain msg/s (vs 0) | gc rows | gc s | gc rows/s |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| backlog | publish msg/s (vs 0) | drain msg/s (vs 0) | gc rows | gc s | gc rows/s "
+             "| live p50 / p99 ms, quiet | live p50 / p99 ms, during gc | live rows left "
+             "| load |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         publish_ratio = r["publish_msg_s"] / base["publish_msg_s"]
         drain_ratio = r["drain_msg_s"] / base["drain_msg_s"]
+        live = r.get("live") or {}
+
+        def phase(name: str, live: dict[str, Any] = live) -> str:
+            got = live.get(name)
+            return f"{got['p50_ms']} / {got['p99_ms']}" if got else "-"
         lines.append(
             f"| {r['backlog']:,} | {r['publish_msg_s']:,} ({publish_ratio:.2f}x) "
             f"| {r['drain_msg_s']:,} ({drain_ratio:.2f}x) "
             f"| {r['gc_rows']:,} | {r['gc_s']} "
-            f"| {'-' if r['gc_rows_s'] is None else format(r['gc_rows_s'], ',')} |")
+            f"| {'-' if r['gc_rows_s'] is None else format(r['gc_rows_s'], ',')} "
+            f"| {phase('quiet')} | {phase('gc')} | {live.get('live_rows_left', '-')} "
+            f"| {r.get('load', '-')} |")
     return "\n".join(lines)
 
 
@@ -184,6 +231,13 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--messages", type=int, default=20_000,
                         help="messages published and drained beside the backlog")
+    parser.add_argument("--ids", choices=("ordered", "random"), default="ordered",
+                        help="the backlog's message ids: as sqlqueue draws them (UUIDv7, "
+                             "ordered) or random (a caller's, or UUIDv4)")
+    parser.add_argument("--live-rate", type=float, default=50,
+                        help="live messages a second while the backlog is collected (0: none)")
+    parser.add_argument("--quiet-seconds", type=float, default=20,
+                        help="live traffic measured before and after the collection")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -192,7 +246,8 @@ def main() -> None:
 
     results = []
     for size in sizes:
-        results.append(run_size(args.url, size, args.partitions, args.messages))
+        results.append(run_size(args.url, size, args.partitions, args.messages, args.ids,
+                                args.live_rate, args.quiet_seconds))
         print(json.dumps(results[-1]), flush=True)
     print(f"\n{connection.vendor}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     print(table(results))

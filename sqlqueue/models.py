@@ -210,7 +210,7 @@ class IdempotencyKey(models.Model):
 
     Compact on purpose (docs/reference/schema.md, "Idempotency keys"): the key is a
     128-bit BLAKE2b digest of (topic, partition_key, id) in two BIGINTs, not the three
-    strings; ids sqlqueue generates itself (UUID4) are never stored here.
+    strings; ids sqlqueue generates itself (UUIDv7) are never stored here.
     """
 
     pk = models.CompositePrimaryKey("key_high", "key_low")
