@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import io
 import json
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -304,7 +305,7 @@ def main() -> None:
         started = time.perf_counter()
         load(args.messages, args.dead_letters, args.partitions,
              dead_letters_first=args.dead_letters_first, rare=args.rare, topics=args.topics)
-        print(f"loaded in {time.perf_counter() - started:.0f} s", flush=True)
+        print(f"loaded in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(measure(args.runs, args.timeout, args.only), indent=2))
         return

@@ -53,6 +53,8 @@ def _numbers(vendor: str, start: int, count: int) -> str:
     recursive CTE at 1,000 steps: a cross join of digits there and on SQLite)."""
     if vendor == "postgresql":
         return f"SELECT n FROM generate_series({start}, {start + count - 1}) AS g(n)"
+    if vendor == "mariadb":  # the SEQUENCE engine: no temporary table (in a shared /tmp)
+        return f"SELECT seq AS n FROM seq_{start}_to_{start + count - 1}"
     digits = "SELECT 0 AS d UNION ALL " + " UNION ALL ".join(f"SELECT {d}" for d in range(1, 10))
     places = len(str(count - 1))
     joins = " CROSS JOIN ".join(f"({digits}) p{k}" for k in range(places))
@@ -66,6 +68,7 @@ def build_backlog(size: int, partitions: int, ids: str = "ordered") -> None:
     from django.db import connection
 
     vendor = connection.vendor
+    sequence_vendor = "mariadb" if getattr(connection, "mysql_is_mariadb", False) else vendor
     q = connection.ops.quote_name
     pad = "x" * 80
     if vendor == "postgresql":
@@ -91,7 +94,7 @@ def build_backlog(size: int, partitions: int, ids: str = "ordered") -> None:
                 "original_topic, priority, deliver_after, consumer_group) "
                 f"SELECT '{BACKLOG_TOPIC}', {key}, {ident}, {payload}, NULL, 1700000000000, "
                 f"1700000000000, 0, 0, '', '', 50, 0, '' "
-                f"FROM ({_numbers(vendor, start, count)}) s ORDER BY n")
+                f"FROM ({_numbers(sequence_vendor, start, count)}) s ORDER BY n")
         cursor.execute(
             "INSERT INTO queue_offsets (consumer_group, topic, partition_key, offset_acked, "
             f"updated_at, first_pending) SELECT DISTINCT '{BACKLOG_GROUP}', topic, "
@@ -222,6 +225,40 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def plot(results: list[dict[str, Any]], path: str, title: str) -> None:
+    """The curves: publish, drain and gc rates against the backlog's size (log scale
+    across, 0 drawn at the left), and the live traffic's p99 while gc runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [max(r["backlog"], 1) for r in results]
+    figure, (rates, latency) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for key, label in (("publish_msg_s", "publish msg/s"), ("drain_msg_s", "drain msg/s"),
+                       ("gc_rows_s", "gc rows/s")):
+        points = [(x, r[key]) for x, r in zip(sizes, results, strict=True) if r.get(key)]
+        rates.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+    rates.set_xscale("symlog", linthresh=1)
+    rates.set_yscale("log")
+    rates.set_xlabel("backlog (messages)")
+    rates.set_title(f"{title}: rates beside a backlog")
+    rates.legend()
+    for phase in ("quiet", "gc"):
+        points = [(x, r["live"][phase]["p99_ms"]) for x, r in zip(sizes, results, strict=True)
+                  if (r.get("live") or {}).get(phase)]
+        latency.plot([x for x, _ in points], [y for _, y in points], marker="o",
+                     label=f"live p99, {phase}")
+    latency.set_xscale("symlog", linthresh=1)
+    latency.set_xlabel("backlog (messages)")
+    latency.set_ylabel("ms")
+    latency.set_title("publish-to-handled p99 (ms)")
+    latency.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="sqlqueue at scale: publish, drain, gc")
     parser.add_argument("--url", default=os.environ.get(
@@ -239,6 +276,7 @@ def main() -> None:
     parser.add_argument("--quiet-seconds", type=float, default=20,
                         help="live traffic measured before and after the collection")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--plot", help="also draw the curves to this PNG (matplotlib)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     setup(args.url)
@@ -253,6 +291,8 @@ def main() -> None:
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.plot:
+        plot(results, args.plot, connection.vendor)
 
 
 if __name__ == "__main__":
