@@ -44,6 +44,8 @@ from bench.common import reset, setup
 ROOT = Path(__file__).resolve().parent.parent
 BACKLOG_TOPIC = "bench.scale.backlog"
 BACKLOG_GROUP = "bench-scale-idle"
+#: ``queue gc --share`` (set by --gc-share)
+GC_SHARE = [1.0]
 #: rows of the backlog one INSERT ... SELECT writes (one transaction)
 FILL_CHUNK = 1_000_000
 
@@ -175,7 +177,7 @@ def _collect(url: str) -> tuple[int, float]:
             f"FROM queue_messages m WHERE m.topic = queue_offsets.topic AND "
             f"m.partition_key = queue_offsets.partition_key) "
             f"WHERE consumer_group = '{BACKLOG_GROUP}'")
-    out = _manage(url, "queue", "gc")
+    out = _manage(url, "queue", "gc", "--share", str(GC_SHARE[0]))
     # The command's own time (without the process's start-up): "..., in 71.8 s."
     found = re.search(r"Deleted (\d+) message.*, in ([\d.]+) s", out)
     if found is None:
@@ -275,10 +277,13 @@ def main() -> None:
                         help="live messages a second while the backlog is collected (0: none)")
     parser.add_argument("--quiet-seconds", type=float, default=20,
                         help="live traffic measured before and after the collection")
+    parser.add_argument("--gc-share", type=float, default=1.0,
+                        help="queue gc --share: the part of its time it deletes")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--plot", help="also draw the curves to this PNG (matplotlib)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    GC_SHARE[0] = args.gc_share
     setup(args.url)
     from django.db import connection
 
