@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from django.db import connections
 
 from sqlqueue.conf import get_settings
-from sqlqueue.models import QueueMessage
 from sqlqueue.operations.lag import known_subscriptions
 from sqlqueue.storage import store
 
@@ -53,10 +52,14 @@ def unconsumed_topics(using: str | None = None) -> list[UnconsumedTopic]:
     conf = get_settings()
     alias = using or conf.DATABASE
     consumed = {topic for _, topic in known_subscriptions(alias)}
-    result = []
-    for topic in stored_topics(alias):
-        if topic in consumed or (conf.DLQ_SUFFIX and topic.endswith(conf.DLQ_SUFFIX)):
-            continue
-        counted = QueueMessage.objects.using(alias).filter(topic=topic)[:COUNT_CAP + 1].count()
-        result.append(UnconsumedTopic(topic, min(counted, COUNT_CAP), counted > COUNT_CAP))
-    return result
+    unconsumed = [topic for topic in stored_topics(alias)
+                  if topic not in consumed
+                  and not (conf.DLQ_SUFFIX and topic.endswith(conf.DLQ_SUFFIX))]
+    if not unconsumed:
+        return []
+    # One statement per 200 topics (a capped count each), not one per topic: 1,000
+    # topics nobody consumes took 3 s of the lag overview on MariaDB (issue 52).
+    with connections[alias].cursor() as cursor:
+        counts = store(alias).topic_counts(cursor, unconsumed, COUNT_CAP + 1)
+    return [UnconsumedTopic(topic, min(counts.get(topic, 0), COUNT_CAP),
+                            counts.get(topic, 0) > COUNT_CAP) for topic in unconsumed]

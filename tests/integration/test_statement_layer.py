@@ -203,6 +203,8 @@ def test_the_log_pages_reads(executor: Executor) -> None:
     assert sorted(int(r[0]) for r in found) == sorted(
         [sent["a.t", "x"][1], sent["a.t", "y"][1], sent["b.t", "y"][1]])
     assert executor.rows(sql.offsets_of_id([("a.t", ["x"])], "no-such-id")) == []
+    counts = executor.rows(sql.topic_counts(["a.t", "c.t", "none"], 4))
+    assert sorted((r[0], int(r[1])) for r in counts) == [("a.t", 4), ("c.t", 4), ("none", 0)]
 
 
 def test_list_pauses(executor: Executor) -> None:

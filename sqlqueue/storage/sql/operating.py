@@ -157,3 +157,14 @@ class OperatingAccess(VendorHooks):
             cursor.execute(*self.sql.offsets_of_id(chunk, message_id))
             found += [int(r[0]) for r in cursor.fetchall()]
         return found
+
+    def topic_counts(self, cursor: CursorWrapper, topics: Sequence[str],
+                     cap: int) -> dict[str, int]:
+        """``topic_counts`` for any number of topics (a statement per
+        ``PENDING_BRANCHES_PER_STATEMENT``): topic -> messages, counted up to ``cap``."""
+        counts: dict[str, int] = {}
+        for start in range(0, len(topics), PENDING_BRANCHES_PER_STATEMENT):
+            cursor.execute(*self.sql.topic_counts(
+                topics[start:start + PENDING_BRANCHES_PER_STATEMENT], cap))
+            counts.update((topic, int(count)) for topic, count in cursor.fetchall())
+        return counts

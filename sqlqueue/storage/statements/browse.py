@@ -59,6 +59,18 @@ class BrowseStatements(Vendor):
             params += [topic, key, limit]
         return " UNION ALL ".join([self.union_member(one)] * len(topics)), params
 
+    def topic_counts(self, topics: Sequence[str], cap: int) -> Statement:
+        """``topic_counts``: (topic, its messages counted up to ``cap``) of each of
+        ``topics`` (at least one): a range of ``idx_topic_partition_offset`` per topic,
+        cut at the cap, in a UNION ALL."""
+        q = self.quote
+        one = (f"SELECT %s, (SELECT COUNT(*) FROM (SELECT 1 AS one "
+               f"FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = {self.text_mark} LIMIT %s) capped)")
+        params: list[Any] = []
+        for topic in topics:
+            params += [topic, topic, cap]
+        return " UNION ALL ".join([one] * len(topics)), params
+
     def offsets_of_id(self, partitions: Sequence[tuple[str, Sequence[str]]],
                       message_id: str) -> Statement:
         """``offsets_of_id``: the offsets of the messages with id ``message_id`` in
