@@ -16,8 +16,10 @@ night with a consumer down:
 * 20,000 messages on ``scale.recent`` that the group ``scale-busy`` has consumed;
 * ``--rare`` dead letters (100) of another group, ``scale-rare``, among those of
   ``scale-reject`` (the consumer-group filter must not read the others);
-* ``--topics`` small topics (1,500) ``scale.many.NNNN`` of 4 messages each, consumed by
-  ``scale-many``, every third with a dead letter: more topics than any list shows.
+* ``--topics`` small topics (1,500) ``scale.many.NNNN`` of 4 messages each, every third
+  with a dead letter: more topics than any list shows; nobody consumes them, unless
+  ``--subscribe-topics`` gives the group ``scale-many`` a position on each (1,500
+  subscriptions: the lag overview, metrics and status then read each one).
 
 The rows are written set-based (MariaDB: ``INSERT ... SELECT`` from the SEQUENCE engine;
 PostgreSQL: from ``generate_series``; SQLite: ``send_messages``) with the columns and the
@@ -51,7 +53,8 @@ PAD = "x" * 80
 
 
 def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000,
-         dead_letters_first: bool = False, rare: int = 100, topics: int = 1_500) -> None:
+         dead_letters_first: bool = False, rare: int = 100, topics: int = 1_500,
+         subscribe_topics: bool = False) -> None:
     from django.db import connection
 
     from sqlqueue.models import PartitionOffset
@@ -84,7 +87,7 @@ def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000
                            offset_acked=head, updated_at=now) for key, head in heads.items()]
         + [PartitionOffset(consumer_group="scale-many", topic=f"{MANY}{n:04}",
                            partition_key="k0", offset_acked=0, updated_at=now)
-           for n in range(topics)]
+           for n in range(topics if subscribe_topics else 0)]
         + [PartitionOffset(consumer_group="scale-rare", topic=REJECTS, partition_key="k0",
                            offset_acked=0, updated_at=now)],
         batch_size=1000)
@@ -294,6 +297,8 @@ def main() -> None:
                         help="dead letters of a second group among the others")
     parser.add_argument("--topics", type=int, default=1_500,
                         help="small topics besides the backlog (a long topic list)")
+    parser.add_argument("--subscribe-topics", action="store_true",
+                        help="a group consumes each of the --topics (1,500 subscriptions)")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=None,
                         help="abort statements after this many seconds (reported as > N)")
@@ -304,7 +309,8 @@ def main() -> None:
     if args.load:
         started = time.perf_counter()
         load(args.messages, args.dead_letters, args.partitions,
-             dead_letters_first=args.dead_letters_first, rare=args.rare, topics=args.topics)
+             dead_letters_first=args.dead_letters_first, rare=args.rare, topics=args.topics,
+             subscribe_topics=args.subscribe_topics)
         print(f"loaded in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(measure(args.runs, args.timeout, args.only), indent=2))
