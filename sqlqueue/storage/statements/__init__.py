@@ -11,7 +11,7 @@ tests/integration/test_statement_layer.py runs every builder against every datab
 
 from __future__ import annotations
 
-from sqlqueue.storage.statements.browse import BrowseStatements, MySQLBrowse
+from sqlqueue.storage.statements.browse import BrowseStatements, MySQLBrowse, PostgreSQLBrowse
 from sqlqueue.storage.statements.bulk import BulkStatements, MySQLBulk, PostgreSQLBulk
 from sqlqueue.storage.statements.delivery import DeliveryStatements, PostgreSQLDelivery
 from sqlqueue.storage.statements.export import ExportStatements
@@ -57,7 +57,7 @@ class SQLiteStatements(SQLiteVendor, Statements):
 
 
 class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLDelivery, PostgreSQLBulk,
-                           PostgreSQLSessions, PostgreSQLVendor, Statements):
+                           PostgreSQLSessions, PostgreSQLBrowse, PostgreSQLVendor, Statements):
     pass
 
 

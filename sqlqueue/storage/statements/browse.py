@@ -100,3 +100,15 @@ class MySQLBrowse(BrowseStatements):
         columns = self.names(("topic", "partition_key"))
         return (f"SELECT {columns} FROM {self.quote(MESSAGE_TABLE)} GROUP BY {columns} "
                 f"ORDER BY {columns} LIMIT %s", [limit])
+
+
+class PostgreSQLBrowse(BrowseStatements):
+    """PostgreSQL plans each member of a UNION ALL apart: 200 counts planned took longer
+    than counted (0.1-0.4 s a statement on a busy machine). The topics travel as one
+    array instead, and the capped count is planned once."""
+
+    def topic_counts(self, topics: Sequence[str], cap: int) -> Statement:
+        q = self.quote
+        return (f"SELECT t, (SELECT COUNT(*) FROM (SELECT 1 AS one FROM {q(MESSAGE_TABLE)} "
+                f"WHERE {q('topic')} = t LIMIT %s) capped) FROM unnest(%s::text[]) AS n(t)",
+                [cap, list(topics)])
