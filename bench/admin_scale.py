@@ -58,7 +58,7 @@ def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000
     from django.db import connection
 
     from sqlqueue.models import PartitionOffset
-    from sqlqueue.storage.sql import dialect_for
+    from sqlqueue.storage.sql import store_for
 
     reset()
     if dead_letters_first:  # a failure storm, then the backlog: the dead letters are old
@@ -75,8 +75,8 @@ def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000
         if n % 3 == 0:
             _insert(f"{MANY}{n:04}_dlq", 1, 1, dead_of=(f"{MANY}{n:04}", "scale-many"))
     with connection.cursor() as cursor:
-        now = dialect_for(connection).database_now_ms(cursor)
-        heads = dialect_for(connection).partition_heads(cursor, RECENT)
+        now = store_for(connection).database_now_ms(cursor)
+        heads = store_for(connection).partition_heads(cursor, RECENT)
     keys = [f"k{n}" for n in range(partitions)]
     PartitionOffset.objects.bulk_create(
         [PartitionOffset(consumer_group="scale-idle", topic=BACKLOG, partition_key=key,

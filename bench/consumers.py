@@ -26,7 +26,7 @@ def soak(message: sqlqueue.Message) -> None:
 @sqlqueue.consumer("bench.soak", group="soak-ordered", ordered=True)
 def soak_ordered(message: sqlqueue.Message) -> None:
     """The same in offset order, taking a little time, so that two runs in one partition
-    that overlapped would show (SPEC I5)."""
+    that overlapped would show (guarantee I5)."""
     _soak_run(message, seconds=0.005)
 
 

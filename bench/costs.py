@@ -43,22 +43,22 @@ def timed(call: Callable[[], Any], repeat: int) -> float:
 def poll_costs(rows: int, repeat: int) -> dict[str, float]:
     from django.db import connection
 
-    from sqlqueue.storage.sql import dialect_for
+    from sqlqueue.storage.sql import store_for
 
     reset()
     bulk_load(TOPIC, rows, PARTITIONS)
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     with connection.cursor() as cursor:
-        heads = dialect.partition_heads(cursor, TOPIC)
+        heads = store.partition_heads(cursor, TOPIC)
         # The watermark of partition p0000: BATCH messages below its head.
-        below = dialect.list_offsets(cursor, TOPIC, [("p0000", 0, heads["p0000"])],
+        below = store.list_offsets(cursor, TOPIC, [("p0000", 0, heads["p0000"])],
                                      rows)["p0000"]
         watermark = below[-BATCH - 1]
         if connection.vendor == "mysql":
             cursor.execute("ANALYZE TABLE queue_messages")
             cursor.fetchall()
-        head = timed(lambda: dialect.head_offset(cursor), repeat)
-        fetch = timed(lambda: dialect.fetch_messages(cursor, "g", TOPIC, "p0000", watermark,
+        head = timed(lambda: store.head_offset(cursor), repeat)
+        fetch = timed(lambda: store.fetch_messages(cursor, "g", TOPIC, "p0000", watermark,
                                                      BATCH), repeat)
     return {"head_offset_ms": round(head * 1000, 3), "fetch_batch_ms": round(fetch * 1000, 3)}
 
@@ -66,18 +66,18 @@ def poll_costs(rows: int, repeat: int) -> dict[str, float]:
 def discovery_cost(partitions: int, repeat: int) -> float:
     from django.db import connection
 
-    from sqlqueue.storage.sql import dialect_for
+    from sqlqueue.storage.sql import store_for
 
     reset()
     bulk_load(TOPIC, max(partitions * 10, 10_000), partitions)
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     with connection.cursor() as cursor:
         if connection.vendor == "mysql":
             cursor.execute("ANALYZE TABLE queue_messages")
             cursor.fetchall()
-        found = dialect.discover_partitions(cursor, TOPIC)
+        found = store.discover_partitions(cursor, TOPIC)
         assert len(found) == partitions, (len(found), partitions)
-        return round(timed(lambda: dialect.discover_partitions(cursor, TOPIC), repeat) * 1000, 3)
+        return round(timed(lambda: store.discover_partitions(cursor, TOPIC), repeat) * 1000, 3)
 
 
 def main() -> None:

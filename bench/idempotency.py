@@ -33,16 +33,16 @@ def fill_keys(count: int) -> float:
     """``count`` keys through the publisher's own statement; returns keys per second."""
     from django.db import connection, transaction
 
-    from sqlqueue.storage.sql import dialect_for
+    from sqlqueue.storage.sql import store_for
 
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     rng = random.Random(13)
     started = time.perf_counter()
     for first in range(0, count, BATCH):
         keys = sorted((rng.getrandbits(64) - 2**63, rng.getrandbits(64) - 2**63, first + n)
                       for n in range(min(BATCH, count - first)))
         with transaction.atomic(), connection.cursor() as cursor:
-            dialect.remember_idempotency_keys(cursor, keys, 86_400_000)
+            store.remember_idempotency_keys(cursor, keys, 86_400_000)
     return count / (time.perf_counter() - started)
 
 
@@ -107,15 +107,15 @@ def purge_rate() -> tuple[int, float]:
     """Expire every key, then time the collector's statement until none is left."""
     from django.db import connection
 
-    from sqlqueue.storage.sql import dialect_for
+    from sqlqueue.storage.sql import store_for
 
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     with connection.cursor() as cursor:
         cursor.execute("UPDATE queue_idempotency_keys SET expires_at = 1")
         deleted = 0
         started = time.perf_counter()
         while True:
-            removed = dialect.delete_expired_idempotency_keys(cursor, BATCH)
+            removed = store.delete_expired_idempotency_keys(cursor, BATCH)
             deleted += removed
             if removed < BATCH:
                 break

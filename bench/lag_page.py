@@ -43,11 +43,11 @@ def shape_groups(partitions: int) -> None:
         QueueMessage,
         SubscriberHeartbeat,
     )
-    from sqlqueue.storage.sql import dialect_for
+    from sqlqueue.storage.sql import store_for
 
     with connection.cursor() as cursor:
-        now = dialect_for(connection).database_now_ms(cursor)
-        heads = dialect_for(connection).partition_heads(cursor, TOPIC)
+        now = store_for(connection).database_now_ms(cursor)
+        heads = store_for(connection).partition_heads(cursor, TOPIC)
     offsets, leases, states = [], [], []
     for index, key in enumerate(sorted(heads)):
         in_partition = QueueMessage.objects.filter(topic=TOPIC, partition_key=key)

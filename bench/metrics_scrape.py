@@ -45,10 +45,10 @@ def shape_groups(groups: int, lagging: int, hints: bool = True) -> None:
         QueueMessage,
         SubscriberHeartbeat,
     )
-    from sqlqueue.storage.sql import dialect_for
+    from sqlqueue.storage.sql import store_for
 
     with connection.cursor() as cursor:
-        now = dialect_for(connection).database_now_ms(cursor)
+        now = store_for(connection).database_now_ms(cursor)
     by_partition: dict[str, list[int]] = defaultdict(list)
     for key, offset in (QueueMessage.objects.filter(topic=TOPIC).order_by("offset")
                         .values_list("partition_key", "offset").iterator(chunk_size=20_000)):

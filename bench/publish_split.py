@@ -137,11 +137,10 @@ def _split(payload: Any, statement: Callable[[str], tuple[Any, Any]], count: int
 def _checks_inline(topic: str, payload: Any, partition_key: str) -> int:
     from django.db import connections
 
-    from sqlqueue import tracing, wakeups
+    from sqlqueue import storage, tracing, wakeups
     from sqlqueue.conf import get_settings
-    from sqlqueue.publishing.api import _check_fits
+    from sqlqueue.publishing.inserts import check_fits
     from sqlqueue.publishing.messages import _PAYLOAD_ENCODER, new_message_id, now_ms
-    from sqlqueue.storage import store
     from sqlqueue.storage.sql import MessageRow
 
     conf = get_settings()
@@ -160,16 +159,16 @@ def _checks_inline(topic: str, payload: Any, partition_key: str) -> int:
                      metadata=None, published_at=now_ms(), priority=50, delay_ms=None,
                      deliver_at_ms=0, fresh_id=True)
     connection = connections[conf.alias_for(topic)]
-    dialect: Any = store(connection)
-    dialect.check_connection()
-    _check_fits(dialect, row)
+    store: Any = storage.store(connection)
+    store.check_connection()
+    check_fits(store, row)
     connection.close_if_health_check_failed()
-    if (connection.queries_logged or connection.connection is not dialect._kept_for
-            or dialect._kept_by != get_ident()):
+    if (connection.queries_logged or connection.connection is not store._kept_for
+            or store._kept_by != get_ident()):
         raise ValueError("not the kept cursor's case")
     escape = connection.connection.string_literal
-    cursor = dialect._kept_cursor
-    cursor.execute(dialect.sql.store_messages([row])[0].encode() % (
+    cursor = store._kept_cursor
+    cursor.execute(store.sql.store_messages([row])[0].encode() % (
         escape(topic.encode()), escape(partition_key.encode()), b"'%s'" % message_id.encode(),
         escape(data), b"NULL", b"%d" % row.published_at, b"50", b"0"))
     if conf.WAKEUPS and (conf.WAKEUP_REDIS_URL or wakeups.subscribed(topic)):
@@ -184,10 +183,10 @@ def _no_checks(topic: str, payload: Any, partition_key: str) -> int:
     from sqlqueue.publishing.messages import _PAYLOAD_ENCODER, new_message_id, now_ms
 
     connection: Any = connections[get_settings().DATABASE]
-    dialect = connection._sqlqueue_dialect
+    store = connection._sqlqueue_kept_store
     escape = connection.connection.string_literal
-    cursor = dialect._kept_cursor
-    head, at_once, _ = dialect.sql._insert_parts
+    cursor = store._kept_cursor
+    head, at_once, _ = store.sql._insert_parts
     cursor.execute((head + at_once).encode() % (
         escape(topic.encode()), escape(partition_key.encode()),
         b"'%s'" % new_message_id().encode(), escape(_PAYLOAD_ENCODER.encode(payload).encode()),

@@ -19,13 +19,13 @@ class SqlqueueConfig(AppConfig):
         from sqlqueue.integrations.tasks.registration import register_task_consumers
 
         autodiscover()
-        from sqlqueue.consuming.gc import register_pruner
-        from sqlqueue.integrations.tasks.retention import prune_results
+        from sqlqueue.consuming.gc import register_collection
+        from sqlqueue.integrations.tasks.retention import collect_results
 
-        register_pruner(prune_results)  # expired task results go with the log's garbage
-        from sqlqueue.consuming.rollup import prune_minute_stats
+        register_collection(collect_results)  # expired task results go with the log's garbage
+        from sqlqueue.consuming.rollup import collect_minute_stats
 
-        register_pruner(prune_minute_stats)  # the live overview's rows older than an hour
+        register_collection(collect_minute_stats)  # the live overview's rows older than an hour
         from sqlqueue.integrations.tasks.schedules import register_task_target
 
         register_task_target()  # schedules naming a task enqueue it

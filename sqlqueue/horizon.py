@@ -88,15 +88,16 @@ class SettledCache:
     safe to reuse and is the floor of the next read. The consumer engine and the Spark
     stream each keep one."""
 
-    def __init__(self) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._monotonic = monotonic  # the engine passes its host clock's
         self.value: int | None = None
-        self.expires = 0.0  # time.monotonic() of the next read
+        self.expires = 0.0  # monotonic() of the next read
 
     def get(self, read: Callable[[int | None], int | None]) -> int | None:
         """The kept value, or, when a read is due, ``read(the kept value)``'s."""
-        if time.monotonic() >= self.expires:
+        if self._monotonic() >= self.expires:
             self.value = read(self.value)
-            self.expires = time.monotonic() + refresh_delay()
+            self.expires = self._monotonic() + refresh_delay()
         return self.value
 
     def expire(self) -> None:

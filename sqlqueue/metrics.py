@@ -27,7 +27,7 @@ from sqlqueue.operations.state import SubscriptionState, subscription_states
 
 #: "database": the alias the subscription's tables are in (SQLQUEUE["DATABASE"], or a
 #: route's: every database the queue lives in is read).
-LABELS = ["group", "topic", "database"]
+SUBSCRIPTION_LABELS = ["group", "topic", "database"]
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
 
@@ -79,7 +79,7 @@ class QueueStateCollector(Collector):
         started = time.monotonic()
         states = subscription_states(self.using)
         for name, text, value in _gauges():
-            family = GaugeMetricFamily(name, text, labels=LABELS)
+            family = GaugeMetricFamily(name, text, labels=SUBSCRIPTION_LABELS)
             for s in states:
                 family.add_metric([s.group, s.topic, s.database],
                                   value(s))  # type: ignore[operator]
@@ -87,11 +87,11 @@ class QueueStateCollector(Collector):
         status = GaugeMetricFamily(
             "sqlqueue_status",
             "1 for the subscription's status (OK, WARN, STALL, STOP; the worst of its "
-            "partitions'), 0 for the others.", labels=[*LABELS, "status"])
+            "partitions'), 0 for the others.", labels=[*SUBSCRIPTION_LABELS, "status"])
         partitions = GaugeMetricFamily(
             "sqlqueue_partitions",
             "Partitions of the topic held by a live lease (state=held) or not (not_held).",
-            labels=[*LABELS, "state"])
+            labels=[*SUBSCRIPTION_LABELS, "state"])
         for s in states:
             current = s.lag.status
             for name in SEVERITY:

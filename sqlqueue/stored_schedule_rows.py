@@ -16,9 +16,9 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models.signals import post_delete, post_save
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.models import StoredSchedule
-from sqlqueue.storage import store
 
 
 def forget_tick_state(stored: StoredSchedule, using: str) -> None:
@@ -28,7 +28,7 @@ def forget_tick_state(stored: StoredSchedule, using: str) -> None:
     for alias in dict.fromkeys((using, _ticks_alias(stored, using))):
         connection = connections[alias]
         with transaction.atomic(using=alias), connection.cursor() as cursor:
-            store(connection).delete_schedule(cursor, stored.name)
+            storage.store(connection).delete_schedule(cursor, stored.name)
 
 
 def _ticks_alias(stored: StoredSchedule, using: str) -> str:

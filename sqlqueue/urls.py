@@ -1,4 +1,5 @@
-"""``path("queue/", include("sqlqueue.urls"))`` serves ``queue/metrics/`` (SPEC §9)."""
+"""``path("queue/", include("sqlqueue.urls"))`` serves ``queue/metrics/``
+(docs/guides/monitoring.md)."""
 
 from django.urls import path
 

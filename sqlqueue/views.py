@@ -1,4 +1,5 @@
-"""Views served by ``sqlqueue.urls``: ``metrics/`` (Prometheus text, SPEC §9)."""
+"""Views served by ``sqlqueue.urls``: ``metrics/`` (Prometheus text;
+docs/guides/monitoring.md)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from django.db import connection  # noqa: E402
 
 from adapters.sqlqueue import GROUP, PARTITIONS, TOPIC, SqlQueueAdapter  # noqa: E402
 from sqlqueue import OutgoingMessage, send_messages  # noqa: E402
-from sqlqueue.storage import store  # noqa: E402
+from sqlqueue import storage  # noqa: E402
 
 
 def main(rounds):
@@ -36,17 +36,17 @@ def main(rounds):
     for message in sent:
         last[message.partition_key] = max(last.get(message.partition_key, 0), message.offset)
     new = send_messages(TOPIC, [OutgoingMessage({"n": -1}, partition_key="p3")])[0]
-    dialect = store(connection)
+    store = storage.store(connection)
     head = new.offset
     everything = sorted(last.items())
     timings = {"fetch 16": [], "ask, then fetch 1": []}
     with connection.cursor() as cursor:
         for _ in range(rounds):
             t0 = time.perf_counter()
-            dialect.fetch_partitions(cursor, GROUP, TOPIC, everything, 100)
+            store.fetch_partitions(cursor, GROUP, TOPIC, everything, 100)
             t1 = time.perf_counter()
-            with_rows = dialect.partitions_with_rows(cursor, TOPIC, head - 1, head)
-            dialect.fetch_partitions(cursor, GROUP, TOPIC,
+            with_rows = store.partitions_with_rows(cursor, TOPIC, head - 1, head)
+            store.fetch_partitions(cursor, GROUP, TOPIC,
                                      [(k, last[k]) for k in sorted(with_rows)], 100)
             t2 = time.perf_counter()
             timings["fetch 16"].append((t1 - t0) * 1e3)

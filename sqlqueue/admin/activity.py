@@ -23,11 +23,11 @@ from sqlqueue.admin.activity_charts import (
     throughput_chart,
 )
 from sqlqueue.admin.messages import ReadOnlyAdmin
+from sqlqueue.admin.pages import REFRESH_SECONDS
 from sqlqueue.conf import get_settings
 from sqlqueue.models import LiveOverview
 from sqlqueue.operations.overview import WINDOW_MINUTES, SubscriptionActivity, activity
 
-REFRESH_SECONDS = 10
 #: the ranges the page offers, in minutes: at most ``WINDOW_MINUTES``, because the runners
 #: keep the per-minute rows only a little longer (``sqlqueue.consuming.rollup.KEEP_MS``)
 RANGES = (15, 30, WINDOW_MINUTES)

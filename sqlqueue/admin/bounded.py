@@ -22,7 +22,8 @@ from django.http import HttpRequest
 from django.utils.functional import cached_property
 
 from sqlqueue.admin.display import EpochMsDateRangeFilter
-from sqlqueue.operations.log_browse import COUNT_CAP, browse_topics, created_offset_range
+from sqlqueue.operations import COUNT_CAP
+from sqlqueue.operations.log_browse import browse_topics, created_offset_range
 
 
 def request_topics(request: HttpRequest, alias: str) -> list[str]:

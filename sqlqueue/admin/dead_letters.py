@@ -27,7 +27,7 @@ from sqlqueue.admin.bounded import (
 from sqlqueue.admin.display import DateRangeFilters, from_epoch_ms
 from sqlqueue.admin.messages import QUERYSET_ONLY, BoundedListAdmin, JsonColumns
 from sqlqueue.admin.operator_pages import WithoutSchemaHelp
-from sqlqueue.admin.pages import admin_url, confirmation_page
+from sqlqueue.admin.pages import REFRESH_SECONDS, admin_url, confirmation_page
 from sqlqueue.conf import get_settings
 from sqlqueue.models import DeadLetter
 from sqlqueue.operations.dead_letters import (
@@ -79,9 +79,6 @@ def subject_of_dead_letter(dead: DeadLetter) -> str:
 #: dead letters one "replay all matching" request replays; the rest on the next click, or
 #: from the command line (manage.py queue dead-letters replay --all), which shows progress
 BULK_REPLAY_LIMIT = 5_000
-#: the list reloads its content this often (``_auto_refresh.html``), unless the operator
-#: has selected rows or is in the form (issue 53)
-REFRESH_SECONDS = 10
 
 
 @admin.register(DeadLetter)

@@ -14,6 +14,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from rangefilter.filters import DateRangeFilter
 
+#: the most characters the admin shows of one stored value (a payload, a traceback, a
+#: task's result); more is cut, and the cut said
 MAX_SHOWN_CHARS = 20_000
 
 

@@ -15,6 +15,7 @@ from django.utils.http import urlencode
 
 from sqlqueue.admin.charts import pending_columns, pending_labels, status_strip
 from sqlqueue.admin.messages import ReadOnlyAdmin
+from sqlqueue.admin.pages import REFRESH_SECONDS
 from sqlqueue.conf import get_settings
 from sqlqueue.models import ConsumerLag
 from sqlqueue.operations import flow
@@ -27,8 +28,6 @@ from sqlqueue.operations.unconsumed import unconsumed_topics
 
 #: partitions listed on a subscription's page before "show all" (worst first)
 PARTITION_ROWS = 200
-#: the overview reloads its content this often (``_auto_refresh.html``)
-REFRESH_SECONDS = 10
 
 
 def _alias(topic: str) -> str:

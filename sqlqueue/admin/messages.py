@@ -25,8 +25,8 @@ from sqlqueue.admin.display import DateRangeFilters, from_epoch_ms, pretty_json
 from sqlqueue.admin.operator_pages import WithoutSchemaHelp
 from sqlqueue.conf import get_settings
 from sqlqueue.models import QueueMessage
+from sqlqueue.operations import COUNT_CAP
 from sqlqueue.operations.log_browse import (
-    COUNT_CAP,
     SEARCH_CAP,
     dead_letter_topics,
     log_topics,

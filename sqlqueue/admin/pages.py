@@ -1,5 +1,5 @@
-"""What the admin's own pages share: the URL of a model admin's page, and the context of
-a page that asks before it acts on one object."""
+"""What the admin's own pages share: the URL of a model admin's page, the context of a
+page that asks before it acts on one object, and how often a live page reloads."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
+
+#: a live page (lag, subscribers, dead letters, the live overview) reloads its content
+#: this often (``_auto_refresh.html``); the dead letters' list not while the operator has
+#: selected rows or is in its form (issue 53)
+REFRESH_SECONDS = 10
 
 
 def admin_url(model_admin: admin.ModelAdmin[Any], name: str, *args: str) -> str:

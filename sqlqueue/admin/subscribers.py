@@ -13,7 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from sqlqueue.admin.messages import ReadOnlyAdmin
-from sqlqueue.admin.pages import admin_url
+from sqlqueue.admin.pages import REFRESH_SECONDS, admin_url
 from sqlqueue.conf import get_settings
 from sqlqueue.models import RunnerAction, RunnerRequest, SubscriberStatus
 from sqlqueue.operations.runners import (
@@ -27,8 +27,6 @@ from sqlqueue.operations.subscribers import memberships
 
 #: partition keys listed per subscriber before "and N more"
 KEYS_SHOWN = 12
-#: the page reloads its content this often (``_auto_refresh.html``)
-REFRESH_SECONDS = 10
 
 
 def _when(epoch_ms: int) -> datetime:

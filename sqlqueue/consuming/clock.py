@@ -17,6 +17,11 @@ whole cycle (a reading taken before a wait is seconds stale after it).
 
 The runner takes any ``Clock`` (``Runner(clock=...)``): tests drive visibility timeouts
 with one that moves only when told, instead of sleeping past real ones.
+
+This host's own clocks (the monotonic clock of timers and deadlines, the wall clock of
+reported durations, and sleeping) are a ``HostClock``, passed to every part of the engine
+that reads time (``Runner(host_clock=...)``); this module is the only one of
+``sqlqueue.consuming`` that reads the ``time`` module (tests/unit/test_injected_time.py).
 """
 
 from __future__ import annotations
@@ -45,9 +50,44 @@ class Clock(Protocol):
         ...
 
 
+class HostClock(Protocol):
+    """This host's clocks."""
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that only moves forward (timers, deadlines)."""
+        ...
+
+    def wall(self) -> float:
+        """Epoch seconds on this host's clock (durations and delays reported)."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` (on a manual clock: move it)."""
+        ...
+
+
+class SystemClock:
+    """The ``time`` module's clocks: what the engine reads unless given another."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+#: the default ``HostClock``
+SYSTEM_CLOCK = SystemClock()
+
+
 class DatabaseClock:
     def __init__(self, read_database_ms: Callable[[], int],
-                 reanchor_seconds: float = REANCHOR_SECONDS) -> None:
+                 reanchor_seconds: float = REANCHOR_SECONDS, *,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self._host = host_clock
         self._read = read_database_ms
         self._every = reanchor_seconds
         # (database ms, monotonic seconds when it was asked), replaced as one value so
@@ -57,17 +97,17 @@ class DatabaseClock:
 
     def now_ms(self) -> int:
         anchor_ms, anchor_mono = self._anchor
-        if self._stale or time.monotonic() - anchor_mono >= self._every:
-            asked_at = time.monotonic()
+        if self._stale or self._host.monotonic() - anchor_mono >= self._every:
+            asked_at = self._host.monotonic()
             self._anchor = anchor_ms, anchor_mono = self._read(), asked_at
             self._stale = False
-        return anchor_ms + int((time.monotonic() - anchor_mono) * 1000)
+        return anchor_ms + int((self._host.monotonic() - anchor_mono) * 1000)
 
     def estimate_ms(self) -> int:
         anchor_ms, anchor_mono = self._anchor
         if anchor_mono == -float("inf"):
-            return int(time.time() * 1000)  # never read yet: this host's clock
-        return anchor_ms + int((time.monotonic() - anchor_mono) * 1000)
+            return int(self._host.wall() * 1000)  # never read yet: this host's clock
+        return anchor_ms + int((self._host.monotonic() - anchor_mono) * 1000)
 
     def invalidate(self) -> None:
         self._stale = True

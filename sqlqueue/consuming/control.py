@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 from django.db import Error as AnyDatabaseError
 from django.db import connections
 
-from sqlqueue import events
-from sqlqueue.storage import store
+from sqlqueue import events, storage
 
 if TYPE_CHECKING:
     from sqlqueue.consuming.runner import Runner
@@ -72,12 +71,12 @@ class RunnerControl:
         connection = connections[self.alias]
         try:
             with connection.cursor() as cursor:
-                dialect = store(connection)
-                request = dialect.runner_request(cursor, self.name)
+                store = storage.store(connection)
+                request = store.runner_request(cursor, self.name)
                 if request is None:
                     return
                 action, by, at = request
-                dialect.obey_runner_request(cursor, self.name, at)
+                store.obey_runner_request(cursor, self.name, at)
         except AnyDatabaseError as exc:  # the consumer loop reconnects; try next time
             logger.debug("Could not read the runner's requests: %s", exc)
             return

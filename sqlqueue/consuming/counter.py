@@ -13,8 +13,7 @@ from collections.abc import Callable
 from django.db import Error as AnyDatabaseError
 from django.db import connections
 
-from sqlqueue import events
-from sqlqueue.storage import store
+from sqlqueue import events, storage
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -44,7 +43,7 @@ class OffsetCounterWatch:
         connection = connections[self.alias]
         try:
             with connection.cursor() as cursor:
-                counter = store(connection).offset_counter(cursor)
+                counter = storage.store(connection).offset_counter(cursor)
         except AnyDatabaseError as exc:  # the consumer loop reconnects; try next time
             logger.debug("Could not read the offset counter: %s", exc)
             return

@@ -12,22 +12,23 @@ from collections.abc import Callable
 
 from django.db.backends.utils import CursorWrapper
 
+from sqlqueue import storage
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.handlers import Delivery
 from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.partition import Entry, PartitionState
 from sqlqueue.consuming.registry import Consumer, ConsumerOptions
-from sqlqueue.storage import store
-from sqlqueue.storage.sql import Dialect
+from sqlqueue.storage.protocols import DeliveryStore
 
 logger = logging.getLogger("sqlqueue.consumer")
 
 #: A write stamped with a time (visibility, backoff) that took longer than this waited for
 #: a lock: its time is stamped again from a fresh reading of the clock.
 RESTAMP_AFTER_MS = 250
-#: The widest range of offsets a poll asks ``partitions_with_rows`` about (dialects that
+#: The widest range of offsets a poll asks ``partitions_with_rows`` about (stores that
 #: ``narrows_fetches``): past it (a partition read to its end while the log grew by more)
-#: the poll fetches every partition that may have rows, as the other dialects do.
+#: the poll fetches every partition that may have rows, as the other stores do.
 NARROWING_SPAN = 5000
 #: A poll reads on through rows already done (``PartitionState.reads_on``) in up to this
 #: many fetches, each asking for twice the rows of the one before, up to
@@ -96,7 +97,7 @@ class Fetcher:
     def __init__(self, *, consumer: Consumer, options: ConsumerOptions, alias: str,
                  clock: Callable[[], int], leases: LeaseKeeper, limits: Limits | None,
                  partitions: dict[str, PartitionState], outstanding: dict[int, Delivery],
-                 view: HeldView) -> None:
+                 view: HeldView, host_clock: HostClock = SYSTEM_CLOCK) -> None:
         self.consumer = consumer
         self.options = options
         self.alias = alias
@@ -106,6 +107,7 @@ class Fetcher:
         self.partitions = partitions
         self.outstanding = outstanding
         self.view = view
+        self.host_clock = host_clock  # a Delivery's: when its handler started
 
     @property
     def group(self) -> str:
@@ -116,8 +118,8 @@ class Fetcher:
         return self.consumer.topic
 
     @property
-    def dialect(self) -> Dialect:
-        return store(self.alias)
+    def store(self) -> DeliveryStore:
+        return storage.store(self.alias)
 
     def poll(
         self, cursor: CursorWrapper, head: Callable[[], int], budget: int | None
@@ -187,7 +189,7 @@ class Fetcher:
                     or entry.attempt != delivery.attempt
                     or not PartitionState.overdue(entry, now_ms)):
                 continue
-            self.dialect.extend_visibility(cursor, self.group, self.topic,
+            self.store.extend_visibility(cursor, self.group, self.topic,
                                            delivery.partition_key, entry.offset, timeout_ms)
             entry.visible_again_at(self.clock() + timeout_ms)
 
@@ -211,7 +213,7 @@ class Fetcher:
         for _ in range(READ_ON_FETCHES):
             if not wanted:
                 return
-            found = self.dialect.fetch_partitions(
+            found = self.store.fetch_partitions(
                 cursor, self.group, self.topic,
                 [(state.partition_key, state.fetched_upto) for state in wanted], limit)
             # The head first, the clock after it: covered_at_ms must not be earlier than
@@ -237,19 +239,19 @@ class Fetcher:
 
     def _narrowed(self, cursor: CursorWrapper, wanted: list[PartitionState],
                   head: Callable[[], int]) -> list[PartitionState]:
-        """Of ``wanted``, those worth a fetch, where the dialect asks first
+        """Of ``wanted``, those worth a fetch, where the store asks first
         (``narrows_fetches``). A partition read to its end at an earlier head
         (``covered``) with no row between there and the head now is done with as an
         empty fetch would be: covered up to the head, at a clock read after the question.
         Rows committed late below that are the sweep's, as after an empty fetch."""
         exhausted = [state for state in wanted if state.exhausted]
-        if len(exhausted) < 2 or not self.dialect.narrows_fetches:
+        if len(exhausted) < 2 or not self.store.narrows_fetches:
             return wanted
         upto = head()
         after = min(state.covered for state in exhausted)
         if upto - after > NARROWING_SPAN:
             return wanted
-        with_rows = self.dialect.partitions_with_rows(cursor, self.topic, after, upto)
+        with_rows = self.store.partitions_with_rows(cursor, self.topic, after, upto)
         idle = {state.partition_key for state in exhausted
                 if state.partition_key not in with_rows}
         if idle:
@@ -281,7 +283,7 @@ class Fetcher:
             assert entry.row is not None
             delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
                                 entry.attempt, next(_sequence), view=self.view,
-                                tenure=state.tenure)
+                                tenure=state.tenure, host_clock=self.host_clock)
             # Attempts charged but never reported (a worker died mid-handler, or gave up
             # past the visibility timeout) may have spent the retry budget.
             (spent if entry.attempt > self.options.max_attempts else deliveries).append(
@@ -302,7 +304,7 @@ class Fetcher:
                 redelivered.setdefault(state.partition_key, []).append(entry.offset)
         acked: set[tuple[str, int]] = set()
         for key, offsets in redelivered.items():
-            rows = self.dialect.fetch_messages_at(cursor, self.group, self.topic, key, offsets)
+            rows = self.store.fetch_messages_at(cursor, self.group, self.topic, key, offsets)
             acked |= {(key, row.offset) for row in rows if row.acked}
         if not acked:
             return chosen
@@ -322,7 +324,7 @@ class Fetcher:
         """
         timeout_ms = round(self.options.visibility_timeout * 1000)
         stamped_at = self.clock()
-        self.dialect.mark_delivered(cursor, self.group, self.topic, [
+        self.store.mark_delivered(cursor, self.group, self.topic, [
             (state.partition_key, entry.offset, stamped_at + timeout_ms)
             for state, entry in chosen
         ])
@@ -332,7 +334,7 @@ class Fetcher:
                            "their visibility timeout again.", self.group, self.topic,
                            len(chosen), (now - stamped_at) / 1000)
             for state, entry in chosen:
-                self.dialect.extend_visibility(cursor, self.group, self.topic,
+                self.store.extend_visibility(cursor, self.group, self.topic,
                                                state.partition_key, entry.offset, timeout_ms)
             now = self.clock()
         return now + timeout_ms

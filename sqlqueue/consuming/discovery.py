@@ -6,13 +6,13 @@ not. ``Subscriber`` owns one ``PartitionFinder``; runs on the runner's main thre
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 from django.db.backends.utils import CursorWrapper
 
+from sqlqueue import storage
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.leases import LeaseKeeper
-from sqlqueue.storage import store
 
 # While the log grows, partitions are looked for again after MIN_DISCOVERY_INTERVAL, or
 # DISCOVERY_COST_FACTOR times what the last look took, whichever is longer: a new
@@ -27,7 +27,8 @@ class PartitionFinder:
     """The partitions one subscription found, and when it looks again."""
 
     def __init__(self, *, group: str, topic: str, alias: str, leases: LeaseKeeper,
-                 start_latest: bool) -> None:
+                 start_latest: bool, host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.group = group
         self.topic = topic
         self.alias = alias
@@ -60,7 +61,7 @@ class PartitionFinder:
         the passes follow each other quickly; the head is then read for this at most
         every MIN_DISCOVERY_INTERVAL (a drain's passes read nothing else of it: one
         statement a pass, about a tenth of a busy MariaDB pass)."""
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         if busy and now - self._head_read_at < MIN_DISCOVERY_INTERVAL:
             return
         self._head_read_at = now
@@ -77,14 +78,14 @@ class PartitionFinder:
             self._next_discovery + DISCOVERY_IDLE_INTERVAL
         ):
             return
-        dialect = store(self.alias)
-        self.discovered = dialect.discover_partitions(cursor, self.topic)
+        store = storage.store(self.alias)
+        self.discovered = store.discover_partitions(cursor, self.topic)
         if not self._start_placed:
             # Before the first lease tick creates any offsets row at 0: a new group
             # starts after what is stored now (a group with a position keeps it).
-            dialect.start_at_heads(cursor, self.group, self.topic)
+            store.start_at_heads(cursor, self.group, self.topic)
             self._start_placed = True
-        took = time.monotonic() - now
+        took = self.host_clock.monotonic() - now
         held = set(self.leases.owned) | self.leases.others
         if any(key not in held for key in self.discovered):
             self.leases.hurry()
@@ -99,4 +100,5 @@ class PartitionFinder:
         """When a look put off (``discover`` came too soon) is allowed (None: none is)."""
         if not self._deferred:
             return None
-        return now_ms + math.ceil(max(0.0, self._next_discovery - time.monotonic()) * 1000)
+        wait = max(0.0, self._next_discovery - self.host_clock.monotonic())
+        return now_ms + math.ceil(wait * 1000)

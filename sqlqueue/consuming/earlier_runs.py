@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.consuming.partition import PartitionState
-from sqlqueue.storage.sql import Dialect
+from sqlqueue.storage.protocols import DeliveryStore
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -30,7 +30,7 @@ class EarlierRuns:
         #: partition -> (tenure, until when an earlier lease's delivery may run)
         self._read: dict[str, tuple[int | None, int]] = {}
 
-    def wait_for(self, cursor: CursorWrapper, dialect: Dialect, fresh: list[PartitionState],
+    def wait_for(self, cursor: CursorWrapper, store: DeliveryStore, fresh: list[PartitionState],
                  owned: Collection[str]) -> None:
         """Each of the ``fresh`` states (just built) starts nothing before the runs of
         earlier leases of its partition end (``PartitionState.wait_for_earlier_runs``)."""
@@ -40,7 +40,7 @@ class EarlierRuns:
         unread = [state for state in fresh
                   if self._read.get(state.partition_key, (None, 0))[0] != state.tenure]
         if unread:
-            found = dialect.runs_in_flight(
+            found = store.runs_in_flight(
                 cursor, self.group, self.topic,
                 [(state.partition_key, state.watermark) for state in unread])
             for state in unread:

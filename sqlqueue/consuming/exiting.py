@@ -1,18 +1,17 @@
 """A graceful exit's last watermark moves: over every row the process acked, as far as
-the write horizon lets them go (SPEC §10 "Exit with positions"). ``Runner`` owns one
+the write horizon lets them go (docs/reference/guarantees.md, below the table). ``Runner`` owns one
 ``ExitSettler``; runs on the runner's main thread at its shutdown.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
 
-from sqlqueue.consuming.clock import Clock
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, Clock, HostClock
 from sqlqueue.consuming.settling import HorizonWatch
 from sqlqueue.consuming.subscriber import Subscriber
 
@@ -29,7 +28,8 @@ class ExitSettler:
     """Moves a stopping runner's watermarks over its last acks."""
 
     def __init__(self, *, alias: str, horizon: HorizonWatch, clock: Clock,
-                 settle_seconds: float) -> None:
+                 settle_seconds: float, host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.alias = alias
         self.horizon = horizon
         self.clock = clock
@@ -43,19 +43,19 @@ class ExitSettler:
         (a publisher's transaction still open, or no view of open transactions:
         MAX_TRANSACTION_AGE), the rest is left for the partitions' next holder, as the
         late-commit rule requires (guarantee I4)."""
-        deadline = time.monotonic() + self.settle_seconds
+        deadline = self.host_clock.monotonic() + self.settle_seconds
         waiting = list(subscribers)
         while True:
             for subscriber in waiting:
                 with transaction.atomic(using=self.alias):
                     subscriber.fence(cursor)
                     settled = self.horizon.settled_before(cursor, self.clock.now_ms())
-                    subscriber.advance(cursor, settled, force=True)
+                    subscriber.watermarks.advance(cursor, settled, force=True)
             waiting = [s for s in waiting if s.done_above_watermarks()]
-            if not waiting or time.monotonic() >= deadline:
+            if not waiting or self.host_clock.monotonic() >= deadline:
                 break
             self.horizon.expire()
-            time.sleep(EXIT_SETTLE_STEP)
+            self.host_clock.sleep(EXIT_SETTLE_STEP)
         if waiting:
             logger.info("%s: exiting with acks above the watermark of %s (their rows are not "
                         "settled yet: a publishing transaction may still be open); the "

@@ -9,20 +9,21 @@ Topics nobody consumes, dead-letter topics among them, are never collected. With
 ``KEEP_DELIVERY_STATE`` the groups' delivery state of collected rows goes with them.
 
 The same passes delete the idempotency keys whose ``IDEMPOTENCY_WINDOW`` has passed (a
-key outlives its message, not the window), and run the pruners integrations register with
-``register_pruner`` (the Tasks backend's expired results): this layer imports none of them.
+key outlives its message, not the window), and run the extra collections integrations
+register with ``register_collection`` (the Tasks backend's expired results, the live
+overview's old minutes): this layer imports none of them.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from sqlqueue import storage
 from sqlqueue.conf import QueueSettings
-from sqlqueue.storage import store
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 
 logger = logging.getLogger("sqlqueue.gc")
 
@@ -41,18 +42,20 @@ GC_SWEEP_WINDOW = 10_000
 GC_SWEEP_PARTITIONS = 400
 
 #: (database alias, batch size) -> (rows deleted, whether more may be left)
-Pruner = Callable[[str, int], tuple[int, bool]]
-_pruners: list[Pruner] = []
+ExtraCollection = Callable[[str, int], tuple[int, bool]]
+_extra_collections: list[ExtraCollection] = []
 
 
-def register_pruner(pruner: Pruner) -> None:
-    """Have every garbage-collection pass also run ``pruner`` (once per pruner)."""
-    if pruner not in _pruners:
-        _pruners.append(pruner)
+def register_collection(collection: ExtraCollection) -> None:
+    """Have every garbage-collection pass also run ``collection`` (once each)."""
+    if collection not in _extra_collections:
+        _extra_collections.append(collection)
 
 
 class GarbageCollector:
-    def __init__(self, conf: QueueSettings, alias: str, known_groups: dict[str, set[str]]):
+    def __init__(self, conf: QueueSettings, alias: str, known_groups: dict[str, set[str]],
+                 *, host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.conf = conf
         self.alias = alias
         self.known_groups = known_groups  # topic -> groups running in this process
@@ -72,7 +75,7 @@ class GarbageCollector:
     def collect(self, cursor: Any, force: bool = False) -> int:
         """One bounded pass over the topics whose turn it is, and over expired task
         results when theirs is; returns rows deleted (messages and results)."""
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         deleted = 0
         for topic in self.known_groups:
             if not force and now < self._next_pass.get(topic, 0.0):
@@ -82,23 +85,23 @@ class GarbageCollector:
             deleted += removed
             self._next_pass[topic] = now + (0.0 if more else GC_INTERVAL)
         self.deleted += deleted
-        return deleted + self._prune_results(now, force) + self._prune_keys(cursor, now, force)
+        return deleted + self._collect_extras(now, force) + self._collect_keys(cursor, now, force)
 
-    def _prune_keys(self, cursor: Any, now: float, force: bool) -> int:
+    def _collect_keys(self, cursor: Any, now: float, force: bool) -> int:
         if not force and now < self._next_keys_pass:
             return 0
-        dialect = store(self.alias)
-        removed = dialect.delete_expired_idempotency_keys(cursor, GC_BATCH)
+        store = storage.store(self.alias)
+        removed = store.delete_expired_idempotency_keys(cursor, GC_BATCH)
         self._next_keys_pass = now + (0.0 if removed == GC_BATCH else GC_INTERVAL)
         self.keys_deleted += removed
         return removed
 
-    def _prune_results(self, now: float, force: bool) -> int:
+    def _collect_extras(self, now: float, force: bool) -> int:
         if not force and now < self._next_results_pass:
             return 0
         removed, more = 0, False
-        for pruner in _pruners:
-            deleted, left = pruner(self.alias, GC_BATCH)
+        for collection in _extra_collections:
+            deleted, left = collection(self.alias, GC_BATCH)
             removed, more = removed + deleted, more or left
         self._next_results_pass = now + (0.0 if more else GC_INTERVAL)
         self.results_deleted += removed
@@ -108,11 +111,11 @@ class GarbageCollector:
                        budget: int | None) -> tuple[int, bool]:
         """Delete what every group is done with, in at most ``budget`` DELETEs (None: no
         limit); returns rows deleted, and whether more may be left."""
-        dialect = store(self.alias)
-        groups, watermarks = dialect.topic_watermarks(cursor, topic)
+        store = storage.store(self.alias)
+        groups, watermarks = store.topic_watermarks(cursor, topic)
         # When the watermarks were seen: after the read (which may have waited), so that
         # RETENTION is never counted from before a watermark got where it is.
-        seen_at = time.monotonic()
+        seen_at = self.host_clock.monotonic()
         groups |= self.known_groups.get(topic, set())
         if not groups:
             return 0, False
@@ -133,13 +136,13 @@ class GarbageCollector:
                     more = True  # the next pass goes on at once
                     continue
                 budget -= 1
-            removed = dialect.delete_messages_upto(cursor, topic, partition, upto, GC_BATCH)
+            removed = store.delete_messages_upto(cursor, topic, partition, upto, GC_BATCH)
             deleted += removed
             if removed and self.conf.KEEP_DELIVERY_STATE:
                 # The groups' delivery state was kept for the analytics report: it goes
                 # with its messages (a primary-key range per group).
                 for group in by_group:
-                    dialect.delete_states_upto(cursor, group, topic, [(partition, upto)])
+                    store.delete_states_upto(cursor, group, topic, [(partition, upto)])
             if removed == GC_BATCH:
                 more = True
             else:
@@ -156,9 +159,9 @@ class GarbageCollector:
         between passes) or the sweep is done; returns rows deleted and whether more may
         be left. The next pass starts from the oldest row left, which is where this one
         stopped (``_collected``: how far each partition was swept)."""
-        dialect = store(self.alias)
+        store = storage.store(self.alias)
         partitions = sorted(todo)
-        firsts = dialect.first_offsets_above(
+        firsts = store.first_offsets_above(
             cursor, topic, [(p, self._collected.get((topic, p), 0)) for p in partitions])
         limits: dict[str, int] = {}
         oldest: int | None = None  # the oldest row to delete
@@ -176,12 +179,12 @@ class GarbageCollector:
         while after < end and not deleted:
             upto = min(after + GC_SWEEP_WINDOW, end)
             window = [(p, limit) for p, limit in sorted(limits.items()) if limit > after]
-            deleted = dialect.delete_messages_in_window(cursor, topic, after, upto, window)
+            deleted = store.delete_messages_in_window(cursor, topic, after, upto, window)
             swept = [(p, min(limit, upto)) for p, limit in window]
             if deleted and self.conf.KEEP_DELIVERY_STATE:
                 # The groups' delivery state of the rows collected goes with them.
                 for group in sorted(state_groups):
-                    dialect.delete_states_upto(cursor, group, topic, swept)
+                    store.delete_states_upto(cursor, group, topic, swept)
             # Every row of these partitions up to here is gone: the next pass seeks
             # from here, not over the rows deleted (PostgreSQL keeps them as dead
             # tuples until a vacuum, and walked them again at every pass: 156,000

@@ -6,7 +6,6 @@ import inspect
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -15,13 +14,13 @@ from asgiref.sync import async_to_sync
 from django.db import Error as AnyDatabaseError
 from django.db import connections, transaction
 
-from sqlqueue import events, tracing
+from sqlqueue import events, storage, tracing
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.failure_text import described, error_text
 from sqlqueue.consuming.message import Message, Reject, Retry
 from sqlqueue.consuming.outcomes import ack
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.naming import storable_text
-from sqlqueue.storage import store
 from sqlqueue.storage.sql.base import FetchedRow
 
 if TYPE_CHECKING:
@@ -89,7 +88,8 @@ class Delivery:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # queued -> started | given_back | refused; started -> finished | timed_out -> returned_late
     _state: str = "queued"
-    started_at: float = 0.0  # time.monotonic() when a handler thread started it
+    started_at: float = 0.0  # host_clock.monotonic() when a handler thread started it
+    host_clock: HostClock = field(default=SYSTEM_CLOCK, repr=False)
     # False when the handler runs on the caller's connection, inside the caller's
     # transaction (sqlqueue.testing): a second connection would wait on its locks.
     own_connection: bool = True
@@ -115,7 +115,7 @@ class Delivery:
                 self._state = "refused"
                 return False
             self._state = "started"
-            self.started_at = time.monotonic()
+            self.started_at = self.host_clock.monotonic()
             return True
 
     def time_out(self) -> bool:
@@ -323,7 +323,7 @@ def _confirm_server(delivery: Delivery) -> None:
         return
     connection = connections[delivery.alias]
     with connection.cursor() as cursor:
-        now = store(connection).server_identity(cursor)
+        now = storage.store(connection).server_identity(cursor)
     if now != delivery.server:
         raise DeliveredByAnotherServer(
             f"{delivery.consumer.topic}/{delivery.partition_key}@{delivery.row.offset} was "
@@ -355,7 +355,7 @@ def _extend_visibility(delivery: Delivery, seconds: float) -> None:
         connection = side
     try:
         with connection.cursor() as cursor:
-            changed = store(connection).extend_visibility(
+            changed = storage.store(connection).extend_visibility(
                 cursor, consumer.group, consumer.topic, delivery.partition_key,
                 delivery.row.offset, round(seconds * 1000),
             )

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -21,9 +20,11 @@ from django.db import connections
 
 from sqlqueue import events
 from sqlqueue.consuming import handlers
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.instruments import Instruments
-from sqlqueue.consuming.subscriber import Subscriber
+from sqlqueue.consuming.ledger import Deliveries
+from sqlqueue.consuming.registry import Consumer
 from sqlqueue.wakeups import Doorbell
 
 logger = logging.getLogger("sqlqueue.consumer")
@@ -40,8 +41,10 @@ class HandlerPool:
 
     def __init__(self, *, name: str, threads: int, alias: str, instruments: Instruments,
                  stopping: threading.Event, wakeup: Doorbell,
-                 paused: Callable[[str, str], bool], stats: Counter[str],
-                 exit_when_stuck: float | None, on_stuck: Callable[[], None]) -> None:
+                 paused: Callable[[str, str], bool],
+                 exit_when_stuck: float | None, on_stuck: Callable[[], None],
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.name = name  # the runner's: its threads are named after it
         self.threads = threads
         self.alias = alias
@@ -49,7 +52,8 @@ class HandlerPool:
         self.stopping = stopping
         self.wakeup = wakeup
         self.paused = paused  # (group, topic) -> is that subscription paused now?
-        self.stats = stats
+        #: outcomes collected, by kind (ack, fail, ...): ``Runner.stats``
+        self.stats: Counter[str] = Counter()
         self.exit_when_stuck = exit_when_stuck
         self.on_stuck = on_stuck  # called once a handler stays stuck past the grace
         self.work: queue.PriorityQueue[tuple[tuple[int, int], Delivery | None]] = (
@@ -140,33 +144,35 @@ class HandlerPool:
             worker.join(timeout=0 if self.in_flight > 0 or self._timed_out else 5)
 
     # -- handler timeouts (@consumer(timeout=...)) ----------------------------------------
-    def enforce_timeouts(self, subscribers: Iterable[Subscriber]) -> None:
+    def enforce_timeouts(self, ledgers: Iterable[tuple[Consumer, Deliveries]]) -> None:
         """A handler running past its consumer's ``timeout`` counts as failed now (retried
         with backoff). Its thread cannot be stopped: a new one takes its place, and it
-        exits when the handler returns, its outcome dropped."""
-        now = time.monotonic()
-        for subscriber in subscribers:
-            limit = subscriber.consumer.timeout
+        exits when the handler returns, its outcome dropped. ``ledgers``: each
+        subscription's consumer and its ``Deliveries``."""
+        now = self.host_clock.monotonic()
+        for consumer, deliveries in ledgers:
+            limit = consumer.timeout
             if limit is None:
                 continue
-            for delivery in list(subscriber.outstanding.values()):
+            for delivery in deliveries.running():
                 if (delivery.started_at and now - delivery.started_at > limit
                         and delivery.time_out()):
                     logger.warning("%s/%s@%s: the handler of %s ran past its timeout (%gs); "
-                                   "counted as failed.", subscriber.topic,
+                                   "counted as failed.", consumer.topic,
                                    delivery.partition_key, delivery.row.offset,
-                                   subscriber.group, limit)
+                                   consumer.group, limit)
                     self.done.put(Outcome(delivery, "fail", error=(
                         f"TimeoutError: the handler ran past its timeout of {limit:g}s.")))
-                    subscriber.timed_out(delivery)
+                    deliveries.timed_out(delivery)
                     self._replace_handler_thread()
-            self._exit_if_stuck(subscriber, limit, now)
+            self._exit_if_stuck(consumer, deliveries, limit, now)
 
-    def _exit_if_stuck(self, subscriber: Subscriber, limit: float, now: float) -> None:
+    def _exit_if_stuck(self, consumer: Consumer, deliveries: Deliveries, limit: float,
+                       now: float) -> None:
         """Under a supervisor, a handler thread stuck past its timeout for
         ``exit_when_stuck`` more seconds stops the process (a thread cannot be killed;
         a process can be replaced)."""
-        running = subscriber.still_stuck()
+        running = deliveries.still_stuck()
         grace = self.exit_when_stuck
         if grace is None or self.stopping.is_set():
             return
@@ -174,7 +180,7 @@ class HandlerPool:
         if stuck:
             logger.error("%s: %s handler(s) of %s stuck for more than %gs past their timeout; "
                          "stopping this process so that its supervisor replaces it.",
-                         self.name, len(stuck), subscriber.consumer.name, grace)
+                         self.name, len(stuck), consumer.name, grace)
             self.on_stuck()
 
     def _replace_handler_thread(self) -> None:
@@ -210,7 +216,7 @@ class HandlerPool:
                     self.done.put(Outcome(delivery, "not_started"))
                     self.wakeup.set()
                 continue
-            started = time.time()
+            started = self.host_clock.wall()
             try:
                 outcome = handlers.handle(delivery)
             finally:
@@ -231,7 +237,7 @@ class HandlerPool:
     def _instrument(self, outcome: Outcome, started: float) -> None:
         row, consumer = outcome.delivery.row, outcome.delivery.consumer
         due_ms = max(row.created_at, row.deliver_after)  # this host's clock vs the database's
-        duration = time.time() - started
+        duration = self.host_clock.wall() - started
         self.instruments.handled(consumer.group, consumer.topic, outcome.kind, duration,
                                  max(0.0, started - due_ms / 1000))
         self.instruments.finished(outcome.delivery, outcome.kind, duration)

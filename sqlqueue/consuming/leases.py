@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,7 +21,9 @@ from django.db import DatabaseError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events
-from sqlqueue.storage.sql import Dialect
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
+from sqlqueue.consuming.limits import Limits
+from sqlqueue.storage.protocols import LeaseStore
 
 logger = logging.getLogger("sqlqueue.leases")
 # What a subscriber stops working on is the consumer's news (its log since 0.1).
@@ -63,6 +64,17 @@ class Lease:
     tenure: int
 
 
+@dataclass(frozen=True)
+class LeaseChange:
+    """What a lease tick changed: the partitions gained, and those lost or released."""
+
+    gained: frozenset[str] = frozenset()
+    lost: frozenset[str] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.gained or self.lost)
+
+
 def fair_share(partitions: int, members: list[str], me: str) -> int:
     """How many partitions ``me`` should hold: floor(P/S), plus one for the first P mod S
     members by name, so that the shares add up to P exactly."""
@@ -79,7 +91,8 @@ class LeaseKeeper:
     """The leases one subscriber holds on one (group, topic)."""
 
     def __init__(self, group: str, topic: str, name: str, duration: float,
-                 renew_interval: float) -> None:
+                 renew_interval: float, *, host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.group = group
         self.topic = topic
         self.name = name
@@ -106,14 +119,14 @@ class LeaseKeeper:
         """May this subscriber start work on ``partition`` now?"""
         lease = self.owned.get(partition)
         return (lease is not None and partition not in self.releasing
-                and time.monotonic() < lease.deadline)
+                and self.host_clock.monotonic() < lease.deadline)
 
     def trusts(self, partition: str, tenure: int | None) -> bool:
         """Is the lease of ``partition`` still this subscriber's in ``tenure``, before
         its local deadline (whether or not it is being handed over)?"""
         lease = self.owned.get(partition)
         return (lease is not None and lease.tenure == tenure
-                and time.monotonic() < lease.deadline)
+                and self.host_clock.monotonic() < lease.deadline)
 
     def generation(self, partition: str) -> int | None:
         lease = self.owned.get(partition)
@@ -124,7 +137,7 @@ class LeaseKeeper:
         return None if lease is None else lease.tenure
 
     def due(self) -> bool:
-        return time.monotonic() >= self._next_tick
+        return self.host_clock.monotonic() >= self._next_tick
 
     def hurry(self) -> None:
         """Tick at the next opportunity (new partitions, a member left)."""
@@ -135,7 +148,7 @@ class LeaseKeeper:
         tick soon instead of at the end of the renew interval, so that a rolling deploy
         does not leave them unserved for up to LEASE_RENEW_INTERVAL. At most once per
         FREE_LEASE_RECHECK, so that a partition left free a while costs little."""
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         if now - self._free_noticed_at >= FREE_LEASE_RECHECK:
             self._free_noticed_at = now
             self.hurry()
@@ -146,7 +159,7 @@ class LeaseKeeper:
         return len(self.owned) < self.share and self._quick_left > 0
 
     def membership_check_due(self, every: float = MEMBERSHIP_RECHECK) -> bool:
-        return time.monotonic() - self._members_checked_at >= every
+        return self.host_clock.monotonic() - self._members_checked_at >= every
 
     def membership_worth_a_look(self, *, busy: bool, watching: bool,
                                 head: Callable[[], int] | None) -> bool:
@@ -163,51 +176,54 @@ class LeaseKeeper:
         seen, self._membership_head = self._membership_head, head()
         return self._membership_head > seen
 
-    def check_membership(self, cursor: CursorWrapper, dialect: Dialect,
+    def check_membership(self, cursor: CursorWrapper, store: LeaseStore,
                          discovered: Iterable[str]) -> None:
         """Between ticks: has a subscriber joined or left, or does nobody hold some
         partition (released by a member that stopped, or expired)? Then tick now, so that
         a newcomer gets its share from a busy holder, and a free partition a new holder,
         within about a tenth of a second instead of at the next renewal (up to
         LEASE_RENEW_INTERVAL). Plain reads: they wait for no lock."""
-        self._members_checked_at = time.monotonic()
-        if dialect.live_subscribers(cursor, self.group, self.topic,
+        self._members_checked_at = self.host_clock.monotonic()
+        if store.live_subscribers(cursor, self.group, self.topic,
                                     self.duration_ms) != self.members:
             self.hurry()
             return
         ages = {partition: age for partition, _, _, age in
-                dialect.list_leases(cursor, self.group, self.topic)}
+                store.list_leases(cursor, self.group, self.topic)}
         if any(key not in ages for key in discovered) or any(
                 age >= self.duration_ms for age in ages.values()):
             self.notice_free()
 
     # -- the periodic tick ----------------------------------------------------------------
-    def tick(self, cursor: CursorWrapper, dialect: Dialect, discovered: Iterable[str],
-             idle: set[str], may_release: Callable[[], bool] = lambda: True,
-             ) -> tuple[set[str], set[str]]:
+    def tick(self, cursor: CursorWrapper, store: LeaseStore, discovered: Iterable[str],
+             idle: set[str], *, limits: Limits | None = None, in_flight: int = 0,
+             ) -> LeaseChange:
         """Heartbeat, renew, rebalance. ``idle``: owned partitions with nothing in flight,
-        which may be released now; ``may_release``: asked (once the members are read)
-        whether any may go now at all. Returns (partitions gained, partitions lost)."""
-        started = time.monotonic()
+        which may be released now, once this process is within its max_in_flight share
+        of ``limits`` among the members read (``in_flight``: its deliveries in flight).
+        Returns the partitions gained, and those lost or released."""
+        started = self.host_clock.monotonic()
         self._next_tick = started + self.renew_interval
         self._ticks += 1
-        dialect.heartbeat(cursor, self.group, self.topic, self.name)
+        store.heartbeat(cursor, self.group, self.topic, self.name)
         # Only the rows of leases held (primary-key lookups), so that no peer's locks on
         # its own rows hold this renewal up. If it waits for a lock anyway (a peer paused
         # while fencing a partition it believes it holds), what the list below reads is
         # still the truth, and the leases not renewed run out safely.
-        self._unless_locked(dialect, "renewing leases", lambda: dialect.renew_leases(
+        self._unless_locked(store, "renewing leases", lambda: store.renew_leases(
             cursor, self.group, self.topic, self.name,
             {partition: lease.generation for partition, lease in self.owned.items()}))
-        leases = dialect.list_leases(cursor, self.group, self.topic)
-        self.members = dialect.live_subscribers(cursor, self.group, self.topic, self.duration_ms)
-        self._members_checked_at = time.monotonic()
+        leases = store.list_leases(cursor, self.group, self.topic)
+        self.members = store.live_subscribers(cursor, self.group, self.topic, self.duration_ms)
+        self._members_checked_at = self.host_clock.monotonic()
         before = set(self.owned)
         self._adopt(leases, started)
         partitions = set(discovered) | {partition for partition, *_ in leases}
         self.share = fair_share(len(partitions), self.members, self.name)
 
-        released = self._shed(cursor, dialect, idle if may_release() else set())
+        share = None if limits is None else limits.in_flight_share(self.members, self.name)
+        may_release = share is None or in_flight <= share
+        released = self._shed(cursor, store, idle if may_release else set())
         wanted = self.share - len(self.owned)
         if wanted > 0:
             free = sorted(p for p in partitions if p not in self.owned and p not in self.others)
@@ -220,9 +236,9 @@ class LeaseKeeper:
                 candidates = sorted((free[start:] + free[:start])[:wanted])
                 # An expired lease is still locked while its paused holder's transaction
                 # stays open (fencing, guarantee I5): the lock wait is bounded; try again later.
-                self._unless_locked(dialect, "acquiring leases", lambda: dialect.acquire_leases(
+                self._unless_locked(store, "acquiring leases", lambda: store.acquire_leases(
                     cursor, self.group, self.topic, candidates, self.name, self.duration_ms))
-                self._adopt(dialect.list_leases(cursor, self.group, self.topic), started)
+                self._adopt(store.list_leases(cursor, self.group, self.topic), started)
         gained = set(self.owned) - before
         short = len(self.owned) < self.share
         # Progress, or nothing missing, renews the budget of quick ticks.
@@ -231,10 +247,10 @@ class LeaseKeeper:
             # Handing partitions over, or waiting a little for some to be handed over:
             # look again shortly, not in a whole renew interval, so that rebalancing
             # stays quick (a few times only, so that a slow peer does not make us spin).
-            self._next_tick = min(self._next_tick, time.monotonic() + QUICK_TICK)
+            self._next_tick = min(self._next_tick, self.host_clock.monotonic() + QUICK_TICK)
         if self._ticks % PURGE_AFTER_LEASES == 0:
-            self._unless_locked(dialect, "purging abandoned leases",
-                                lambda: dialect.purge_abandoned(
+            self._unless_locked(store, "purging abandoned leases",
+                                lambda: store.purge_abandoned(
                                     cursor, self.group, self.topic,
                                     PURGE_AFTER_LEASES * self.duration_ms))
         lost = (before - set(self.owned)) - released
@@ -247,19 +263,19 @@ class LeaseKeeper:
                                             topic=self.topic, subscriber=self.name,
                                             held=len(self.owned), gained=len(gained),
                                             lost=len(lost), released=len(released)))
-        return gained, lost | released
+        return LeaseChange(frozenset(gained), frozenset(lost | released))
 
-    def _unless_locked(self, dialect: Dialect, what: str, statement: Callable[[], object]) -> bool:
+    def _unless_locked(self, store: LeaseStore, what: str, statement: Callable[[], object]) -> bool:
         """Run ``statement``; if it gave up waiting for a lock (the wait is bounded, see
-        ``Dialect.bound_lock_waits``), log it and go on: the next tick tries again."""
+        ``Store.bound_lock_waits``), log it and go on: the next tick tries again."""
         try:
             statement()
         except DatabaseError as exc:
-            if not dialect.is_lock_wait(exc):
+            if not store.is_lock_wait(exc):
                 raise
             logger.warning("%s on %s/%s: gave up %s after a lock wait (%s); trying again at "
                            "the next lease tick.", self.name, self.group, self.topic, what, exc)
-            self._next_tick = min(self._next_tick, time.monotonic() + FREE_LEASE_RECHECK)
+            self._next_tick = min(self._next_tick, self.host_clock.monotonic() + FREE_LEASE_RECHECK)
             return False
         return True
 
@@ -285,7 +301,7 @@ class LeaseKeeper:
         self.others = others
         self.releasing &= set(owned)
 
-    def _shed(self, cursor: CursorWrapper, dialect: Dialect, idle: set[str]) -> set[str]:
+    def _shed(self, cursor: CursorWrapper, store: LeaseStore, idle: set[str]) -> set[str]:
         """Give up partitions beyond the fair share: the highest keys first (the same
         choice every time), each once nothing of it is in flight."""
         excess = len(self.owned) - self.share
@@ -295,7 +311,7 @@ class LeaseKeeper:
         self.releasing = set(sorted(self.owned)[-excess:])
         ready = sorted(self.releasing & idle)
         if ready:
-            dialect.release_leases(cursor, self.group, self.topic, ready, self.name)
+            store.release_leases(cursor, self.group, self.topic, ready, self.name)
             for partition in ready:
                 del self.owned[partition]
             self.releasing -= set(ready)
@@ -329,9 +345,9 @@ class LeaseKeeper:
         self.members = []
         self.hurry()
 
-    def release_all(self, cursor: CursorWrapper, dialect: Dialect) -> None:
+    def release_all(self, cursor: CursorWrapper, store: LeaseStore) -> None:
         """Graceful stop: hand every partition over and say goodbye."""
-        dialect.release_leases(cursor, self.group, self.topic, sorted(self.owned), self.name)
-        dialect.deregister(cursor, self.group, self.topic, self.name)
+        store.release_leases(cursor, self.group, self.topic, sorted(self.owned), self.name)
+        store.deregister(cursor, self.group, self.topic, self.name)
         self.owned.clear()
         self.releasing.clear()

@@ -1,4 +1,5 @@
-"""Flow limits of one consumer: ``rate_limit`` and ``max_in_flight`` (SPEC §9). No I/O here.
+"""Limits of one consumer: ``rate_limit`` and ``max_in_flight`` (docs/guides/consuming.md,
+"Limits: protecting a slow downstream"). No I/O here.
 
 Both limits hold for the whole consumer group, across its ``runconsumer`` processes,
 without any extra coordination: each process takes its share and stays within it.
@@ -18,8 +19,9 @@ attempt is charged and its visibility timeout does not start.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
+
+from sqlqueue.consuming.clock import SYSTEM_CLOCK
 
 #: The bucket holds at most this many seconds' worth of tokens (and at least two): enough
 #: to absorb a late wake-up of the loop, small enough that a burst after an idle spell
@@ -40,8 +42,8 @@ def member_share(total: int, members: list[str], me: str) -> int:
 class TokenBucket:
     """At most ``rate`` starts a second, on the monotonic clock."""
 
-    def __init__(self, rate: float, now: Callable[[], float] = time.monotonic) -> None:
-        self._now = now
+    def __init__(self, rate: float, now: Callable[[], float] | None = None) -> None:
+        self._now = now = now or SYSTEM_CLOCK.monotonic
         self.rate = rate
         self.capacity = self._capacity(rate)
         self.tokens = min(1.0, self.capacity)  # the first message need not wait
@@ -87,7 +89,8 @@ class Limits:
     """The limits of one consumer in one process."""
 
     def __init__(self, rate_limit: float | None, max_in_flight: int | None, *,
-                 warm_up: float, now: Callable[[], float] = time.monotonic) -> None:
+                 warm_up: float, now: Callable[[], float] | None = None) -> None:
+        now = now or SYSTEM_CLOCK.monotonic  # the Subscriber passes its host clock's
         self.rate_limit = rate_limit
         self.max_in_flight = max_in_flight
         self.bucket = TokenBucket(0.0, now) if rate_limit is not None else None

@@ -3,8 +3,8 @@ delivery state, and dead letters are copied.
 
 Every ack goes through ``write_acks`` (the subscriber's recorded outcomes and dead
 letters, an atomic handler's ack, a task's, an operator's cancel), and every give-back
-through ``give_back``: nothing else calls ``Dialect.write_outcomes`` or
-``Dialect.give_back`` (tests/unit/test_one_writer.py reads the source to hold it so).
+through ``give_back``: nothing else calls ``Store.write_outcomes`` or
+``Store.give_back`` (tests/unit/test_one_writer.py reads the source to hold it so).
 What to write is decided elsewhere (sqlqueue.consuming.recording, no database).
 """
 
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from django.db import connections
 from django.db.backends.utils import CursorWrapper
 
+from sqlqueue import storage
 from sqlqueue.conf import MAX_NAME_BYTES
 from sqlqueue.naming import storable_text
-from sqlqueue.storage import store
-from sqlqueue.storage.sql import Dialect
+from sqlqueue.storage.protocols import DeliveryStore
 from sqlqueue.storage.sql.base import OutcomeWrite
 
 
@@ -43,12 +43,12 @@ class RetryAt:
     error: str
 
 
-def write_acks(cursor: CursorWrapper, dialect: Dialect, group: str, topic: str,
+def write_acks(cursor: CursorWrapper, store: DeliveryStore, group: str, topic: str,
                acks: Iterable[Ack], retries: Iterable[RetryAt] = ()) -> None:
     """Ack ``acks`` for ``group`` (an acked row stays acked), and schedule ``retries``
     with them: one statement, none at all for nothing. Error texts are stored made safe
     (``storable_text``): whatever a handler raised, its outcome is written (guarantee I15)."""
-    dialect.write_outcomes(cursor, group, topic, [
+    store.write_outcomes(cursor, group, topic, [
         *(OutcomeWrite(a.partition_key, a.offset, acked=True, invisible_until=0)
           for a in acks),
         *(OutcomeWrite(r.partition_key, r.offset, acked=False,
@@ -63,14 +63,14 @@ def ack(alias: str, group: str, topic: str, partition_key: str, offset: int) -> 
     handler's (or task's) own writes, or not at all (guarantee I13)."""
     connection = connections[alias]
     with connection.cursor() as cursor:
-        write_acks(cursor, store(connection), group, topic, [Ack(partition_key, offset)])
+        write_acks(cursor, storage.store(connection), group, topic, [Ack(partition_key, offset)])
 
 
-def give_back(cursor: CursorWrapper, dialect: Dialect, group: str, topic: str,
+def give_back(cursor: CursorWrapper, store: DeliveryStore, group: str, topic: str,
               partition_key: str, offset: int, previous_retry_count: int | None) -> None:
     """Undo the delivery of a message no handler started: no attempt charged (its retry
     count back to ``previous_retry_count``; None: never delivered), visible again now."""
-    dialect.give_back(cursor, group, topic, partition_key, offset, previous_retry_count)
+    store.give_back(cursor, group, topic, partition_key, offset, previous_retry_count)
 
 
 def dead_letter_id(original_id: str, group: str) -> str:
@@ -82,12 +82,12 @@ def dead_letter_id(original_id: str, group: str) -> str:
     return "sha256:" + hashlib.sha256(f"{original_id}\x00{group}".encode()).hexdigest()
 
 
-def copy_to_dead_letters(cursor: CursorWrapper, dialect: Dialect, *, dead_letter_topic: str,
+def copy_to_dead_letters(cursor: CursorWrapper, store: DeliveryStore, *, dead_letter_topic: str,
                          group: str, message_id: str, offset: int, attempts: int,
                          error: str, reason: str) -> None:
     """Copy a message into its dead-letter topic for ``group`` (the caller acks it, with
     ``write_acks``, in the same transaction), with its error made safe to store."""
-    dialect.insert_dead_letter(
+    store.insert_dead_letter(
         cursor, dead_letter_topic=dead_letter_topic,
         dead_letter_id=dead_letter_id(message_id, group), offset=offset, attempts=attempts,
         last_error=storable_text(error),

@@ -1,11 +1,11 @@
-"""When the runner's next pass comes, and the write horizon its passes use.
+"""When the runner's next pass comes.
 
 Adaptive polling: after a pass that saw new messages the next poll comes
 ``FIRST_QUICK_POLL`` later, then twice as late after each quiet one, up to POLL_INTERVAL;
 sooner if a message, a retry or a timer is due earlier. Not while a wake-up channel hears
 other processes' publishes (``Wakeups.cover_other_processes``): each commit rings then.
 ``Runner`` owns one ``Pacer``; what it reads of the runner (its handler pool, its
-subscribers, which are paused) is passed in.
+subscribers, its PauseWatch) is passed in; it calls nothing of the runner.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Protocol
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.clock import Clock
 from sqlqueue.consuming.handoff import HandlerPool
+from sqlqueue.consuming.pauses import PauseWatch
+from sqlqueue.consuming.server import Head
 from sqlqueue.consuming.subscriber import Subscriber
 
 #: Adaptive polling: after a pass that saw new messages the next poll comes this soon,
@@ -23,23 +25,6 @@ from sqlqueue.consuming.subscriber import Subscriber
 #: steadily are picked up within milliseconds; an idle process still polls once per
 #: POLL_INTERVAL (a handful of quick polls after the last message, then no more).
 FIRST_QUICK_POLL = 0.002
-
-
-class _Once:
-    """A value computed on first use, then remembered (the log's head, once a pass)."""
-
-    def __init__(self, compute: Callable[[], int]) -> None:
-        self._compute = compute
-        self._value: int | None = None
-
-    def __call__(self) -> int:
-        if self._value is None:
-            self._value = self._compute()
-        return self._value
-
-    def known(self) -> int | None:
-        """The value if it was computed (without computing it)."""
-        return self._value
 
 
 class Timer(Protocol):
@@ -57,13 +42,13 @@ class Pacer:
     """When the runner's next pass comes."""
 
     def __init__(self, *, conf: QueueSettings, clock: Clock, pool: HandlerPool,
-                 subscribers: list[Subscriber], paused: Callable[[Subscriber], bool],
+                 subscribers: list[Subscriber], pauses: PauseWatch,
                  until_empty: bool, max_messages: int | None) -> None:
         self.conf = conf
         self.clock = clock
         self.pool = pool
         self.subscribers = subscribers
-        self.paused = paused
+        self.pauses = pauses
         self.until_empty = until_empty
         self.max_messages = max_messages
         #: periodic jobs run on the main thread between passes (the schedules' ticker)
@@ -91,7 +76,11 @@ class Pacer:
                 delay = min(delay, max(0.0, (due - self.clock.now_ms()) / 1000))
         return delay
 
-    def next_delay(self, head: Callable[[], int]) -> float | None:
+    def _unpaused(self) -> list[Subscriber]:
+        return [s for s in self.subscribers
+                if not self.pauses.paused(s.consumer.group, s.consumer.topic)]
+
+    def next_delay(self, head: Head) -> float | None:
         """How long to wait before the next pass (None: an ``until_empty`` or
         ``max_messages`` runner has nothing left to do)."""
         pool = self.pool
@@ -104,16 +93,16 @@ class Pacer:
             return None
         if pool.has_outcomes():
             return 0.0
-        if any(s.reads_on() for s in self.subscribers if not self.paused(s)):
+        unpaused = self._unpaused()
+        if any(s.fetcher.reads_on() for s in unpaused):
             return 0.0
         delay = self.polling_delay(head)
-        dues = [d for d in (s.next_due_ms() for s in self.subscribers if not self.paused(s))
-                if d is not None]
+        dues = [d for d in (s.next_due_ms() for s in unpaused) if d is not None]
         if dues:
             delay = min(delay, max(0.0, (min(dues) - self.clock.now_ms()) / 1000))
         return delay
 
-    def polling_delay(self, head: Callable[[], int]) -> float:
+    def polling_delay(self, head: Head) -> float:
         """FIRST_QUICK_POLL after a pass that saw new messages (the head moved, or work was
         handed out), doubling with every quiet pass up to POLL_INTERVAL.
 
@@ -123,7 +112,7 @@ class Pacer:
         meanwhile waited behind: at 100 messages/s one pass in three was such a poll.
         Rows written without a wake-up (the Spark writer, dead letters) are found at
         the next POLL_INTERVAL poll, as when idle."""
-        seen = head.known() if isinstance(head, _Once) else None
+        seen = head.known()
         moved = seen is not None and seen != self._last_head
         if seen is not None:
             self._last_head = seen

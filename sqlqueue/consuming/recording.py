@@ -6,7 +6,7 @@ and give-backs (a delivery no handler started: no attempt charged). Outcomes of
 deliveries this subscriber no longer trusts are dropped: made on another server, or on a
 partition whose lease went elsewhere or came back in a new tenure (the owner
 delivers them again after their visibility timeout: at least once, never acked by a
-stranger). ``Subscriber.record`` writes the plan (sqlqueue.consuming.outcomes).
+stranger). ``OutcomeRecorder.record`` writes the plan (sqlqueue.consuming.outcomes).
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def select_consumers(
 
 def nothing_registered() -> str:
     """Where consumers are looked for, for the newcomer whose ``runconsumer`` found none
-    (SPEC §10 "The first hour"): the module each installed app may have, and the
+    (docs/guides/consuming.md, "runconsumer"): the module each installed app may have, and the
     decorator that registers a handler there."""
     from django.apps import apps
 

@@ -11,15 +11,14 @@ were published (their ``created_at``: the log has no index to count publishes by
 and runners do not publish); ``dead_lettered``, runs that end in a dead letter (a reject,
 or a failure or retry at the last attempt).
 
-Rows older than ``KEEP_MS`` go with garbage collection (``prune_minute_stats``, a pruner
-``sqlqueue.apps`` registers).
+Rows older than ``KEEP_MS`` go with garbage collection (``collect_minute_stats``, an extra
+collection ``sqlqueue.apps`` registers).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from bisect import bisect_left
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -27,9 +26,10 @@ from typing import TYPE_CHECKING
 from django.db import Error as AnyDatabaseError
 from django.db import connections, transaction
 
+from sqlqueue import storage
 from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.instruments import DURATION_BUCKETS, Instruments
-from sqlqueue.storage import store
 
 if TYPE_CHECKING:
     from sqlqueue.consuming.handlers import Delivery
@@ -46,8 +46,8 @@ KEEP_MS = 70 * MINUTE_MS
 #: the outcomes not counted (as in ``sqlqueue.metrics.ProcessMetrics``)
 UNCOUNTED = "not_started"
 
-#: (group, topic, minute) -> column -> amount
-Pending = dict[tuple[str, str, int], dict[str, float]]
+#: counts of the minute rows not yet written: (group, topic, minute) -> column -> amount
+UnwrittenCounts = dict[tuple[str, str, int], dict[str, float]]
 
 
 _DURATION_COLUMNS = tuple(f"duration_{i:02d}" for i in range(len(DURATION_BUCKETS) + 1))
@@ -73,15 +73,15 @@ class ThreadCounts:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.rows: Pending = {}
+        self.rows: UnwrittenCounts = {}
 
-    def take(self) -> Pending:
+    def take(self) -> UnwrittenCounts:
         with self.lock:
             rows, self.rows = self.rows, {}
         return rows
 
 
-def _row(rows: Pending, key: tuple[str, str, int]) -> dict[str, float]:
+def _row(rows: UnwrittenCounts, key: tuple[str, str, int]) -> dict[str, float]:
     row = rows.get(key)
     if row is None:
         row = rows[key] = dict(_EMPTY_ROW)
@@ -94,7 +94,9 @@ class MinuteRollup(Instruments):
 
     def __init__(self, inner: Instruments, *, alias: str, conf: QueueSettings,
                  now_ms: Callable[[], int], estimate_ms: Callable[[], int],
-                 interval_ms: int = FLUSH_INTERVAL_MS) -> None:
+                 interval_ms: int = FLUSH_INTERVAL_MS,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.inner = inner
         self.alias = alias
         self.conf = conf
@@ -105,7 +107,7 @@ class MinuteRollup(Instruments):
         self._local = threading.local()
         self._threads: list[ThreadCounts] = []  # every counting thread's
         self._threads_lock = threading.Lock()
-        self._pending: Pending = {}  # summed up, not yet written (main thread only)
+        self._pending: UnwrittenCounts = {}  # summed up, not yet written (main thread only)
         self._max_attempts: dict[tuple[str, str], int] = {}
         # (the minute's start in database ms, the monotonic second it ends): a handler
         # thread asks the clock once a minute, not at every run
@@ -144,7 +146,7 @@ class MinuteRollup(Instruments):
         dead = outcome == "reject" or (outcome in FAILED
                                        and attempt >= self._last_attempt(consumer))
         minute, ends = self._minute
-        if time.monotonic() >= ends:
+        if self.host_clock.monotonic() >= ends:
             minute, ends = self._minute = self._this_minute()
         key = (group, topic, minute)
         column = _DURATION_COLUMNS[bisect_left(DURATION_BUCKETS, duration)]
@@ -165,7 +167,8 @@ class MinuteRollup(Instruments):
         """The current minute (database time) and when it ends on this host's monotonic
         clock."""
         now = self._estimate_ms()
-        return now - now % MINUTE_MS, time.monotonic() + (MINUTE_MS - now % MINUTE_MS) / 1000
+        left = (MINUTE_MS - now % MINUTE_MS) / 1000
+        return now - now % MINUTE_MS, self.host_clock.monotonic() + left
 
     def _new_counts(self) -> ThreadCounts:
         """This thread's rows, at its first run."""
@@ -220,23 +223,23 @@ class MinuteRollup(Instruments):
         try:
             with transaction.atomic(using=self.alias), \
                     connections[self.alias].cursor() as cursor:
-                store(self.alias).add_minute_stats(cursor, taken)
+                storage.store(self.alias).add_minute_stats(cursor, taken)
         except AnyDatabaseError as exc:  # the consumer loop reconnects; add them next time
             logger.debug("Could not write the per-minute rollup: %s", exc)
             self._keep(taken)
             return False
         return True
 
-    def _keep(self, taken: Pending) -> None:
+    def _keep(self, taken: UnwrittenCounts) -> None:
         for key, columns in taken.items():
             row = self._pending.setdefault(key, dict(_EMPTY_ROW))
             for column, amount in columns.items():
                 row[column] += amount
 
 
-def prune_minute_stats(database: str, batch: int) -> tuple[int, bool]:
-    """A garbage-collection pruner (``register_pruner``): the rows older than
+def collect_minute_stats(database: str, batch: int) -> tuple[int, bool]:
+    """An extra collection of garbage collection (``register_collection``): the rows older than
     ``KEEP_MS``. ``batch`` is not needed: a pass finds a minute's rows at most."""
     with connections[database].cursor() as cursor:
-        return store(database).delete_minute_stats(cursor, KEEP_MS), False
+        return storage.store(database).delete_minute_stats(cursor, KEEP_MS), False
 

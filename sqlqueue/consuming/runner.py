@@ -12,35 +12,33 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import Error as AnyDatabaseError
 from django.db import connections
 
-from sqlqueue import events
+from sqlqueue import events, storage
 from sqlqueue.conf import QueueSettings, get_settings
-from sqlqueue.consuming.clock import Clock, DatabaseClock
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, Clock, DatabaseClock, HostClock
 from sqlqueue.consuming.exiting import EXIT_SETTLE_SECONDS, ExitSettler
 from sqlqueue.consuming.gc import GarbageCollector
-from sqlqueue.consuming.handlers import Delivery, Outcome
+from sqlqueue.consuming.handlers import Outcome
 from sqlqueue.consuming.handoff import EXIT_STUCK, HandlerPool
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.liveness import touch
-from sqlqueue.consuming.logholding import atomic_then_logs
-from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, Pacer, _Once
+from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, Pacer
 from sqlqueue.consuming.pauses import PauseWatch, stored_pauses
 from sqlqueue.consuming.registry import Consumer, groups_known_here, refuse_routed_elsewhere
-from sqlqueue.consuming.server import RECONNECT_BACKOFF, ServerChanged, ServerWatch
+from sqlqueue.consuming.server import RECONNECT_BACKOFF, Head, ServerChanged, ServerWatch
 from sqlqueue.consuming.settling import HorizonWatch
+from sqlqueue.consuming.signals import StopOnSignals
 from sqlqueue.consuming.subscriber import Subscriber
+from sqlqueue.consuming.transactions import FencedTransactions
 from sqlqueue.consuming.wakeups import Wakeups
-from sqlqueue.storage import store
 from sqlqueue.wakeups import Doorbell
 
 logger = logging.getLogger("sqlqueue.consumer")
@@ -73,8 +71,11 @@ class Runner:
         instruments: Instruments | None = None,
         exit_when_stuck: float | None = None,
         clock: Clock | None = None,
+        host_clock: HostClock | None = None,
     ) -> None:
         self.conf = conf or get_settings()
+        # This host's clocks, passed to every part that reads time (a test: a manual one).
+        self.host_clock: HostClock = host_clock or SYSTEM_CLOCK
         # Under a supervisor: seconds a handler may stay stuck past its timeout before
         # this process stops (EXIT_STUCK) so that a fresh one takes its place.
         self.exit_when_stuck = exit_when_stuck
@@ -91,36 +92,51 @@ class Runner:
         self.max_messages = max_messages
         self.server = ServerWatch(conf=self.conf, alias=self.alias,
                                   instruments=self.instruments,
-                                  owns_session=self.owns_connection)
+                                  owns_session=self.owns_connection,
+                                  host_clock=self.host_clock)
         # The database's time (guarantee I11); a test may pass one it moves itself.
-        self.clock: Clock = clock or DatabaseClock(self.server.database_now)
+        self.clock: Clock = clock or DatabaseClock(self.server.database_now,
+                                                   host_clock=self.host_clock)
         self.subscribers = [Subscriber(c, self.conf, self.alias, self.name,
                                        clock=self.clock.now_ms,
                                        hold_clock=self.clock.estimate_ms,
                                        check_server=self.server.check,
-                                       watch_when_idle=until_empty)
+                                       watch_when_idle=until_empty,
+                                       host_clock=self.host_clock)
                             for c in consumers]
         self.collector = self.collector_class(self.conf, self.alias,
-                                              groups_known_here(consumers))
+                                              groups_known_here(consumers),
+                                              host_clock=self.host_clock)
         self.stopping = threading.Event()
         # Handler threads and stop() set it (a pass now); a publish rings it (a pass soon,
         # never sooner than FIRST_QUICK_POLL after the last: sqlqueue.wakeups.Doorbell).
         self.wakeup = Doorbell(FIRST_QUICK_POLL)
         self.wakeups: Wakeups | None = None
-        self._signals = 0
-        self.stats: Counter[str] = Counter()
-        self.pauses = PauseWatch(stored_pauses(self.alias))
-        self.horizon = HorizonWatch(self.alias, self.conf.MAX_TRANSACTION_AGE)
+        self.on_signals = StopOnSignals(self.stop, self.conf.SHUTDOWN_TIMEOUT)
+        self.pauses = PauseWatch(stored_pauses(self.alias), host_clock=self.host_clock)
+        self.horizon = HorizonWatch(self.alias, self.conf.MAX_TRANSACTION_AGE,
+                                    host_clock=self.host_clock)
         self.exit = ExitSettler(alias=self.alias, horizon=self.horizon, clock=self.clock,
-                                settle_seconds=self.exit_settle_seconds)
+                                settle_seconds=self.exit_settle_seconds,
+                                host_clock=self.host_clock)
         self.pool = self.pool_class(
             name=self.name, threads=self.threads, alias=self.alias,
             instruments=self.instruments, stopping=self.stopping, wakeup=self.wakeup,
-            paused=self.pauses.paused, stats=self.stats,
-            exit_when_stuck=self.exit_when_stuck, on_stuck=self._stuck)
+            paused=self.pauses.paused,
+            exit_when_stuck=self.exit_when_stuck, on_stuck=self._stuck,
+            host_clock=self.host_clock)
+        self.transactions = FencedTransactions(alias=self.alias, name=self.name,
+                                               server=self.server, horizon=self.horizon,
+                                               clock=self.clock, pool=self.pool)
         self.pacer = Pacer(conf=self.conf, clock=self.clock, pool=self.pool,
-                           subscribers=self.subscribers, paused=self._paused,
+                           subscribers=self.subscribers, pauses=self.pauses,
                            until_empty=until_empty, max_messages=max_messages)
+
+    @property
+    def stats(self) -> Counter[str]:
+        """The outcomes its handlers returned, by kind (the HandlerPool counts them; each
+        subscription's own counts are its ``Subscriber.stats``)."""
+        return self.pool.stats
 
     def report_to(self, instruments: Instruments) -> None:
         """Count into ``instruments`` from now on (the minute rollup wraps the first)."""
@@ -148,7 +164,7 @@ class Runner:
         if install_signal_handlers:
             self.install_signal_handlers()
         self.start_handler_threads()
-        self.wakeups = Wakeups(self.conf, self.alias, {s.topic for s in self.subscribers},
+        self.wakeups = Wakeups(self.conf, self.alias, {s.consumer.topic for s in self.subscribers},
                                self.wakeup.ring)
         self.pacer.rely_on(self.wakeups.cover_other_processes)
         logger.info("Subscriber %s started: %s, %s handler thread(s).", self.name,
@@ -205,17 +221,7 @@ class Runner:
     def install_signal_handlers(self) -> None:
         """SIGINT and SIGTERM stop the runner gracefully (a second one at once); ``run``
         installs them unless told not to (a caller that installs them sooner)."""
-        def handle(signum: int, frame: Any) -> None:
-            self._signals += 1
-            if self._signals > 1:
-                logger.warning("Second signal: exiting at once.")
-                os._exit(1)
-            logger.warning("Signal %s: finishing in-flight handlers (up to %ss); signal "
-                           "again to exit at once.", signum, self.conf.SHUTDOWN_TIMEOUT)
-            self.stop()
-
-        signal.signal(signal.SIGINT, handle)
-        signal.signal(signal.SIGTERM, handle)
+        self.on_signals.install()
 
     # -- one pass ---------------------------------------------------------------------------
     def run_once(self) -> float | None:
@@ -226,52 +232,53 @@ class Runner:
 
     def _cycle(self) -> float | None:
         connection = connections[self.alias]
-        dialect = store(connection)
+        store = storage.store(connection)
         with (connection.execute_wrapper(self.server.count_statement),
               connection.execute_wrapper(self.server.bound_transaction_lock_waits),
               connection.cursor() as cursor):
             self.server.bound_lock_waits(connection, cursor)
             if self.wakeups is not None:  # autocommit: heard at once
-                self.wakeups.keep_alive(lambda: dialect.notify_heartbeat(cursor))
+                self.wakeups.keep_alive(lambda: store.notify_heartbeat(cursor))
             self._check_pauses()
-            self.pool.enforce_timeouts(self.subscribers)
+            self.pool.enforce_timeouts([(s.consumer, s.deliveries) for s in self.subscribers])
             outcomes = self.pool.collect()
             # The log's head, read when first needed; the same statement says which server
             # answered.
-            head = _Once(lambda: self.server.head(dialect, cursor))
+            head = self.server.head_of_pass(store, cursor)
             try:
                 self._subscriptions(cursor, outcomes, head)
             finally:
                 # Whatever stopped the pass, outcomes not yet written are kept (those of
                 # deliveries made on another server are dropped when recorded).
-                self.pool.keep_unrecorded(o for rest in outcomes.values() for o in rest)
+                self.pool.keep_unrecorded([o for rest in outcomes.values() for o in rest])
             self.collector.collect(cursor)
             return self.pacer.next_delay(head)
 
     def _subscriptions(self, cursor: Any, outcomes: dict[int, list[Outcome]],
-                       head: Callable[[], int]) -> None:
+                       head: Head) -> None:
         budget = (None if self.max_messages is None
                   else self.max_messages - self.pool.dispatched)
         for subscriber in self.subscribers:
             key = id(subscriber.consumer)
             if self.stopping.is_set():
                 # A stop was asked for during this pass: record, take nothing new.
-                self._record(subscriber, cursor, outcomes.pop(key, []))
+                self.transactions.record(subscriber, cursor, outcomes.pop(key, []))
                 continue
             if self._paused(subscriber):
                 self._hold_paused(subscriber, cursor, outcomes.pop(key, []), head)
                 continue
             subscriber.discover(cursor, head)
-            held = set(subscriber.leases.owned)
-            self.pool.taken_back(subscriber.keep_leases(cursor, head))
-            if held != set(subscriber.leases.owned):
-                now_held = set(subscriber.leases.owned)
-                self.instruments.leases_changed(subscriber.group, subscriber.topic,
-                                                len(now_held - held), len(held - now_held))
+            change, taken = subscriber.keep_leases(cursor, head)
+            self.pool.taken_back(taken)
+            group, topic = subscriber.consumer.group, subscriber.consumer.topic
+            if change:
+                self.instruments.leases_changed(group, topic, len(change.gained),
+                                                len(change.lost))
             if not subscriber.has_work(len(outcomes.get(key, ())), head):
                 continue
-            deliveries = self._pass(subscriber, cursor, outcomes.pop(key, []), head, budget)
-            self.instruments.polled(subscriber.group, subscriber.topic, len(deliveries))
+            deliveries = self.transactions.deliver(subscriber, cursor, outcomes.pop(key, []),
+                                                     head, budget)
+            self.instruments.polled(group, topic, len(deliveries))
             # Handed to the handlers only once the marks are committed, each with the
             # server whose fence this pass passed (an atomic handler's ack goes there).
             for delivery in deliveries:
@@ -280,33 +287,6 @@ class Runner:
             self.pool.dispatch(deliveries)
             if budget is not None:
                 budget -= len(deliveries)
-
-    def _pass(self, subscriber: Subscriber, cursor: Any, outcomes: list[Outcome],
-              head: Callable[[], int], budget: int | None) -> list[Delivery]:
-        """One short transaction for one subscription: its leases are share-locked first,
-        so every write below is made by the partitions' current owner. Returns the
-        deliveries marked (committed). If a lock wait gives up, nothing of it happened:
-        its outcomes are recorded at the next pass and its state is read again."""
-        try:
-            with atomic_then_logs(self.alias, self.server.note_error):  # logs: after it
-                subscriber.fence(cursor)
-                # The clock is read only now, after the fence's lock wait (however long):
-                # every time this transaction stamps comes from after it (guarantee I4, I10).
-                settled = self.horizon.settled_before(cursor, self.clock.now_ms())
-                subscriber.record(cursor, outcomes)
-                deliveries = subscriber.poll(cursor, head, budget)
-                # Fewer watermarks while messages wait for this commit (quiet passes: more).
-                subscriber.advance(cursor, settled, delivering=bool(deliveries))
-            subscriber.recorded(outcomes)
-            return deliveries
-        except AnyDatabaseError as exc:
-            self.pool.keep_unrecorded(outcomes)
-            if not store(self.alias).is_lock_wait(exc):
-                raise
-            logger.warning("%s on %s/%s: gave up a lock wait (%s); trying again at the next "
-                           "pass.", self.name, subscriber.group, subscriber.topic, exc)
-            subscriber.reset()
-            return []
 
     # -- pauses (queue pause / resume) --------------------------------------------------------
     def _check_pauses(self) -> None:
@@ -317,33 +297,22 @@ class Runner:
                         ", ".join(paused) or "none")
 
     def _paused(self, subscriber: Subscriber) -> bool:
-        return self.pauses.paused(subscriber.group, subscriber.topic)
+        return self.pauses.paused(subscriber.consumer.group, subscriber.consumer.topic)
 
     def _hold_paused(self, subscriber: Subscriber, cursor: Any, outcomes: list[Outcome],
-                     head: Callable[[], int]) -> None:
+                     head: Head) -> None:
         """A paused subscription fetches nothing: it records what its running handlers did
         (gives back what they did not start), and keeps its leases, heartbeat and share of
         new partitions, to resume where it stopped and not be reported as STOP."""
-        self._record(subscriber, cursor, outcomes)
+        self.transactions.record(subscriber, cursor, outcomes)
         subscriber.discover(cursor, head)
-        self.pool.taken_back(subscriber.keep_leases(cursor))
+        _, taken = subscriber.keep_leases(cursor)
+        self.pool.taken_back(taken)
 
     def _record_outcomes(self, cursor: Any) -> None:
         outcomes = self.pool.collect()
         for subscriber in self.subscribers:
-            self._record(subscriber, cursor, outcomes.get(id(subscriber.consumer), []))
-
-    def _record(self, subscriber: Subscriber, cursor: Any, outcomes: list[Outcome]) -> None:
-        """Write outcomes as the partitions' owner (fenced), in one transaction."""
-        if outcomes:
-            try:
-                with atomic_then_logs(self.alias, self.server.note_error):
-                    subscriber.fence(cursor)
-                    subscriber.record(cursor, outcomes)
-                subscriber.recorded(outcomes)
-            except AnyDatabaseError:
-                self.pool.keep_unrecorded(outcomes)
-                raise
+            self.transactions.record(subscriber, cursor, outcomes.get(id(subscriber.consumer), []))
 
     # -- shutdown -------------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -351,13 +320,13 @@ class Runner:
         (up to SHUTDOWN_TIMEOUT); record their outcomes, move the watermarks over them,
         hand the partitions over; stop the threads. ``run`` ends with it."""
         self.pool.take_back_queued()  # given back with the first outcomes recorded below
-        deadline = time.monotonic() + self.shutdown_timeout
+        deadline = self.host_clock.monotonic() + self.shutdown_timeout
         try:
             connection = connections[self.alias]
             with (connection.execute_wrapper(self.server.bound_transaction_lock_waits),
                   connection.cursor() as cursor):
-                while self.pool.in_flight > 0 and time.monotonic() < deadline:
-                    self.wakeup.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                while self.pool.in_flight > 0 and self.host_clock.monotonic() < deadline:
+                    self.wakeup.wait(min(0.1, max(0.0, deadline - self.host_clock.monotonic())))
                     self.wakeup.clear()
                     self._record_outcomes(cursor)
                 self._record_outcomes(cursor)
@@ -372,9 +341,6 @@ class Runner:
                            "redelivered after the visibility timeout.", self.pool.in_flight,
                            self.shutdown_timeout)
         self.pool.stop_threads()
-        for subscriber in self.subscribers:
-            self.stats.update({f"{subscriber.consumer.name}:{k}": v
-                               for k, v in subscriber.stats.items()})
         self._close_connection()
 
     def _close_connection(self) -> None:

@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from django.db import Error as AnyDatabaseError
 from django.db import connections
 
-from sqlqueue import events
+from sqlqueue import events, storage
 from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.takeover import record_first_server, void_old_server
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.storage import store
+from sqlqueue.storage.protocols import ServerStore
 
 #: seconds between attempts after a lost connection, capped at 2 s: a failover (Patroni
 #: promotes a replica in about 10 s) is noticed within 2 s of the new primary accepting
@@ -59,11 +59,31 @@ class ServerChanged(SqlqueueError):
         self.now = now
 
 
+class Head:
+    """The log's head in one pass: read from the server on first use (the same statement
+    says which server answered), then remembered. ``ServerWatch.head_of_pass`` makes one
+    per pass; the parts below the runner call it, the Pacer reads ``known()``."""
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self._read = read
+        self._value: int | None = None
+
+    def __call__(self) -> int:
+        if self._value is None:
+            self._value = self._read()
+        return self._value
+
+    def known(self) -> int | None:
+        """The head if this pass read it (without reading it)."""
+        return self._value
+
+
 class ServerWatch:
     """The server the runner's connection reaches, and that connection's session."""
 
     def __init__(self, *, conf: QueueSettings, alias: str, instruments: Instruments,
-                 owns_session: bool = True) -> None:
+                 owns_session: bool = True, host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.conf = conf
         self.alias = alias
         self.instruments = instruments
@@ -87,11 +107,15 @@ class ServerWatch:
         #: ``note_error`` found the session ended after this long idle (ms)
         self.idle_ended_ms: int | None = None
 
-    def head(self, dialect: Any, cursor: Any) -> int:
+    def head(self, store: ServerStore, cursor: Any) -> int:
         """The log's head; the same statement says which server answered."""
-        head, server = dialect.head_and_server(cursor)
+        head, server = store.head_and_server(cursor)
         self.check(server)
         return int(head)
+
+    def head_of_pass(self, store: Any, cursor: Any) -> Head:
+        """The log's head for one pass, read when first needed (``Head``)."""
+        return Head(lambda: self.head(store, cursor))
 
     def check(self, server: str) -> None:
         """Raise ServerChanged if ``server`` is not the one this process talked to."""
@@ -121,7 +145,7 @@ class ServerWatch:
         when the last one started and in which transaction, and judges a failed one
         (``note_error``)."""
         self.instruments.statement()
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         connection = context["connection"]
         block = connection.atomic_blocks[0] if connection.in_atomic_block else None
         if block is not None and block is self._last_block:
@@ -149,8 +173,8 @@ class ServerWatch:
         whose answer then waited in the socket)."""
         if not self.idle_transactions_bounded or self._last_block is None:
             return
-        idle_ms = round(max(self._longest_gap, time.monotonic() - self._last_statement_at)
-                        * 1000)
+        since = self.host_clock.monotonic() - self._last_statement_at
+        idle_ms = round(max(self._longest_gap, since) * 1000)
         if idle_ms >= idle_transaction_ms(self.conf):
             self.idle_ended_ms = max(idle_ms, self.idle_ended_ms or 0)
 
@@ -183,17 +207,17 @@ class ServerWatch:
         if not self.owns_session:
             return
         if connection.connection is not self._bounded_connection:
-            dialect = store(connection)
+            store = storage.store(connection)
             # A new connection (the first, or after a lost one) may reach another server:
             # known before this cycle takes or writes anything (the head query's answer,
             # as at every poll).
-            self.head(dialect, cursor)
-            self._pooled = (dialect.bound_transaction_lock_waits(1) is not None
-                            and dialect.through_pooler(cursor))
+            self.head(store, cursor)
+            self._pooled = (store.bound_transaction_lock_waits(1) is not None
+                            and store.through_pooler(cursor))
             if not self._pooled:
-                dialect.bound_lock_waits(cursor, lock_wait_seconds(self.conf))
+                store.bound_lock_waits(cursor, lock_wait_seconds(self.conf))
                 # Server-enforced, on this session only (never a pooler's, never global).
-                self.idle_transactions_bounded = dialect.bound_idle_transactions(
+                self.idle_transactions_bounded = store.bound_idle_transactions(
                     cursor, idle_transaction_ms(self.conf))
             self._bounded_connection = connection.connection
 
@@ -206,7 +230,7 @@ class ServerWatch:
         if self._pooled and connection.in_atomic_block:
             outermost = connection.atomic_blocks[0]
             if outermost is not self._bounded_block:
-                statement = store(connection).bound_transaction_lock_waits(
+                statement = storage.store(connection).bound_transaction_lock_waits(
                     lock_wait_seconds(self.conf))
                 assert statement is not None  # _pooled says so
                 execute(*statement, False, context)
@@ -217,7 +241,7 @@ class ServerWatch:
         """The server's clock (epoch ms): what the runner's ``DatabaseClock`` reads."""
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            return store(connection).database_now_ms(cursor)
+            return storage.store(connection).database_now_ms(cursor)
 
     def drop_connection(self, name: str) -> None:
         """After a database error in the runner ``name``'s loop: the next pass opens a

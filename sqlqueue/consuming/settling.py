@@ -10,17 +10,19 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from sqlqueue import storage
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.horizon import UNKNOWN, SettledCache, settled_before
-from sqlqueue.storage import store
 
 
 class HorizonWatch:
     """What the runner knows of the write horizon on its current server."""
 
-    def __init__(self, alias: str, max_transaction_age: float) -> None:
+    def __init__(self, alias: str, max_transaction_age: float, *,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
         self.alias = alias
         self.max_transaction_age_ms = round(max_transaction_age * 1000)
-        self._cache = SettledCache()
+        self._cache = SettledCache(monotonic=host_clock.monotonic)
 
     def settled_before(self, cursor: Any, now_ms: int) -> int | None:
         """Database time before which no publishing transaction is still open, so no row
@@ -46,7 +48,7 @@ class HorizonWatch:
 
     def _read(self, cursor: Any, now_ms: int, previous: int | None) -> int | None:
         try:
-            seen = store(self.alias).write_horizon(cursor)
+            seen = storage.store(self.alias).write_horizon(cursor)
         except DatabaseError:
             seen = UNKNOWN  # no view of open transactions: assume the longest allowed
         if seen is None:

@@ -1,40 +1,35 @@
 """One subscription: a consumer group's view of one topic, across its partitions.
 
 Runs on the runner's main thread and owns its database connection there. It owns the
-partitions it holds and the deliveries in flight, and parts that work on them: a
-``PartitionFinder`` (discovery), its ``LeaseKeeper``, a ``Fetcher`` (reads new rows,
-marks the deliverable ones delivered for the handler pool), a ``WatermarkKeeper``; here:
-the fence, its limits, and recording (``recording`` decides what to write, ``outcomes``
-writes it).
+partitions it holds, and parts that work on them: a ``PartitionFinder`` (discovery), its
+``LeaseKeeper``, a ``Fetcher`` (reads new rows, marks the deliverable ones delivered for
+the handler pool), a ``WatermarkKeeper``, the ``Deliveries`` ledger (what is in flight)
+and an ``OutcomeRecorder`` (writes what the handlers did); here: the fence, the lease
+change, its limits, and the status the Pacer reads.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from django.db import transaction
 from django.db.backends.utils import CursorWrapper
 
-from sqlqueue import events
+from sqlqueue import storage
 from sqlqueue.conf import QueueSettings
-from sqlqueue.consuming import recording
-from sqlqueue.consuming.delivering import RESTAMP_AFTER_MS, Fetcher, HeldView
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
+from sqlqueue.consuming.delivering import Fetcher, HeldView
 from sqlqueue.consuming.discovery import PartitionFinder
 from sqlqueue.consuming.earlier_runs import EarlierRuns
-from sqlqueue.consuming.handlers import Delivery, Outcome, published_id, subject_of
-from sqlqueue.consuming.leases import LeaseKeeper
+from sqlqueue.consuming.handlers import Delivery
+from sqlqueue.consuming.leases import LeaseChange, LeaseKeeper
+from sqlqueue.consuming.ledger import Deliveries
 from sqlqueue.consuming.limits import Limits
-from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, give_back, write_acks
 from sqlqueue.consuming.partition import PartitionState
+from sqlqueue.consuming.recorder import OutcomeRecorder
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.watermarks import WatermarkKeeper
-from sqlqueue.storage import store
-from sqlqueue.storage.sql import Dialect
-
-logger = logging.getLogger("sqlqueue.consumer")
 
 
 class Subscriber:
@@ -42,7 +37,8 @@ class Subscriber:
                  name: str = "subscriber", *, clock: Callable[[], int],
                  hold_clock: Callable[[], int] | None = None,
                  check_server: Callable[[str], None] = lambda server: None,
-                 watch_when_idle: bool = False) -> None:
+                 watch_when_idle: bool = False,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
         self.consumer = consumer
         # The database clock (epoch ms), read at each decision rather than once a cycle: a
         # statement can wait seconds for a lock, and a reading from before the wait would
@@ -54,42 +50,44 @@ class Subscriber:
         self.conf = conf
         self.alias = alias
         self.name = name
+        # This host's clocks, for every part's timers (``HostClock``).
+        self.host_clock = host_clock
         self.leases = LeaseKeeper(consumer.group, consumer.topic, name, conf.LEASE_DURATION,
-                                  conf.LEASE_RENEW_INTERVAL)
+                                  conf.LEASE_RENEW_INTERVAL, host_clock=host_clock)
         self.partitions: dict[str, PartitionState] = {}  # the partitions this one holds
-        self.outstanding: dict[int, Delivery] = {}  # handed to the pool, no outcome yet
-        self.stuck: list[Delivery] = []  # timed out, handler still running: in flight
+        self.deliveries = Deliveries()  # handed to the pool, no outcome yet; stuck ones
         self.earlier_runs = EarlierRuns(consumer.group, consumer.topic, clock)  # ordered
         self.limits = None if consumer.rate_limit is None and consumer.max_in_flight is None \
             else Limits(consumer.rate_limit, consumer.max_in_flight,
-                        warm_up=conf.LEASE_RENEW_INTERVAL)
+                        warm_up=conf.LEASE_RENEW_INTERVAL, now=host_clock.monotonic)
         self.check_server = check_server  # raises if a fenced pass ran on another server
-        self.stats: Counter[str] = Counter()
         # --until-empty: idle, it watches the membership too (WATCH_RECHECK) to take
         # over at once what a member that finished released, not at its next renewal.
         self.watch_when_idle = watch_when_idle
         self.finder = PartitionFinder(group=consumer.group, topic=consumer.topic,
                                       alias=alias, leases=self.leases,
-                                      start_latest=consumer.start == "latest")
+                                      start_latest=consumer.start == "latest",
+                                      host_clock=host_clock)
         self.fetcher = Fetcher(consumer=consumer, options=self.options, alias=alias,
                                clock=clock, leases=self.leases, limits=self.limits,
-                               partitions=self.partitions, outstanding=self.outstanding,
-                               view=HeldView(self.leases, self.partitions, self.hold_clock))
+                               partitions=self.partitions,
+                               outstanding=self.deliveries.outstanding,
+                               view=HeldView(self.leases, self.partitions, self.hold_clock),
+                               host_clock=host_clock)
         self.watermarks = WatermarkKeeper(group=consumer.group, topic=consumer.topic,
                                           alias=alias, partitions=self.partitions,
-                                          keep_delivery_state=conf.KEEP_DELIVERY_STATE)
+                                          keep_delivery_state=conf.KEEP_DELIVERY_STATE,
+                                          host_clock=host_clock)
+        self.recorder = OutcomeRecorder(consumer=consumer, options=self.options, alias=alias,
+                                        dead_letter_topic=consumer.topic + conf.DLQ_SUFFIX,
+                                        clock=clock, partitions=self.partitions,
+                                        deliveries=self.deliveries)
 
     @property
-    def dialect(self) -> Dialect:
-        return store(self.alias)
-
-    @property
-    def group(self) -> str:
-        return self.consumer.group
-
-    @property
-    def topic(self) -> str:
-        return self.consumer.topic
+    def stats(self) -> Counter[str]:
+        """Its counts: delivered, acked, retried, dead_lettered, abandoned (the
+        OutcomeRecorder writes them)."""
+        return self.recorder.stats
 
     def reset(self) -> None:
         """Forget the in-memory view (after a lost connection); it is rebuilt from the
@@ -103,36 +101,33 @@ class Subscriber:
         not the leases, nor a delivery's outcome (after an asynchronous failover the new
         primary hands out the old one's offsets again: another message)."""
         self.reset()
-        self.outstanding.clear()
+        self.deliveries.forget()
         self.leases.forget()
         self.earlier_runs.forget()
     # -- partitions ---------------------------------------------------------------------
-    @property
-    def discovered(self) -> list[str]:
-        return self.finder.discovered
-
     def discover(self, cursor: CursorWrapper, head: Callable[[], int]) -> None:
-        self.finder.discover(cursor, head, busy=bool(self.outstanding))
+        self.finder.discover(cursor, head, busy=bool(self.deliveries))
 
-    def look_again_now(self) -> None:
-        self.finder.look_again_now()
-
-    def keep_leases(self, cursor: CursorWrapper,
-                    head: Callable[[], int] | None = None) -> list[Delivery]:
+    def keep_leases(self, cursor: CursorWrapper, head: Callable[[], int] | None = None,
+                    ) -> tuple[LeaseChange, list[Delivery]]:
         """The lease tick, when due: heartbeat, renew, rebalance; then start or stop
-        working on the partitions gained or lost. Returns the queued deliveries of
-        partitions being handed over that were taken back from the pool. ``head``: the
-        log's head, read when needed (an idle subscriber looks at the membership once
-        the log grew)."""
+        working on the partitions gained or lost. Returns the tick's lease change, and
+        the queued deliveries of partitions being handed over that were taken back from
+        the pool. ``head``: the log's head, read when needed (an idle subscriber looks
+        at the membership once the log grew)."""
+        store = storage.store(self.alias)
+        discovered = self.finder.discovered
         if not self.leases.due() and self.leases.membership_worth_a_look(
-                busy=bool(self.outstanding), watching=self.watch_when_idle, head=head):
-            self.leases.check_membership(cursor, self.dialect, self.discovered)
+                busy=bool(self.deliveries), watching=self.watch_when_idle, head=head):
+            self.leases.check_membership(cursor, store, discovered)
         if not self.leases.due():
-            return []
+            return LeaseChange(), []
         idle = {key for key, state in self.partitions.items() if state.in_flight_count == 0}
         idle |= set(self.leases.owned) - set(self.partitions)
-        self.leases.tick(cursor, self.dialect, self.discovered, idle,
-                         may_release=self._within_in_flight_share)
+        # Partitions go to a newcomer only once this process is within its new, smaller
+        # max_in_flight share (the tick reads the members): that share is then free.
+        change = self.leases.tick(cursor, store, discovered, idle, limits=self.limits,
+                                  in_flight=self.deliveries.in_flight())
         # Work exactly on the partitions held: new ones (and, after a reconnect, every
         # one) start from their durable watermark; lost ones are dropped.
         # A partition held again in a new tenure (its lease was lost or revoked by an
@@ -142,29 +137,24 @@ class Subscriber:
                 del self.partitions[key]
         fresh = sorted(set(self.leases.owned) - set(self.partitions))
         for key in fresh:
-            watermark = self.dialect.ensure_watermark(cursor, self.group, self.topic, key)
+            watermark = store.ensure_watermark(cursor, self.consumer.group,
+                                                 self.consumer.topic, key)
             self.watermarks.check_not_back(key, watermark)
             self.partitions[key] = PartitionState(key, watermark,
                                                   tenure=self.leases.tenure(key))
         if self.consumer.ordered:
-            self.earlier_runs.wait_for(cursor, self.dialect,
+            self.earlier_runs.wait_for(cursor, store,
                                        [self.partitions[key] for key in fresh],
                                        self.leases.owned)
-        return self._take_back(self.leases.releasing)
-
-    def _take_back(self, partitions: set[str]) -> list[Delivery]:
-        """Take back the queued (not started) deliveries of partitions being handed over,
-        so that they fall idle and can be released without waiting for the queue. No
-        handler will start them: the caller records them as not started (given back, no
-        attempt charged) with the other outcomes, whose writes are retried until they
-        succeed. (Written here, a failed write was forgotten while the runner still
-        counted them in flight: a --max-messages worker then waited for them forever,
-        holding its partitions.)"""
-        taken = [d for d in self.outstanding.values()
-                 if d.partition_key in partitions and d.give_back()]
+        # The queued (not started) deliveries of partitions being handed over are taken
+        # back, so that they fall idle and can be released without waiting for the
+        # queue. No handler will start them: the caller records them as not started
+        # (given back, no attempt charged) with the other outcomes, whose writes are
+        # retried until they succeed.
+        taken = self.deliveries.take_back(self.leases.releasing)
         if taken:
             self.leases.hurry()
-        return taken
+        return change, taken
 
     def fence(self, cursor: CursorWrapper) -> None:
         """Inside the cycle's transaction: share-lock this (group, topic)'s leases and keep
@@ -175,8 +165,9 @@ class Subscriber:
             return
         # Only this subscriber's own lease rows (primary-key lookups): a peer paused inside
         # its own cycle transaction then blocks nobody's renewal, and nobody blocks ours.
-        rows, server = self.dialect.fence_leases(cursor, self.group, self.topic,
-                                                 sorted(self.partitions))
+        rows, server = storage.store(self.alias).fence_leases(cursor, self.consumer.group,
+                                                      self.consumer.topic,
+                                                      sorted(self.partitions))
         if server is not None:
             self.check_server(server)  # before anything is written as owner
         current = {p: (owner, generation, age) for p, owner, generation, age in rows}
@@ -217,137 +208,26 @@ class Subscriber:
             budget = allowance if budget is None else min(budget, allowance)
         deliveries, spent = self.fetcher.poll(cursor, head, budget)
         for delivery in spent:
-            self._dead_letter(cursor, self.partitions.get(delivery.partition_key), delivery,
-                              "crashed", (f"Gave up after {delivery.attempt - 1} attempt(s) "
-                                          "that never completed (the worker stopped or the "
-                                          "visibility timeout ran out)."))
+            self.recorder.dead_letter(cursor, delivery, "crashed", (
+                f"Gave up after {delivery.attempt - 1} attempt(s) that never completed "
+                "(the worker stopped or the visibility timeout ran out)."))
         return deliveries
 
     def handed_out(self, deliveries: Iterable[Delivery]) -> None:
         """The transaction that marked ``deliveries`` committed: they are the handlers'."""
-        count = 0
-        for delivery in deliveries:
-            self.outstanding[id(delivery)] = delivery
-            count += 1
-        self.stats["delivered"] += count
-
-    def reads_on(self) -> bool:
-        return self.fetcher.reads_on()
-
-    def advance(self, cursor: CursorWrapper, settled_before: int | None,
-                force: bool = False, delivering: bool = False) -> None:
-        self.watermarks.advance(cursor, settled_before, force, delivering)
+        self.recorder.delivered(self.deliveries.handed_out(deliveries))
 
     # -- limits (rate_limit, max_in_flight) ---------------------------------------------
-    def timed_out(self, delivery: Delivery) -> None:  # its handler thread still runs
-        self.stuck.append(delivery)
-
-    def still_stuck(self) -> list[Delivery]:
-        self.stuck = [d for d in self.stuck if d.running]  # forget returned ones
-        return self.stuck
-
-    def in_flight(self) -> int:
-        """Deliveries outstanding, and timed-out handlers still running."""
-        return len(self.outstanding) + sum(1 for d in self.still_stuck()
-                                           if id(d) not in self.outstanding)
-
     def allowance(self) -> int | None:
         """How many messages the consumer's limits let start now (None: no limit)."""
         if self.limits is None:
             return None
-        partitions = set(self.discovered) | set(self.leases.owned) | self.leases.others
+        partitions = (set(self.finder.discovered) | set(self.leases.owned)
+                      | self.leases.others)
         held = len(set(self.leases.owned) - self.leases.releasing)
         self.limits.share_leases(held, len(partitions))
-        return self.limits.allowance(self.in_flight(), self.leases.members, self.name)
-
-    def _within_in_flight_share(self) -> bool:
-        """Partitions are handed over to a newcomer only once this process is within its
-        new, smaller max_in_flight share: the newcomer's share is then really free."""
-        if self.limits is None:
-            return True
-        share = self.limits.in_flight_share(self.leases.members, self.name)
-        return share is None or self.in_flight() <= share
-
-    # -- outcomes -----------------------------------------------------------------------
-    def record(self, cursor: CursorWrapper, outcomes: Iterable[Outcome]) -> None:
-        """Write what the handlers did: ``recording.plan`` decides, ``write`` writes.
-        Deliveries stay ``outstanding`` until the caller's transaction commits (and calls
-        ``recorded``): a failed write is retried as the owner's, not dropped as a
-        stranger's (the ack would be lost, the message run again)."""
-        self.write(cursor, recording.plan(outcomes, outstanding=self.outstanding,
-                                          partitions=self.partitions, options=self.options,
-                                          now_ms=self.clock()))
-
-    def write(self, cursor: CursorWrapper, plan: recording.Plan) -> None:
-        """Give-backs, then one short transaction per dead letter, then the acks and
-        retries of every partition in one statement; then the in-memory view follows."""
-        self.stats["abandoned"] += plan.abandoned
-        for give in plan.give_backs:
-            delivery = give.delivery
-            give_back(cursor, self.dialect, self.group, self.topic,
-                      delivery.partition_key, delivery.row.offset, give.previous_retry_count)
-            self.partitions[delivery.partition_key].given_back(delivery.row.offset)
-        for dead in plan.dead_letters:
-            self._dead_letter(cursor, self.partitions.get(dead.delivery.partition_key),
-                              dead.delivery, dead.reason, dead.error)
-        retries = self._write_outcomes(cursor, plan.ack_writes(), plan.retries)
-        self.stats["acked"] += len(plan.finished)
-        self.stats["retried"] += len(retries)
-        for delivery in plan.finished:
-            self.partitions[delivery.partition_key].finished(delivery.row.offset,
-                                                             delivery.attempt)
-        for retry in retries:
-            self.partitions[retry.delivery.partition_key].retry_at(
-                retry.delivery.row.offset, retry.invisible_until)
-
-    def recorded(self, outcomes: Iterable[Outcome]) -> None:
-        """The transaction that recorded ``outcomes`` committed: they are settled."""
-        for outcome in outcomes:
-            delivery = outcome.delivery
-            self.outstanding.pop(id(delivery), None)
-            if (state := self.partitions.get(delivery.partition_key)) is not None:
-                state.run_ended(delivery.row.offset, delivery.attempt)
-
-    def _write_outcomes(self, cursor: CursorWrapper, acks: list[Ack],
-                        retries: list[recording.RetryOrder]) -> list[recording.RetryOrder]:
-        """Acks and retries in one statement; returns the retries as written. Their
-        backoffs start from a reading of the clock taken just before; if the statement
-        waited for a lock, they are stamped again from a fresh one (the locks are held by
-        now), so that no wait cuts one short (guarantee I9)."""
-        now = self.clock()
-        retries = [retry.stamped(now) for retry in retries]
-        write_acks(cursor, self.dialect, self.group, self.topic, acks,
-                   [retry.write() for retry in retries])
-        stamped_at, now = now, self.clock()
-        if retries and now - stamped_at > RESTAMP_AFTER_MS:
-            retries = [retry.stamped(now) for retry in retries]
-            write_acks(cursor, self.dialect, self.group, self.topic, [],
-                       [retry.write() for retry in retries])
-        return retries
-
-    def _dead_letter(
-        self, cursor: CursorWrapper, state: PartitionState | None, delivery: Delivery,
-        reason: str, error: str,
-    ) -> None:
-        row = delivery.row
-        with transaction.atomic(using=self.alias):
-            copy_to_dead_letters(
-                cursor, self.dialect, dead_letter_topic=self.topic + self.conf.DLQ_SUFFIX,
-                group=self.group, message_id=published_id(row), offset=row.offset,
-                attempts=delivery.attempt, error=error, reason=reason)
-            write_acks(cursor, self.dialect, self.group, self.topic,
-                       [Ack(delivery.partition_key, row.offset)])
-        subject = subject_of(delivery)
-        logger.error("Dead-lettered %s/%s@%s%s for group %r after %s attempt(s) (%s).",
-                     self.topic, delivery.partition_key, row.offset,
-                     f" ({subject})" if subject else "", self.group, delivery.attempt, reason,
-                     extra=events.fields(events.MESSAGE_DEAD_LETTERED, group=self.group,
-                                         topic=self.topic, partition=delivery.partition_key,
-                                         offset=row.offset, attempt=delivery.attempt,
-                                         reason=reason, subject=subject))
-        self.stats["dead_lettered"] += 1
-        if state is not None:
-            state.finished(row.offset)
+        return self.limits.allowance(self.deliveries.in_flight(), self.leases.members,
+                                     self.name)
 
     # -- status -------------------------------------------------------------------------
     def busy(self) -> bool:
@@ -361,7 +241,7 @@ class Subscriber:
         each of its own to the end at the current head."""
         held = set(self.partitions) | self.leases.others
         return (self.finder.found_at(head) and not self.leases.awaiting_share()
-                and all(key in held for key in self.discovered)
+                and all(key in held for key in self.finder.discovered)
                 and all(state.exhausted and state.covered >= head()
                         for state in self.partitions.values()))
 
@@ -372,7 +252,7 @@ class Subscriber:
 
     def stop(self, cursor: CursorWrapper) -> None:
         """Graceful stop: hand every partition over and deregister."""
-        self.leases.release_all(cursor, self.dialect)
+        self.leases.release_all(cursor, storage.store(self.alias))
         self.partitions.clear()
 
     def next_due_ms(self) -> int | None:

@@ -31,11 +31,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.handoff import EXIT_STUCK
 
 logger = logging.getLogger("sqlqueue.supervisor")
@@ -67,8 +67,10 @@ class Worker:
 class Supervisor:
     def __init__(self, command: Callable[[int, int], list[str]], processes: int, *,
                  until_empty: bool = False, max_memory_mb: float | None = None,
-                 shutdown_timeout: float = 30.0) -> None:
+                 shutdown_timeout: float = 30.0,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
         """``command(slot, lifeline_fd)``: the argv of the worker for ``slot``."""
+        self.host_clock = host_clock
         self.command = command
         self.processes = processes
         self.until_empty = until_empty
@@ -134,10 +136,10 @@ class Supervisor:
 
     def _exit_at_once(self) -> int:
         """Second signal: the workers were told twice (they exit at once); make sure."""
-        deadline = time.monotonic() + SECOND_SIGNAL_WAIT
-        while self.workers and time.monotonic() < deadline:
+        deadline = self.host_clock.monotonic() + SECOND_SIGNAL_WAIT
+        while self.workers and self.host_clock.monotonic() < deadline:
             self._reap()
-            time.sleep(0.05)
+            self.host_clock.sleep(0.05)
         for worker in list(self.workers.values()):
             self._signal(worker, signal.SIGKILL)
             worker.process.wait()
@@ -155,7 +157,7 @@ class Supervisor:
             raise
         finally:
             os.close(read_end)
-        self.workers[slot] = Worker(slot, process, write_end, time.monotonic())
+        self.workers[slot] = Worker(slot, process, write_end, self.host_clock.monotonic())
         logger.info("Worker %s started (pid %s).", slot, process.pid)
 
     def _reap(self) -> None:
@@ -173,7 +175,7 @@ class Supervisor:
     def _after_exit(self, worker: Worker, status: int) -> None:
         """Decide what comes after a worker's exit: nothing (stopping, or --until-empty
         found nothing left), a new worker at once (recycling), or after a backoff."""
-        lived = time.monotonic() - worker.started
+        lived = self.host_clock.monotonic() - worker.started
         if self._signals:
             logger.info("Worker %s (pid %s) exited with status %s.", worker.slot, worker.pid,
                         status)
@@ -188,7 +190,7 @@ class Supervisor:
                        status, "passed --max-memory")
             logger.info("Worker %s (pid %s) %s; replacing it.", worker.slot, worker.pid, why)
             self._crashes[worker.slot] = 0
-            self._restart_at[worker.slot] = time.monotonic()
+            self._restart_at[worker.slot] = self.host_clock.monotonic()
             return
         if lived >= STABLE_AFTER:
             self._crashes[worker.slot] = 0
@@ -196,10 +198,10 @@ class Supervisor:
         self._crashes[worker.slot] += 1
         logger.warning("Worker %s (pid %s) exited with status %s after %.1fs; restarting it "
                        "in %.1fs.", worker.slot, worker.pid, status, lived, delay)
-        self._restart_at[worker.slot] = time.monotonic() + delay
+        self._restart_at[worker.slot] = self.host_clock.monotonic() + delay
 
     def _restart_due(self) -> None:
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         for slot, at in sorted(self._restart_at.items()):
             if at <= now:
                 del self._restart_at[slot]
@@ -216,7 +218,7 @@ class Supervisor:
                 if rss is not None and rss > self.max_memory_bytes:
                     logger.info("Worker %s (pid %s) uses %.0f MB; recycling it.", worker.slot,
                                 worker.pid, rss / 2**20)
-                    worker.told_to_stop = time.monotonic()
+                    worker.told_to_stop = self.host_clock.monotonic()
                     self._signal(worker, signal.SIGTERM)
 
     def _kill_overdue(self) -> None:
@@ -224,7 +226,8 @@ class Supervisor:
         not (a handler stuck in C code ignoring everything) is killed."""
         limit = self.shutdown_timeout + KILL_AFTER_MARGIN
         for worker in self.workers.values():
-            if worker.told_to_stop is not None and time.monotonic() - worker.told_to_stop > limit:
+            told = worker.told_to_stop
+            if told is not None and self.host_clock.monotonic() - told > limit:
                 logger.warning("Worker %s (pid %s) did not stop within %.0fs; killing it.",
                                worker.slot, worker.pid, limit)
                 self._signal(worker, signal.SIGKILL)

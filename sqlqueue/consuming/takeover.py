@@ -27,7 +27,7 @@ import logging
 
 from django.db import connections, transaction
 
-from sqlqueue.storage import store
+from sqlqueue import storage
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -48,7 +48,7 @@ def record_first_server(alias: str, identity: str) -> None:
         return
     connection = connections[alias]
     with transaction.atomic(using=alias), connection.cursor() as cursor:
-        store(connection).record_server(cursor, server_key(identity))
+        storage.store(connection).record_server(cursor, server_key(identity))
 
 
 def void_old_server(alias: str, before: str, now: str) -> tuple[int, int] | None:
@@ -59,12 +59,12 @@ def void_old_server(alias: str, before: str, now: str) -> tuple[int, int] | None
     if not (before and now):
         return None  # SQLite: no server
     connection = connections[alias]
-    dialect = store(connection)
+    store = storage.store(connection)
     with transaction.atomic(using=alias), connection.cursor() as cursor:
-        if not dialect.record_server(cursor, server_key(now),
+        if not store.record_server(cursor, server_key(now),
                                      replacing=[server_key(before), NO_SERVER]):
             return None
-        voided = dialect.void_grants(cursor)
+        voided = store.void_grants(cursor)
     logger.warning("Voided %s lease(s) and %s delivery(ies) in flight granted by the old "
                    "server %r: the new server %r serves every partition at once.",
                    voided[0], voided[1], before, now)

@@ -7,14 +7,13 @@ its transactions.
 from __future__ import annotations
 
 import logging
-import time
 
 from django.db.backends.utils import CursorWrapper
 
-from sqlqueue import events
+from sqlqueue import events, storage
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.partition import PartitionState
-from sqlqueue.storage import store
-from sqlqueue.storage.sql import Dialect
+from sqlqueue.storage.protocols import WatermarkStore
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -40,7 +39,9 @@ class WatermarkKeeper:
     and the highest seen. The partitions are the subscriber's."""
 
     def __init__(self, *, group: str, topic: str, alias: str,
-                 partitions: dict[str, PartitionState], keep_delivery_state: bool) -> None:
+                 partitions: dict[str, PartitionState], keep_delivery_state: bool,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
+        self.host_clock = host_clock
         self.group = group
         self.topic = topic
         self.alias = alias
@@ -54,8 +55,8 @@ class WatermarkKeeper:
         self._seen_watermarks: dict[str, int] = {}
 
     @property
-    def dialect(self) -> Dialect:
-        return store(self.alias)
+    def store(self) -> WatermarkStore:
+        return storage.store(self.alias)
 
     def advance(
         self, cursor: CursorWrapper, settled_before: int | None, force: bool = False,
@@ -66,7 +67,7 @@ class WatermarkKeeper:
         rows; then drop the delivery state it covers. At most ``ADVANCES_PER_PASS``
         partitions (``ADVANCES_WHILE_DELIVERING`` when the pass is ``delivering``), but
         with ``force`` (a stop: every partition)."""
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         due: list[tuple[float, str, PartitionState]] = []
         for key, state in self.partitions.items():
             if not state.window_open:
@@ -87,7 +88,7 @@ class WatermarkKeeper:
         # One statement of each kind for every partition that moves: sweep, write, delete.
         windows = {key: (state, state.advance_candidate(settled_before))
                    for _, key, state in due}
-        stored = self.dialect.list_offsets(
+        stored = self.store.list_offsets(
             cursor, self.topic,
             [(key, state.watermark, max(candidate, state.covered))
              for key, (state, candidate) in windows.items()],
@@ -100,11 +101,11 @@ class WatermarkKeeper:
                 first_open = state.first_open()
                 moves.append((key, candidate, first_open if first_open is not None
                               and first_open > candidate else None))
-        self.dialect.advance_watermarks(cursor, self.group, self.topic, moves)
+        self.store.advance_watermarks(cursor, self.group, self.topic, moves)
         # Only once the watermarks are written may the state behind them go (or, with
         # KEEP_DELIVERY_STATE, with its message, at garbage collection).
         if not self.keep_delivery_state:
-            self.dialect.delete_states_upto(cursor, self.group, self.topic,
+            self.store.delete_states_upto(cursor, self.group, self.topic,
                                             [(key, upto) for key, upto, _ in moves])
         for key, upto, _ in moves:
             self.partitions[key].moved_watermark(upto)
@@ -119,7 +120,7 @@ class WatermarkKeeper:
         the sweep read) that were committed after the fetch passed them."""
         unknown = [o for o in stored if o not in state.entries]
         if unknown:
-            rows = self.dialect.fetch_messages_at(
+            rows = self.store.fetch_messages_at(
                 cursor, self.group, self.topic, state.partition_key, unknown
             )
             for entry in state.absorb(rows, self.group):

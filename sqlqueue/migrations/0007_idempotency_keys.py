@@ -1,4 +1,5 @@
-# The idempotency window (SPEC §9): ids remembered after their messages are collected.
+# The idempotency window (docs/reference/api.md, "The idempotency window"): ids remembered
+# after their messages are collected.
 
 from django.db import migrations, models
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 from django.db import connections, transaction
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, write_acks
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.operations.lag import known_subscriptions
 from sqlqueue.operations.positions import _now_ms, _revoke_lease
-from sqlqueue.storage import store
 
 CANCEL_BATCH = 1000
 CANCELLED = "cancelled"
@@ -99,7 +99,7 @@ def _cancel_partition(alias: str, group: str, topic: str, key: str,
                       messages: list[tuple[int, str]], reason: str, result: Cancelled) -> None:
     conf = get_settings()
     connection = connections[alias]
-    dialect = store(connection)
+    store = storage.store(connection)
     with transaction.atomic(using=alias):
         _revoke_lease(alias, group, topic, key)  # waits for the holder's fenced write
         now = _now_ms(alias)
@@ -119,8 +119,8 @@ def _cancel_partition(alias: str, group: str, topic: str, key: str,
         with connection.cursor() as cursor:
             for offset, message_id, retries in chosen:
                 copy_to_dead_letters(
-                    cursor, dialect, dead_letter_topic=topic + conf.DLQ_SUFFIX, group=group,
+                    cursor, store, dead_letter_topic=topic + conf.DLQ_SUFFIX, group=group,
                     message_id=message_id, offset=offset, attempts=retries,
                     error=f"Cancelled by an operator. {reason}".strip(), reason=CANCELLED)
-            write_acks(cursor, dialect, group, topic, [Ack(key, offset) for offset, _, _ in chosen])
+            write_acks(cursor, store, group, topic, [Ack(key, offset) for offset, _, _ in chosen])
         result.cancelled += len(chosen)

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from django.db import connections, transaction
 from django.db.models import QuerySet
 
+from sqlqueue import storage
 from sqlqueue.conf import MAX_NAME_BYTES, get_settings
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import DeadLetter
-from sqlqueue.storage import store
 
 
 class NotADeadLetter(SqlqueueError, LookupError):
@@ -59,7 +59,7 @@ def replay_dead_letter(offset: int, *, using: str | None = None) -> Replayed:
         }})
         connection = connections[alias]
         with connection.cursor() as cursor:
-            new_offset = store(connection).insert_replay(
+            new_offset = storage.store(connection).insert_replay(
                 cursor, dead_letter_offset=offset, replay_id=_replay_id(original_id, offset),
                 detail=replay_detail,
             )

@@ -1,4 +1,5 @@
-"""Flow control: pause and resume consumer groups (SPEC §9).
+"""Pauses: pause and resume consumer groups (docs/guides/operations.md, "Pause and resume";
+the module keeps the name ``flow`` its documented import path has).
 
 A pause is a row of ``queue_flow_control`` naming a group and a topic, or every group of
 a topic (``group=None``), or every topic of a group (``topic=None``). Every running
@@ -14,11 +15,11 @@ from dataclasses import dataclass
 
 from django.db import connections, transaction
 
+from sqlqueue import storage
 from sqlqueue.conf import MAX_NAME_BYTES, get_settings
 from sqlqueue.consuming.pauses import matches
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import FlowControl
-from sqlqueue.storage import store
 
 
 class InvalidPause(SqlqueueError, ValueError):
@@ -58,7 +59,7 @@ def pause(group: str | None = None, topic: str | None = None, *, by: str = "",
     alias = using or get_settings().DATABASE
     connection = connections[alias]
     with transaction.atomic(using=alias), connection.cursor() as cursor:
-        now = store(connection).database_now_ms(cursor)
+        now = storage.store(connection).database_now_ms(cursor)
         _, created = FlowControl.objects.using(alias).get_or_create(
             consumer_group=key[0], topic=key[1],
             defaults={"paused_at": now, "paused_by": by[:255]})

@@ -35,8 +35,10 @@ from __future__ import annotations
 
 from django.db import connections
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.models import PartitionOffset
+from sqlqueue.operations import COUNT_CAP
 from sqlqueue.operations.flow import PauseRow, is_paused, pauses
 from sqlqueue.operations.lag_reads import (
     TopicRead,
@@ -50,10 +52,8 @@ from sqlqueue.operations.lag_reads import (
 )
 
 # Re-exported: the shapes are imported from here by callers and tests.
-from sqlqueue.operations.lag_shapes import COUNT_CAP as COUNT_CAP
 from sqlqueue.operations.lag_shapes import GroupLag as GroupLag
 from sqlqueue.operations.lag_shapes import PartitionLag as PartitionLag
-from sqlqueue.storage import store
 
 COUNT_BUDGET = 100_000  # index entries all the partitions of one group together may count
 MIN_PARTITION_CAP = 100
@@ -103,22 +103,22 @@ def topic_lags(topic: str, groups: list[str], using: str | None = None,
     conf = get_settings()
     alias = using or conf.DATABASE
     connection = connections[alias]
-    dialect = store(connection)
+    store = storage.store(connection)
     with connection.cursor() as cursor:
-        now = dialect.database_now_ms(cursor)
+        now = store.database_now_ms(cursor)
         if heads is None:
-            heads = dialect.partition_heads(cursor, topic)
+            heads = store.partition_heads(cursor, topic)
     read = _read_topic(alias, topic, now, heads)
     leases = read_leases(alias, topic, groups, now)
     states = delivery_summary(alias, topic, groups, now)
     if read.cap is None:
         with connection.cursor() as cursor:
-            read.firsts = first_messages_above(cursor, dialect, read, groups)
+            read.firsts = first_messages_above(cursor, store, read, groups)
     result = []
     for group in groups:
         with connection.cursor() as cursor:
-            dead = dialect.dead_letter_counts(cursor, topic + conf.DLQ_SUFFIX, group, COUNT_CAP)
-            pending = pending_messages(cursor, dialect, read, group,
+            dead = store.dead_letter_counts(cursor, topic + conf.DLQ_SUFFIX, group, COUNT_CAP)
+            pending = pending_messages(cursor, store, read, group,
                                        states.get(group, {}), count_pending)
         mine = states.get(group, {})
         errors = (read_last_errors(alias, group, topic)

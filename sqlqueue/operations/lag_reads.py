@@ -15,7 +15,7 @@ from django.db.models import Count, Q
 
 from sqlqueue.models import DeliveryState, PartitionLease, PartitionOffset
 from sqlqueue.operations.lag_shapes import PartitionLag
-from sqlqueue.storage.sql import Dialect
+from sqlqueue.storage.protocols import OperatorStore
 
 LAST_ERRORS_READ = 1_000
 
@@ -129,15 +129,15 @@ def read_leases(alias: str, topic: str, groups: list[str], now: int
     return result
 
 
-def pending_messages(cursor: Any, dialect: Dialect, read: TopicRead, group: str,
+def pending_messages(cursor: Any, store: OperatorStore, read: TopicRead, group: str,
                      states: dict[str, StateCounts], count: bool) -> dict[str, Pending]:
     """Partition -> its pending messages, for the partitions where the group has one."""
     lagging = read.lagging(group)
     if not lagging:
         return {}
     if read.cap is None:
-        return first_pending_only(cursor, dialect, read, group, lagging, states)
-    summary = dialect.pending_summary(cursor, read.topic, group, lagging,
+        return first_pending_only(cursor, store, read, group, lagging, states)
+    summary = store.pending_summary(cursor, read.topic, group, lagging,
                                       read.cap if count else None)
     result = {}
     for key, found in summary.items():
@@ -149,7 +149,7 @@ def pending_messages(cursor: Any, dialect: Dialect, read: TopicRead, group: str,
     return result
 
 
-def first_messages_above(cursor: Any, dialect: Dialect, read: TopicRead,
+def first_messages_above(cursor: Any, store: OperatorStore, read: TopicRead,
                          groups: list[str]) -> dict[tuple[str, int], tuple[int, int, str]]:
     """The first message stored above each lagging (partition, watermark) of ``groups``,
     and when it is due (by primary key). Where the group's runconsumer left a hint of it
@@ -168,10 +168,10 @@ def first_messages_above(cursor: Any, dialect: Dialect, read: TopicRead,
             # Groups at one (partition, watermark) share its answer when they agree.
             hinted[key, watermark] = hint if hinted.get((key, watermark), hint) == hint else -1
     firsts = {pair: hint for pair, hint in hinted.items() if hint > 0}
-    dues = dialect.message_dues(cursor, sorted(set(firsts.values())))
+    dues = store.message_dues(cursor, sorted(set(firsts.values())))
     unknown = sorted(pair for pair in hinted if firsts.get(pair, -1) not in dues)
-    probed = dialect.first_offsets_above(cursor, read.topic, unknown)
-    dues.update(dialect.message_dues(
+    probed = store.first_offsets_above(cursor, read.topic, unknown)
+    dues.update(store.message_dues(
         cursor, sorted({first for first in probed if first is not None} - set(dues))))
     firsts.update((pair, first) for pair, first in zip(unknown, probed, strict=True)
                   if first is not None)
@@ -179,7 +179,7 @@ def first_messages_above(cursor: Any, dialect: Dialect, read: TopicRead,
             if first in dues}  # else: nothing stored above that watermark now
 
 
-def first_pending_only(cursor: Any, dialect: Dialect, read: TopicRead, group: str,
+def first_pending_only(cursor: Any, store: OperatorStore, read: TopicRead, group: str,
                        lagging: dict[str, int], states: dict[str, StateCounts]
                        ) -> dict[str, Pending]:
     """Too many partitions lag to count them all: each one's first message above the
@@ -190,7 +190,7 @@ def first_pending_only(cursor: Any, dialect: Dialect, read: TopicRead, group: st
               if (key, watermark) in read.firsts}  # else: nothing stored above it any more
     # Where the group has acked messages the watermark has not passed yet (settling),
     # the first message may be one of them: its delivery state says (by primary key).
-    settling = dialect.acked_among(cursor, group, read.topic, sorted(
+    settling = store.acked_among(cursor, group, read.topic, sorted(
         (key, first[0]) for key, first in firsts.items()
         if states.get(key, StateCounts()).acked))
     result, unsure = {}, {}
@@ -199,7 +199,7 @@ def first_pending_only(cursor: Any, dialect: Dialect, read: TopicRead, group: st
             unsure[key] = lagging[key]
         else:
             result[key] = Pending(1, True, due)
-    for key, found in dialect.pending_summary(cursor, read.topic, group, unsure,
+    for key, found in store.pending_summary(cursor, read.topic, group, unsure,
                                               None).items():
         if found.oldest_due_at is not None:
             result[key] = Pending(1, True, found.oldest_due_at)

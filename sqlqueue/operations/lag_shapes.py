@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-COUNT_CAP = 10_000  # the most any one count reads
+from sqlqueue.operations import COUNT_CAP
+
 SEVERITY = {"OK": 0, "WARN": 1, "STALL": 2, "STOP": 3, "PAUSED": 1}
 
 

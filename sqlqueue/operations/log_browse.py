@@ -23,14 +23,12 @@ from dataclasses import dataclass
 
 from django.db import connections
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.models import QueueMessage
 from sqlqueue.operations.lag import known_subscriptions
 from sqlqueue.operations.unconsumed import stored_topics
-from sqlqueue.storage import store
 
-#: rows a list page counts at most; more is shown as "more than COUNT_CAP"
-COUNT_CAP = 10_000
 #: matches one search returns at most (the newest of each topic first)
 SEARCH_CAP = 1_000
 #: partitions (of all topics together) a search by message id looks in at most
@@ -90,7 +88,7 @@ def subscribed_topics(using: str) -> list[str]:
 def partition_keys(using: str, topic: str) -> list[str]:
     """The partition keys of ``topic`` that hold messages (one index seek each)."""
     with connections[using].cursor() as cursor:
-        heads = store(using).partition_heads(cursor, topic)
+        heads = storage.store(using).partition_heads(cursor, topic)
     return sorted(heads)[:MAX_SEARCHED_PARTITIONS]
 
 
@@ -107,19 +105,19 @@ def search_offsets(term: str, topics: list[str], using: str,
     if term.isdigit() and int(term) < 2**63:
         found.update(rows.filter(offset=int(term), topic__in=topics)
                      .values_list("offset", flat=True))
-    dialect = store(using)
+    store = storage.store(using)
     with connections[using].cursor() as cursor:
-        found.update(dialect.newest_of_key(cursor, topics, term, cap))
+        found.update(store.newest_of_key(cursor, topics, term, cap))
         if len(topics) == 1:
             partitions = {topics[0]: partition_keys(using, topics[0])}
         else:
             wanted = set(topics)
             partitions = {topic: keys for topic, keys in
-                          dialect.log_partitions(cursor, MAX_SEARCHED_PARTITIONS).items()
+                          store.log_partitions(cursor, MAX_SEARCHED_PARTITIONS).items()
                           if topic in wanted}
         partitions = {topic: keys for topic, keys in partitions.items() if keys}
         if partitions:
-            found.update(dialect.offsets_of_id(cursor, partitions, term))
+            found.update(store.offsets_of_id(cursor, partitions, term))
     return sorted(found, reverse=True)[:cap]
 
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 from django.db import connections
 
+from sqlqueue import storage
 from sqlqueue.conf import DURATION_BUCKETS, get_settings
-from sqlqueue.stats_models import DURATION_COLUMNS, OUTCOMES
-from sqlqueue.storage import store
+from sqlqueue.consuming.rollup import MINUTE_MS
+from sqlqueue.models.stats import DURATION_COLUMNS, OUTCOMES
 
-MINUTE_MS = 60_000
 #: minutes the page shows, the current one last
 WINDOW_MINUTES = 60
 COLUMNS = ("published", "dead_lettered", *OUTCOMES, "duration_sum", *DURATION_COLUMNS)
@@ -104,10 +104,10 @@ def activity(using: str | None = None, now_ms: int | None = None,
     alias = using or get_settings().DATABASE
     connection = connections[alias]
     with connection.cursor() as cursor:
-        dialect = store(connection)
-        now = dialect.database_now_ms(cursor) if now_ms is None else now_ms
+        store = storage.store(connection)
+        now = store.database_now_ms(cursor) if now_ms is None else now_ms
         first = now - now % MINUTE_MS - (minutes - 1) * MINUTE_MS
-        rows = dialect.read_minute_stats(cursor, first, COLUMNS)
+        rows = store.read_minute_stats(cursor, first, COLUMNS)
     found: dict[tuple[str, str], SubscriptionActivity] = {}
     for group, topic, start, *values in rows:
         key = (str(group), str(topic))

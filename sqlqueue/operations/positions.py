@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from django.db import connections, transaction
 from django.db.models import F, QuerySet
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import DeliveryState, PartitionLease, PartitionOffset
-from sqlqueue.storage import store
 
 
 class InvalidPosition(SqlqueueError, ValueError):
@@ -88,7 +88,7 @@ def reset_position(group: str, topic: str, partition_key: str, *,
     connection = connections[alias]
     with transaction.atomic(using=alias):
         with connection.cursor() as cursor:
-            heads = store(connection).partition_heads(cursor, topic)
+            heads = storage.store(connection).partition_heads(cursor, topic)
         if partition_key not in heads:
             raise InvalidPosition(f"Topic {topic!r} has no partition {partition_key!r} "
                                   "(no message of it is stored).")
@@ -140,7 +140,7 @@ def _set_watermark(alias: str, group: str, topic: str, partition_key: str,
 def _now_ms(alias: str) -> int:
     connection = connections[alias]
     with connection.cursor() as cursor:
-        return store(connection).database_now_ms(cursor)
+        return storage.store(connection).database_now_ms(cursor)
 
 
 __all__ = ["InvalidPosition", "PositionReset", "reset_position", "retry_now"]

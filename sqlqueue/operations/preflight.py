@@ -10,9 +10,9 @@ from __future__ import annotations
 from django.db import connections
 from django.db.migrations.loader import MigrationLoader
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.exceptions import ConfigurationError, NotMigrated
-from sqlqueue.storage import store
 
 APP_LABEL = "sqlqueue"
 
@@ -39,7 +39,7 @@ def ensure_ready(alias: str | None = None) -> None:
     """Raise ``ConfigurationError`` (``NotMigrated`` for missing tables) naming the fix,
     before anything is read or written on the queue's database."""
     alias = alias or get_settings().DATABASE
-    store(alias).check_connection()
+    storage.store(alias).check_connection()
     ours, missing = migration_state(alias)
     if missing and missing == ours:
         raise NotMigrated.no_tables(alias)

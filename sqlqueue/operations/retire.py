@@ -1,5 +1,6 @@
-"""Retiring a consumer group (SPEC §9): delete its offsets, delivery state, leases,
-heartbeats, dead letters and pauses, so that garbage collection no longer waits for it.
+"""Retiring a consumer group (docs/guides/operations.md, "Retiring a group"): delete its
+offsets, delivery state, leases, heartbeats, dead letters and pauses, so that garbage
+collection no longer waits for it.
 
 A group that left the code base still has its ``queue_offsets`` rows, which keep it
 *known* to garbage collection (guarantee I8): it shows STOP for ever and holds every message of
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from django.db import connections, transaction
 from django.db.models import Q
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import (
@@ -35,7 +37,6 @@ from sqlqueue.models import (
     PartitionOffset,
     SubscriberHeartbeat,
 )
-from sqlqueue.storage import store
 
 RETIRE_BATCH = 1000
 
@@ -131,9 +132,9 @@ def live_subscribers(group: str, topics: list[str], alias: str) -> list[str]:
     connection = connections[alias]
     within = round(get_settings().LEASE_DURATION * 1000)
     with connection.cursor() as cursor:
-        dialect = store(connection)
+        store = storage.store(connection)
         return sorted({name for topic in topics
-                       for name in dialect.live_subscribers(cursor, group, topic, within)})
+                       for name in store.live_subscribers(cursor, group, topic, within)})
 
 
 def _delete_states(alias: str, group: str, topic: str,

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from django.db import connections, transaction
 from django.db.models import Max
 
+from sqlqueue import storage
 from sqlqueue.conf import MAX_NAME_BYTES, get_settings
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import RunnerAction, RunnerRequest, SubscriberHeartbeat
-from sqlqueue.storage import store
 
 ACTIONS = {"drain": RunnerAction.DRAIN, "stop": RunnerAction.STOP}
 
@@ -56,7 +56,7 @@ def live_runners(*, using: str | None = None) -> list[str]:
     """The names of the runners with a live heartbeat (in any subscription), sorted."""
     alias = using or get_settings().DATABASE
     with connections[alias].cursor() as cursor:
-        now = store(alias).database_now_ms(cursor)
+        now = storage.store(alias).database_now_ms(cursor)
     since = now - int(get_settings().LEASE_DURATION * 1000)
     return sorted(set(SubscriberHeartbeat.objects.using(alias).filter(
         heartbeat_at__gte=since, deregistered_at=0).values_list("subscriber_name", flat=True)))
@@ -76,7 +76,7 @@ def request_runner_stop(runner: str, action: str, *, by: str = "",
             "those of the admin's Subscribers and leases page).")
     connection = connections[alias]
     with transaction.atomic(using=alias), connection.cursor() as cursor:
-        now = store(connection).database_now_ms(cursor)
+        now = storage.store(connection).database_now_ms(cursor)
         RunnerRequest.objects.using(alias).update_or_create(
             runner_name=runner, defaults={"action": ACTIONS[action], "requested_at": now,
                                           "requested_by": by[:255], "obeyed_at": 0})
@@ -169,4 +169,4 @@ def _last_heartbeat(name: str, alias: str) -> int | None:
 
 def _database_now(alias: str) -> int:
     with connections[alias].cursor() as cursor:
-        return store(alias).database_now_ms(cursor)
+        return storage.store(alias).database_now_ms(cursor)

@@ -1,6 +1,7 @@
 """Schedules for operators: what is configured, when each ticks next, what it published
-last and how each consumer group fared with it; publishing a tick now (SPEC §9
-"Schedules"; the admin's Schedules page and ``manage.py queue schedules``)."""
+last and how each consumer group fared with it; publishing a tick now (the admin's
+Schedules page and ``manage.py queue schedules``; docs/guides/schedules.md, "Seeing and
+running schedules")."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 
 from django.db import connections, router, transaction
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage, StoredSchedule
@@ -16,7 +18,6 @@ from sqlqueue.operations.lag import known_subscriptions
 from sqlqueue.scheduling import Schedule, configured_schedules
 from sqlqueue.scheduling.stored import active_stored_schedules
 from sqlqueue.scheduling.ticker import alias_for, publish_tick
-from sqlqueue.storage import store
 from sqlqueue.storage.sql.schedules import PublishedTick, ScheduleRow
 
 
@@ -69,7 +70,7 @@ def schedule_overview(now_ms: int) -> list[ScheduleView]:
     linkable: dict[str, ScheduleRow] = {}
     for alias in sorted({alias_for(s, conf) for s in every.values()} | {conf.DATABASE}):
         with connections[alias].cursor() as cursor:
-            found = store(alias).read_schedules(cursor)
+            found = storage.store(alias).read_schedules(cursor)
         rows.update(found)
         if alias == messages_alias:
             linkable.update(found)
@@ -104,7 +105,7 @@ def current_time_ms() -> int:
     conf = get_settings()
     connection = connections[conf.DATABASE]
     with connection.cursor() as cursor:
-        return store(connection).database_now_ms(cursor)
+        return storage.store(connection).database_now_ms(cursor)
 
 
 def _next_tick(schedule: Schedule | None, row: ScheduleRow | None, now_ms: int) -> int | None:
@@ -154,12 +155,12 @@ def run_schedule_now(name: str) -> PublishedTick:
     schedule = schedules[name]
     alias = alias_for(schedule, conf)
     connection = connections[alias]
-    dialect = store(connection)
+    store = storage.store(connection)
     with transaction.atomic(using=alias), connection.cursor() as cursor:
-        now = dialect.database_now_ms(cursor)
-        dialect.ensure_schedules(cursor, [(name, now, schedule.definition)])
+        now = store.database_now_ms(cursor)
+        store.ensure_schedules(cursor, [(name, now, schedule.definition)])
         published = publish_tick(schedule, now, alias)
-        dialect.record_tick(cursor, name, published)
+        store.record_tick(cursor, name, published)
     return published
 
 
@@ -191,4 +192,4 @@ def forget_schedule(name: str) -> bool:
         raise UnknownSchedule(f"{name!r} is a stored schedule: delete it in the admin first.")
     connection = connections[conf.DATABASE]
     with transaction.atomic(using=conf.DATABASE), connection.cursor() as cursor:
-        return store(connection).delete_schedule(cursor, name) > 0
+        return storage.store(connection).delete_schedule(cursor, name) > 0

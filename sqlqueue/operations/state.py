@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from django.db import connections
 from django.db.models import Count
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.models import SubscriberHeartbeat
 from sqlqueue.operations.flow import pauses
 from sqlqueue.operations.lag import known_subscriptions, topic_lags
 from sqlqueue.operations.lag_shapes import GroupLag
-from sqlqueue.storage import store
 
 
 @dataclass
@@ -76,7 +76,7 @@ def live_subscriber_counts(using: str | None = None) -> dict[tuple[str, str], in
     alias = using or conf.DATABASE
     connection = connections[alias]
     with connection.cursor() as cursor:
-        now = store(connection).database_now_ms(cursor)
+        now = storage.store(connection).database_now_ms(cursor)
     rows = (SubscriberHeartbeat.objects.using(alias)
             .filter(heartbeat_at__gt=now - round(conf.LEASE_DURATION * 1000),
                     deregistered_at=0)

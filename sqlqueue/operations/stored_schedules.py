@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.models import ScheduleState, StoredSchedule
 from sqlqueue.scheduling import Schedule
@@ -16,7 +17,6 @@ from sqlqueue.scheduling import ScheduleError as ScheduleError  # what the admin
 from sqlqueue.scheduling.definitions import parse_schedule
 from sqlqueue.scheduling.stored import checked_schedule
 from sqlqueue.scheduling.targets import target_choices
-from sqlqueue.storage import store
 
 
 def check_stored_schedule(name: Any, entry: Any) -> Schedule:
@@ -70,7 +70,7 @@ def set_paused(names: Iterable[str], paused: bool, *, by: str = "") -> int:
         StoredSchedule.objects.using(alias).filter(name__in=changing).update(
             paused=paused, changed_by=by[:255])
         if not paused and changing:
-            now = store(connection).database_now_ms(cursor)
+            now = storage.store(connection).database_now_ms(cursor)
             ScheduleState.objects.using(alias).filter(
                 name__in=changing, checked_until__lt=now).update(checked_until=now)
     return len(changing)

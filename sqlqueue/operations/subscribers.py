@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from django.db import connections
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.models import PartitionLease, SubscriberHeartbeat
 from sqlqueue.operations.lag import known_subscriptions
-from sqlqueue.storage import store
 
 
 @dataclass
@@ -69,16 +69,16 @@ def memberships(using: str | None = None) -> list[Membership]:
     conf = get_settings()
     alias = using or conf.DATABASE
     connection = connections[alias]
-    dialect = store(connection)
+    store = storage.store(connection)
     lease_ms = round(conf.LEASE_DURATION * 1000)
     with connection.cursor() as cursor:
-        now = dialect.database_now_ms(cursor)
+        now = store.database_now_ms(cursor)
     heads: dict[str, set[str]] = {}
     result = []
     for group, topic in known_subscriptions(alias):
         if topic not in heads:
             with connection.cursor() as cursor:
-                heads[topic] = set(dialect.partition_heads(cursor, topic))
+                heads[topic] = set(store.partition_heads(cursor, topic))
         leases = list(PartitionLease.objects.using(alias)
                       .filter(consumer_group=group, topic=topic)
                       .values_list("partition_key", "leased_by", "lease_renewed_at"))

@@ -1,4 +1,5 @@
-"""Topics that have messages and no consumer group (SPEC §10 "The first hour").
+"""Topics that have messages and no consumer group (docs/guides/operator-commands.md,
+``queue status``).
 
 Nobody consumes such a topic yet: its messages are kept (garbage collection only
 collects what the known groups finished) and a group added later starts where its
@@ -17,14 +18,13 @@ from dataclasses import dataclass
 
 from django.db import connections
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
+from sqlqueue.operations import COUNT_CAP
 from sqlqueue.operations.lag import known_subscriptions
-from sqlqueue.storage import store
 
 #: topics looked at, at most (a page or a command stays fast whatever is stored)
 MAX_TOPICS = 1_000
-#: messages counted per topic, at most (reported as "at least")
-COUNT_CAP = 10_000
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def stored_topics(using: str, limit: int = MAX_TOPICS) -> list[str]:
     """The distinct topics of ``queue_messages`` in order, at most ``limit``, by one
     statement (a loose index scan: one seek each)."""
     with connections[using].cursor() as cursor:
-        return store(using).log_topics(cursor, limit)
+        return storage.store(using).log_topics(cursor, limit)
 
 
 def unconsumed_topics(using: str | None = None) -> list[UnconsumedTopic]:
@@ -60,6 +60,6 @@ def unconsumed_topics(using: str | None = None) -> list[UnconsumedTopic]:
     # One statement per 200 topics (a capped count each), not one per topic: 1,000
     # topics nobody consumes took 3 s of the lag overview on MariaDB (issue 52).
     with connections[alias].cursor() as cursor:
-        counts = store(alias).topic_counts(cursor, unconsumed, COUNT_CAP + 1)
+        counts = storage.store(alias).topic_counts(cursor, unconsumed, COUNT_CAP + 1)
     return [UnconsumedTopic(topic, min(counts.get(topic, 0), COUNT_CAP),
                             counts.get(topic, 0) > COUNT_CAP) for topic in unconsumed]

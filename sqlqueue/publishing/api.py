@@ -8,37 +8,37 @@ outside one, it commits at once. Input is validated completely before any SQL ru
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.connection import ConnectionDoesNotExist
 
-from sqlqueue import tracing
+from sqlqueue import storage, tracing
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.exceptions import InvalidMessage, NotMigrated
+from sqlqueue.publishing.idempotency import (
+    store_remembered_chunk,
+    store_remembered_one,
+    together,
+)
+from sqlqueue.publishing.inserts import check_fits, insert_one, message_chunks, store_chunk
 from sqlqueue.publishing.messages import (
     DEFAULT_PRIORITY,
     OutgoingMessage,
     SentMessage,
     check_topic,
-    idempotency_digest,
     now_ms,
     prepare,
     prepare_fields,
 )
 from sqlqueue.publishing.wakeups import announce, notification_to_send
-from sqlqueue.storage import store
-from sqlqueue.storage.chunks import statement_chunks
 from sqlqueue.storage.retry import retry_victims
-from sqlqueue.storage.sql import Dialect, MessageRow
+from sqlqueue.storage.sql import MessageRow, Store
 
-# A duplicate-key error means another transaction stored the same id between our read
-# and our insert; after this many rounds something else is wrong and the error surfaces.
-MAX_DEDUP_ROUNDS = 3
 #: Tries of a publish made outside any transaction of the caller's that the database
 #: rolled back as a lock-wait or deadlock victim (a Galera certification conflict is
 #: one: two nodes storing the same id at once), and the first pause between them.
@@ -77,7 +77,7 @@ def _naming_migrate(publish: _Publish) -> _Publish:
         try:
             return publish(topic, *args, using=using, **kwargs)
         except DatabaseError as error:
-            if not Dialect.is_missing_queue_table(error):
+            if not Store.is_missing_queue_table(error):
                 raise
             alias = _connection(using, get_settings(), topic).alias
             raise NotMigrated.no_tables(alias) from error
@@ -94,7 +94,7 @@ def _retry_alone(connection: BaseDatabaseWrapper, attempt: Callable[[], _Sent]) 
     transaction)."""
     def is_victim(error: Exception) -> bool:
         return (isinstance(error, DatabaseError) and not connection.in_atomic_block
-                and store(connection).is_lock_wait(error))
+                and storage.store(connection).is_lock_wait(error))
 
     return retry_victims(attempt, tries=ALONE_TRIES, is_victim=is_victim,
                          pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** (tried - 1))
@@ -134,78 +134,29 @@ def send_message(
     row = prepare_fields(topic, payload, partition_key, id, metadata, priority, delay,
                          deliver_at, conf, now_ms())
     connection = _connection(using, conf, topic)
-    dialect = store(connection)
-    dialect.check_connection()  # a latin1 MySQL connection is refused before any write
-    _check_fits(dialect, row)
+    store = storage.store(connection)
+    store.check_connection()  # a latin1 MySQL connection is refused before any write
+    check_fits(store, row)
     if connection.in_atomic_block:
-        return _store_one(connection, dialect, topic, row, conf)
+        return _store_one(connection, store, topic, row, conf)
     # Its own transaction: tried again if the database picks it as a deadlock victim,
     # with the same row (validated once; a victim stored nothing of it).
-    return _retry_alone(connection, lambda: _store_one(connection, dialect, topic, row, conf))
+    return _retry_alone(connection, lambda: _store_one(connection, store, topic, row, conf))
 
 
-def _store_one(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
+def _store_one(connection: BaseDatabaseWrapper, store: Store, topic: str,
                row: MessageRow, conf: QueueSettings) -> SentMessage:
     """``send_message`` of a validated ``row``."""
     if row.fresh_id or conf.IDEMPOTENCY_WINDOW <= 0:
         # One INSERT (on PostgreSQL carrying the wake-up's NOTIFY).
-        wake = notification_to_send(connection, dialect, topic, conf)
-        sent = _insert_one(connection, dialect, topic, row, wake, conf.PREPARED_PUBLISH)
+        wake = notification_to_send(connection, store, topic, conf)
+        sent = insert_one(connection, store, topic, row, wake, conf.PREPARED_PUBLISH)
         if sent.created:
-            announce(connection, dialect, topic, conf, notified=wake is not None)
+            announce(connection, store, topic, conf, notified=wake is not None)
         return sent
     # An id of the caller's: remembered for IDEMPOTENCY_WINDOW, also once its message is
-    # collected. The key and the message are stored together or not at all.
-    window_ms = round(conf.IDEMPOTENCY_WINDOW * 1000)
-    digest = idempotency_digest(topic, row.partition_key, row.id)
-    with _together(connection):
-        with connection.cursor() as cursor:
-            remembered = dialect.select_idempotency_keys(cursor, [digest], lock=True)
-        if digest in remembered:
-            return SentMessage(topic, row.partition_key, row.id, remembered[digest],
-                               created=False)
-        wake = notification_to_send(connection, dialect, topic, conf)
-        sent = _insert_one(connection, dialect, topic, row, wake, conf.PREPARED_PUBLISH)
-        if sent.created:
-            with connection.cursor() as cursor:
-                dialect.remember_idempotency_keys(cursor, [(*digest, sent.offset)], window_ms)
-            announce(connection, dialect, topic, conf, notified=wake is not None)
-        return sent
-
-
-def _together(connection: BaseDatabaseWrapper) -> Any:
-    """The message and its idempotency key in one transaction. Inside the caller's, no
-    savepoint (two more round trips): an error between the two statements then dooms the
-    caller's transaction (Django refuses to commit it), so neither is ever committed
-    without the other."""
-    return transaction.atomic(using=connection.alias, savepoint=False)
-
-
-def _insert_one(
-    connection: BaseDatabaseWrapper, dialect: Dialect, topic: str, row: MessageRow,
-    wake: str | None = None, prepared: bool = False,
-) -> SentMessage:
-    """Store one message; an id still stored in its partition is a dedup hit. ``wake``
-    and ``prepared``: ``Dialect.insert_messages``'s (``wake`` sent only if the row is
-    stored)."""
-    for round_ in range(MAX_DEDUP_ROUNDS):
-        cursor = dialect.publishing_cursor()
-        try:
-            offsets = dialect.insert_messages(cursor, [row], wake=wake, prepared=prepared)
-        except IntegrityError as error:
-            if not dialect.is_duplicate_message(error) or round_ == MAX_DEDUP_ROUNDS - 1:
-                raise
-        else:
-            assert offsets is not None  # a single row's offset is always known
-            return SentMessage(topic, row.partition_key, row.id, offsets[0], created=True)
-        with connection.cursor() as reading:  # the kept cursor is insert_messages' only
-            found = dialect.select_message_offsets(
-                reading, topic, [row.key], lock=connection.in_atomic_block
-            )
-        if row.key in found:
-            return SentMessage(topic, row.partition_key, row.id, found[row.key], created=False)
-        # The duplicate vanished (garbage-collected) between the two statements: insert again.
-    raise AssertionError("unreachable")  # pragma: no cover
+    # collected.
+    return store_remembered_one(connection, store, topic, row, conf)
 
 
 def send_messages(
@@ -231,10 +182,10 @@ def send_messages(
     if not rows:
         return []
     connection = _connection(using, conf, topic)
-    dialect = store(connection)
-    dialect.check_connection()  # a latin1 MySQL connection is refused before any write
+    store = storage.store(connection)
+    store.check_connection()  # a latin1 MySQL connection is refused before any write
     for index, row in enumerate(rows):
-        _check_fits(dialect, row, f"message {index}: ")
+        check_fits(store, row, f"message {index}: ")
 
     first_of_key: dict[tuple[str, str], MessageRow] = {}
     for row in rows:
@@ -242,7 +193,7 @@ def send_messages(
     unique_rows = list(first_of_key.values())
     offsets: dict[tuple[str, str], int] = {}
     created: set[tuple[str, str]] = set()
-    chunks = list(_chunks(unique_rows, dialect))
+    chunks = list(message_chunks(unique_rows, store))
     window_ms = round(conf.IDEMPOTENCY_WINDOW * 1000)
     remembering = window_ms > 0 and any(not row.fresh_id for row in unique_rows)
     # One statement stores a chunk whole or not at all (a failed statement is undone on
@@ -252,18 +203,18 @@ def send_messages(
     if len(chunks) > 1:
         block = transaction.atomic(using=connection.alias)
     else:
-        block = _together(connection) if remembering else nullcontext()
+        block = together(connection) if remembering else nullcontext()
     with block:
         for chunk in chunks:
             if remembering:
-                chunk_offsets, chunk_created = _store_remembered_chunk(
-                    connection, dialect, topic, chunk, window_ms)
+                chunk_offsets, chunk_created = store_remembered_chunk(
+                    connection, store, topic, chunk, window_ms)
             else:
-                chunk_offsets, chunk_created = _store_chunk(connection, dialect, topic, chunk)
+                chunk_offsets, chunk_created = store_chunk(connection, store, topic, chunk)
             offsets.update(chunk_offsets)
             created.update(chunk_created)
         if created:
-            announce(connection, dialect, topic, conf)
+            announce(connection, store, topic, conf)
 
     results: list[SentMessage] = []
     for row in rows:
@@ -287,89 +238,6 @@ def _prepare_item(
         return prepare(topic, message, conf, published_at, trace_context)
     except InvalidMessage as exc:
         raise InvalidMessage(f"message {index}: {exc}") from exc
-
-
-def _store_chunk(
-    connection: BaseDatabaseWrapper, dialect: Dialect, topic: str, chunk: Sequence[MessageRow]
-) -> tuple[dict[tuple[str, str], int], set[tuple[str, str]]]:
-    """Insert the rows of ``chunk`` not yet stored; return every row's offset, and the new ones."""
-    # Ids that sqlqueue just generated (UUIDv7) cannot be stored yet: no lookup for them.
-    may_exist = [row.key for row in chunk if not row.fresh_id]
-    with connection.cursor() as cursor:
-        for round_ in range(MAX_DEDUP_ROUNDS):
-            # First round: a plain read. After a duplicate-key error: a locking read, which
-            # sees rows committed after this transaction's snapshot was taken.
-            existing = dialect.select_message_offsets(cursor, topic, may_exist, lock=round_ > 0)
-            new_rows = [row for row in chunk if row.key not in existing]
-            if not new_rows:
-                return existing, set()
-            try:
-                offsets = dialect.insert_messages(cursor, new_rows)
-            except IntegrityError as error:
-                if not dialect.is_duplicate_message(error) or round_ == MAX_DEDUP_ROUNDS - 1:
-                    raise
-                continue
-            new_keys = [row.key for row in new_rows]
-            if offsets is None:
-                stored = dialect.select_message_offsets(cursor, topic, new_keys, lock=False)
-            else:
-                stored = dict(zip(new_keys, offsets, strict=True))
-            return {**existing, **stored}, set(new_keys)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _store_remembered_chunk(
-    connection: BaseDatabaseWrapper, dialect: Dialect, topic: str, chunk: Sequence[MessageRow],
-    window_ms: int,
-) -> tuple[dict[tuple[str, str], int], set[tuple[str, str]]]:
-    """``_store_chunk`` for a chunk with ids of the caller's: those published within the
-    window are absorbed even if their messages were collected; the others' keys are
-    remembered. Runs inside a transaction."""
-    digests = {row.key: idempotency_digest(topic, row.partition_key, row.id)
-               for row in chunk if not row.fresh_id}
-    with connection.cursor() as cursor:
-        remembered = dialect.select_idempotency_keys(cursor, list(digests.values()), lock=True)
-    absorbed = {key: remembered[digest] for key, digest in digests.items()
-                if digest in remembered}
-    rest = [row for row in chunk if row.key not in absorbed]
-    if not rest:
-        return absorbed, set()
-    offsets, created = _store_chunk(connection, dialect, topic, rest)
-    with connection.cursor() as cursor:
-        # In key order: concurrent publishers lock the keys in the same order.
-        dialect.remember_idempotency_keys(cursor, sorted(
-            (*digests[key], offsets[key]) for key in created if key in digests
-        ), window_ms)
-    return {**absorbed, **offsets}, created
-
-
-def _check_fits(dialect: Dialect, row: MessageRow, where: str = "") -> None:
-    """Refuse, before anything is sent, a message whose statement the server would not
-    take (MySQL's ``max_allowed_packet``: the connection would be dropped mid-send with
-    "server has gone away"). Payload and metadata each count as escaped."""
-    limit = dialect.max_row_bytes()
-    if limit is None:
-        return
-    metadata = row.metadata or ""
-    if 2 * len(row.payload) + 8 * len(metadata) <= limit:
-        return  # fits even if every byte were escaped (the common case: no measuring)
-    size = dialect.literal_bytes(row.payload, row.metadata)
-    if size > limit:
-        raise InvalidMessage(
-            f"{where}the payload and metadata take {size} bytes as escaped literals; the "
-            f"database server takes statements of at most {limit} bytes for them "
-            "(max_allowed_packet, less the statement). Raise max_allowed_packet, or send "
-            "less.")
-
-
-def _chunks(rows: Sequence[MessageRow], dialect: Dialect) -> Iterable[Sequence[MessageRow]]:
-    """Split ``rows`` so each statement stays under the row, parameter and byte limits."""
-    max_params = dialect.max_query_params()
-    max_rows = max(1, min(dialect.max_rows_per_insert, max_params // 10))
-    literal_bytes = dialect.literal_bytes
-    return statement_chunks(
-        rows, max_rows=max_rows, max_bytes=dialect.max_statement_bytes(),
-        size_of=lambda row: literal_bytes(row.payload, row.metadata) + 1024)
 
 
 def _connection(using: str | None, conf: QueueSettings, topic: str) -> BaseDatabaseWrapper:

@@ -24,7 +24,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from sqlqueue import wakeups
 from sqlqueue.conf import QueueSettings
-from sqlqueue.storage.sql import Dialect
+from sqlqueue.storage.protocols import PublishStore
 
 
 class Announcement:
@@ -42,17 +42,17 @@ class Announcement:
             publish(self.redis_url, sorted(self.topics))
 
 
-def notification_to_send(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
+def notification_to_send(connection: BaseDatabaseWrapper, store: PublishStore, topic: str,
                          conf: QueueSettings) -> str | None:
     """The topic whose ``notify_wakeup`` the INSERT of a message about to be written can
-    carry (``Dialect.insert_messages(wake=...)``), if it needs one: one round trip fewer
+    carry (``Store.insert_messages(wake=...)``), if it needs one: one round trip fewer
     than sending it after the INSERT. Then ``announce(..., notified=True)``."""
-    if not conf.WAKEUPS or not dialect.notifies_wakeups or _announced(connection, topic):
+    if not conf.WAKEUPS or not store.notifies_wakeups or _announced(connection, topic):
         return None
     return topic
 
 
-def announce(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
+def announce(connection: BaseDatabaseWrapper, store: PublishStore, topic: str,
              conf: QueueSettings, *, notified: bool = False) -> None:
     """Wake the consumers of ``topic`` when the message just written on ``connection``
     commits (at once in autocommit). ``notified``: its INSERT sent the ``pg_notify``
@@ -60,7 +60,7 @@ def announce(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
     if not conf.WAKEUPS:
         return
     rung = bool(conf.WAKEUP_REDIS_URL) or wakeups.subscribed(topic)
-    if not rung and (notified or not dialect.notifies_wakeups):
+    if not rung and (notified or not store.notifies_wakeups):
         # Nobody to ring, and no NOTIFY statement to remember: no commit hook. A NOTIFY
         # the INSERT carried costs nothing to carry again, and the server delivers
         # repeats within a transaction once. A runner subscribing before the commit
@@ -69,9 +69,9 @@ def announce(connection: BaseDatabaseWrapper, dialect: Dialect, topic: str,
         return
     if _announced(connection, topic):
         return
-    if dialect.notifies_wakeups and not notified:
+    if store.notifies_wakeups and not notified:
         with connection.cursor() as cursor:
-            dialect.notify_wakeup(cursor, topic)
+            store.notify_wakeup(cursor, topic)
     if connection.in_atomic_block:
         _pending(connection, conf).topics.add(topic)
     elif connection.get_autocommit():

@@ -1,6 +1,5 @@
 """Schedules: periodic messages and Django tasks, each tick published exactly once by
-whichever ``runconsumer`` processes run, with no beat process (SPEC §9 "Schedules";
-docs/guides/schedules.md).
+whichever ``runconsumer`` processes run, with no beat process (docs/guides/schedules.md).
 
 Layout: ``definitions`` parses ``SQLQUEUE["SCHEDULES"]`` and computes ticks (pure);
 ``validation`` checks what needs Django (topics, payloads, tasks); ``ticker`` claims and

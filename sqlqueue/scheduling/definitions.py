@@ -1,5 +1,5 @@
 """``SQLQUEUE["SCHEDULES"]``: each entry parsed into a ``Schedule``, with a check id for
-everything wrong with it (SPEC §9 "Schedules"; docs/guides/schedules.md).
+everything wrong with it (docs/guides/schedules.md, "What a schedule takes").
 
 Pure: no database, no clock. Times are epoch milliseconds (UTC); a ``cron`` schedule's
 fields are read in its ``timezone``.

@@ -1,7 +1,7 @@
 """Where a schedule's tick goes when it names no topic: a target registered by the
 integration that owns it (the Django Tasks backend registers ``"task"``), so scheduling
 imports nothing above it, as garbage collection reaches task results through
-``register_pruner``."""
+``register_collection``."""
 
 from __future__ import annotations
 

@@ -22,11 +22,12 @@ from typing import Any
 from django.db import Error as AnyDatabaseError
 from django.db import connections, transaction
 
+from sqlqueue import storage
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.publishing.api import send_message
 from sqlqueue.scheduling.definitions import Schedule
 from sqlqueue.scheduling.targets import target_for
-from sqlqueue.storage import store
+from sqlqueue.storage.protocols import ScheduleStore
 from sqlqueue.storage.sql.schedules import PublishedTick
 
 logger = logging.getLogger("sqlqueue.schedules")
@@ -125,21 +126,21 @@ class Ticker:
     def _run(self, schedule: Schedule, now: int) -> Published | None:
         alias = alias_for(schedule, self.conf)
         connection = connections[alias]
-        dialect = store(connection)
+        store = storage.store(connection)
         with transaction.atomic(using=alias), connection.cursor() as cursor:
             for _ in range(CLAIM_ATTEMPTS):
                 seen = self._checked.get(schedule.name)
                 if seen is None:
-                    seen = self._read(cursor, dialect, schedule, now)
+                    seen = self._read(cursor, store, schedule, now)
                 due = schedule.due_ticks(seen, now)
                 if not due:
                     self._wait_for_next(schedule, seen)
                     return None
-                if dialect.claim_ticks(cursor, schedule.name, seen, due[-1],
+                if store.claim_ticks(cursor, schedule.name, seen, due[-1],
                                        schedule.definition):
                     published = self._publish(schedule, due, alias)
                     if published.last is not None:
-                        dialect.record_tick(cursor, schedule.name, published.last)
+                        store.record_tick(cursor, schedule.name, published.last)
                     break
                 self._checked.pop(schedule.name, None)  # another process was first
             else:
@@ -151,14 +152,14 @@ class Ticker:
         self._log(published)
         return published
 
-    def _read(self, cursor: Any, dialect: Any, schedule: Schedule, now: int) -> int:
+    def _read(self, cursor: Any, store: ScheduleStore, schedule: Schedule, now: int) -> int:
         """The row's ``checked_until``, newest committed value. The row is written first
         (created if missing, starting now: no tick from before the schedule existed):
         the write takes the row's lock at once, so that two processes reading it at the
         same moment queue up instead of deadlocking, and the read that follows (a
         locking read) sees what the other committed."""
-        dialect.ensure_schedules(cursor, [(schedule.name, now, schedule.definition)])
-        rows = dialect.read_schedules(cursor, [schedule.name], lock=True)
+        store.ensure_schedules(cursor, [(schedule.name, now, schedule.definition)])
+        rows = store.read_schedules(cursor, [schedule.name], lock=True)
         return int(rows[schedule.name].checked_until)
 
     def _publish(self, schedule: Schedule, due: list[int], alias: str) -> Published:

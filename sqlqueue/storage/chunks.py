@@ -1,5 +1,5 @@
 """Cutting rows into multi-row statements, without Django: one loop for publishing
-(``sqlqueue.publishing.api``) and the Spark writer (``sqlqueue.integrations.spark.writer``),
+(``sqlqueue.publishing.inserts``) and the Spark writer (``sqlqueue.integrations.spark.writer``),
 each with its own limits and its own measure of what a row adds to a statement."""
 
 from __future__ import annotations

@@ -20,10 +20,12 @@ def retry_victims(
     attempt: Callable[[], _T], *, tries: int, is_victim: Callable[[Exception], bool],
     pause: Callable[[int], float],
     on_retry: Callable[[Exception, int], None] | None = None,
+    sleep: Callable[[float], None] | None = None,
 ) -> _T:
     """``attempt()``, run again (at most ``tries`` times in all) while it raises an error
     ``is_victim`` recognises; any other error, or the last try's, is raised. Before try
-    n + 1 (n from 1): ``on_retry(error, n)``, then a sleep of ``pause(n)`` seconds."""
+    n + 1 (n from 1): ``on_retry(error, n)``, then ``sleep(pause(n))`` (``time.sleep``
+    unless given one: a test passes one that only records)."""
     for tried in range(1, tries + 1):
         try:
             return attempt()
@@ -32,5 +34,5 @@ def retry_victims(
                 raise
             if on_retry is not None:
                 on_retry(error, tried)
-        time.sleep(pause(tried))
+        (sleep or time.sleep)(pause(tried))
     raise ValueError(f"tries must be at least 1, not {tries}")

@@ -18,9 +18,9 @@ from types import TracebackType
 
 from django.db import connections
 
+from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.consuming.clock import DatabaseClock
-from sqlqueue.storage import store
 from sqlqueue.testing.databases import refuse_unless_test_databases
 
 _offset_ms = 0
@@ -80,6 +80,6 @@ def moved_database_clock(alias: str) -> DatabaseClock:
     def read_ms() -> int:
         connection = connections[alias]
         with connection.cursor() as cursor:
-            return store(connection).database_now_ms(cursor) + _offset_ms
+            return storage.store(connection).database_now_ms(cursor) + _offset_ms
 
     return DatabaseClock(read_ms)

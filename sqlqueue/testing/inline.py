@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import itertools
 import queue
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections, transaction
 
+from sqlqueue import storage
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming import handlers
 from sqlqueue.consuming.gc import GarbageCollector
@@ -30,7 +30,6 @@ from sqlqueue.consuming.handoff import HandlerPool
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.runner import Runner, default_name
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.storage import store
 from sqlqueue.testing.clock import moved_database_clock
 from sqlqueue.testing.failures import HandlerFailure
 
@@ -150,10 +149,10 @@ class InlineRunner(Runner):
         """Pass, run what was handed out, pass again (recording it), until settled; then
         record the last outcomes, move the watermarks and release the leases, as a
         ``runconsumer`` that exits does."""
-        deadline = time.monotonic() + SETTLE_TIMEOUT
+        deadline = self.host_clock.monotonic() + SETTLE_TIMEOUT
         try:
             while True:
-                if time.monotonic() > deadline:
+                if self.host_clock.monotonic() > deadline:
                     raise SqlqueueError(self._not_settled())
                 delay = self.run_once()
                 if self.pool.run_handed_out():
@@ -165,7 +164,7 @@ class InlineRunner(Runner):
                         return
                     # The handlers may have published to partitions not seen yet.
                     for subscriber in self.subscribers:
-                        subscriber.look_again_now()
+                        subscriber.finder.look_again_now()
                     continue  # the next pass records their outcomes
                 if self._has_outcomes():
                     continue
@@ -184,7 +183,7 @@ class InlineRunner(Runner):
         to the log's head, and none has a message due."""
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            head = self.server.head(store(connection), cursor)
+            head = self.server.head(storage.store(connection), cursor)
         now_ms = self.clock.now_ms()
         for subscriber in self.subscribers:
             if self._paused(subscriber):

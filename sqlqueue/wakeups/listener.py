@@ -25,7 +25,7 @@ from sqlqueue.wakeups import Ring
 logger = logging.getLogger("sqlqueue.wakeups")
 
 #: seconds between attempts to reconnect, after the first, second... failure
-RECONNECT_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+RELISTEN_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 #: how often a listening thread checks whether it was asked to stop (seconds)
 STOP_CHECK = 0.5
 #: seconds of hearing nothing after which a listener that ``heartbeats`` asks its runner
@@ -90,10 +90,10 @@ class Listener(threading.Thread):
                 self.silences += 1
                 self.deaf = str(silent)
                 logger.warning("%s", silent)
-                self.stopping.wait(RECONNECT_BACKOFF[0])
+                self.stopping.wait(RELISTEN_BACKOFF[0])
             except Exception as exc:  # any failure is a lost connection: retry
                 self.connected.clear()
-                delay = RECONNECT_BACKOFF[min(failures, len(RECONNECT_BACKOFF) - 1)]
+                delay = RELISTEN_BACKOFF[min(failures, len(RELISTEN_BACKOFF) - 1)]
                 # Once per outage at WARNING: a channel that stays down must not flood
                 # the log; polling carries on meanwhile.
                 level = logging.WARNING if failures == 0 else logging.DEBUG

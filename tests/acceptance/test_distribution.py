@@ -15,7 +15,7 @@ from django.db import connection
 
 from sqlqueue import OutgoingMessage, send_messages
 from sqlqueue.models import PartitionLease, QueueMessage, SubscriberHeartbeat
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.acceptance.processes import FAST_LEASES, runconsumer, wait_for
 from tests.testapp.models import HandlerCall
 
@@ -142,7 +142,7 @@ def test_an_idle_until_empty_worker_takes_over_a_leaving_members_partitions_at_o
     offsets = publish(16, per_partition=2)
     member = {"consumer_group": "workers", "topic": TOPIC}
     with connection.cursor() as cursor:
-        now = dialect_for(connection).database_now_ms(cursor)
+        now = store_for(connection).database_now_ms(cursor)
     SubscriberHeartbeat.objects.create(**member, subscriber_name="a-member", heartbeat_at=now)
     for n in range(4):
         PartitionLease.objects.create(**member, partition_key=f"p{n:04d}", leased_by="a-member",
@@ -293,9 +293,9 @@ def test_a_skewed_clock_neither_steals_nor_redelivers_early(processes: list) -> 
 def database_ms_at(call: HandlerCall) -> int:
     """The database time of a journal row (its id order follows the database clock)."""
     with connection.cursor() as cursor:
-        from sqlqueue.storage.sql import dialect_for
+        from sqlqueue.storage.sql import store_for
 
-        now = dialect_for(connection).database_now_ms(cursor)
+        now = store_for(connection).database_now_ms(cursor)
     return now - round((time.monotonic() - call.at) * 1000)
 
 

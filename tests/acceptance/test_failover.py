@@ -103,7 +103,7 @@ def publish_on(port: int, name: str, message_id: str, topic: str = TOPIC) -> int
 
 def test_an_atomic_handler_never_acks_on_the_server_it_was_not_delivered_by(
         processes: list, mysql_only: None, tmp_path: Path) -> None:
-    """A7 of the wave-3 report (SPEC I16): two messages of one partition delivered on the
+    """A7 of the wave-3 report (guarantee I16): two messages of one partition delivered on the
     old server, the second queued behind the first (one handler thread). The address
     moves to the promoted replica, which never had them: the first handler's connection
     is cut, and the second starts on a fresh connection, which reaches the replica while

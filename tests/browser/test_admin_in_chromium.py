@@ -26,7 +26,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 import sqlqueue
 from sqlqueue import OutgoingMessage, send_messages
 from sqlqueue.models import DeadLetter, DeliveryState, PartitionLease
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import drain, drain_until_watermarks, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,12 +64,12 @@ def operator_scene(register: Callable[..., Any]) -> None:
     drain_until_watermarks("analytics", heads)
     drain(["emails"], max_messages=24)
     # Two billing workers hold the partitions; an emails worker died holding one.
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     with connection.cursor() as cursor:
         for worker, keys in (("web-1.4242", sorted(heads)[:3]), ("web-2.4711", sorted(heads)[3:])):
-            dialect.heartbeat(cursor, "billing", "orders", worker)
-            dialect.acquire_leases(cursor, "billing", "orders", keys, worker, 30_000)
-        dialect.acquire_leases(cursor, "emails", "orders", ["customer-05"], "web-3.1999", 1)
+            store.heartbeat(cursor, "billing", "orders", worker)
+            store.acquire_leases(cursor, "billing", "orders", keys, worker, 30_000)
+        store.acquire_leases(cursor, "emails", "orders", ["customer-05"], "web-3.1999", 1)
     PartitionLease.objects.filter(leased_by="web-3.1999").update(
         lease_renewed_at=F("lease_renewed_at") - 120_000)  # two minutes without renewal
 

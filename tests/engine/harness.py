@@ -3,10 +3,10 @@
 ``MemoryQueue`` registers a ``MemoryDatabase`` under two aliases (two connections to
 one database, as two ``runconsumer`` processes have), and gives every time the engine
 reads one source: the ``ManualClock``. The runner's database clock is it (``Runner(clock=
-...)``), the store's ``now_ms`` is it, and so are the ``time.monotonic()`` and
-``time.time()`` the engine's timers read (lease ticks, watermark steps, garbage
-collection): its modules see a ``ClockTime`` in place of the ``time`` module. Nothing
-waits: a test moves the clock.
+...)``), the store's ``now_ms`` is it, and so is the host clock passed to every part of
+the engine that reads time (``Runner(host_clock=...)``: lease ticks, watermark steps,
+garbage collection, rate and in-flight limits). No module's ``time`` is replaced, and
+nothing waits: a test moves the clock.
 
 ``SteppedRunner`` is ``Runner`` with ``sqlqueue.testing``'s ``InlinePool``: a ``step()``
 is one ``run_once()`` and then the handlers of what it handed out, on this thread.
@@ -17,11 +17,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from types import ModuleType
 from typing import Any
 
 from django.db import connections
@@ -30,7 +27,7 @@ from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming import gc
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.runner import Runner
-from sqlqueue.integrations.tasks.retention import prune_results
+from sqlqueue.integrations.tasks.retention import collect_results
 from sqlqueue.testing.inline import InlinePool
 from tests.engine.memory.base import register, unregister
 from tests.engine.memory.tables import MemoryDatabase, Tables
@@ -40,37 +37,7 @@ from tests.manual_clock import ManualClock
 ALIASES = ("memory-a", "memory-b")
 #: where the manual clock starts (epoch ms: 2026-01-01)
 EPOCH_MS = 1_767_225_600_000
-#: modules whose ``time`` the clock replaces: the engine's timers
-TIMED_MODULES = (
-    "sqlqueue.consuming.discovery", "sqlqueue.consuming.exiting", "sqlqueue.consuming.gc",
-    "sqlqueue.consuming.handlers", "sqlqueue.consuming.handoff", "sqlqueue.consuming.leases",
-    "sqlqueue.consuming.limits", "sqlqueue.consuming.pauses", "sqlqueue.consuming.rollup",
-    "sqlqueue.consuming.runner", "sqlqueue.consuming.watermarks", "sqlqueue.horizon",
-    "sqlqueue.publishing.messages", "sqlqueue.testing.inline",
-)
 _databases = itertools.count(1)
-
-
-class ClockTime:
-    """The ``time`` module as the engine's modules see it here: its clocks are the manual
-    clock; a ``sleep`` moves it. Everything else is the real module's."""
-
-    def __init__(self, clock: ManualClock) -> None:
-        self._clock = clock
-
-    def monotonic(self) -> float:
-        return self._clock.ms / 1000
-
-    time = perf_counter = monotonic
-
-    def time_ns(self) -> int:
-        return self._clock.ms * 1_000_000
-
-    def sleep(self, seconds: float) -> None:
-        self._clock.advance(round(seconds * 1000))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(time, name)
 
 
 class MemoryQueue:
@@ -98,7 +65,7 @@ class MemoryQueue:
     def runner(self, consumers: Sequence[Consumer], *, alias: str = ALIASES[0],
                name: str = "runner", **overrides: Any) -> SteppedRunner:
         return SteppedRunner(consumers, conf=self.settings(alias, **overrides), threads=1,
-                             name=name, clock=self.clock)
+                             name=name, clock=self.clock, host_clock=self.clock)
 
 
 class SteppedRunner(Runner):
@@ -126,8 +93,8 @@ class SteppedRunner(Runner):
 
 @contextmanager
 def memory_queue(seed: int = 0) -> Iterator[MemoryQueue]:
-    """A fresh in-memory database on ``ALIASES``, the engine's timers on its clock; the
-    engine's own random choices (a retry's jitter) seeded with ``seed``."""
+    """A fresh in-memory database on ``ALIASES`` (its runners' clocks are its manual
+    clock); the engine's own random choices (a retry's jitter) seeded with ``seed``."""
     queue = MemoryQueue()
     randomness = random.getstate()
     random.seed(seed)
@@ -136,21 +103,13 @@ def memory_queue(seed: int = 0) -> Iterator[MemoryQueue]:
     configured = connections.configure_settings(
         {"default": dict(memory), **{alias: dict(memory) for alias in ALIASES}})
     connections.settings.update({alias: configured[alias] for alias in ALIASES})
-    clock_time = ClockTime(queue.clock)
-    replaced: list[tuple[ModuleType, Any]] = []
-    pruners = list(gc._pruners)
+    registered = list(gc._extra_collections)
     # Task results are ORM rows: not in the in-memory database (nothing writes them).
-    gc._pruners[:] = [p for p in gc._pruners if p is not prune_results]
+    gc._extra_collections[:] = [p for p in gc._extra_collections if p is not collect_results]
     try:
-        for name in TIMED_MODULES:
-            module = sys.modules.get(name) or __import__(name, fromlist=["time"])
-            replaced.append((module, module.time))
-            module.time = clock_time  # type: ignore[attr-defined]
         yield queue
     finally:
-        for module, original in replaced:
-            module.time = original  # type: ignore[attr-defined]
-        gc._pruners[:] = pruners
+        gc._extra_collections[:] = registered
         random.setstate(randomness)
         for alias in ALIASES:
             if alias in connections:  # opened in this thread

@@ -16,7 +16,8 @@ import json
 import random
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import transaction
 
@@ -53,6 +54,8 @@ class Shape:
     stop_chance: float = 0.005
     #: the most steps of the run before the drain (which only steps runners)
     drain_steps: int = 4_000
+    #: a group's limits (``rate_limit``, ``max_in_flight``), stepped on the clock too
+    limits: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Killed(KeyboardInterrupt):
@@ -124,7 +127,7 @@ class SteppedWorkload:
                 ran("fail", self.now)
                 raise RuntimeError(f"{message.id} fails attempt {message.attempt}")
             if group == "h-atomic":
-                # Its own write, committed with the ack or not at all (SPEC I13).
+                # Its own write, committed with the ack or not at all (guarantee I13).
                 send_message(TOPIC + ".out", message.id, partition_key=message.partition_key,
                              using=slot.alias)
                 finished = self.now
@@ -217,7 +220,8 @@ class SteppedWorkload:
                      min_backoff=MIN_BACKOFF_MS / 1000, max_backoff=MAX_BACKOFF_MS / 1000,
                      visibility_timeout=VISIBILITY_MS / 1000,
                      ordered=options.get("ordered", False),
-                     atomic=options.get("atomic", False))(self.handler(group))
+                     atomic=options.get("atomic", False),
+                     **self.shape.limits.get(group, {}))(self.handler(group))
         try:
             for slot in self.slots:
                 self.start(slot)

@@ -290,7 +290,7 @@ def final_state(history: History) -> FinalState:
             "consumer_group", "partition_key", "offset_acked"):
         acked |= {(group, p, o) for (p, o) in stored if p == partition and o <= watermark}
     # The atomic group's handler publishes its message's id to TOPIC.out, in the
-    # transaction that acks the message (SPEC I13).
+    # transaction that acks the message (guarantee I13).
     written = {json.loads(bytes(payload)) for payload in QueueMessage.objects.filter(
         topic=topic + ".out").values_list("payload", flat=True)}
     # Runners collect garbage as they go: a message may be gone once every group is done.

@@ -14,7 +14,7 @@ from django.urls import reverse
 import sqlqueue
 from sqlqueue import OutgoingMessage, send_message, send_messages
 from sqlqueue.models import DeadLetter, DeliveryState, PartitionOffset, QueueMessage
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import (
     drain,
     drain_until_watermarks,
@@ -198,11 +198,11 @@ def test_subscribers_page_shows_holders_and_stale_leases(admin_client: Client,
                                                          register: Any) -> None:
     journal(register)
     send_messages("t", [OutgoingMessage(n, partition_key=f"k{n}") for n in range(3)])
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     with connection.cursor() as cursor:
-        dialect.heartbeat(cursor, "g", "t", "worker-a")
-        dialect.acquire_leases(cursor, "g", "t", ["k0", "k1"], "worker-a", 60_000)
-        dialect.acquire_leases(cursor, "g", "t", ["k2"], "worker-gone", 60_000)
+        store.heartbeat(cursor, "g", "t", "worker-a")
+        store.acquire_leases(cursor, "g", "t", ["k0", "k1"], "worker-a", 60_000)
+        store.acquire_leases(cursor, "g", "t", ["k2"], "worker-gone", 60_000)
         # worker-gone stopped renewing two minutes ago.
         cursor.execute("UPDATE queue_partition_leases SET lease_renewed_at = "
                        "lease_renewed_at - 120000 WHERE leased_by = 'worker-gone'")
@@ -251,7 +251,7 @@ def test_a_revoked_lease_has_no_age(admin_client: Client, register: Any) -> None
     journal(register)
     sent = send_message("t", 1, partition_key="k")
     with connection.cursor() as cursor:
-        now = dialect_for(connection).database_now_ms(cursor)
+        now = store_for(connection).database_now_ms(cursor)
     SubscriberHeartbeat.objects.create(consumer_group="g", topic="t", subscriber_name="w1",
                                        heartbeat_at=now)
     PartitionLease.objects.create(consumer_group="g", topic="t", partition_key="k",

@@ -11,6 +11,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 
+from sqlqueue import storage
 from sqlqueue.admin.activity_charts import (
     latency_chart,
     nice_ticks,
@@ -18,7 +19,6 @@ from sqlqueue.admin.activity_charts import (
     tick_text,
 )
 from sqlqueue.operations.overview import Minute, histogram_quantile
-from sqlqueue.storage import store
 
 pytestmark = pytest.mark.django_db
 URL = "/admin/sqlqueue/liveoverview/"
@@ -33,10 +33,10 @@ def operator(client: Client) -> Client:
 
 def add_rows() -> int:
     with connection.cursor() as cursor:
-        dialect = store(connection)
-        now = dialect.database_now_ms(cursor)
+        store = storage.store(connection)
+        now = store.database_now_ms(cursor)
         minute = now - now % 60_000
-        dialect.add_minute_stats(cursor, {
+        store.add_minute_stats(cursor, {
             ("billing", "orders", minute): {"published": 4, "ack": 3, "fail": 1,
                                            "dead_lettered": 1, "duration_02": 3,
                                            "duration_05": 1, "duration_sum": 0.3},
@@ -147,7 +147,7 @@ def test_the_range_selector_offers_ranges_the_rollup_keeps(operator: Client) -> 
     fragment = operator.get(URL, {"fragment": "1", "minutes": "30"}).content.decode()
     assert "last 30 min" in fragment
     with connection.cursor() as cursor:  # a row 20 minutes ago: outside 15, inside 30
-        store(connection).add_minute_stats(cursor, {
+        storage.store(connection).add_minute_stats(cursor, {
             ("billing", "orders", minute - 20 * 60_000): {"published": 5, "ack": 5}})
     assert "6 published" in operator.get(URL, {"minutes": "15"}).content.decode()
     assert "11 published" in operator.get(URL, {"minutes": "30"}).content.decode()

@@ -27,7 +27,7 @@ from django.test.utils import CaptureQueriesContext
 
 from sqlqueue import send_message
 from sqlqueue.models import DeadLetter, PartitionOffset, QueueMessage
-from sqlqueue.operations.log_browse import COUNT_CAP
+from sqlqueue.operations import COUNT_CAP
 from tests.integration.test_admin import admin_client
 
 __all__ = ["admin_client"]  # a fixture of test_admin

@@ -30,7 +30,7 @@ from sqlqueue.models import (
 )
 from sqlqueue.operations import lag as lag_rules
 from sqlqueue.operations.lag import group_lag, lag_overview
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import (
     drain,
     drain_until_watermarks,
@@ -48,7 +48,7 @@ SUBSCRIPTION = "admin:sqlqueue_consumerlag_subscription"
 
 def now_ms() -> int:
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store_for(connection).database_now_ms(cursor)
 
 
 def overview_row(html: str, group: str, topic: str) -> str:
@@ -302,4 +302,4 @@ def test_a_hint_whose_message_is_gone_is_not_used(register: Any,
 
 def first_probe() -> str:
     """The opening of a ``first_offsets_above`` probe, to find it among statements run."""
-    return dialect_for(connection).sql.first_offsets_above("", [("", 0)])[0].split(",")[0][:25]
+    return store_for(connection).sql.first_offsets_above("", [("", 0)])[0].split(",")[0][:25]

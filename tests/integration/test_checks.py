@@ -13,9 +13,10 @@ from django.db import connection, connections
 from django.test import override_settings
 
 from sqlqueue import ConfigurationError, send_message
-from sqlqueue.checks import PACKET_MARGIN, check_database, check_settings
+from sqlqueue.checks import check_database, check_settings
+from sqlqueue.checks.mysql import PACKET_MARGIN
 from sqlqueue.migrations._collation import binary_collation
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 
 pytestmark = pytest.mark.django_db
 
@@ -141,7 +142,7 @@ def test_postgresql_isolation_above_read_committed_is_an_error(
 def test_postgresql_role_blind_to_other_sessions_warns(
     postgresql: None, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    statements_class = type(dialect_for(connection).sql)
+    statements_class = type(store_for(connection).sql)
     monkeypatch.setattr(statements_class, "horizon_privileges",
                         lambda self: ("SELECT false", []))
     assert ids(check_database(databases=["default"])) == ["sqlqueue.W105"]
@@ -190,7 +191,8 @@ def test_packet_that_cannot_hold_an_escaped_payload_and_metadata_warns(
 def pooled(monkeypatch: pytest.MonkeyPatch) -> None:
     """The check sees a connection pooler (a pg_backend_pid() other than the connection's)
     and no way past it (every session the listener could open is pooled too)."""
-    monkeypatch.setattr("sqlqueue.checks.reaches_server_directly", lambda cursor, pid: False)
+    monkeypatch.setattr("sqlqueue.checks.poolers.reaches_server_directly",
+                        lambda cursor, pid: False)
     monkeypatch.setattr("sqlqueue.wakeups.postgresql.reaches_server_directly",
                         lambda cursor, pid: False)
 
@@ -198,7 +200,8 @@ def pooled(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def pooled_with_a_way_past(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pooler the listener can reach past: the server behind answers it directly."""
-    monkeypatch.setattr("sqlqueue.checks.reaches_server_directly", lambda cursor, pid: False)
+    monkeypatch.setattr("sqlqueue.checks.poolers.reaches_server_directly",
+                        lambda cursor, pid: False)
 
 
 def without_binding_warning(messages: list[Any]) -> list[Any]:

@@ -20,9 +20,10 @@ from django.db import OperationalError, connection, connections
 import sqlqueue
 from sqlqueue import Message, send_message
 from sqlqueue.consuming.registry import select_consumers
-from sqlqueue.consuming.runner import Runner, _Once
+from sqlqueue.consuming.runner import Runner
+from sqlqueue.consuming.server import Head
 from sqlqueue.models import DeliveryState
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import fast_settings, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,7 +34,7 @@ TOLERANCE_MS = 100  # the clock's extrapolation is ahead by at most a round trip
 
 def db_now_ms() -> int:
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store_for(connection).database_now_ms(cursor)
 
 
 def db_now_ms_at_call() -> int:
@@ -46,13 +47,13 @@ def db_now_ms_at_call() -> int:
 
 
 def slowed(monkeypatch: pytest.MonkeyPatch, statement: str) -> list[float]:
-    """Make the first call of ``Dialect.<statement>`` take ``WAIT`` seconds, as a lock
+    """Make the first call of ``Store.<statement>`` take ``WAIT`` seconds, as a lock
     wait would (a statement repeated in the same transaction then holds the locks and
     does not wait again); returns the calls (grows as it is called), each as the time
     (epoch ms, this machine's clock, which is the test databases' too) when the
     statement went ahead after its wait: nothing stamped after it may count from before."""
-    dialect_class = type(dialect_for(connection))
-    original = getattr(dialect_class, statement)
+    store_class = type(store_for(connection))
+    original = getattr(store_class, statement)
     calls: list[float] = []
 
     def waiting(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -61,7 +62,7 @@ def slowed(monkeypatch: pytest.MonkeyPatch, statement: str) -> list[float]:
         calls.append(time.time() * 1000)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(dialect_class, statement, waiting)
+    monkeypatch.setattr(store_class, statement, waiting)
     return calls
 
 
@@ -146,7 +147,7 @@ def test_covered_at_is_read_after_the_head(register: Any, runner_for: Callable[.
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # The late-commit window may close once every transaction open at ``covered_at_ms``
     # has ended: a time from before the head was read would let it close over a
-    # publisher that was still open when the head passed its offset (SPEC I4).
+    # publisher that was still open when the head passed its offset (guarantee I4).
     handled: list[int] = []
     register("t", "g", lambda message: handled.append(message.offset))
     runner = runner_for("g")
@@ -164,7 +165,7 @@ def test_covered_at_is_read_after_the_head(register: Any, runner_for: Callable[.
 
     connection_ = connections[runner.alias]
     with connection_.cursor() as cursor:
-        subscriber.poll(cursor, _Once(head_read_after_a_wait), None)
+        subscriber.poll(cursor, Head(head_read_after_a_wait), None)
     assert state.covered >= later.offset
     assert state.covered_at_ms == clock_ms[0]  # read after the head, not before
 

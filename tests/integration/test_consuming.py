@@ -20,7 +20,7 @@ from sqlqueue.consuming.backoff import JITTER
 from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import (
     RUN_TIMEOUT,
     drain,
@@ -58,7 +58,7 @@ class Journal:
 
 def db_now_ms() -> int:
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store_for(connection).database_now_ms(cursor)
 
 
 def test_every_message_is_handled_once_and_the_watermark_follows(register: Any) -> None:
@@ -362,16 +362,16 @@ def test_draining_costs_a_few_statements_per_batch_not_per_message(
     closes depends on the machine's speed (a loaded CI machine runs more of them), so
     the count of passes is bounded per batch, not exactly. The steady figure (about
     0.08 statements per message) is measured by ``bench.statements``."""
-    from sqlqueue.consuming.runner import Runner
+    from sqlqueue.consuming.transactions import FencedTransactions
 
     passes = []
-    original = Runner._pass
+    original = FencedTransactions.deliver
 
-    def counted(self: Runner, *args: Any, **kwargs: Any) -> Any:
+    def counted(self: FencedTransactions, *args: Any, **kwargs: Any) -> Any:
         passes.append(1)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(Runner, "_pass", counted)
+    monkeypatch.setattr(FencedTransactions, "deliver", counted)
     register("t", "g", lambda message: None, batch_size=100)
     sent = send_messages("t", [OutgoingMessage(n, partition_key="k") for n in range(2000)])
     with CaptureQueriesContext(connection) as queries:
@@ -520,7 +520,7 @@ class OpenPublish:
 def narrowing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Polls ask which partitions have new rows first (``narrows_fetches``: PostgreSQL's
     way, tried here on every database)."""
-    monkeypatch.setattr(type(dialect_for(connection)), "narrows_fetches", True)
+    monkeypatch.setattr(type(store_for(connection)), "narrows_fetches", True)
 
 
 def test_a_poll_fetches_only_the_partitions_with_new_rows(register: Any,
@@ -591,7 +591,7 @@ def test_a_late_commit_in_a_partition_a_poll_passed_over_is_delivered(
 @pytest.mark.django_db(transaction=True)  # ANALYZE TABLE commits on MySQL
 def test_fetch_uses_the_partition_offset_index(register: Any) -> None:
     send_messages("t", [OutgoingMessage(n, partition_key=f"k{n % 5}") for n in range(200)])
-    sql = dialect_for(connection).sql.fetch_messages("", "", "", 0, 0)[0]
+    sql = store_for(connection).sql.fetch_messages("", "", "", 0, 0)[0]
     with connection.cursor() as cursor:
         if connection.vendor == "mysql":
             cursor.execute("ANALYZE TABLE queue_messages")
@@ -724,8 +724,8 @@ def test_lock_waits_are_bounded_per_transaction_behind_a_pooler(
     from sqlqueue.consuming.server import lock_wait_seconds
     from sqlqueue.consuming.subscriber import Subscriber
 
-    dialect_class = type(dialect_for(connection))
-    monkeypatch.setattr(dialect_class, "through_pooler", lambda self, cursor: pooled)
+    store_class = type(store_for(connection))
+    monkeypatch.setattr(store_class, "through_pooler", lambda self, cursor: pooled)
     in_transactions: list[str] = []
     fence = Subscriber.fence
 

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 import sqlqueue
-from sqlqueue import Message, send_message, send_messages
+from sqlqueue import Message, send_message, send_messages, storage
 from sqlqueue.consuming.gc import GarbageCollector
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.operations.dead_letters import (
@@ -17,7 +17,6 @@ from sqlqueue.operations.dead_letters import (
     discard_dead_letter,
     replay_dead_letter,
 )
-from sqlqueue.storage import store
 from sqlqueue.storage.statements.delivery import OutcomeWrite
 from tests.integration.consuming_helpers import (
     drain,
@@ -181,7 +180,7 @@ def test_a_gc_pass_makes_a_few_deletes_and_the_next_pass_goes_on(
         for force in (False, False, False, True):
             deletes.clear()
             passes.append((collector.collect(cursor, force=force), len(deletes),
-                           collector._next_pass["t"] <= gc.time.monotonic()))
+                           collector._next_pass["t"] <= collector.host_clock.monotonic()))
     # The last, forced, finds every partition collected up to its watermark: no DELETE.
     assert passes == [(4, 2, True), (4, 2, True), (2, 1, False), (0, 0, False)]
     assert not QueueMessage.objects.filter(topic="t").exists()
@@ -213,9 +212,9 @@ def test_a_forced_pass_sweeps_windows_of_offsets_within_each_partition_s_limit(
         PartitionOffset.objects.create(consumer_group=group, topic="t", partition_key=key,
                                        offset_acked=offset, updated_at=0)
     conf = dataclasses.replace(fast_settings(), KEEP_DELIVERY_STATE=True)
-    dialect = store(connection)
+    store = storage.store(connection)
     with connection.cursor() as cursor:
-        dialect.write_outcomes(cursor, "a", "t", [
+        store.write_outcomes(cursor, "a", "t", [
             OutcomeWrite(key, offset, True, 0) for key, offsets in by_key.items()
             for offset in offsets])
     collector = GarbageCollector(conf, "default", {"t": {"a", "b"}})

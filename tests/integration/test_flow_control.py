@@ -14,10 +14,11 @@ from django.urls import reverse
 
 from sqlqueue import OutgoingMessage, send_messages
 from sqlqueue.consuming.pauses import PauseWatch, matches
+from sqlqueue.consuming.server import Head
 from sqlqueue.models import FlowControl
 from sqlqueue.operations import flow
 from sqlqueue.operations.lag import PartitionLag, group_lag, partition_status
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import drain, fast_settings, queue, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,7 +50,7 @@ def test_list_pauses_statement() -> None:
     flow.pause("g", "t")
     flow.pause(topic="t2")
     with connection.cursor() as cursor:
-        assert sorted(dialect_for(connection).list_pauses(cursor)) == [("", "t2"), ("g", "t")]
+        assert sorted(store_for(connection).list_pauses(cursor)) == [("", "t2"), ("g", "t")]
 
 
 def test_pause_watch_reads_at_most_once_an_interval() -> None:
@@ -81,7 +82,7 @@ def test_a_paused_runner_handles_nothing_and_keeps_its_leases(register: Any) -> 
     assert runner.subscribers[0].partitions  # leased, heartbeating
     lag = group_lag("g", "t")
     assert lag.status == "PAUSED" and lag.held == 1
-    assert runner.pacer.next_delay(lambda: sent[-1].offset) == runner.conf.POLL_INTERVAL
+    assert runner.pacer.next_delay(Head(lambda: sent[-1].offset)) == runner.conf.POLL_INTERVAL
     runner.stop()
     runner.shutdown()
     flow.resume("g", "t")

@@ -17,7 +17,7 @@ from django.db import connection
 
 from sqlqueue import send_message
 from sqlqueue.models import PartitionLease, PartitionOffset, QueueMessage, SubscriberHeartbeat
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.acceptance.processes import ROOT
 from tests.integration.consuming_helpers import register
 
@@ -37,7 +37,7 @@ def health(*args: str) -> tuple[int, dict[str, Any]]:
 
 def now_ms() -> int:
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store_for(connection).database_now_ms(cursor)
 
 
 def hold(group: str, topic: str, key: str, at: int) -> None:

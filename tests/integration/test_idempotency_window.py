@@ -136,12 +136,12 @@ def test_a_key_that_cannot_be_written_takes_its_message_with_it(
 ) -> None:
     from django.db import OperationalError, transaction
 
-    from sqlqueue.storage.sql import dialect_for
+    from sqlqueue.storage.sql import store_for
 
     def fail(*args: Any, **kwargs: Any) -> None:
         raise OperationalError("lock wait timeout (simulated)")
 
-    monkeypatch.setattr(type(dialect_for(connection)), "remember_idempotency_keys", fail)
+    monkeypatch.setattr(type(store_for(connection)), "remember_idempotency_keys", fail)
     publishes = (lambda: send_message(TOPIC, {}, partition_key="k", id="order-1"),
                  lambda: send_messages(TOPIC, [OutgoingMessage({}, partition_key="k",
                                                                id="order-2")]))

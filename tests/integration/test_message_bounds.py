@@ -18,7 +18,7 @@ from django.utils import timezone
 from sqlqueue import InvalidMessage, OutgoingMessage, send_message, send_messages
 from sqlqueue.consuming.handlers import MAX_RETRY_DELAY
 from sqlqueue.models import QueueMessage
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CENTURY = timedelta(days=100 * 365)
@@ -39,7 +39,7 @@ TIME_WORDS = ("datetime", "timedelta", "float")
 
 def db_now_ms() -> int:
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store_for(connection).database_now_ms(cursor)
 
 
 def value_of(value: Any) -> Any:

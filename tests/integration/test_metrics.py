@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import sqlqueue
 from sqlqueue import OutgoingMessage, send_message, send_messages
 from sqlqueue.models import PartitionLease, SubscriberHeartbeat
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import drain, drain_until_watermarks, register
 from tests.integration.test_admin import admin_client, staff_with
 
@@ -45,7 +45,7 @@ def value(samples: dict[Any, float], name: str, group: str, topic: str,
 
 def now_ms() -> int:
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store_for(connection).database_now_ms(cursor)
 
 
 def test_values_against_known_states(admin_client: Client, register: Any) -> None:

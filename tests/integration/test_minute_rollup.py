@@ -14,25 +14,26 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import sqlqueue
-from sqlqueue import OutgoingMessage, send_messages
+from sqlqueue import OutgoingMessage, send_messages, storage
 from sqlqueue.conf import DURATION_BUCKETS
-from sqlqueue.consuming import handoff
+from sqlqueue.consuming.clock import HostClock
 from sqlqueue.consuming.gc import GarbageCollector
 from sqlqueue.consuming.registry import select_consumers
-from sqlqueue.consuming.rollup import KEEP_MS, MinuteRollup, prune_minute_stats
+from sqlqueue.consuming.rollup import KEEP_MS, MinuteRollup, collect_minute_stats
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.metrics import ProcessMetrics
 from sqlqueue.operations.overview import activity, histogram_quantile
-from sqlqueue.storage import store
 from tests.integration.consuming_helpers import RUN_TIMEOUT, fast_settings, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
 __all__ = ["register"]
 
 
-def run_with_rollup(groups: list[str], metrics: ProcessMetrics) -> MinuteRollup:
+def run_with_rollup(groups: list[str], metrics: ProcessMetrics,
+                    host_clock: HostClock | None = None) -> MinuteRollup:
     runner = Runner(select_consumers(groups, []), until_empty=True,
-                    conf=fast_settings(MAX_ATTEMPTS=2), instruments=metrics)
+                    conf=fast_settings(MAX_ATTEMPTS=2), instruments=metrics,
+                    host_clock=host_clock)
     rollup = MinuteRollup.of(runner)
     runner.pacer.add_timer(rollup)
     thread = threading.Thread(target=lambda: (runner.run(install_signal_handlers=False),
@@ -50,28 +51,30 @@ def prometheus(metrics: ProcessMetrics) -> dict[tuple[str, tuple[tuple[str, str]
 
 
 class DeclaredWork:
-    """The clock the handler pool times handlers with (``handoff.time``), on the test's
+    """The host clock the handler pool times handlers with (its ``wall()``), on the test's
     terms: a handler lasts exactly the work it declares, however loaded the machine (a
-    real 30 ms sleep landed in a later bucket at load 8)."""
+    real 30 ms sleep landed in a later bucket at load 8). Passed to the runner
+    (``Runner(host_clock=...)``), not patched into a module."""
 
     def __init__(self) -> None:
         self.base = time.time()
         self.spent = threading.local()
 
-    def time(self) -> float:
+    def wall(self) -> float:
         return self.base + getattr(self.spent, "seconds", 0.0)
 
-    def monotonic(self) -> float:  # handler timeouts stay on the real clock
+    def monotonic(self) -> float:  # timers and handler timeouts stay on the real clock
         return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def work(self, seconds: float) -> None:
         self.spent.seconds = getattr(self.spent, "seconds", 0.0) + seconds
 
 
-def test_the_rollup_agrees_with_the_prometheus_registry(
-        register: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_rollup_agrees_with_the_prometheus_registry(register: Any) -> None:
     clock = DeclaredWork()
-    monkeypatch.setattr(handoff, "time", clock)
 
     def handler(message: sqlqueue.Message) -> None:
         if message.payload == "slow":
@@ -88,7 +91,7 @@ def test_the_rollup_agrees_with_the_prometheus_registry(
     send_messages("t", [OutgoingMessage(p, partition_key=f"k{i % 3}")
                         for i, p in enumerate(payloads)])
     metrics = ProcessMetrics()
-    run_with_rollup(["g"], metrics)
+    run_with_rollup(["g"], metrics, host_clock=clock)
 
     [sub] = activity()
     total = sub.total
@@ -119,7 +122,7 @@ def test_the_minutes_are_the_database_clock_s_and_the_hour_is_zero_filled(
     send_messages("t", [OutgoingMessage(n) for n in range(3)])
     run_with_rollup(["g"], ProcessMetrics())
     with connection.cursor() as cursor:
-        now = store(connection).database_now_ms(cursor)
+        now = storage.store(connection).database_now_ms(cursor)
     [sub] = activity()
     assert len(sub.minutes) == 60 and sub.minutes[-1].start_ms == now - now % 60_000
     assert sum(m.acked for m in sub.minutes) == 3 == sub.total.acked
@@ -128,18 +131,18 @@ def test_the_minutes_are_the_database_clock_s_and_the_hour_is_zero_filled(
 
 def test_garbage_collection_deletes_the_rows_older_than_it_keeps() -> None:
     with connection.cursor() as cursor:
-        dialect = store(connection)
-        now = dialect.database_now_ms(cursor)
+        store = storage.store(connection)
+        now = store.database_now_ms(cursor)
         minute = now - now % 60_000
         old = minute - KEEP_MS - 60_000
-        dialect.add_minute_stats(cursor, {("g", "t", old): {"ack": 5},
+        store.add_minute_stats(cursor, {("g", "t", old): {"ack": 5},
                                           ("g", "t", minute): {"ack": 1}})
     collector = GarbageCollector(fast_settings(), "default", {})
     with connection.cursor() as cursor:
         collector.collect(cursor, force=True)
-        rows = store(connection).read_minute_stats(cursor, 0, ("ack",))
+        rows = storage.store(connection).read_minute_stats(cursor, 0, ("ack",))
     assert [(r[2], int(r[3])) for r in rows] == [(minute, 1)]
-    assert prune_minute_stats("default", 1000) == (0, False)  # nothing left to delete
+    assert collect_minute_stats("default", 1000) == (0, False)  # nothing left to delete
 
 
 def test_the_timer_writes_every_ten_seconds_what_every_thread_counted(
@@ -184,4 +187,4 @@ def fetched_deliveries(runner: Runner) -> list[Any]:
 
 def rows() -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
-        return store(connection).read_minute_stats(cursor, 0, ("ack", "published"))
+        return storage.store(connection).read_minute_stats(cursor, 0, ("ack", "published"))

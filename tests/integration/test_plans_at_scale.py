@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from sqlqueue.storage import store
+from sqlqueue import storage
 from sqlqueue.storage.statements import Statement, Statements
 from sqlqueue.storage.statements.tables import ALL_TABLES
 
@@ -168,7 +168,7 @@ def _empty(cursor: Any) -> None:
 
 @pytest.fixture
 def sql(backlog: None) -> Statements:
-    return store(connection).sql
+    return storage.store(connection).sql
 
 
 # -- reading plans ---------------------------------------------------------------------
@@ -176,11 +176,11 @@ BIG_TABLES = ("queue_messages", "queue_delivery_state")
 
 
 def mysql_plan(statement: Statement) -> list[dict[str, Any]]:
-    """``EXPLAIN``'s rows, run as the dialect runs statements (``execute_rows``: values
+    """``EXPLAIN``'s rows, run as the store runs statements (``execute_rows``: values
     inlined), through Django's connection."""
     sql, params = statement
     with connection.cursor() as cursor:
-        store(connection).execute_rows(cursor, "EXPLAIN " + sql, params)
+        storage.store(connection).execute_rows(cursor, "EXPLAIN " + sql, params)
         columns = [c[0] for c in cursor.description]
         return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
 

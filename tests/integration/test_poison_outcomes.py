@@ -1,4 +1,4 @@
-"""SPEC I15, no poison outcome: nothing a handler raises or returns, and nothing another
+"""guarantee I15, no poison outcome: nothing a handler raises or returns, and nothing another
 program wrote into the table, stops a runner or a partition. Error texts are stored made
 safe (NUL and lone surrogates replaced, capped); after max_attempts the message is a dead
 letter with its real error, and the partition's next message is handled at once (no
@@ -20,7 +20,7 @@ from sqlqueue import InvalidMessage, Message, OutgoingMessage, send_message, sen
 from sqlqueue.consuming.outcomes import RetryAt, copy_to_dead_letters, write_acks
 from sqlqueue.models import DeliveryState, QueueMessage
 from sqlqueue.naming import MAX_STORED_TEXT_CHARS, storable_text
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import drain, register
 
 __all__ = ["register"]  # the fixture
@@ -56,12 +56,12 @@ def test_any_error_text_is_recorded_made_safe() -> None:
     """The fuzzer: a retry's error and a dead letter's error, written through the one
     writer of outcomes, are stored (never a database error) as ``storable_text``."""
     sent = send_message("fuzz", {"n": 1}, partition_key="k")
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     for n, text in enumerate(error_texts(random.Random(FUZZ_SEED), FUZZ_EXAMPLES)):
         with connection.cursor() as cursor:
-            write_acks(cursor, dialect, "g", "fuzz", [],
+            write_acks(cursor, store, "g", "fuzz", [],
                        [RetryAt("k", sent.offset, invisible_until=0, error=text)])
-            copy_to_dead_letters(cursor, dialect, dead_letter_topic="fuzz_dlq", group=f"g{n}",
+            copy_to_dead_letters(cursor, store, dead_letter_topic="fuzz_dlq", group=f"g{n}",
                                  message_id=sent.id, offset=sent.offset, attempts=1,
                                  error=text, reason="max_attempts")
         expected = storable_text(text)
@@ -189,7 +189,7 @@ def test_a_retry_with_an_unusable_delay_does_not_stop_the_runner(register: Any) 
     states = {s.message_offset: s for s in DeliveryState.objects.filter(consumer_group="g")}
     forever, nan = states[sent[0].offset], states[sent[1].offset]
     with connection.cursor() as cursor:
-        now = dialect_for(connection).database_now_ms(cursor)
+        now = store_for(connection).database_now_ms(cursor)
     a_year = 365 * 24 * 3600  # the longest delay honoured (handlers.MAX_RETRY_DELAY)
     assert forever.invisible_until > now + 1000 * (a_year - 3600)
     assert "forever \ufffd" in forever.last_error and "\x00" not in forever.last_error

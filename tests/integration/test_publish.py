@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from sqlqueue import InvalidMessage, OutgoingMessage, SentMessage, send_message, send_messages
 from sqlqueue.models import QueueMessage
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.conftest import stored_messages
 from tests.testapp.models import Order
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def db_now_ms() -> int:
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store_for(connection).database_now_ms(cursor)
 
 
 # -- I1: transactional publish -----------------------------------------------------------
@@ -187,8 +187,8 @@ def test_send_messages_is_all_or_nothing_on_invalid_input() -> None:
 def test_send_messages_is_all_or_nothing_on_a_database_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    dialect = dialect_for(connection)
-    real_insert = dialect.insert_messages
+    store = store_for(connection)
+    real_insert = store.insert_messages
     calls = {"n": 0}
 
     def fail_on_second_chunk(cursor: Any, rows: Any) -> Any:
@@ -197,10 +197,10 @@ def test_send_messages_is_all_or_nothing_on_a_database_error(
             raise OperationalError("connection lost in the middle of the batch")
         return real_insert(cursor, rows)
 
-    monkeypatch.setattr(dialect, "insert_messages", fail_on_second_chunk)
+    monkeypatch.setattr(store, "insert_messages", fail_on_second_chunk)
     with pytest.raises(OperationalError):
         # three chunks (500 rows each at most; 5,000 on PostgreSQL, COPY)
-        send_messages("t", list(range(2 * dialect.max_rows_per_insert + 200)))
+        send_messages("t", list(range(2 * store.max_rows_per_insert + 200)))
     assert calls["n"] == 2
     assert stored_messages() == []
 
@@ -384,7 +384,7 @@ def test_send_messages_with_caller_ids_looks_them_up_first() -> None:
 
 
 def chunks_of(count: int) -> int:
-    return -(-count // dialect_for(connection).max_rows_per_insert)
+    return -(-count // store_for(connection).max_rows_per_insert)
 
 
 def assert_offsets_match(sent: list[SentMessage]) -> None:
@@ -471,23 +471,23 @@ def test_the_character_set_is_read_once_per_connection() -> None:
 
 
 class _Victim:
-    """The dialect's insert, failing its first ``times`` calls as a deadlock victim would
+    """The store's insert, failing its first ``times`` calls as a deadlock victim would
     (a Galera certification conflict is reported the same way)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, times: int) -> None:
-        dialect_class = type(dialect_for(connection))
-        real = dialect_class.insert_messages
+        store_class = type(store_for(connection))
+        real = store_class.insert_messages
         self.calls = 0
 
-        def insert(dialect: Any, cursor: Any, rows: Any, **options: Any) -> Any:
+        def insert(store: Any, cursor: Any, rows: Any, **options: Any) -> Any:
             self.calls += 1
             if self.calls <= times:
                 raise OperationalError("injected: deadlock victim")
-            return real(dialect, cursor, rows, **options)
+            return real(store, cursor, rows, **options)
 
-        monkeypatch.setattr(dialect_class, "insert_messages", insert)
-        monkeypatch.setattr(dialect_class, "is_lock_wait",
-                            lambda dialect, error: "deadlock victim" in str(error))
+        monkeypatch.setattr(store_class, "insert_messages", insert)
+        monkeypatch.setattr(store_class, "is_lock_wait",
+                            lambda store, error: "deadlock victim" in str(error))
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""The cursor publishing keeps between messages (``Dialect.publishing_cursor``): kept per
+"""The cursor publishing keeps between messages (``Store.publishing_cursor``): kept per
 DB-API connection, replaced after a reconnect, and never hiding a statement from
 Django's query log or from an ``execute_wrapper``."""
 
@@ -12,37 +12,37 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from sqlqueue import send_message
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.conftest import stored_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_one_cursor_serves_every_publish_of_a_connection() -> None:
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     send_message("kept.cursor", {"n": 1}, partition_key="a")
-    kept = dialect.publishing_cursor()
+    kept = store.publishing_cursor()
     send_message("kept.cursor", {"n": 2}, partition_key="a")
     with transaction.atomic():
         send_message("kept.cursor", {"n": 3}, partition_key="b")
-    assert dialect.publishing_cursor() is kept
+    assert store.publishing_cursor() is kept
     assert [row["payload"]["n"] for row in stored_messages()] == [1, 2, 3]
 
 
 def test_a_reconnect_gets_a_new_cursor_and_the_publish_goes_through() -> None:
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     send_message("kept.cursor", {"n": 1})
-    before = dialect.publishing_cursor()
+    before = store.publishing_cursor()
     connection.close()  # what Django does at the end of a request (CONN_MAX_AGE=0)
     sent = send_message("kept.cursor", {"n": 2})
-    assert dialect.publishing_cursor() is not before
+    assert store.publishing_cursor() is not before
     assert [row["offset"] for row in stored_messages()][-1] == sent.offset
 
 
 def test_a_failed_health_check_reconnects_before_the_publish() -> None:
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     send_message("kept.cursor", {"n": 1})
-    before = dialect.publishing_cursor()
+    before = store.publishing_cursor()
     wrapper: Any = connection  # CONN_HEALTH_CHECKS, as a new request finds it
     wrapper.health_check_enabled, wrapper.health_check_done = True, False
     try:
@@ -51,7 +51,7 @@ def test_a_failed_health_check_reconnects_before_the_publish() -> None:
     finally:
         del wrapper.is_usable
         wrapper.health_check_enabled = False
-    assert dialect.publishing_cursor() is not before
+    assert store.publishing_cursor() is not before
     assert sent.created and len(stored_messages()) == 2
 
 
@@ -84,26 +84,26 @@ def test_another_thread_on_a_shared_connection_gets_a_cursor_of_its_own() -> Non
     thread that did not open the kept cursor never uses it, so its INSERT reads its own
     ``lastrowid``."""
     shared = connections[DEFAULT_DB_ALIAS]  # the wrapper itself: the proxy is per thread
-    dialect = dialect_for(shared)
+    store = store_for(shared)
     send_message("kept.cursor", {"n": 0})
-    kept = dialect.publishing_cursor()
+    kept = store.publishing_cursor()
     seen: list[Any] = []
     shared.inc_thread_sharing()
     try:
-        worker = threading.Thread(target=lambda: seen.append(dialect.publishing_cursor()))
+        worker = threading.Thread(target=lambda: seen.append(store.publishing_cursor()))
         worker.start()
         worker.join()
     finally:
         shared.dec_thread_sharing()
     assert seen and seen[0] is not kept
-    assert dialect.publishing_cursor() is kept
+    assert store.publishing_cursor() is kept
 
 
-def test_a_dialect_made_through_the_connection_proxy_holds_the_threads_wrapper() -> None:
+def test_a_store_made_through_the_connection_proxy_holds_the_threads_wrapper() -> None:
     wrapper = connections[DEFAULT_DB_ALIAS]
-    vars(wrapper).pop("_sqlqueue_dialect", None)  # made afresh, from django.db.connection
-    assert dialect_for(connection).connection is wrapper
-    assert dialect_for(wrapper) is dialect_for(connection)
+    vars(wrapper).pop("_sqlqueue_kept_store", None)  # made afresh, from django.db.connection
+    assert store_for(connection).connection is wrapper
+    assert store_for(wrapper) is store_for(connection)
 
 
 mysql_only = pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL's InsertCursor")
@@ -114,7 +114,7 @@ def test_mysql_keeps_a_lean_insert_cursor_inside_djangos_wrappers() -> None:
     from sqlqueue.storage.sql.mysql import InsertCursor
 
     send_message("kept.cursor", {"n": 0})
-    kept: Any = dialect_for(connection).publishing_cursor()
+    kept: Any = store_for(connection).publishing_cursor()
     assert type(kept.cursor.cursor) is InsertCursor  # Django's wrapper, the backend's, ours
     sent = send_message("kept.cursor", {"n": 1})
     assert kept.lastrowid == sent.offset and kept.rowcount == 1
@@ -124,7 +124,7 @@ def test_mysql_keeps_a_lean_insert_cursor_inside_djangos_wrappers() -> None:
 def test_the_insert_cursor_raises_djangos_errors_and_leaves_the_connection_usable() -> None:
     from django.db import IntegrityError, ProgrammingError
 
-    kept = dialect_for(connection).publishing_cursor()
+    kept = store_for(connection).publishing_cursor()
     kept.execute("CREATE TEMPORARY TABLE kept_cursor_probe (id INT PRIMARY KEY)")
     kept.execute("INSERT INTO kept_cursor_probe VALUES (1)")
     with pytest.raises(IntegrityError):
@@ -163,7 +163,7 @@ def test_a_proxied_db_api_connection_gets_its_own_cursors() -> None:
     wrapper.connection = _TracingProxy(raw)
     try:
         sent = send_message("kept.cursor", {"n": 1})
-        kept: Any = dialect_for(connection).publishing_cursor()
+        kept: Any = store_for(connection).publishing_cursor()
         assert type(kept.cursor.cursor) is not InsertCursor
         assert isinstance(kept.cursor.cursor, MySQLdb.cursors.BaseCursor)
     finally:

@@ -97,5 +97,5 @@ def test_a_full_buffer_of_open_rows_does_not_read_on(register: Any) -> None:
     runner.run_once()  # leases, then one fetch of one batch; no handler thread runs
     [state] = subscriber.partitions.values()
     assert len(state.entries) == BATCH
-    assert not subscriber.reads_on()
+    assert not subscriber.fetcher.reads_on()
     runner.shutdown()

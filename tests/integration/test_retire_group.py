@@ -24,7 +24,7 @@ from sqlqueue.models import (
 )
 from sqlqueue.operations import flow
 from sqlqueue.operations.retire import CannotRetire, retire_group
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import drain_until_watermarks, queue, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -91,7 +91,7 @@ def test_retire_group_command_asks_for_yes_and_reports(register: Any) -> None:
 def test_a_live_group_is_not_retired(register: Any) -> None:
     a_group_that_left(register)
     with connection.cursor() as cursor:
-        dialect_for(connection).heartbeat(cursor, "gone", "t", "worker-1")
+        store_for(connection).heartbeat(cursor, "gone", "t", "worker-1")
     with pytest.raises(CannotRetire, match="live subscribers \\(worker-1\\)"):
         retire_group("gone", "t")
     assert trace("gone")["PartitionOffset"] == 2  # nothing deleted

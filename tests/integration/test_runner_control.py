@@ -24,14 +24,14 @@ from sqlqueue.operations.runners import (
     request_runner_stop,
     stopped_runners,
 )
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def alive(name: str) -> None:
     with connection.cursor() as cursor:
-        dialect_for(connection).heartbeat(cursor, "g", "t", name)
+        store_for(connection).heartbeat(cursor, "g", "t", name)
 
 
 class Clock:
@@ -39,7 +39,7 @@ class Clock:
 
     def __init__(self) -> None:
         with connection.cursor() as cursor:
-            self.ms = dialect_for(connection).database_now_ms(cursor)
+            self.ms = store_for(connection).database_now_ms(cursor)
 
     def __call__(self) -> int:
         return self.ms

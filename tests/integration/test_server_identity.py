@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 from django.db import connection, connections
 
-from sqlqueue import Message, events, send_message
+from sqlqueue import Message, events, send_message, storage
 from sqlqueue.consuming.counter import OffsetCounterWatch
 from sqlqueue.consuming.registry import select_consumers
 from sqlqueue.consuming.runner import Runner, ServerChanged
+from sqlqueue.consuming.server import Head
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.operations.positions import reset_position
-from sqlqueue.storage import store
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import fast_settings, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,7 +50,7 @@ def runner_of_g() -> Iterator[Callable[[], Runner]]:
 
 
 def move_to_another_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(type(dialect_for(connection)), "server_identity_sql",
+    monkeypatch.setattr(type(store_for(connection)), "server_identity_sql",
                         "'another server'")
 
 
@@ -89,7 +89,7 @@ def test_outcomes_of_deliveries_made_on_the_old_server_are_dropped(
     assert changed.value.now == "another server"
     runner._forget_server(changed.value.now)
     subscriber = runner.subscribers[0]
-    assert not subscriber.partitions and not subscriber.outstanding
+    assert not subscriber.partitions and not subscriber.deliveries.outstanding
     assert not subscriber.leases.owned
     release.set()  # the old delivery's handler acks ...
     cycle_until(runner, lambda: subscriber.stats["abandoned"] == 1)
@@ -111,19 +111,19 @@ def test_a_fence_on_another_server_writes_nothing(
     cycle_until(runner, lambda: bool(handled))
     subscriber = runner.subscribers[0]
     written: list[str] = []
-    dialect_class = type(dialect_for(connection))
+    store_class = type(store_for(connection))
     for statement in ("write_outcomes", "mark_delivered", "advance_watermarks"):
-        original = getattr(dialect_class, statement)
+        original = getattr(store_class, statement)
 
         def spy(self: Any, *args: Any, _original: Any = original, _name: str = statement,
                 **kwargs: Any) -> Any:
             written.append(_name)
             return _original(self, *args, **kwargs)
 
-        monkeypatch.setattr(dialect_class, statement, spy)
+        monkeypatch.setattr(store_class, statement, spy)
     move_to_another_server(monkeypatch)
     with connection.cursor() as cursor, pytest.raises(ServerChanged):
-        runner._pass(subscriber, cursor, [], lambda: 0, None)
+        runner.transactions.deliver(subscriber, cursor, [], Head(lambda: 0), None)
     assert written == []
 
 
@@ -152,7 +152,7 @@ def test_an_offset_counter_that_went_back_is_an_error(
     now = [0]
     watch = OffsetCounterWatch("default", lambda: now[0], interval_ms=1000)
     readings = iter([500, 700, 650, 660])
-    monkeypatch.setattr(type(dialect_for(connection)), "offset_counter",
+    monkeypatch.setattr(type(store_for(connection)), "offset_counter",
                         lambda self, cursor: next(readings))
     with caplog.at_level(logging.ERROR, logger="sqlqueue.consumer"):
         for _ in range(4):
@@ -166,15 +166,15 @@ def test_an_offset_counter_that_went_back_is_an_error(
 
 
 def test_the_offset_counter_only_grows_with_the_log() -> None:
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     first = send_message("t", 1, partition_key="k")
     with connection.cursor() as cursor:
-        before = dialect.offset_counter(cursor)
+        before = store.offset_counter(cursor)
     assert before is not None and before >= first.offset
     later = send_message("t", 2, partition_key="k")
     QueueMessage.objects.all().delete()  # an emptied log keeps its counter
     with connection.cursor() as cursor:
-        after = dialect.offset_counter(cursor)
+        after = store.offset_counter(cursor)
     assert after is not None and after >= later.offset and after > before
 
 
@@ -268,7 +268,7 @@ def test_a_failover_voids_the_old_servers_leases_and_deliveries_at_once(
             assert PartitionLease.objects.get(
                 consumer_group="g", partition_key="k").generation >= old + 2
             with connection.cursor() as cursor, pytest.raises(ServerChanged) as changed:
-                late.server.head(store(connection), cursor)  # (its cycle's first read)
+                late.server.head(storage.store(connection), cursor)  # (its cycle's first read)
             late._forget_server(changed.value.now)
         assert len([r for r in caplog.records if r.getMessage().startswith("Voided")]) == 1
         assert first.subscribers[0].leases.owned  # the new grants stay the new server's

@@ -624,7 +624,7 @@ def test_system_check_statements(executor: Executor) -> None:
 
 
 def test_server_identity(executor: Executor) -> None:
-    """Which server answers: what an atomic handler compares before its ack (SPEC I16)."""
+    """Which server answers: what an atomic handler compares before its ack (guarantee I16)."""
     (identity,) = executor.rows(executor.sql.server_identity())[0]
     expected = {"sqlite": "", "mysql": " server_id ", "postgresql": " started "}
     assert expected[connection.vendor] in str(identity)
@@ -671,16 +671,16 @@ def test_a_missing_queue_table_is_recognised_on_this_database() -> None:
     error text for a table that does not exist."""
     from django.db import DatabaseError, transaction
 
-    from sqlqueue.storage.sql.base import Dialect
+    from sqlqueue.storage.sql.base import Store
 
     with pytest.raises(DatabaseError) as raised, transaction.atomic(), \
             connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM queue_not_migrated")
-    assert Dialect.is_missing_queue_table(raised.value)
+    assert Store.is_missing_queue_table(raised.value)
     with pytest.raises(DatabaseError) as other, transaction.atomic(), \
             connection.cursor() as cursor:
         cursor.execute("SELECT no_such_column FROM queue_messages")
-    assert not Dialect.is_missing_queue_table(other.value)
+    assert not Store.is_missing_queue_table(other.value)
 
 
 # -- export and bulk publishing (storage.statements.export, .bulk) -----------------------

@@ -181,6 +181,6 @@ def test_the_dead_letters_list_and_page_name_the_task() -> None:
     named = "task tests.testapp.tasks.needs_order"
     listing = client.get(reverse("admin:sqlqueue_deadletter_changelist")).text
     assert f'<span class="sqlqueue-subject">{named}</span>' in listing
-    TaskRecord.objects.all().delete()  # pruned: the envelope still names it
+    TaskRecord.objects.all().delete()  # collected: the envelope still names it
     page = client.get(reverse("admin:sqlqueue_deadletter_change", args=[dead.offset])).text
     assert "Asks for" in page and named in page

@@ -483,7 +483,7 @@ def test_a_handler_interrupted_stops_the_run_at_once() -> None:
 
 @pytest.mark.django_db
 def test_a_handler_that_exits_has_failed_as_under_runconsumer() -> None:
-    """SystemExit from a handler is an outcome like any exception (SPEC I15)."""
+    """SystemExit from a handler is an outcome like any exception (guarantee I15)."""
     def exit_now(message: sqlqueue.Message) -> None:
         raise SystemExit(3)
 

@@ -325,14 +325,14 @@ def test_postgresql_listener_behind_a_pooler_listens_straight_to_the_server_behi
     server answered on, checks that it is the same server and a session of its own, and
     listens there (issue 39: latency as direct behind PgBouncer with default settings)."""
     postgresql_only()
-    from sqlqueue.storage.sql import postgresql as dialect_module
+    from sqlqueue.storage.sql import postgresql as store_module
 
     pooled = [True]  # the first connection goes through the "pooler"
 
     def reaches_directly(cursor: Any, pid: int) -> bool:
         if pooled:
             return not pooled.pop()
-        return dialect_module.reaches_server_directly(cursor, pid)
+        return store_module.reaches_server_directly(cursor, pid)
 
     monkeypatch.setattr("sqlqueue.wakeups.postgresql.reaches_server_directly",
                         reaches_directly)
@@ -512,8 +512,8 @@ def test_postgresql_listener_on_a_deaf_session_says_so_once_and_listens_again(
     even that is heard within ECHO_WAIT the listener says so once, stops counting as a
     channel (quick polls again), and listens on a new session, which hears."""
     postgresql_only()
+    from sqlqueue import storage
     from sqlqueue.consuming.wakeups import Wakeups
-    from sqlqueue.storage import store
     from sqlqueue.wakeups import listener as listener_module
 
     monkeypatch.setattr(listener_module, "HEARTBEAT_AFTER", 0.3)
@@ -531,7 +531,7 @@ def test_postgresql_listener_on_a_deaf_session_says_so_once_and_listens_again(
 
     def runner_pass() -> None:  # what the runner's loop does for its listeners
         with connection.cursor() as cursor:
-            channels.keep_alive(lambda: store(connection).notify_heartbeat(cursor))
+            channels.keep_alive(lambda: storage.store(connection).notify_heartbeat(cursor))
 
     started.start()
     try:

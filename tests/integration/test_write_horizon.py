@@ -1,4 +1,4 @@
-"""The write horizon against a real server, with real second connections (SPEC I4).
+"""The write horizon against a real server, with real second connections (guarantee I4).
 
 PostgreSQL lists every open transaction exactly (pg_stat_activity): its tests check that
 the reader's own and another connection's open writers bound the horizon with no margin,
@@ -29,7 +29,7 @@ from sqlqueue import horizon as horizon_module
 from sqlqueue import send_message
 from sqlqueue.horizon import MARGIN_MS, WriteHorizon, settled_before
 from sqlqueue.models import QueueMessage
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import drain, register
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -61,11 +61,11 @@ class Read:
 
 
 def read_horizon() -> Read:
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     with transaction.atomic(), connection.cursor() as cursor:
-        now_ms = dialect.database_now_ms(cursor)
-        dialect.list_leases(cursor, "g", "t", lock=True)  # the fence starts the transaction
-        seen = dialect.write_horizon(cursor)
+        now_ms = store.database_now_ms(cursor)
+        store.list_leases(cursor, "g", "t", lock=True)  # the fence starts the transaction
+        seen = store.write_horizon(cursor)
         assert seen is not None
         cursor.execute(OWN_TRANSACTION_PG if connection.vendor == "postgresql"
                        else OWN_TRANSACTION)
@@ -85,7 +85,7 @@ def wait_for(condition: Callable[[Read], bool], what: str) -> Read:
 
 def database_now_ms() -> int:
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store_for(connection).database_now_ms(cursor)
 
 
 @contextmanager
@@ -156,7 +156,7 @@ def test_write_horizon_is_none_on_sqlite() -> None:
     if connection.vendor != "sqlite":
         pytest.skip("SQLite's variant; MySQL/MariaDB's are below")
     with connection.cursor() as cursor:
-        assert dialect_for(connection).write_horizon(cursor) is None
+        assert store_for(connection).write_horizon(cursor) is None
 
 
 def test_a_fresh_snapshot_lists_our_own_transaction(server_database: None) -> None:
@@ -178,13 +178,13 @@ def test_postgresql_reads_a_writing_transaction_exactly(server_database: None) -
     millisecond, and the horizon is its start, with no margin."""
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL's exact horizon; MySQL/MariaDB's snapshot is tested above")
-    dialect = dialect_for(connection)
+    store = store_for(connection)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT pg_current_xact_id(), "
                        "FLOOR(EXTRACT(EPOCH FROM transaction_timestamp()) * 1000)::bigint")
         own_start = int(cursor.fetchone()[1])
-        now_ms = dialect.database_now_ms(cursor)
-        seen = dialect.write_horizon(cursor)
+        now_ms = store.database_now_ms(cursor)
+        seen = store.write_horizon(cursor)
     assert seen is not None and seen.margin_ms == 0
     assert seen.oldest_writer_ms is not None and seen.newest_start_ms is not None
     assert seen.oldest_writer_ms <= own_start  # ours, or an older writer's
@@ -294,8 +294,8 @@ def test_the_runner_reads_inside_a_started_transaction(
     started the transaction: a fresh snapshot then lists the reader's own transaction."""
     reads: list[tuple[str, bool, int | None]] = []
     before: list[str] = []
-    dialect_class = type(dialect_for(connection))
-    original = dialect_class.write_horizon
+    store_class = type(store_for(connection))
+    original = store_class.write_horizon
 
     def spy(self: Any, cursor: Any) -> WriteHorizon | None:
         started = None
@@ -318,14 +318,14 @@ def test_the_runner_reads_inside_a_started_transaction(
             last_statement[threading.get_ident()] = str(sql)
         return execute(self, sql, params)
 
-    monkeypatch.setattr(dialect_class, "write_horizon", spy)
+    monkeypatch.setattr(store_class, "write_horizon", spy)
     monkeypatch.setattr(CursorWrapper, "execute", remember)
     monkeypatch.setattr(horizon_module, "refresh_delay", lambda: 0.0)  # read at every use
     register("t", "g", lambda message: None)
     send_message("t", "a", partition_key="k")
     drain(["g"])  # --until-empty: the new row is not settled yet, so shutdown advances
     assert {site for site, _, _ in reads} == {"_cycle", "shutdown"}
-    suffix = dialect_for(connection).locking_read_suffix.strip()
+    suffix = store_for(connection).locking_read_suffix.strip()
     assert before and all(sql.endswith(suffix) for sql in before), before
     assert all(in_atomic for _, in_atomic, _ in reads)
     if connection.vendor == "mysql" and connection.mysql_is_mariadb:

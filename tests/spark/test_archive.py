@@ -17,13 +17,9 @@ from django.db import connection
 from sqlqueue import OutgoingMessage, send_messages
 from sqlqueue.conf import get_settings
 from sqlqueue.consuming.gc import GarbageCollector
-from sqlqueue.integrations.spark import archive as archive_module
-from sqlqueue.integrations.spark.archive import (
-    ARCHIVE_GROUP,
-    TOPIC_METADATA_KEY,
-    ArchiveError,
-    archive,
-)
+from sqlqueue.integrations.spark import archive_batches
+from sqlqueue.integrations.spark.archive import ARCHIVE_GROUP, ArchiveError, archive
+from sqlqueue.integrations.spark.archive_batches import TOPIC_METADATA_KEY
 from sqlqueue.integrations.spark.archive_layout import hive_escape, topic_directory
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 
@@ -92,7 +88,7 @@ def test_an_interrupted_run_is_finished_by_the_next(db_url: str, tmp_path: Path,
     for partition in ("k0", "k1", "k2"):
         set_watermark("billing", "orders", partition, offsets[-1])
     calls = {"apply": 0}
-    real_apply = archive_module.Archiver._apply
+    real_apply = archive_batches.BatchWriter._apply
 
     def crash_on_second_batch(self: Any, journal: dict[str, Any]) -> None:
         calls["apply"] += 1
@@ -100,7 +96,7 @@ def test_an_interrupted_run_is_finished_by_the_next(db_url: str, tmp_path: Path,
             raise KeyboardInterrupt("killed after writing the journal")
         real_apply(self, journal)
 
-    monkeypatch.setattr(archive_module.Archiver, "_apply", crash_on_second_batch)
+    monkeypatch.setattr(archive_batches.BatchWriter, "_apply", crash_on_second_batch)
     with pytest.raises(KeyboardInterrupt):
         archive(tmp_path, batch_rows=10)
     assert (tmp_path / "_journal.json").exists()
@@ -271,14 +267,14 @@ def test_a_topic_that_cannot_be_written_does_not_hold_back_the_others(
     for topic in ("a.ok", "b.broken", "c.ok"):
         offsets = publish(topic, 3, partitions=1)
         set_watermark("billing", topic, "k0", offsets[-1])
-    real_write = archive_module.pq.write_table
+    real_write = archive_batches.pq.write_table
 
     def fail_for_b(table: Any, where: Any, **kwargs: Any) -> None:
         if "b.broken" in str(where):
             raise OSError(36, "File name too long")
         real_write(table, where, **kwargs)
 
-    monkeypatch.setattr(archive_module.pq, "write_table", fail_for_b)
+    monkeypatch.setattr(archive_batches.pq, "write_table", fail_for_b)
     out = io.StringIO()
     with pytest.raises(CommandError, match=r"b\.broken.*File name too long"):
         call_command("queue", "archive", str(tmp_path), stdout=out)

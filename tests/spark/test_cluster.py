@@ -19,7 +19,7 @@ from django.db import connection
 
 from sqlqueue import send_messages
 from sqlqueue.models import QueueMessage
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.spark.conftest import wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -133,4 +133,4 @@ def test_the_source_and_the_report_on_a_standalone_cluster(
 
 def database_now() -> int:
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store_for(connection).database_now_ms(cursor)

@@ -14,7 +14,7 @@ from sqlqueue.integrations.spark.errors import GroupNotExclusive
 from sqlqueue.integrations.spark.group import ConsumerGroup
 from sqlqueue.integrations.spark.options import SourceOptions
 from sqlqueue.models import PartitionLease, PartitionOffset
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_a_lease_taken_by_another_subscriber_stops_the_stream(group: tuple) -> N
     stream.register(db, start=1, head=last)
     PartitionLease.objects.filter(consumer_group="g").update(lease_renewed_at=0)
     with connection.cursor() as cursor:  # a runconsumer worker takes the lapsed lease
-        dialect_for(connection).acquire_leases(cursor, "g", "t", ["b"], "worker", 30_000)
+        store_for(connection).acquire_leases(cursor, "g", "t", ["b"], "worker", 30_000)
     with pytest.raises(GroupNotExclusive, match=r"held by other subscribers: b \(worker\)"):
         stream.ack_below(db, last + 1)
     assert PartitionOffset.objects.get(consumer_group="g").offset_acked == 0  # no ack
@@ -88,7 +88,7 @@ def test_another_live_member_stops_the_stream(group: tuple) -> None:
     last = head()
     stream.register(db, start=1, head=last)
     with connection.cursor() as cursor:
-        dialect_for(connection).heartbeat(cursor, "g", "t", "worker-2")
+        store_for(connection).heartbeat(cursor, "g", "t", "worker-2")
     with pytest.raises(GroupNotExclusive, match=r"other live subscribers \(worker-2\)"):
         stream.tick(db, last, force=True)
 

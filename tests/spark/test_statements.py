@@ -23,7 +23,7 @@ from sqlqueue.integrations.spark.infile import MemoryInfile
 from sqlqueue.integrations.spark.tables import TABLES
 from sqlqueue.integrations.spark.writer import _csv_bytes
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 
 MESSAGES = TABLES["messages"]
 
@@ -182,14 +182,14 @@ def test_group_watermarks_ensure_and_advance(db: Connection) -> None:
 def test_heartbeats(db: Connection) -> None:
     db.run(db.sql.heartbeat("g", "t", "spark:g"))
     with connection.cursor() as cursor:
-        dialect_for(connection).heartbeat(cursor, "g", "t", "worker")
+        store_for(connection).heartbeat(cursor, "g", "t", "worker")
     assert db.rows(db.sql.live_subscribers("g", "t", 30_000)) == [("spark:g",), ("worker",)]
     db.run(db.sql.deregister("g", "t", "worker"))
     assert db.rows(db.sql.live_subscribers("g", "t", 30_000)) == [("spark:g",)]
 
 
 def test_leases_agree_with_runconsumer(db: Connection) -> None:
-    core = dialect_for(connection)
+    core = store_for(connection)
     with connection.cursor() as cursor:
         core.acquire_leases(cursor, "g", "t", ["a"], "worker", 30_000)
     db.run(db.sql.acquire_leases("g", "t", ["a", "b"], "spark:g", 30_000))

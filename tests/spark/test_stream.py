@@ -16,7 +16,7 @@ from sqlqueue.consuming.gc import GarbageCollector
 from sqlqueue.integrations.spark.connect import Database
 from sqlqueue.models import PartitionLease, PartitionOffset, QueueMessage, SubscriberHeartbeat
 from sqlqueue.operations.lag import group_lag
-from sqlqueue.storage.sql import dialect_for
+from sqlqueue.storage.sql import store_for
 from tests.spark.conftest import Collector, wait_until
 
 TRIGGER = "200 milliseconds"
@@ -96,7 +96,7 @@ def test_the_stream_holds_back_behind_an_open_publishing_transaction(
         spark: Any, db_url: str, streams: Any, tmp_path: Path, mysql_only: None) -> None:
     """A transaction inserts a message and stays open: its offset is allocated, its row
     invisible. A message committed after it must not be streamed before it, or the
-    stream's checkpoint would move past the late one and lose it (SPEC I4)."""
+    stream's checkpoint would move past the late one and lose it (guarantee I4)."""
     publish("live", "before")
     sink = Collector()
     query = start(streams, spark, db_url, sink, tmp_path / "cp", topic="live")
@@ -109,7 +109,7 @@ def test_the_stream_holds_back_behind_an_open_publishing_transaction(
                                                     1, 50, 0)]))
         (after,) = publish("live", "after")
         with connection.cursor() as cursor:
-            committed_ms = dialect_for(connection).database_now_ms(cursor)
+            committed_ms = store_for(connection).database_now_ms(cursor)
         # Give the stream time to have planned well past "after" had it not waited:
         # two seconds of database time (the settling margin is one), then a trigger.
         wait_until(lambda: _db_now() > committed_ms + 2000 and _progress_after(
@@ -125,7 +125,7 @@ def test_the_stream_holds_back_behind_an_open_publishing_transaction(
 
 def _db_now() -> int:
     with connection.cursor() as cursor:
-        return dialect_for(connection).database_now_ms(cursor)
+        return store_for(connection).database_now_ms(cursor)
 
 
 # -- consumer groups ---------------------------------------------------------------------
@@ -168,7 +168,7 @@ def test_a_consumer_group_stream_must_be_the_only_member(spark: Any, db_url: str
                                                          streams: Any, tmp_path: Path) -> None:
     publish("billing", "m0")
     with connection.cursor() as cursor:
-        dialect_for(connection).heartbeat(cursor, "billing-group", "billing", "worker-1")
+        store_for(connection).heartbeat(cursor, "billing-group", "billing", "worker-1")
     sink = Collector()
     query = start(streams, spark, db_url, sink, tmp_path / "cp", topic="billing",
                   consumerGroup="billing-group")

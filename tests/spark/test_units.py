@@ -280,15 +280,13 @@ class DeadlockingDatabase:
         return len(statement[1]) // 8
 
 
-def test_a_chunk_rolled_back_by_a_deadlock_is_sent_again_in_key_order(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_chunk_rolled_back_by_a_deadlock_is_sent_again_in_key_order() -> None:
     from sqlqueue.integrations.spark import writer
-    from sqlqueue.storage import retry
 
-    monkeypatch.setattr(retry.time, "sleep", lambda seconds: None)
     options = SourceOptions.parse({"url": "sqlite:////tmp/x", "topic": "t"})
     db = DeadlockingDatabase()
-    publisher = writer.ChunkPublisher(options, db)  # type: ignore[arg-type]
+    publisher = writer.ChunkPublisher(options, db,  # type: ignore[arg-type]
+                                      sleep=lambda seconds: None)
     rows = [("b", "2", "{}", None, 1, 50, 0), ("a", "9", "{}", None, 1, 50, 0),
             ("b", "1", "{}", None, 1, 50, 0)]
     publisher.publish(rows)
@@ -322,15 +320,13 @@ class DeadlockingPostgreSQL(DeadlockingDatabase):
         return len(self.copies[-1]) if statement[0].startswith("INSERT") else 0
 
 
-def test_a_postgresql_chunk_rolled_back_by_a_deadlock_is_copied_again(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_postgresql_chunk_rolled_back_by_a_deadlock_is_copied_again() -> None:
     from sqlqueue.integrations.spark import writer
-    from sqlqueue.storage import retry
 
-    monkeypatch.setattr(retry.time, "sleep", lambda seconds: None)
     options = SourceOptions.parse({"url": "postgres://u@h/db", "topic": "t"})
     db = DeadlockingPostgreSQL()
-    publisher = writer.ChunkPublisher(options, db)  # type: ignore[arg-type]
+    publisher = writer.ChunkPublisher(options, db,  # type: ignore[arg-type]
+                                      sleep=lambda seconds: None)
     publisher.publish([("b", "2", "{}", None, 1, 50, 0), ("a", "9", "{}", None, 1, 50, 0)])
     assert [[(r[0], r[1]) for r in copy] for copy in db.copies] == [
         [("a", "9"), ("b", "2")], [("a", "9"), ("b", "2")]]

@@ -69,7 +69,7 @@ def outlive_the_connection(message: sqlqueue.Message) -> None:
 
 @sqlqueue.consumer("accept.failover.atomic", group="failover-atomic", atomic=True)
 def atomic_across_a_failover(message: sqlqueue.Message) -> None:
-    """An atomic handler (SPEC I13) that works in the database for ``busy`` seconds (a
+    """An atomic handler (guarantee I13) that works in the database for ``busy`` seconds (a
     statement every 20 ms: a cut connection fails it at once), then records its call in
     its own transaction. Journals to SQLQUEUE_TEST_JOURNAL's file as the one above."""
     from django.db import connection

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from sqlqueue import ConfigurationError, Message, Retry
-from sqlqueue.consuming import leases as leases_module
 from sqlqueue.consuming.backoff import JITTER, retry_delay
 from sqlqueue.consuming.leases import (
     FREE_LEASE_RECHECK,
@@ -21,6 +20,7 @@ from sqlqueue.consuming.outcomes import dead_letter_id
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
 from sqlqueue.storage.sql.base import FetchedRow
+from tests.manual_clock import ManualSeconds
 
 
 def row(offset: int, **overrides: Any) -> FetchedRow:
@@ -210,25 +210,23 @@ def test_fair_shares_add_up_to_every_partition() -> None:
     assert fair_share(10, ["a"], "newcomer") == 5  # not seen alive yet: a cautious share
 
 
-def test_free_partitions_hurry_the_lease_tick_at_most_once_a_second(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    now = [100.0]
-    monkeypatch.setattr(leases_module.time, "monotonic", lambda: now[0])
-    keeper = LeaseKeeper("g", "t", "me", duration=30, renew_interval=10)
-    keeper._next_tick = now[0] + 10  # just ticked
+def test_free_partitions_hurry_the_lease_tick_at_most_once_a_second() -> None:
+    now = ManualSeconds(100.0)
+    keeper = LeaseKeeper("g", "t", "me", duration=30, renew_interval=10, host_clock=now)
+    keeper._next_tick = now.now + 10  # just ticked
     keeper.notice_free()
     assert keeper.due()
-    keeper._next_tick = now[0] + 10  # ticked again at once
-    now[0] += FREE_LEASE_RECHECK / 2
+    keeper._next_tick = now.now + 10  # ticked again at once
+    now.now += FREE_LEASE_RECHECK / 2
     keeper.notice_free()
     assert not keeper.due()  # still free a moment later: no second early tick yet
-    now[0] += FREE_LEASE_RECHECK / 2
+    now.now += FREE_LEASE_RECHECK / 2
     keeper.notice_free()
     assert keeper.due()
 
 
 class _Members:
-    """A dialect that answers live_subscribers and list_leases with what the test sets."""
+    """A store that answers live_subscribers and list_leases with what the test sets."""
 
     def __init__(self, members: list[str], leases: dict[str, int] | None = None) -> None:
         self.members = members
@@ -243,37 +241,35 @@ class _Members:
         return [(p, "a", 1, age) for p, age in self.leases.items()]
 
 
-def test_a_membership_change_between_ticks_hurries_the_tick(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    now = [1000.0]  # 1000 + 0.1 - 1000 >= 0.1 in floating point (100 + 0.1 - 100 is not)
-    monkeypatch.setattr(leases_module.time, "monotonic", lambda: now[0])
-    keeper = LeaseKeeper("g", "t", "a", duration=30, renew_interval=10)
+def test_a_membership_change_between_ticks_hurries_the_tick() -> None:
+    # 1000 + 0.1 - 1000 >= 0.1 in floating point (100 + 0.1 - 100 is not)
+    now = ManualSeconds(1000.0)
+    keeper = LeaseKeeper("g", "t", "a", duration=30, renew_interval=10, host_clock=now)
     keeper.members = ["a"]
-    keeper._next_tick = now[0] + 10
-    keeper._members_checked_at = now[0]
+    keeper._next_tick = now.now + 10
+    keeper._members_checked_at = now.now
     assert not keeper.membership_check_due()
-    now[0] += MEMBERSHIP_RECHECK
+    now.now += MEMBERSHIP_RECHECK
     assert keeper.membership_check_due()
-    dialect = _Members(["a"], {"p1": 0})
-    keeper.check_membership(None, dialect, ["p1"])  # type: ignore[arg-type]
+    store = _Members(["a"], {"p1": 0})
+    keeper.check_membership(None, store, ["p1"])  # type: ignore[arg-type]
     assert not keeper.due() and not keeper.membership_check_due()
-    now[0] += MEMBERSHIP_RECHECK
-    dialect.members = ["a", "b"]  # a newcomer
-    keeper.check_membership(None, dialect, ["p1"])  # type: ignore[arg-type]
-    assert keeper.due() and dialect.reads == 2
+    now.now += MEMBERSHIP_RECHECK
+    store.members = ["a", "b"]  # a newcomer
+    keeper.check_membership(None, store, ["p1"])  # type: ignore[arg-type]
+    assert keeper.due() and store.reads == 2
 
 
 @pytest.mark.parametrize("leases", [{"p1": 0}, {"p1": 0, "p2": 30_000}],
                          ids=["released", "expired"])
 def test_a_partition_nobody_holds_between_ticks_hurries_the_tick(
-        monkeypatch: pytest.MonkeyPatch, leases: dict[str, int]) -> None:
+        leases: dict[str, int]) -> None:
     # The fence locks only the subscriber's own lease rows; free partitions are noticed by
     # the plain reads of the busy subscriber's membership check instead.
-    now = [100.0]
-    monkeypatch.setattr(leases_module.time, "monotonic", lambda: now[0])
-    keeper = LeaseKeeper("g", "t", "a", duration=30, renew_interval=10)
+    now = ManualSeconds(100.0)
+    keeper = LeaseKeeper("g", "t", "a", duration=30, renew_interval=10, host_clock=now)
     keeper.members = ["a"]
-    keeper._next_tick = now[0] + 10
+    keeper._next_tick = now.now + 10
     keeper.check_membership(None, _Members(["a"], {"p1": 0, "p2": 0}),  # type: ignore[arg-type]
                             ["p1", "p2"])
     assert not keeper.due()
@@ -285,12 +281,13 @@ def test_polling_adapts_to_traffic_and_falls_back_to_the_poll_interval() -> None
     import dataclasses
 
     from sqlqueue.conf import QueueSettings
-    from sqlqueue.consuming.runner import FIRST_QUICK_POLL, Runner, _Once
+    from sqlqueue.consuming.runner import FIRST_QUICK_POLL, Runner
+    from sqlqueue.consuming.server import Head
 
     runner = Runner([], conf=dataclasses.replace(QueueSettings(), POLL_INTERVAL=0.1))
 
     def delay_after_a_pass_that_saw(head: int | None) -> float:
-        seen = _Once(lambda: head if head is not None else 0)
+        seen = Head(lambda: head if head is not None else 0)
         if head is not None:
             seen()
         return runner.pacer.polling_delay(seen)
@@ -312,8 +309,9 @@ def test_no_quick_polls_while_a_wake_up_channel_hears_other_processes() -> None:
     import dataclasses
 
     from sqlqueue.conf import QueueSettings
-    from sqlqueue.consuming.pacing import FIRST_QUICK_POLL, _Once
+    from sqlqueue.consuming.pacing import FIRST_QUICK_POLL
     from sqlqueue.consuming.runner import Runner
+    from sqlqueue.consuming.server import Head
     from sqlqueue.consuming.wakeups import Wakeups
 
     class Channel:  # a Listener's state, without its thread
@@ -329,7 +327,7 @@ def test_no_quick_polls_while_a_wake_up_channel_hears_other_processes() -> None:
     heads = iter(range(10, 100))
 
     def delay_after_a_pass_that_saw_a_new_message() -> float:
-        seen = _Once(lambda: next(heads))
+        seen = Head(lambda: next(heads))
         seen()
         return runner.pacer.polling_delay(seen)
 
@@ -342,32 +340,31 @@ def test_no_quick_polls_while_a_wake_up_channel_hears_other_processes() -> None:
     assert delay_after_a_pass_that_saw_a_new_message() == FIRST_QUICK_POLL
 
 
-def test_a_busy_subscriber_reads_the_head_for_discovery_ten_times_a_second_at_most(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_busy_subscriber_reads_the_head_for_discovery_ten_times_a_second_at_most() -> None:
     """A drain's passes follow each other every few milliseconds and read nothing else
     of the head: the look for new partitions reads it at most every
     MIN_DISCOVERY_INTERVAL while busy, and at every pass while idle (where the message
     that woke the pass may be a new partition's first)."""
     from sqlqueue.consuming import discovery
 
-    now = [1000.0]
-    monkeypatch.setattr(discovery.time, "monotonic", lambda: now[0])
+    now = ManualSeconds(1000.0)
     finder = discovery.PartitionFinder(group="g", topic="t", alias="default",
-                                       leases=LeaseKeeper("g", "t", "a", 30, 10),
-                                       start_latest=False)
+                                       leases=LeaseKeeper("g", "t", "a", 30, 10,
+                                                          host_clock=now),
+                                       start_latest=False, host_clock=now)
     finder._discovered_at_head = 7  # looked at head 7 already
-    finder._next_discovery = now[0]
+    finder._next_discovery = now.now
     reads = []
 
     def head() -> int:
-        reads.append(now[0])
+        reads.append(now.now)
         return 7
 
     for _ in range(10):  # ten busy passes in 50 ms: one read
         finder.discover(None, head, busy=True)  # type: ignore[arg-type]
-        now[0] += 0.005
+        now.now += 0.005
     assert len(reads) == 1
-    now[0] += discovery.MIN_DISCOVERY_INTERVAL
+    now.now += discovery.MIN_DISCOVERY_INTERVAL
     finder.discover(None, head, busy=True)  # type: ignore[arg-type]
     assert len(reads) == 2
     for _ in range(3):  # idle: every pass

@@ -47,6 +47,23 @@ def test_the_stepped_engine_keeps_every_invariant(seed: int) -> None:
     assert violations == [], f"{summary}\n(SQLQUEUE_HISTORY_SEED={seed} runs it again)"
 
 
+#: consumers' limits, stepped on the manual clock like everything else (issue 54)
+LIMITS = {"h-any": {"rate_limit": 4.0, "max_in_flight": 3}, "h-ordered": {"max_in_flight": 2}}
+#: the most starts of h-any in any second: its rate, plus each runner's burst (2)
+MOST_STARTS_A_SECOND = 4 + 2 * 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_stepped_engine_keeps_every_invariant_under_limits(seed: int) -> None:
+    with memory_queue(seed) as queue:
+        history = SteppedWorkload(seed, queue, Shape(limits=LIMITS)).run()
+    violations = check(history)
+    assert violations == [], report(history, violations)
+    starts = sorted(run.started_ms for run in history.runs if run.group == "h-any")
+    busiest = max(sum(1 for t in starts if first <= t < first + 1000) for first in starts)
+    assert 4 <= busiest <= MOST_STARTS_A_SECOND  # the rate limit held, and was reached
+
+
 def test_a_seed_gives_the_same_history_again() -> None:
     first, _ = run_seed(7)
     again, _ = run_seed(7)

@@ -1,5 +1,5 @@
 """The write horizon rule (sqlqueue.horizon) and how the consumer engine applies it: which
-rows are settled, from a snapshot of the open transactions that may be stale (SPEC I4)."""
+rows are settled, from a snapshot of the open transactions that may be stale (guarantee I4)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from django.db import DatabaseError
 
 from sqlqueue.conf import QueueSettings
-from sqlqueue.consuming import settling as settling_module
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.horizon import (
     MARGIN_MS,
@@ -83,8 +82,8 @@ def test_reads_are_spread_out_but_never_more_often_than_refresh() -> None:
 
 # -- the consumer engine's use of it ------------------------------------------------------------
 
-class FakeDialect:
-    """What ``HorizonWatch._read`` needs of a dialect: ``write_horizon``."""
+class FakeStore:
+    """What ``HorizonWatch._read`` needs of a store: ``write_horizon``."""
 
     def __init__(self, *seen: WriteHorizon | Exception | None) -> None:
         self.seen = list(seen)
@@ -98,12 +97,12 @@ class FakeDialect:
 
 @pytest.fixture
 def runner(monkeypatch: pytest.MonkeyPatch) -> Any:
-    def with_dialect(*seen: WriteHorizon | Exception | None) -> Runner:
-        dialect = FakeDialect(*seen)
-        monkeypatch.setattr(settling_module, "store", lambda using: dialect)
+    def with_store(*seen: WriteHorizon | Exception | None) -> Runner:
+        store = FakeStore(*seen)
+        monkeypatch.setattr("sqlqueue.storage.store", lambda using: store)
         return Runner([], conf=QueueSettings(MAX_TRANSACTION_AGE=AGE / 1000))
 
-    return with_dialect
+    return with_store
 
 
 def horizon_now(runner: Runner) -> int | None:

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from sqlqueue.admin.charts import STATUS_COLORS, pending_columns, pending_labels, status_strip
+from sqlqueue.operations import COUNT_CAP
 from sqlqueue.operations.lag import (
     COUNT_BUDGET,
-    COUNT_CAP,
     MIN_PARTITION_CAP,
     STALL_AFTER,
     WARN_AFTER,

@@ -1,5 +1,5 @@
 """One ack writer and one give-back path: only sqlqueue.consuming.outcomes calls
-``Dialect.write_outcomes`` and ``Dialect.give_back`` (calls read from the source, no
+``Store.write_outcomes`` and ``Store.give_back`` (calls read from the source, no
 Django needed). Everything else acks through ``outcomes.write_acks`` (or ``ack``) and
 gives back through ``outcomes.give_back``."""
 
@@ -16,7 +16,7 @@ STATEMENTS = PACKAGE / "storage"
 
 
 def calls(path: Path, method: str) -> list[int]:
-    """Lines of ``<anything>.method(...)`` calls with arguments: a dialect's statement
+    """Lines of ``<anything>.method(...)`` calls with arguments: a store's statement
     takes a cursor first (``Delivery.give_back()``, the in-memory claim, takes none).
     ``outcomes.give_back(...)``, the writer's own function, is not one of them."""
     return [node.lineno for node in ast.walk(ast.parse(path.read_text()))
@@ -49,8 +49,8 @@ def test_the_scan_sees_the_writer() -> None:
 
 
 def test_the_writer_is_used_by_every_acking_layer() -> None:
-    # The atomic handler, the subscriber, an operator's cancel and the Tasks worker.
-    for module in ("consuming/handlers.py", "consuming/subscriber.py",
+    # The atomic handler, the outcome recorder, an operator's cancel and the Tasks worker.
+    for module in ("consuming/handlers.py", "consuming/recorder.py",
                    "operations/cancel.py", "integrations/tasks/worker.py"):
         source = (PACKAGE / module).read_text()
         assert "from sqlqueue.consuming.outcomes import" in source, module

@@ -39,6 +39,10 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "leases.py": ("LeaseKeeper",),
     "delivering.py": ("Fetcher", "HeldView"),
     "watermarks.py": ("WatermarkKeeper",),
+    "ledger.py": ("Deliveries",),
+    "recorder.py": ("OutcomeRecorder",),
+    "signals.py": ("StopOnSignals",),
+    "transactions.py": ("FencedTransactions",),
     "partition.py": ("PartitionState", "Entry"),
 }
 #: How the code names the engine's objects: a write to ``<name>.x`` is to that class's.
@@ -47,7 +51,8 @@ RECEIVERS = {"runner": "Runner", "subscriber": "Subscriber", "pool": "HandlerPoo
              "exit": "ExitSettler", "pauses": "PauseWatch", "collector": "GarbageCollector",
              "finder": "PartitionFinder", "leases": "LeaseKeeper", "fetcher": "Fetcher",
              "view": "HeldView", "watermarks": "WatermarkKeeper", "state": "PartitionState",
-             "entry": "Entry"}
+             "entry": "Entry", "deliveries": "Deliveries", "recorder": "OutcomeRecorder",
+             "on_signals": "StopOnSignals", "transactions": "FencedTransactions"}
 #: The modules (relative to sqlqueue/) that handle engine objects under other names too.
 ENGINE_USERS = ("consuming/", "testing/", "management/")
 MUTATING = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "add",

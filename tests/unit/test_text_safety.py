@@ -17,7 +17,7 @@ from sqlqueue.naming import (
     storable_text,
 )
 
-# -- storable_text (SPEC I15) ------------------------------------------------------------
+# -- storable_text (guarantee I15) ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("value", "expected"), [

@@ -45,15 +45,15 @@ def experiment():
 
         subscriber.MEMBERSHIP_RECHECK = float(os.environ["BENCH_MEMBERSHIP_RECHECK"])
     if os.environ.get("BENCH_NARROW"):
-        from sqlqueue.storage.sql.mysql import MySQLDialect
+        from sqlqueue.storage.sql.mysql import MySQLStore
 
-        MySQLDialect.narrows_fetches = os.environ["BENCH_NARROW"] == "1"
+        MySQLStore.narrows_fetches = os.environ["BENCH_NARROW"] == "1"
 
 
 def install(directory):
     from django.db import connections
 
-    from sqlqueue.consuming import handlers, runner
+    from sqlqueue.consuming import handlers, runner, transactions
     from sqlqueue.wakeups import Doorbell
 
     def wrap(cls, name, before=None, after=None):
@@ -91,14 +91,14 @@ def install(directory):
 
     runner.Runner._cycle = cycle
 
-    original_pass = runner.Runner._pass
+    original_pass = transactions.FencedTransactions.deliver
 
     def one_pass(self, *args, **kwargs):
         deliveries = original_pass(self, *args, **kwargs)
         _add("commit", time.time(), [d.row.offset for d in deliveries])
         return deliveries
 
-    runner.Runner._pass = one_pass
+    transactions.FencedTransactions.deliver = one_pass
 
     original_handle = handlers.handle
 

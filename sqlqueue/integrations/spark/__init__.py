@@ -5,10 +5,10 @@ Layout: ``source`` (the ``sqlqueue`` Python Data Source) with ``reader`` (batch 
 (streaming, as a consumer group too); ``connect``, ``options``, ``tables`` and ``arrow``
 (the database side; its statements are the shared layer's, sqlqueue.storage.statements).
 None of these import Django: Spark's executors run them. Driver side only: ``session`` (a
-local session),
-``settings`` (options from a Django project), ``archive`` with ``archive_layout``
-(Parquet export before garbage collection, ``manage.py queue archive``) and ``analytics``
-with ``analytics_inputs`` and ``analytics_aggregates`` (the report job).
+local session), ``settings`` (options from a Django project), ``archive`` with
+``archive_batches`` and ``archive_layout`` (Parquet export before garbage collection,
+``manage.py queue archive``) and ``analytics`` with ``analytics_inputs`` and
+``analytics_aggregates`` (the report job).
 """
 
 from __future__ import annotations

@@ -27,96 +27,47 @@ reported and skipped, and the others go on.
 ``date`` is the UTC day the message was stored (deliveries: the day of the ack). Delivery
 state is there when the project keeps it (SQLQUEUE['KEEP_DELIVERY_STATE']).
 
-Resumable: each batch is written to ``_staging/``, then a journal names its files and the
-positions it reaches, then the files move into place and the positions are recorded. A
-run that was interrupted finishes the journal it finds before doing anything else, so
-every message lands in the archive exactly once.
+Resumable (``archive_batches``): each batch is written to ``_staging/``, then a journal
+names its files and the positions it reaches, then the files move into place and the
+positions are recorded. A run that was interrupted finishes the journal it finds before
+doing anything else, so every message lands in the archive exactly once. This module
+chooses what goes into the batches.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
-import os
-import shutil
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from sqlqueue.exceptions import SqlqueueError
-from sqlqueue.integrations.spark.archive_layout import (
-    JOURNAL_FILE,
-    LOCK_FILE,
-    STAGING,
-    STATE_FILE,
-    DirectoryTaken,
-    record_topic_directories,
-    topic_directory,
-    write_json,
+from sqlqueue.integrations.spark.archive_batches import (
+    CREATED_AT,
+    MESSAGE_NAMES,
+    STATE_COLUMNS,
+    ArchiveResult,
+    BatchNotWritten,
+    BatchWriter,
+    Piece,
 )
-from sqlqueue.integrations.spark.arrow import record_batch
+from sqlqueue.integrations.spark.archive_layout import LOCK_FILE
 from sqlqueue.integrations.spark.connect import Connection, Database
 from sqlqueue.integrations.spark.horizon import database_now_ms, settled_before_ms
-from sqlqueue.integrations.spark.tables import TABLES, Column
 
 ARCHIVE_GROUP = "sqlqueue:archive"
 READ_CHUNK = 10_000
-MESSAGE_COLUMNS = TABLES["messages"].columns
-STATE_COLUMNS = TABLES["delivery_state"].columns
-MESSAGE_NAMES = [c.name for c in MESSAGE_COLUMNS]
-CREATED_AT = MESSAGE_NAMES.index("created_at")
-ACKED_AT = [c.name for c in STATE_COLUMNS].index("acked_at")
-
-
-#: the Parquet files' key-value metadata entry holding their topic
-TOPIC_METADATA_KEY = b"sqlqueue.topic"
 
 
 class ArchiveError(SqlqueueError):
     """The archive cannot run (another run holds its lock, or pyarrow is missing)."""
 
 
-class _TopicFailed(Exception):
-    """A topic's batch could not be written; nothing of it was recorded."""
-
-
-@dataclass
-class ArchiveResult:
-    messages: int = 0
-    dead_letters: int = 0
-    deliveries: int = 0
-    files: int = 0
-    batches: int = 0
-    failed: dict[str, str] = field(default_factory=dict)  # topic -> why it was skipped
-
-    def describe(self) -> str:
-        text = (f"Archived {self.messages} message(s), {self.dead_letters} dead letter(s) "
-                f"and {self.deliveries} delivery state row(s) in {self.files} file(s).")
-        if self.failed:
-            text += f" {len(self.failed)} topic(s) failed and were skipped."
-        return text
-
-
-@dataclass
-class _Piece:
-    """Rows of one partition to archive, and the position the archive reaches with them."""
-
-    topic: str
-    partition: str
-    rows: list[tuple[Any, ...]]
-    reaches: int
-    dead_letters: bool = False
-    states: list[tuple[Any, ...]] = field(default_factory=list)
-
-
 class Archiver:
+    """One archive run: which rows each topic's groups have finished (and which dead letters
+    are settled), handed to its ``BatchWriter`` in batches of ``batch_rows``."""
+
     def __init__(self, directory: Path, database: Database, *, group: str = ARCHIVE_GROUP,
                  topics: Sequence[str] | None = None, batch_rows: int = 100_000,
                  on_progress: Callable[[str], None] | None = None,
@@ -131,7 +82,9 @@ class Archiver:
         self.progress = on_progress or (lambda text: None)
         self.conf = get_settings()
         self.alias = using or self.conf.DATABASE
-        self.result = ArchiveResult()
+        self.failed: dict[str, str] = {}  # topic -> why it was skipped
+        self.batches = BatchWriter(directory, alias=self.alias, group=group,
+                                   progress=self.progress)
 
     # -- the run ------------------------------------------------------------------------------
     def run(self) -> ArchiveResult:
@@ -141,10 +94,10 @@ class Archiver:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise ArchiveError(f"another archive run is writing to {self.directory}") from None
-            self._recover()
+            self.batches.recover()
             with self.database.connect() as db:
                 self._archive(db)
-        return self.result
+        return replace(self.batches.written, failed=dict(self.failed))
 
     def _archive(self, db: Connection) -> None:
         subscriptions = self._subscriptions()
@@ -153,8 +106,8 @@ class Archiver:
         for topic in sorted(subscriptions):
             try:
                 self._archive_topic(db, topic, subscriptions[topic], before)
-            except _TopicFailed as exc:
-                self.result.failed[topic] = str(exc.__cause__ or exc)
+            except BatchNotWritten as exc:
+                self.failed[topic] = str(exc.__cause__ or exc)
                 self.progress(f"topic {topic[:80]!r} skipped: {exc.__cause__ or exc}")
                 self._hold(topic)
 
@@ -163,28 +116,28 @@ class Archiver:
         collection keeps the topic's messages until a later run exports them."""
         from django.db import connections, transaction
 
-        from sqlqueue.storage import store
+        from sqlqueue import storage
 
         connection = connections[self.alias]
-        dialect = store(connection)
+        store = storage.store(connection)
         with transaction.atomic(using=self.alias), connection.cursor() as cursor:
-            _, watermarks = dialect.topic_watermarks(cursor, topic)
+            _, watermarks = store.topic_watermarks(cursor, topic)
             for partition in watermarks:
-                dialect.ensure_watermark(cursor, self.group, topic, partition)
+                store.ensure_watermark(cursor, self.group, topic, partition)
 
     def _archive_topic(self, db: Connection, topic: str, groups: set[str],
                        before: int | None) -> None:
         """The topic's finished messages, then its settled dead letters, in batches."""
-        pending: list[_Piece] = []
+        pending: list[Piece] = []
         count = 0
         for piece in self._pieces(db, topic, groups, before):
             pending.append(piece)
             count += len(piece.rows)
             if count >= self.batch_rows:
-                self._flush(db, pending)
+                self.batches.flush(pending)
                 pending, count = [], 0
         if pending:
-            self._flush(db, pending)
+            self.batches.flush(pending)
 
     def _subscriptions(self) -> dict[str, set[str]]:
         """topic -> the groups (other than the archive) that must finish a message first."""
@@ -197,14 +150,14 @@ class Archiver:
         return groups
 
     def _pieces(self, db: Connection, topic: str, groups: set[str],
-                before: int | None) -> Iterator[_Piece]:
+                before: int | None) -> Iterator[Piece]:
         from django.db import connections
 
-        from sqlqueue.storage import store
+        from sqlqueue import storage
 
         connection = connections[self.alias]
         with connection.cursor() as cursor:
-            _, watermarks = store(connection).topic_watermarks(cursor, topic)
+            _, watermarks = storage.store(connection).topic_watermarks(cursor, topic)
         for partition in sorted(watermarks):
             marks = watermarks[partition]
             finished = min(marks.get(group, 0) for group in groups)
@@ -213,7 +166,7 @@ class Archiver:
         yield from self._dead_letters(db, topic + self.conf.DLQ_SUFFIX, before)
 
     def _partition(self, db: Connection, topic: str, partition: str, archived: int,
-                   finished: int, groups: set[str]) -> Iterator[_Piece]:
+                   finished: int, groups: set[str]) -> Iterator[Piece]:
         """Rows of (archived, finished], in pieces of at most a batch."""
         after = archived
         while after < finished:
@@ -222,14 +175,14 @@ class Archiver:
             reaches = finished if len(rows) < self.batch_rows else int(rows[-1][0])
             states = [state for group in sorted(groups) for state in db.rows(
                 db.sql.partition_states(STATE_COLUMNS, group, topic, partition, after, reaches))]
-            yield _Piece(topic, partition, rows, reaches, states=states)
+            yield Piece(topic, partition, rows, reaches, states=states)
             after = reaches
 
     def _dead_letters(self, db: Connection, topic: str, before: int | None
-                      ) -> Iterator[_Piece]:
+                      ) -> Iterator[Piece]:
         """Dead letters that are settled (no transaction that could still commit one below
         them was open at ``before``), from where the state file says the archive stopped."""
-        positions = self._state().get("dead_letters", {})
+        positions = self.batches.dead_letter_positions()
         for (partition,) in db.rows(db.sql.discover_partitions(topic)):
             after = int(positions.get(topic, {}).get(partition, 0))
             while True:
@@ -242,117 +195,10 @@ class Archiver:
                     settled.append(row)
                 if settled:
                     after = int(settled[-1][0])
-                    yield _Piece(topic, partition, settled, after, dead_letters=True)
+                    yield Piece(topic, partition, settled, after, dead_letters=True)
                 if len(settled) < self.batch_rows:
                     break
 
-    # -- writing a batch -----------------------------------------------------------------------
-    def _flush(self, db: Connection, pieces: list[_Piece]) -> None:
-        batch = f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
-        staging = self.directory / STAGING / batch
-        try:
-            record_topic_directories(self.directory, {p.topic for p in pieces})
-            files = self._write(staging, batch, "messages", MESSAGE_COLUMNS,
-                                [r for p in pieces for r in p.rows], date_column=CREATED_AT)
-            files += self._write(staging, batch, "deliveries", STATE_COLUMNS,
-                                 [s for p in pieces for s in p.states], date_column=ACKED_AT)
-        except (OSError, DirectoryTaken) as exc:  # before the journal: nothing of it counts
-            shutil.rmtree(staging, ignore_errors=True)
-            raise _TopicFailed(str(exc)) from exc
-        journal = {
-            "batch": batch,
-            "files": files,
-            "watermarks": [[p.topic, p.partition, p.reaches] for p in pieces
-                           if not p.dead_letters],
-            "dead_letters": [[p.topic, p.partition, p.reaches] for p in pieces
-                             if p.dead_letters],
-            "messages": sum(len(p.rows) for p in pieces if not p.dead_letters),
-            "dead_letter_rows": sum(len(p.rows) for p in pieces if p.dead_letters),
-            "deliveries": sum(len(p.states) for p in pieces),
-        }
-        write_json(self.directory / JOURNAL_FILE, journal)
-        self._apply(journal)
-        topics = sorted({p.topic for p in pieces})
-        self.progress(f"batch {self.result.batches}: {journal['messages']} message(s), "
-                      f"{journal['dead_letter_rows']} dead letter(s), {len(files)} file(s) "
-                      f"({', '.join(topics[:3])}{', ...' if len(topics) > 3 else ''}); "
-                      f"{self.result.messages + self.result.dead_letters} archived so far")
-
-    def _write(self, staging: Path, batch: str, dataset: str, columns: tuple[Column, ...],
-               rows: list[tuple[Any, ...]], date_column: int) -> list[list[str]]:
-        """One Parquet file per (topic, date) of ``rows``; returns [staging, final] paths
-        relative to the archive directory."""
-        groups: dict[tuple[str, str], list[tuple[Any, ...]]] = defaultdict(list)
-        topic_index = [c.name for c in columns].index("topic")
-        for row in rows:
-            when = datetime.fromtimestamp(int(row[date_column]) / 1000, tz=UTC)
-            groups[(row[topic_index], when.date().isoformat())].append(row)
-        files = []
-        for (topic, day), chunk in sorted(groups.items()):
-            table = pa.Table.from_batches([record_batch(chunk, columns)]).drop_columns(["topic"])
-            # The directory names the topic for Spark's reader; the file names it too, so
-            # that a file read on its own (or moved) still says whose it is.
-            table = table.replace_schema_metadata(
-                {**(table.schema.metadata or {}), TOPIC_METADATA_KEY: topic.encode("utf-8")})
-            relative = Path(dataset) / topic_directory(topic) / f"date={day}"
-            name = f"part-{batch}.parquet"
-            (staging / relative).mkdir(parents=True, exist_ok=True)
-            pq.write_table(table, staging / relative / name, compression="zstd")
-            files.append([str((staging / relative / name).relative_to(self.directory)),
-                          str(relative / name)])
-        return files
-
-    def _apply(self, journal: dict[str, Any]) -> None:
-        """Move the batch's files into place, then record the positions it reached."""
-        from django.db import connections, transaction
-
-        from sqlqueue.storage import store
-
-        for staged, final in journal["files"]:
-            source, target = self.directory / staged, self.directory / final
-            if source.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(source, target)
-        connection = connections[self.alias]
-        dialect = store(connection)
-        with transaction.atomic(using=self.alias), connection.cursor() as cursor:
-            for topic, partition, reaches in journal["watermarks"]:
-                dialect.ensure_watermark(cursor, self.group, topic, partition)
-                dialect.advance_watermarks(cursor, self.group, topic,
-                                           [(partition, int(reaches), None)])
-        state = self._state()
-        if state.get("last_batch") != journal["batch"]:
-            positions = state.setdefault("dead_letters", {})
-            for topic, partition, reaches in journal["dead_letters"]:
-                slot = positions.setdefault(topic, {})
-                slot[partition] = max(int(slot.get(partition, 0)), int(reaches))
-            totals = state.setdefault("totals", {})
-            for key in ("messages", "dead_letter_rows", "deliveries"):
-                totals[key] = int(totals.get(key, 0)) + int(journal[key])
-            state["last_batch"] = journal["batch"]
-            state["updated_at"] = datetime.now(UTC).isoformat()
-            write_json(self.directory / STATE_FILE, state)
-        (self.directory / JOURNAL_FILE).unlink(missing_ok=True)
-        shutil.rmtree(self.directory / STAGING / journal["batch"], ignore_errors=True)
-        self.result.messages += int(journal["messages"])
-        self.result.dead_letters += int(journal["dead_letter_rows"])
-        self.result.deliveries += int(journal["deliveries"])
-        self.result.files += len(journal["files"])
-        self.result.batches += 1
-
-    def _recover(self) -> None:
-        """Finish the batch an interrupted run left (its journal), and drop staged files
-        no journal names (written before the crash, exported again now)."""
-        journal_path = self.directory / JOURNAL_FILE
-        if journal_path.exists():
-            journal = json.loads(journal_path.read_text())
-            self.progress(f"finishing batch {journal['batch']} of an interrupted run")
-            self._apply(journal)
-        shutil.rmtree(self.directory / STAGING, ignore_errors=True)
-
-    def _state(self) -> dict[str, Any]:
-        path = self.directory / STATE_FILE
-        return json.loads(path.read_text()) if path.exists() else {}
 
 
 def archive(directory: str | Path, *, topics: Sequence[str] | None = None,

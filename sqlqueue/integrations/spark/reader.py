@@ -18,10 +18,10 @@ from sqlqueue.integrations.spark.arrow import record_batch
 from sqlqueue.integrations.spark.options import SourceOptions
 from sqlqueue.integrations.spark.tables import Column
 
-OffsetRange = tuple[int, int]  # [lo, hi)
+OffsetSlice = tuple[int, int]  # [lo, hi)
 
 
-def split_offsets(lo: int, hi: int, parts: int) -> list[OffsetRange]:
+def split_offsets(lo: int, hi: int, parts: int) -> list[OffsetSlice]:
     """[lo, hi) cut into ``parts`` contiguous ranges of nearly equal width."""
     width = hi - lo
     if width <= 0:
@@ -38,7 +38,7 @@ def range_partitions(options: SourceOptions, lo: int, hi: int) -> list[InputPart
     return [InputPartition(rng) for rng in split_offsets(lo, hi, parts)]
 
 
-def read_batches(options: SourceOptions, columns: Sequence[Column], rng: OffsetRange | None,
+def read_batches(options: SourceOptions, columns: Sequence[Column], rng: OffsetSlice | None,
                  group: str | None = None) -> Iterator[pa.RecordBatch]:
     """The rows of one partition (a range of the log, or a whole small table)."""
     with options.database.connect() as db:

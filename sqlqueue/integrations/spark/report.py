@@ -24,7 +24,7 @@ TABLE_ROWS = 15  # rows of each aggregate shown; the files have them all
 
 
 MAX_BARS = 60  # time buckets drawn as bars; more are drawn as an area
-LABELS = {"second": "%H:%M:%S", "minute": "%H:%M", "hour": "%m-%d %H:00", "day": "%Y-%m-%d"}
+TICK_FORMATS = {"second": "%H:%M:%S", "minute": "%H:%M", "hour": "%m-%d %H:00", "day": "%Y-%m-%d"}
 
 
 def write_report(report: Report, out: Path) -> Path:
@@ -83,7 +83,7 @@ def _time_axis(axes: Any, moments: list[Any], bucket: str) -> None:
     """Label at most a dozen of the buckets (categorical positions 0..n-1)."""
     step = max(1, -(-len(moments) // 12))
     positions = list(range(0, len(moments), step))
-    axes.set_xticks(positions, [moments[p].strftime(LABELS[bucket]) for p in positions],
+    axes.set_xticks(positions, [moments[p].strftime(TICK_FORMATS[bucket]) for p in positions],
                     fontsize=8, rotation=30 if bucket != "second" else 0)
     axes.set_xlabel(f"{bucket} (UTC)", fontsize=8)
 

@@ -23,9 +23,14 @@ import pyarrow as pa
 from sqlqueue.integrations.spark.arrow import timestamps_to_epoch_micros
 from sqlqueue.integrations.spark.errors import InvalidOption, InvalidRow
 from sqlqueue.integrations.spark.options import SourceOptions
-from sqlqueue.naming import MAX_JSON_DEPTH, check_json_depth, check_name, unkeyed_partition
+from sqlqueue.naming import (
+    DEFAULT_PRIORITY,
+    MAX_JSON_DEPTH,
+    check_json_depth,
+    check_name,
+    unkeyed_partition,
+)
 
-DEFAULT_PRIORITY = 50
 CONTENT_ID_PREFIX = "sha256:"
 
 #: The columns a DataFrame to publish may have: name -> the Spark types accepted.

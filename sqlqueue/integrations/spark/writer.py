@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -43,7 +43,7 @@ from sqlqueue.storage.statements import PostgreSQLStatements
 
 logger = logging.getLogger("sqlqueue.spark")
 
-ROWS_PER_INSERT = 500  # as the core dialect's Dialect.max_rows_per_insert
+ROWS_PER_INSERT = 500  # as the core store's Store.max_rows_per_insert
 BYTES_PER_INSERT = 4 << 20  # under max_allowed_packet (16 MiB on MariaDB by default)
 KEYS_PER_LOOKUP = 500
 #: server or client refuses LOAD DATA LOCAL: 1148 ER_NOT_ALLOWED_COMMAND, 2068
@@ -80,7 +80,9 @@ class WriteReport(WriterCommitMessage):
 class ChunkPublisher:
     """Publishes prepared rows of one topic, a transaction per chunk."""
 
-    def __init__(self, options: SourceOptions, db: Connection) -> None:
+    def __init__(self, options: SourceOptions, db: Connection,
+                 sleep: Callable[[float], None] | None = None) -> None:
+        self.sleep = sleep  # between a deadlock victim's tries (None: time.sleep)
         self.topic = options.require_topic("publish")
         self.database = options.database
         self.db = db
@@ -93,7 +95,7 @@ class ChunkPublisher:
         retry_victims(lambda: self._publish(ordered), tries=ATTEMPTS,
                       is_victim=_rolled_back_for_a_lock,
                       pause=lambda tried: random.uniform(0.05, 0.1) * 2 ** tried,
-                      on_retry=_log_retry)
+                      on_retry=_log_retry, sleep=self.sleep)
         self.report.sent += len(rows)
 
     def _publish(self, rows: Sequence[Prepared]) -> None:

@@ -5,7 +5,7 @@
 Layout: ``options`` (the backend's OPTIONS and the queue -> topic and priority mappings,
 pure Python), ``envelope`` (the message payload of a task), ``models`` (the results
 table), ``backend`` (enqueue and get_result), ``worker`` (the consumer handler that runs
-a task), ``registration`` (one consumer per queue, at start-up), ``retention`` (pruning
+a task), ``registration`` (one consumer per queue, at start-up), ``retention`` (collecting
 old results). Only ``backend``, ``worker`` and ``results`` import the Tasks framework, so
 the rest loads on a Django without it.
 """

@@ -25,6 +25,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from sqlqueue.admin.dead_letters import register_dead_letter_link, register_dead_letter_subject
+from sqlqueue.admin.display import MAX_SHOWN_CHARS
 from sqlqueue.admin.messages import ReadOnlyAdmin
 from sqlqueue.admin.operator_pages import WithoutSchemaHelp
 from sqlqueue.admin.pages import admin_url, confirmation_page
@@ -43,8 +44,6 @@ from sqlqueue.integrations.tasks.repairs import (
 from sqlqueue.integrations.tasks.schedules import TaskTarget
 from sqlqueue.models import DeadLetter
 from sqlqueue.templatetags.sqlqueue_admin import last_line
-
-MAX_SHOWN_CHARS = 20_000
 
 
 def _pre(text: str) -> SafeString:
@@ -288,7 +287,7 @@ def task_result_link(dead: DeadLetter, admin_site: str) -> SafeString | None:
 
 def task_of_message(dead: DeadLetter) -> str | None:
     """A dead letter of a Tasks backend's topic: "task <its dotted path>", from the
-    envelope (no result row needed: pruned, it still names the task), as the worker's
+    envelope (no result row needed: collected, it still names the task), as the worker's
     ``describe_message`` names it in the failure log lines (issue 53, F17)."""
     if not TaskTarget().owns_topic(dead.original_topic):
         return None

@@ -43,7 +43,7 @@ class TaskRecordQuerySet(models.QuerySet["TaskRecord"]):
     def of_backend(self, alias: str) -> TaskRecordQuerySet:
         return self.filter(backend=alias)
 
-    def prunable(self, cutoff: datetime) -> TaskRecordQuerySet:
+    def collectable(self, cutoff: datetime) -> TaskRecordQuerySet:
         """Untouched since ``cutoff`` and either finished, or attempted and abandoned (a
         task whose dead letter was discarded). Never-attempted rows stay: a task may be
         scheduled far ahead, or wait for a worker that is not running yet."""

@@ -181,7 +181,7 @@ class TaskWorker:
         return None
 
     def _recreate(self, message: Message, envelope: Envelope) -> TaskRecord:
-        """A task message without a result row (pruned, or published by other means)."""
+        """A task message without a result row (collected, or published by other means)."""
         prefix = self.options.topic_prefix
         queue_name = message.topic[len(prefix):] if message.topic.startswith(prefix) else (
             message.topic)

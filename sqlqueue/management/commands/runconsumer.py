@@ -44,9 +44,9 @@ logger = logging.getLogger("sqlqueue.consumer")
 
 def start_banner(consumers: list[Consumer], conf: QueueSettings, alias: str,
                  who: str) -> list[str]:
-    """What ``runconsumer`` found, printed once at start (SPEC §10 "The first hour"): the
-    (group, topic) pairs it serves, the database and the wake-up channel, so that a
-    newcomer sees at once whether it runs what they expect, where."""
+    """What ``runconsumer`` found, printed once at start (docs/guides/consuming.md,
+    "runconsumer"): the (group, topic) pairs it serves, the database and the wake-up
+    channel, so that a newcomer sees at once whether it runs what they expect, where."""
     lines = [f"django-sqlqueue {__version__}: {who}",
              f"  database: {alias!r} ({connections[alias].vendor})",
              f"  wake-ups: {describe_channels(conf, alias)}",

@@ -39,14 +39,14 @@ def list_dead_letters(out: OutputWrapper, options: dict[str, Any]) -> None:
     # the columns are measured.
     table = [tuple(map(escape_controls, _dead_letter_columns(alias, row, several)))
              for alias, row in rows]
-    header = DEAD_LETTER_COLUMNS + (("database",) if several else ())
+    header = DEAD_LETTER_HEADER + (("database",) if several else ())
     widths = [max(len(line[i]) for line in [header, *table]) for i in range(len(header))]
     for line in [header, *table]:
         out.write(_aligned(line, widths).rstrip())
 
 
 #: the header row of ``queue dead-letters list`` (the last error is the last column)
-DEAD_LETTER_COLUMNS = ("offset", "group", "topic/partition", "id", "attempts", "last error")
+DEAD_LETTER_HEADER = ("offset", "group", "topic/partition", "id", "attempts", "last error")
 
 
 def _dead_letter_columns(alias: str, row: Any, several: bool) -> tuple[str, ...]:

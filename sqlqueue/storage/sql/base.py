@@ -1,22 +1,24 @@
-"""What every vendor's statements share; the vendor modules fill in the differences.
+"""The store: every vendor's named statements on one Django connection; the vendor
+modules (``mysql``, ``postgresql``, ``sqlite``) fill in the differences.
 
-The statements live in mixins by subject (``delivery``, ``leases``, ``operating``,
-``schedules``); the tables and row types in ``tables``.
+Each subject's executor module runs the builders of the statement module of the same name
+(``sql/<subject>.py`` runs ``statements/<subject>.py``): ``publishing``, ``delivery``,
+``watermarks``, ``membership``, ``failover``, ``operating``, ``schedules``,
+``minute_stats``, ``sessions``, ``vendors``. The rows and the mixins' hooks are in
+``tables``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from threading import get_ident
-from typing import Any
 
 from django.db import DatabaseError, IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.utils import CursorWrapper
 
+from sqlqueue.storage.sql.browse import BrowseAccess
 from sqlqueue.storage.sql.delivery import DeliveryAccess
-from sqlqueue.storage.sql.leases import LeaseAccess
+from sqlqueue.storage.sql.failover import FailoverAccess
+from sqlqueue.storage.sql.membership import MembershipAccess
 from sqlqueue.storage.sql.minute_stats import MinuteStatsAccess
 from sqlqueue.storage.sql.operating import (
     DUES_PER_STATEMENT,
@@ -24,7 +26,9 @@ from sqlqueue.storage.sql.operating import (
     OperatingAccess,
     PendingSummary,
 )
+from sqlqueue.storage.sql.publishing import PublishingAccess
 from sqlqueue.storage.sql.schedules import ScheduleAccess
+from sqlqueue.storage.sql.sessions import SessionAccess
 from sqlqueue.storage.sql.tables import (
     FetchedRow,
     IdempotencyDigest,
@@ -33,8 +37,9 @@ from sqlqueue.storage.sql.tables import (
     OutcomeWrite,
     VendorHooks,
 )
+from sqlqueue.storage.sql.vendors import VendorAccess
+from sqlqueue.storage.sql.watermarks import WatermarkAccess
 from sqlqueue.storage.statements import statements_for
-from sqlqueue.storage.statements.publishing import INSERT_COLUMNS, message_params
 from sqlqueue.storage.statements.tables import (
     FLOW_CONTROL_TABLE,
     GROUP_KEY,
@@ -46,20 +51,16 @@ from sqlqueue.storage.statements.tables import (
     STATE_KEY,
     STATE_TABLE,
 )
-from sqlqueue.storage.statements.vendors import Statement
 
-
-class ConsumingAccess(DeliveryAccess, LeaseAccess):
-    """The subscriber's statements."""
-
-
-#: a vendor's error for a missing sqlqueue table (``Dialect.is_missing_queue_table``)
+#: a vendor's error for a missing sqlqueue table (``Store.is_missing_queue_table``)
 MISSING_QUEUE_TABLE = re.compile(
     r"""(?:table|relation) ['"`]?(?:\w+\.)?queue_\w+['"`]? (?:doesn't|does not) exist"""
     r"|no such table: (?:\w+\.)?queue_\w+", re.IGNORECASE)
 
 
-class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAccess):
+class Store(PublishingAccess, DeliveryAccess, WatermarkAccess, MembershipAccess, FailoverAccess,
+            OperatingAccess, ScheduleAccess, MinuteStatsAccess, SessionAccess, VendorAccess,
+            BrowseAccess):
     """Named statements for one database vendor, bound to one connection."""
 
     vendor = ""
@@ -77,177 +78,12 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
         """Refuse a connection that would store text wrongly, before anything is written
         through it (``ConfigurationError``). Nothing to check for most databases."""
 
-    # -- the publishing cursor -----------------------------------------------------------
-    _kept_cursor: CursorWrapper | None = None
-    _kept_for: object | None = None  # the DB-API connection it was opened on
-    _kept_by = 0  # the thread that opened it
-
-    def publishing_cursor(self) -> CursorWrapper:
-        """A cursor for ``insert_messages`` (and nothing else: on MySQL it runs only
-        statements that answer no rows), opened once per DB-API connection and
-        kept (a reconnect opens another); its users never close it. Opening and closing
-        a cursor for each message was a sixth of a one-message publish's client CPU
-        (``bench.publish_split``). What ``connection.cursor()`` does besides is kept: the
-        health check (``CONN_HEALTH_CHECKS``) and the connect; ``execute_wrapper``s run
-        on the kept cursor too. A cursor of its own for each use instead: while Django
-        logs queries (``DEBUG``, ``assertNumQueries``), so that every statement is
-        logged and counted; and in a thread other than the one that opened the kept
-        cursor (a connection shared between threads, as a live-server test shares an
-        in-memory SQLite database), whose INSERT must not read another thread's
-        ``lastrowid``."""
-        connection = self.connection
-        connection.close_if_health_check_failed()
-        if connection.queries_logged:
-            return connection.cursor()
-        cursor = self._kept_cursor
-        if cursor is None or connection.connection is not self._kept_for:
-            cursor = self._kept_cursor = self._new_publishing_cursor()
-            self._kept_for, self._kept_by = connection.connection, get_ident()
-        elif self._kept_by != get_ident():
-            return connection.cursor()
-        return cursor
-
-    def _new_publishing_cursor(self) -> CursorWrapper:
-        """The cursor ``publishing_cursor`` keeps: Django's, unless a vendor has a
-        leaner one for statements that answer no rows."""
-        return self.connection.cursor()
-
-    # -- wake-ups (sqlqueue.wakeups) ---------------------------------------------------
-    #: the database can wake its listeners at commit (PostgreSQL ``NOTIFY``)
-    notifies_wakeups = False
-
-    def notify_wakeup(self, cursor: CursorWrapper, topic: str) -> None:
-        """``notify_wakeup``: tell listening runners, when the current transaction commits,
-        that ``topic`` has a new message. No statement where the database cannot."""
-
-    def notify_heartbeat(self, cursor: CursorWrapper) -> None:
-        """``notify_heartbeat``: a notification the listeners hear at once that wakes no
-        topic (``sqlqueue.wakeups.listener``). No statement where the database cannot."""
-
-    # -- idempotency keys (SPEC §9 "Idempotency window") -------------------------------
-    def select_idempotency_keys(
-        self, cursor: CursorWrapper, digests: Sequence[IdempotencyDigest], *, lock: bool
-    ) -> dict[IdempotencyDigest, int]:
-        """``select_idempotency_keys`` (sqlqueue.storage.statements.publishing): which of
-        ``digests`` were published within their window, with the offset of that first
-        publish."""
-        if not digests:
-            return {}
-        cursor.execute(*self.sql.select_idempotency_keys(sorted({h for h, _ in digests}),
-                                                         lock=lock))
-        wanted = set(digests)
-        return {(int(h), int(lo)): int(o) for h, lo, o in cursor.fetchall()
-                if (int(h), int(lo)) in wanted}
-
-    def remember_idempotency_keys(
-        self, cursor: CursorWrapper, keys: Sequence[tuple[int, int, int]], window_ms: int
-    ) -> None:
-        """``remember_idempotency_keys``: store (key_high, key_low, offset) of messages
-        just published, until the database clock's now + ``window_ms``."""
-        if keys:
-            cursor.execute(*self.sql.remember_idempotency_keys(keys, window_ms))
-
-    def delete_expired_idempotency_keys(self, cursor: CursorWrapper, limit: int) -> int:
-        """``delete_expired_idempotency_keys``: garbage-collect keys whose window has
-        passed, at most ``limit`` per statement (idx_idempotency_expires)."""
-        cursor.execute(*self.sql.delete_expired_idempotency_keys(limit))
-        return int(cursor.rowcount)
-
-    # -- insert_messages ---------------------------------------------------------------
-    #: rows per publishing INSERT; also bounded by the driver's parameter limit
-    max_rows_per_insert = 500
-    _INSERT_COLUMNS = INSERT_COLUMNS
-
-    def max_query_params(self) -> int:
-        """The most parameters one statement may carry on this connection."""
-        return self.connection.features.max_query_params or 65_535
-
-    @staticmethod
-    def insert_messages_params(rows: Sequence[MessageRow]) -> list[Any]:
-        return message_params(rows)
-
-    def insert_messages(
-        self, cursor: CursorWrapper, rows: Sequence[MessageRow], *, wake: str | None = None,
-        prepared: bool = False,
-    ) -> list[int] | None:
-        """Insert ``rows``; return their offsets in order, or None if they cannot be known
-        without reading them back. ``wake``: the rows' topic, to ``notify_wakeup`` for with
-        them, where the database notifies (``notifies_wakeups``; PostgreSQL does it in
-        the INSERT itself); elsewhere nothing. ``prepared``: a connection that publishes
-        one message at a time often may run it as a statement prepared in its session
-        (PostgreSQL: ``sqlqueue.storage.sql.prepared``); elsewhere nothing changes.
-
-        Raises ``IntegrityError`` if any row's (topic, partition_key, id) exists; the
-        statement is then rolled back as a whole and the transaction stays usable.
-        """
-        cursor.execute(*self.sql.store_messages(rows))
-        return self.inserted_offsets(cursor, len(rows))
-
-    def inserted_offsets(self, cursor: CursorWrapper, count: int) -> list[int] | None:
-        """The offsets the last ``insert_messages`` of ``count`` rows allocated, if known."""
-        raise NotImplementedError
-
-    # -- select_message_offsets --------------------------------------------------------
-    def select_message_offsets(
-        self, cursor: CursorWrapper, topic: str, keys: Iterable[MessageKey], *, lock: bool
-    ) -> dict[MessageKey, int]:
-        wanted = list(dict.fromkeys(keys))
-        if not wanted:
-            return {}
-        cursor.execute(*self.sql.select_message_offsets(topic, wanted, lock=lock))
-        return {(pk, mid): int(offset) for offset, pk, mid in cursor.fetchall()}
-
-    # -- database_now_ms ---------------------------------------------------------------
-    def database_now_ms(self, cursor: CursorWrapper) -> int:
-        """``database_now_ms``: the database clock, epoch milliseconds."""
-        cursor.execute(*self.sql.database_now_ms())
-        row = cursor.fetchone()
-        assert row is not None
-        return int(row[0])
-
-    def is_galera(self, cursor: CursorWrapper) -> bool:
-        """Is this server a node of a multi-writer cluster whose open transactions one
-        node cannot see (Galera)?"""
-        return False
-
-    # -- lock waits --------------------------------------------------------------------
-    def bound_lock_waits(self, cursor: CursorWrapper, seconds: int) -> None:
-        """``bound_lock_waits``: give up a row-lock wait of this session after
-        ``seconds`` (an error ``is_lock_wait`` recognises) instead of the server's
-        default. Nothing to do where the connection's own busy timeout applies. Called
-        outside a transaction, so no rollback undoes it."""
-        statement = self.sql.bound_lock_waits(seconds)
-        if statement is not None:
-            cursor.execute(*statement)
-
-    def bound_idle_transactions(self, cursor: CursorWrapper, milliseconds: int) -> bool:
-        """``bound_idle_transactions``: the server ends this session once one of its
-        transactions stays idle for ``milliseconds``. Returns whether the server does so
-        (False: the vendor, or this server, has no such setting). Called outside a
-        transaction, on a session of the runner's own, never on one shared through a
-        pooler."""
-        statement = self.sql.bound_idle_transactions(milliseconds)
-        if statement is None:
-            return False
-        cursor.execute(*statement)
-        return True
-
-    def bound_transaction_lock_waits(self, seconds: int) -> Statement | None:
-        """``bound_transaction_lock_waits``: the statement that bounds the lock waits of
-        the current transaction only (None: ``bound_lock_waits`` is the vendor's way)."""
-        return self.sql.bound_transaction_lock_waits(seconds)
-
-    def through_pooler(self, cursor: CursorWrapper) -> bool:
-        """Does this connection reach its server session through a connection pooler
-        (whose next transaction may run on another session)? Never for most vendors."""
-        return False
-
+    # -- errors ------------------------------------------------------------------------
     def is_lock_wait(self, error: BaseException) -> bool:
         """Did ``error`` end a wait for a lock (timeout, or chosen as a deadlock victim)?
         The transaction can be rolled back and tried again."""
         return False
 
-    # -- errors ------------------------------------------------------------------------
     def is_duplicate_message(self, error: IntegrityError) -> bool:
         """Did ``error`` come from ``idx_topic_partition_id`` (an idempotent-publish hit)?"""
         raise NotImplementedError
@@ -262,20 +98,6 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
         first_line = str(error).split("\n", 1)[0]
         return MISSING_QUEUE_TABLE.search(first_line) is not None
 
-    def max_statement_bytes(self) -> int:
-        """Upper bound for one multi-row statement's size."""
-        return 8 << 20
-
-    def max_row_bytes(self) -> int | None:
-        """The largest ``literal_bytes`` a row may have for its statement to reach the
-        server (known after ``check_connection``); None: no such limit."""
-        return None
-
-    def literal_bytes(self, payload: bytes | str, metadata: str | None) -> int:
-        """What a row's payload and metadata add to a statement (sent as parameters
-        here: their own size)."""
-        return len(payload) + len((metadata or "").encode("utf-8"))
-
 
 __all__ = [
     "DUES_PER_STATEMENT",
@@ -289,16 +111,15 @@ __all__ = [
     "PENDING_BRANCHES_PER_STATEMENT",
     "STATE_KEY",
     "STATE_TABLE",
-    "ConsumingAccess",
     "DeliveryAccess",
-    "Dialect",
     "FetchedRow",
     "IdempotencyDigest",
-    "LeaseAccess",
+    "MembershipAccess",
     "MessageKey",
     "MessageRow",
     "OperatingAccess",
     "OutcomeWrite",
     "PendingSummary",
+    "Store",
     "VendorHooks",
 ]

@@ -1,8 +1,7 @@
 """Delivery on a Django connection: fetching messages, marking them delivered,
-recording handler outcomes, watermarks, dead letters and replays, and garbage collection.
-The statements are built once, in ``sqlqueue.storage.statements`` (``delivery``,
-``watermarks``, the vendors' garbage collection); these methods run them and shape the
-rows."""
+recording handler outcomes, the log's head, dead letters and replays. The statements are
+built once, in ``sqlqueue.storage.statements.delivery``; these methods run them and shape
+the rows."""
 
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ FETCH_PARTITIONS_PER_STATEMENT = 64
 
 
 class DeliveryAccess(VendorHooks):
-    """Mixin for ``Dialect``: the subscriber's reads and writes of messages and state."""
+    """Mixin for ``Store``: the subscriber's reads and writes of messages and state."""
 
     # fetch_messages ---------------------------------------------------------------------
     def fetch_messages(
@@ -139,11 +138,6 @@ class DeliveryAccess(VendorHooks):
         assert row is not None
         return str(row[0])
 
-    # discover_partitions ---------------------------------------------------------------
-    def discover_partitions(self, cursor: CursorWrapper, topic: str) -> list[str]:
-        """``discover_partitions`` (sqlqueue.storage.statements.vendors)."""
-        cursor.execute(*self.sql.discover_partitions(topic))
-        return [r[0] for r in cursor.fetchall() if r[0] is not None]
 
     # mark_delivered ---------------------------------------------------------------------
     def mark_delivered(
@@ -182,67 +176,6 @@ class DeliveryAccess(VendorHooks):
                                                    milliseconds))
         return int(cursor.rowcount)
 
-    # offsets (watermarks) ------------------------------------------------------------------
-    def ensure_watermark(
-        self, cursor: CursorWrapper, group: str, topic: str, partition: str
-    ) -> int:
-        """``ensure_watermarks``: create the group's offsets row if missing (this is what
-        registers the group with garbage collection), then read the watermark."""
-        cursor.execute(*self.sql.ensure_watermarks(group, topic, [partition]))
-        cursor.execute(*self.sql.group_watermarks(group, topic, [partition]))
-        row = cursor.fetchone()
-        return int(row[1]) if row else 0
-
-    def start_at_heads(self, cursor: CursorWrapper, group: str, topic: str) -> int:
-        """A group with no position on ``topic`` yet starts after the messages stored now
-        (``@consumer(start="latest")``): an offsets row at each partition's newest offset
-        (``partition_heads``, ``ensure_watermarks``). A group that has a position keeps
-        it. Returns how many partitions were placed."""
-        cursor.execute(*self.sql.group_watermarks(group, topic))
-        if cursor.fetchone() is not None:
-            return 0
-        cursor.execute(*self.sql.partition_heads(topic))
-        heads = {row[0]: int(row[1]) for row in cursor.fetchall() if row[0] is not None}
-        for partition, head in sorted(heads.items()):
-            cursor.execute(*self.sql.ensure_watermarks(group, topic, [partition], head))
-        return len(heads)
-
-    def advance_watermarks(
-        self, cursor: CursorWrapper, group: str, topic: str,
-        moves: Sequence[tuple[str, int, int | None]],
-    ) -> int:
-        """``advance_partition_watermarks``: move each ``(partition, upto,
-        first_pending)`` watermark forward, never back, and record the first offset above
-        it still to finish, if known (a hint for the lag pages, checked before use); one
-        statement. Returns how many moved."""
-        if not moves:
-            return 0
-        cursor.execute(*self.sql.advance_partition_watermarks(group, topic, moves))
-        return int(cursor.rowcount)
-
-    def delete_states_upto(
-        self, cursor: CursorWrapper, group: str, topic: str, limits: Sequence[tuple[str, int]]
-    ) -> int:
-        """``delete_states_upto``: drop the delivery state each ``(partition, upto)``
-        covers (a primary-key range each), in one statement. Run only after the
-        watermarks that cover it committed."""
-        if not limits:
-            return 0
-        cursor.execute(*self.sql.delete_states_upto(group, topic, limits))
-        return int(cursor.rowcount)
-
-    def topic_watermarks(
-        self, cursor: CursorWrapper, topic: str
-    ) -> tuple[set[str], dict[str, dict[str, int]]]:
-        """``topic_watermarks``: every group known on a topic, and each partition's
-        watermarks by group, in one read of ``idx_topic_partition``."""
-        cursor.execute(*self.sql.topic_watermarks(topic))
-        groups: set[str] = set()
-        partitions: dict[str, dict[str, int]] = {}
-        for group, partition, watermark in cursor.fetchall():
-            groups.add(group)
-            partitions.setdefault(partition, {})[group] = int(watermark)
-        return groups, partitions
 
     # dead letters ---------------------------------------------------------------------------
     def insert_dead_letter(
@@ -262,25 +195,3 @@ class DeliveryAccess(VendorHooks):
         cursor.execute(*self.sql.insert_replay(dead_letter_offset=dead_letter_offset,
                                                replay_id=replay_id, detail=detail))
         return self.last_inserted_offset(cursor)
-
-    # garbage collection -------------------------------------------------------------------
-    def delete_messages_upto(
-        self, cursor: CursorWrapper, topic: str, partition: str, upto: int, limit: int
-    ) -> int:
-        """``delete_messages_upto``: garbage-collect the oldest rows of a partition, at most
-        ``limit`` per statement (short transactions, short locks)."""
-        cursor.execute(*self.sql.delete_messages_upto(topic, partition, upto, limit))
-        return int(cursor.rowcount)
-
-    def delete_messages_in_window(
-        self, cursor: CursorWrapper, topic: str, after: int, upto: int,
-        limits: Sequence[tuple[str, int]],
-    ) -> int:
-        """``delete_messages_in_window``: garbage-collect the rows of ``topic`` with
-        after < offset <= upto, each at or below its partition's limit (``limits``:
-        (partition, limit); a partition not named keeps its rows): a primary-key range,
-        one statement."""
-        if not limits:
-            return 0
-        cursor.execute(*self.sql.delete_messages_in_window(topic, after, upto, limits))
-        return int(cursor.rowcount)

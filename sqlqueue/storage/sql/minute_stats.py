@@ -15,7 +15,7 @@ MinuteCounts = Mapping[tuple[str, str, int], Mapping[str, float]]
 
 
 class MinuteStatsAccess(VendorHooks):
-    """Mixin for ``Dialect``: the rollup's rows."""
+    """Mixin for ``Store``: the rollup's rows."""
 
     def add_minute_stats(self, cursor: CursorWrapper, counts: MinuteCounts) -> None:
         """``add_minute_stats``, one upsert per (group, topic, minute) with something to

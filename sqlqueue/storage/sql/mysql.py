@@ -18,7 +18,7 @@ from django.db.backends.utils import CursorWrapper
 from sqlqueue.exceptions import ConfigurationError
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.literals import escaped_length
-from sqlqueue.storage.sql.base import Dialect, MessageRow
+from sqlqueue.storage.sql.base import MessageRow, Store
 from sqlqueue.storage.statements import MySQLStatements
 from sqlqueue.storage.statements.vendors import MySQLVendor
 
@@ -32,7 +32,7 @@ CONNECTION_LOST = (2006, 2013, 4031)
 STATEMENT_AROUND_A_ROW = 8 * 1024
 
 
-class MySQLDialect(Dialect):
+class MySQLStore(Store):
     _autoinc_lock_mode: int | None = None  # read once per connection, when first needed
     _checked_connection: object | None = None  # the DB-API connection found to be utf8mb4
     _max_packet: int | None = None  # its server's max_allowed_packet, read with the charset
@@ -42,7 +42,7 @@ class MySQLDialect(Dialect):
     now_ms_sql = MySQLVendor.now_ms_sql
     locking_read_suffix = MySQLVendor.locking_read_suffix
     server_identity_sql = MySQLVendor.server_identity_sql
-    #: a UNION ALL of 16 partitions' fetches took 2.3-2.6 ms a poll (``Dialect``'s note)
+    #: a UNION ALL of 16 partitions' fetches took 2.3-2.6 ms a poll (``Store``'s note)
     narrows_fetches = True
 
     # -- connection_charset --------------------------------------------------------------

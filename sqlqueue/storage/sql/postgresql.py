@@ -26,7 +26,7 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.horizon import WriteHorizon
-from sqlqueue.storage.sql.base import Dialect, MessageRow
+from sqlqueue.storage.sql.base import MessageRow, Store
 from sqlqueue.storage.sql.prepared import (
     STATEMENT_GONE,
     Variant,
@@ -45,7 +45,7 @@ UNIQUE_VIOLATION = "23505"
 #: below it its three more round trips (a savepoint, the offsets) outweigh what COPY saves
 #: (docs/benchmarks.md, "PostgreSQL")
 COPY_MIN_ROWS = 50
-#: the builders, for connections without a dialect (the wake-up listener's)
+#: the builders, for connections without a store (the wake-up listener's)
 STATEMENTS = PostgreSQLStatements()
 
 
@@ -71,7 +71,7 @@ class DuplicateMessage(IntegrityError, SqlqueueError):
     """An ``insert_messages`` row whose (topic, partition_key, id) is stored already,
     inside a transaction.
 
-    Raised by the dialect, not by the server: there the INSERT says ``ON CONFLICT DO
+    Raised by the store, not by the server: there the INSERT says ``ON CONFLICT DO
     NOTHING``, because on PostgreSQL a failed statement aborts the whole transaction,
     and publishing inside the caller's transaction must survive a duplicate."""
 
@@ -85,7 +85,7 @@ def _sqlstate(error: BaseException) -> str | None:
     return None
 
 
-class PostgreSQLDialect(Dialect):
+class PostgreSQLStore(Store):
     vendor = "postgresql"
     sql: PostgreSQLStatements
     now_ms_sql = PostgreSQLVendor.now_ms_sql

@@ -1,4 +1,4 @@
-"""The schedules (``SQLQUEUE["SCHEDULES"]``, SPEC §9) on a Django connection. The
+"""The schedules (``SQLQUEUE["SCHEDULES"]``, docs/guides/schedules.md) on a Django connection. The
 statements are built once, in ``sqlqueue.storage.statements.schedules`` (which says why
 ``claim_ticks`` publishes every tick exactly once); these methods run them and shape the
 rows."""
@@ -27,7 +27,7 @@ class ScheduleRow(NamedTuple):
 
 
 class ScheduleAccess:
-    """Mixin for ``Dialect``: the schedules' statements."""
+    """Mixin for ``Store``: the schedules' statements."""
 
     sql: Statements
 

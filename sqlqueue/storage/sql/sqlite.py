@@ -12,11 +12,11 @@ from django.db import IntegrityError
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.horizon import WriteHorizon
-from sqlqueue.storage.sql.base import MESSAGE_TABLE, Dialect
+from sqlqueue.storage.sql.base import MESSAGE_TABLE, Store
 from sqlqueue.storage.statements.vendors import SQLiteVendor
 
 
-class SQLiteDialect(Dialect):
+class SQLiteStore(Store):
     vendor = "sqlite"
     now_ms_sql = SQLiteVendor.now_ms_sql
     locking_read_suffix = ""

@@ -1,5 +1,5 @@
 """The rows the statements read and write, and the hooks every statement mixin relies
-on (``Dialect`` and the vendor modules fill them in). The tables are named once, in
+on (``Store`` and the vendor modules fill them in). The tables are named once, in
 ``sqlqueue.storage.statements.tables``."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
-from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.statements import Statements
 from sqlqueue.storage.statements.delivery import OutcomeWrite as OutcomeWrite
 from sqlqueue.storage.statements.publishing import IdempotencyDigest as IdempotencyDigest
@@ -46,14 +46,16 @@ def _text(value: Any) -> str | None:
 
 
 class VendorHooks:
-    """What the statement mixins need from ``Dialect`` and its vendor subclasses."""
+    """What the statement mixins need from ``Store`` and its vendor subclasses."""
 
+    #: the Django connection the store runs its statements on
+    connection: BaseDatabaseWrapper
     quote: Any
     #: the vendor's shared statements (sqlqueue.storage.statements)
     sql: Statements
     now_ms_sql: str
     #: which server a statement ran on (``Vendor.server_identity_sql``; a class
-    #: attribute of the dialect, so that a test can pretend another server answered)
+    #: attribute of the store, so that a test can pretend another server answered)
     server_identity_sql = "''"
     locking_read_suffix: str
 
@@ -66,14 +68,13 @@ class VendorHooks:
         """The offset the INSERT just run (with ``returning_offset_sql``) allocated."""
         return int(cursor.lastrowid)
 
+    def partition_heads(self, cursor: CursorWrapper, topic: str) -> dict[str, int]:
+        """``partition_heads`` (``sql/vendors.py``): partition -> newest offset."""
+        raise NotImplementedError
+
     def upsert_clause(
         self, key: Sequence[str], assignments: dict[str, str], table: str = ""
     ) -> str:
         """The vendor's upsert (``sqlqueue.storage.statements.vendors.Vendor``)."""
         return self.sql.upsert_clause(key, assignments, table)
 
-    def write_horizon(self, cursor: CursorWrapper) -> WriteHorizon | None:
-        """``write_horizon``: what the database shows of open transactions, for
-        ``sqlqueue.horizon.settled_before`` (None: no transaction can commit out of offset
-        order on this database). Read inside a started transaction."""
-        raise NotImplementedError

@@ -1,10 +1,10 @@
-"""The statement layer: every hand-written statement the dialects and the Spark data
+"""The statement layer: every hand-written statement the stores and the Spark data
 source run, built once, without Django and without a connection (but what needs the live
 connection: MySQL's values escaped inline, PostgreSQL's COPY stream).
 
 Each statement is a named builder returning a ``Statement`` (SQL with ``%s``
 placeholders, and its parameters) for one vendor. Two thin executors run them: the
-Django dialects (``sqlqueue.storage.sql``) and the Spark executors' own DB-API
+Django stores (``sqlqueue.storage.sql``) and the Spark executors' own DB-API
 connections (``sqlqueue.integrations.spark.connect``), which must not import Django.
 tests/integration/test_statement_layer.py runs every builder against every database.
 """

@@ -1,6 +1,6 @@
 """Named statements of membership: heartbeats, partition leases with their fencing
 generation, the pauses a subscriber obeys, and an operator's request that a runner stop.
-Each returns a ``Statement``; the executors run it (``sqlqueue.storage.sql.leases`` for
+Each returns a ``Statement``; the executors run it (``sqlqueue.storage.sql.membership`` for
 Django, the Spark consumer group for its own connections)."""
 
 from __future__ import annotations
@@ -102,8 +102,9 @@ class MembershipStatements(Vendor):
         expired while its holder stalled is extended too, as long as nobody took it:
         every change of owner, and a failover's voiding, changes the generation, so an
         untouched row means nobody else could have delivered from the partition since,
-        and what the holder's handlers finished meanwhile is still its to record (SPEC
-        section 10, I5: never delivered again because the runner was slow to record it)."""
+        and what the holder's handlers finished meanwhile is still its to record
+        (guarantee I5, docs/reference/guarantees.md: never delivered again because the
+        runner was slow to record it)."""
         q = self.quote
         partitions = sorted(held)
         only, keys = self.partitions_filter(partitions)

@@ -105,7 +105,7 @@ class PublishingStatements(Vendor):
             params,
         )
 
-    # the idempotency window (SPEC §9) ----------------------------------------------------
+    # the idempotency window (docs/reference/api.md) ------------------------------------
     def select_idempotency_keys(self, highs: Sequence[int], *, lock: bool) -> Statement:
         """``select_idempotency_keys``: (key_high, key_low, offset) of the keys still in
         their window whose first column is one of ``highs`` (at least one): the primary

@@ -1,5 +1,5 @@
-"""Named statements of the schedules (``SQLQUEUE["SCHEDULES"]``, SPEC §9): the table
-``queue_schedules`` holds one row per schedule, a handful of rows in all.
+"""Named statements of the schedules (``SQLQUEUE["SCHEDULES"]``, docs/guides/schedules.md):
+the table ``queue_schedules`` holds one row per schedule, a handful of rows in all.
 
 Exactly once per tick rests on ``claim_ticks``: a compare-and-set of ``checked_until``
 run in the transaction that then publishes the claimed ticks. Two processes claiming the

@@ -1,7 +1,7 @@
 """Named statements about a database session rather than the queue's rows: what a
 connection is (its character set, a Galera node?), how it waits for locks, and how an
 executor outside Django begins a transaction. Each returns a ``Statement``,
-or None where the vendor needs none; the Django dialects and the Spark executors run
+or None where the vendor needs none; the Django stores and the Spark executors run
 them."""
 
 from __future__ import annotations

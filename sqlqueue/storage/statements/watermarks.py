@@ -1,6 +1,6 @@
 """Named statements of a consumer group's position (``queue_offsets``): its watermark on
 each partition, moved forward only, and the delivery state a watermark makes history.
-Both executors run them: ``sqlqueue.storage.sql.delivery`` for ``runconsumer``, and the
+Both executors run them: ``sqlqueue.storage.sql.watermarks`` for ``runconsumer``, and the
 Spark consumer group (``sqlqueue.integrations.spark.group``)."""
 
 from __future__ import annotations

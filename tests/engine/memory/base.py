@@ -16,6 +16,7 @@ from django.db.backends.base.features import BaseDatabaseFeatures
 from django.db.backends.base.introspection import BaseDatabaseIntrospection
 from django.db.backends.base.operations import BaseDatabaseOperations
 
+from sqlqueue.storage.protocols import EngineStore
 from tests.engine.memory.tables import MemoryConnection, MemoryDatabase
 
 #: NAME -> database (``register``; the harness removes it again)
@@ -60,8 +61,10 @@ class DatabaseWrapper(BaseDatabaseWrapper):
     def database(self) -> MemoryDatabase:
         return MEMORY_DATABASES[self.settings_dict["NAME"]]
 
-    def sqlqueue_store(self) -> Any:
-        """The queue's named statements for this connection (``dialect_for``'s hook)."""
+    def sqlqueue_store(self) -> EngineStore:
+        """The queue's named statements for this connection (``store_for``'s hook).
+        Typed ``EngineStore``: mypy checks here that ``MemoryStore`` implements every
+        engine protocol."""
         from tests.engine.memory.store import MemoryStore
 
         return MemoryStore(self)

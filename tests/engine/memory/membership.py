@@ -8,21 +8,17 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlqueue.storage.sql.leases import LeaseRow as ListedLease
-from tests.engine.memory.tables import HeartbeatRow, LeaseRow, Tables
+from sqlqueue.storage.sql.membership import LeaseRow
+from tests.engine.memory.access import TableAccess
+from tests.engine.memory.tables import HeartbeatRow, StoredLease
 
 #: the server record's key in the leases table (statements.failover.SERVER_RECORD_KEY)
 SERVER_RECORD = ("", "", "")
 
 
-class MembershipStatements:
-    """A mixin of ``MemoryStore``."""
-
-    def _tables(self, statement: str) -> Tables:
-        raise NotImplementedError
-
-    def _now(self) -> int:
-        raise NotImplementedError
+class MemoryMembership(TableAccess):
+    """A part of ``MemoryStore``: ``LeaseStore`` and ``ControlStore``
+    (``sqlqueue.storage.protocols``)."""
 
     # -- leases ------------------------------------------------------------------------------
     def acquire_leases(self, cursor: Any, group: str, topic: str, partitions: Sequence[str],
@@ -34,9 +30,9 @@ class MembershipStatements:
             key = (group, topic, partition)
             lease = t.leases.get(key)
             if lease is None:
-                t.leases[key] = LeaseRow(owner, now, now, 1)
+                t.leases[key] = StoredLease(owner, now, now, 1)
             elif lease.renewed_at < now - duration_ms:
-                t.leases[key] = LeaseRow(owner, now, now, lease.generation + 1)
+                t.leases[key] = StoredLease(owner, now, now, lease.generation + 1)
 
     def renew_leases(self, cursor: Any, group: str, topic: str, owner: str,
                      held: Mapping[str, int]) -> int:
@@ -54,20 +50,23 @@ class MembershipStatements:
         return renewed
 
     def list_leases(self, cursor: Any, group: str, topic: str, *, lock: bool = False,
-                    partitions: Sequence[str] | None = None) -> list[ListedLease]:
+                    partitions: Sequence[str] | None = None) -> list[LeaseRow]:
         t, now = self._tables("list_leases"), self._now()
         return [(key[2], lease.leased_by, lease.generation, now - lease.renewed_at)
                 for key, lease in sorted(t.leases.items())
                 if key[:2] == (group, topic) and (partitions is None or key[2] in partitions)]
 
     def fence_leases(self, cursor: Any, group: str, topic: str, partitions: Sequence[str],
-                     ) -> tuple[list[ListedLease], str | None]:
+                     ) -> tuple[list[LeaseRow], str | None]:
         """``list_leases`` of ``partitions``; no lock to take: one transaction at a time."""
         rows = self.list_leases(cursor, group, topic, lock=True, partitions=partitions)
         return rows, (self.server_identity(cursor) if rows else None)
 
     def server_identity(self, cursor: Any) -> str:
-        return ""
+        return ""  # one server, never failed over
+
+    def is_lock_wait(self, error: BaseException) -> bool:
+        return False  # no locks: one transaction at a time
 
     def release_leases(self, cursor: Any, group: str, topic: str, partitions: Sequence[str],
                        owner: str) -> int:
@@ -126,7 +125,7 @@ class MembershipStatements:
     def record_server(self, cursor: Any, server: str,
                       replacing: Sequence[str] | None = None) -> bool:
         t, now = self._tables("record_server"), self._now()
-        record = t.leases.setdefault(SERVER_RECORD, LeaseRow("", now, now, 0))
+        record = t.leases.setdefault(SERVER_RECORD, StoredLease("", now, now, 0))
         named = record.leased_by
         if (named in replacing) if replacing is not None else named != server:
             t.leases[SERVER_RECORD] = dataclasses.replace(record, leased_by=server,

@@ -1,7 +1,10 @@
-"""``MemoryStore``: the queue's named statements on a ``MemoryDatabase``, with the
-semantics of the SQL in ``sqlqueue.storage.statements`` (delivery, watermarks,
-publishing; membership in ``membership``). A ``Dialect``, so that whatever the engine
-calls and this class lacks reaches the cursor, which runs no SQL and names the statement.
+"""``MemoryStore``: the engine's protocols (``sqlqueue.storage.protocols.EngineStore``)
+on a ``MemoryDatabase``, with the semantics of the SQL in ``sqlqueue.storage.statements``
+(delivery, watermarks, garbage collection, the minute rollup here; publishing in
+``publishing``, membership in ``membership``). Not a ``Store``: what the engine needs and
+this class lacks is a type error (mypy checks it where ``base.DatabaseWrapper`` hands it
+out), and tests/integration/test_memory_store_parity.py runs every method of every
+engine protocol on it and on the real database.
 
 Time is the database's: ``now_ms`` of the ``MemoryDatabase``, the clock the harness
 injects into the runners too (guarantee I11 then holds by construction).
@@ -10,50 +13,24 @@ injects into the runners too (guarantee I11 then holds by construction).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
-
-from django.db import IntegrityError
+from collections.abc import Sequence
+from typing import Any
 
 from sqlqueue.horizon import WriteHorizon
-from sqlqueue.storage.sql.base import Dialect
-from sqlqueue.storage.sql.tables import FetchedRow, IdempotencyDigest, MessageKey, MessageRow
+from sqlqueue.storage.sql.minute_stats import MinuteCounts
+from sqlqueue.storage.sql.tables import FetchedRow
 from sqlqueue.storage.statements.delivery import OutcomeWrite
 from sqlqueue.storage.statements.vendors import Statement
-from tests.engine.memory.membership import MembershipStatements
-from tests.engine.memory.tables import (
-    DeliveryRow,
-    MemoryDatabase,
-    StoredMessage,
-    Tables,
-    WatermarkRow,
-)
-
-if TYPE_CHECKING:
-    from tests.engine.memory.base import DatabaseWrapper
+from tests.engine.memory.membership import MemoryMembership
+from tests.engine.memory.publishing import MemoryDuplicateMessage, MemoryPublishing
+from tests.engine.memory.tables import DeliveryRow, StoredMessage, Tables, WatermarkRow
 
 
-class DuplicateMessage(IntegrityError):
-    """idx_topic_partition_id: the (topic, partition_key, id) is stored already."""
+class MemoryStore(MemoryPublishing, MemoryMembership):
+    """The in-memory database's store: ``EngineStore``."""
 
-
-class MemoryStore(MembershipStatements, Dialect):
-    vendor = "memory"
-
-    def __init__(self, connection: DatabaseWrapper) -> None:  # no SQL statements to build
-        self.connection = self.wrapper = connection
-        self.quote = connection.ops.quote_name
-
-    @property
-    def database(self) -> MemoryDatabase:
-        return self.wrapper.database
-
-    def _tables(self, statement: str) -> Tables:
-        self.connection.ensure_connection()
-        return self.database.use(self.connection.connection, statement)
-
-    def _now(self) -> int:
-        return self.database.now_ms()
+    #: one UNION of fetches costs nothing to plan here: no partitions left out
+    narrows_fetches = False
 
     # -- the server and its sessions -------------------------------------------------------------
     def database_now_ms(self, cursor: Any) -> int:
@@ -75,59 +52,35 @@ class MemoryStore(MembershipStatements, Dialect):
     def bound_idle_transactions(self, cursor: Any, milliseconds: int) -> bool:
         return False  # nothing ends a session here: a stepped runner never freezes in one
 
+    def through_pooler(self, cursor: Any) -> bool:
+        return False
+
+    def notify_heartbeat(self, cursor: Any) -> None:
+        pass
+
     def offset_counter(self, cursor: Any) -> int | None:
         return self.database.next_offset
 
+    # -- the live overview's minute rollup ----------------------------------------------------
+    def add_minute_stats(self, cursor: Any, counts: MinuteCounts) -> None:
+        """Add to each (group, topic, minute) row, creating it (every column starts at 0)."""
+        t = self._tables("add_minute_stats")
+        for key, columns in counts.items():
+            row = t.minute_stats.get(key, {})
+            t.minute_stats[key] = {**row, **{c: row.get(c, 0) + v for c, v in columns.items()}}
+
+    def read_minute_stats(self, cursor: Any, since: int,
+                          columns: tuple[str, ...]) -> list[tuple[Any, ...]]:
+        t = self._tables("read_minute_stats")
+        return [(*key, *(row.get(c, 0) for c in columns))
+                for key, row in sorted(t.minute_stats.items()) if key[2] >= since]
+
     def delete_minute_stats(self, cursor: Any, keep_ms: int) -> int:
-        return 0  # the live overview's rows are not modelled: none to prune
-
-    # -- publishing ------------------------------------------------------------------------------
-    def insert_messages(self, cursor: Any, rows: Sequence[MessageRow], *,
-                        wake: str | None = None, prepared: bool = False) -> list[int] | None:
-        """All rows or none: a (topic, partition_key, id) stored already fails the
-        statement (``DuplicateMessage``)."""
-        t, now = self._tables("insert_messages"), self._now()
-        keys = [(r.topic, r.partition_key, r.id) for r in rows]
-        if len(set(keys)) < len(keys) or any(key in t.message_ids for key in keys):
-            raise DuplicateMessage("duplicate key value violates idx_topic_partition_id")
-        offsets = []
-        for row in rows:
-            offset = self.database.allocate_offset()
-            deliver_after = now + row.delay_ms if row.delay_ms is not None else row.deliver_at_ms
-            t.messages[offset] = StoredMessage(
-                offset, row.topic, row.partition_key, row.id, bytes(row.payload), row.metadata,
-                now, row.published_at, row.priority, deliver_after)
-            t.message_ids[(row.topic, row.partition_key, row.id)] = offset
-            offsets.append(offset)
-        return offsets
-
-    def is_duplicate_message(self, error: IntegrityError) -> bool:
-        return isinstance(error, DuplicateMessage)
-
-    def select_message_offsets(self, cursor: Any, topic: str, keys: Iterable[MessageKey], *,
-                               lock: bool) -> dict[MessageKey, int]:
-        ids = self._tables("select_message_offsets").message_ids
-        return {(pk, mid): ids[(topic, pk, mid)] for pk, mid in keys if (topic, pk, mid) in ids}
-
-    def select_idempotency_keys(self, cursor: Any, digests: Sequence[IdempotencyDigest], *,
-                                lock: bool) -> dict[IdempotencyDigest, int]:
-        t, now = self._tables("select_idempotency_keys"), self._now()
-        return {d: t.idempotency[d][0] for d in digests
-                if d in t.idempotency and t.idempotency[d][1] > now}
-
-    def remember_idempotency_keys(self, cursor: Any, keys: Sequence[tuple[int, int, int]],
-                                  window_ms: int) -> None:
-        t, now = self._tables("remember_idempotency_keys"), self._now()
-        for high, low, offset in keys:
-            t.idempotency[(high, low)] = (offset, now + window_ms)
-
-    def delete_expired_idempotency_keys(self, cursor: Any, limit: int) -> int:
-        t, now = self._tables("delete_expired_idempotency_keys"), self._now()
-        expired = sorted((d for d, (_, expires) in t.idempotency.items() if expires <= now),
-                         key=lambda d: t.idempotency[d][1])[:limit]
-        for digest in expired:
-            del t.idempotency[digest]
-        return len(expired)
+        t, now = self._tables("delete_minute_stats"), self._now()
+        gone = [key for key in t.minute_stats if key[2] < now - keep_ms]
+        for key in gone:
+            del t.minute_stats[key]
+        return len(gone)
 
     # -- reads of a partition ---------------------------------------------------------------
     def _partition(self, t: Tables, topic: str, partition: str) -> list[StoredMessage]:
@@ -327,7 +280,7 @@ class MemoryStore(MembershipStatements, Dialect):
         letter = t.messages[dead_letter_offset]
         key = (letter.original_topic, letter.partition_key, replay_id)
         if key in t.message_ids:
-            raise DuplicateMessage("duplicate key value violates idx_topic_partition_id")
+            raise MemoryDuplicateMessage("duplicate key value violates idx_topic_partition_id")
         new = self.database.allocate_offset()
         t.messages[new] = StoredMessage(
             new, letter.original_topic, letter.partition_key, replay_id, letter.payload,
@@ -344,3 +297,25 @@ class MemoryStore(MembershipStatements, Dialect):
             del t.messages[m.offset]
             del t.message_ids[(m.topic, m.partition_key, m.id)]
         return len(gone)
+
+    def delete_messages_in_window(self, cursor: Any, topic: str, after: int, upto: int,
+                                  limits: Sequence[tuple[str, int]]) -> int:
+        """The rows of ``topic`` with after < offset <= upto, each at or below its
+        partition's limit; a partition not named keeps its rows."""
+        t = self._tables("delete_messages_in_window")
+        limit_of = dict(limits)
+        gone = [m for m in t.messages.values()
+                if m.topic == topic and after < m.offset <= upto
+                and m.offset <= limit_of.get(m.partition_key, after)]
+        for m in gone:
+            del t.messages[m.offset]
+            del t.message_ids[(m.topic, m.partition_key, m.id)]
+        return len(gone)
+
+    def first_offsets_above(self, cursor: Any, topic: str,
+                            pairs: Sequence[tuple[str, int]]) -> list[int | None]:
+        """For each (partition, watermark), the first stored offset above it."""
+        t = self._tables("first_offsets_above")
+        return [min((m.offset for m in self._partition(t, topic, partition)
+                     if m.offset > watermark), default=None)
+                for partition, watermark in pairs]

@@ -49,7 +49,7 @@ class DeliveryRow:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseRow:
+class StoredLease:
     """A row of queue_partition_leases."""
 
     leased_by: str
@@ -85,7 +85,7 @@ class Tables:
     #: (group, topic, partition, offset) -> state
     states: dict[tuple[str, str, str, int], DeliveryRow] = field(default_factory=dict)
     #: (group, topic, partition) -> lease; ("", "", "") is the server record
-    leases: dict[tuple[str, str, str], LeaseRow] = field(default_factory=dict)
+    leases: dict[tuple[str, str, str], StoredLease] = field(default_factory=dict)
     watermarks: dict[tuple[str, str, str], WatermarkRow] = field(default_factory=dict)
     heartbeats: dict[tuple[str, str, str], HeartbeatRow] = field(default_factory=dict)
     #: (key_high, key_low) -> (offset, expires_at)
@@ -94,6 +94,9 @@ class Tables:
     pauses: set[tuple[str, str]] = field(default_factory=set)
     #: runner name -> (action, requested_by, requested_at, obeyed_at)
     runner_requests: dict[str, tuple[str, str, int, int]] = field(default_factory=dict)
+    #: (group, topic, minute) -> column -> amount (queue_minute_stats; a row is replaced,
+    #: never changed, as the frozen rows are)
+    minute_stats: dict[tuple[str, str, int], dict[str, float]] = field(default_factory=dict)
 
     def copy(self) -> Tables:
         return Tables(**{f.name: type(getattr(self, f.name))(getattr(self, f.name))
@@ -203,7 +206,8 @@ class MemoryConnection:
 
 
 class NoSql:
-    """The cursor: any SQL reaching it is a statement ``MemoryStore`` lacks."""
+    """The cursor: runs no SQL. ``MemoryStore`` answers every named statement itself;
+    SQL reaching the cursor was run on it directly, not through the store."""
 
     rowcount = -1
     lastrowid = None
@@ -214,7 +218,7 @@ class NoSql:
 
     def execute(self, sql: str, params: Any = None) -> None:
         raise NotImplementedError(
-            f"the in-memory database runs no SQL; MemoryStore lacks the statement: {sql}")
+            f"the in-memory database runs no SQL (run it through the store): {sql}")
 
     executemany = execute
 

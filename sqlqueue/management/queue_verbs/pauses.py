@@ -1,5 +1,5 @@
-"""``queue pause``, ``queue resume`` and ``queue pauses``: flow control of groups and
-topics (sqlqueue.operations.flow)."""
+"""``queue pause``, ``queue resume`` and ``queue pauses``: the pauses of groups and topics
+(sqlqueue.operations.flow)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The per-minute rollup behind the admin's live overview (issue 42): one row per
 (group, topic, minute), kept by the runners (``sqlqueue.consuming.rollup``) and collected
-by garbage collection. Its own module so that ``sqlqueue.models`` stays small; that
-module imports it, so Django finds it as one of the app's models.
+by garbage collection.
 
 The outcome columns are the labels of ``sqlqueue_handled_total`` and the duration columns
 the buckets of ``sqlqueue_handler_duration_seconds`` (``DURATION_BUCKETS``, not

@@ -19,8 +19,8 @@ def _lease_rows(rows: Sequence[Sequence[Any]]) -> list[LeaseRow]:
     return [(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
 
 
-class LeaseAccess(VendorHooks):
-    """Mixin for ``Dialect``: leases, heartbeats and pauses."""
+class MembershipAccess(VendorHooks):
+    """Mixin for ``Store``: leases, heartbeats and pauses."""
 
     # leases -------------------------------------------------------------------------------
     def acquire_leases(
@@ -112,22 +112,3 @@ class LeaseAccess(VendorHooks):
         """``obey_runner_request``: stamp it obeyed; False if it was replaced meanwhile."""
         cursor.execute(*self.sql.obey_runner_request(name, requested_at))
         return bool(cursor.rowcount)
-
-    # the server record (a failover) ---------------------------------------------------------
-    def record_server(self, cursor: CursorWrapper, server: str,
-                      replacing: Sequence[str] | None = None) -> bool:
-        """``ensure_server_record`` then ``record_server``: did the record change to name
-        ``server`` (it named one of ``replacing``, or any other server when not given)?
-        The record stays locked until commit."""
-        cursor.execute(*self.sql.ensure_server_record())
-        cursor.execute(*self.sql.record_server(server, replacing))
-        return int(cursor.rowcount) == 1
-
-    def void_grants(self, cursor: CursorWrapper) -> tuple[int, int]:
-        """``void_leases``, ``void_heartbeats`` and ``void_deliveries``: how many leases
-        and deliveries of the old server were voided."""
-        cursor.execute(*self.sql.void_leases())
-        leases = int(cursor.rowcount)
-        cursor.execute(*self.sql.void_heartbeats())
-        cursor.execute(*self.sql.void_deliveries())
-        return leases, int(cursor.rowcount)
