@@ -234,10 +234,9 @@ def new_message_id() -> str:
 
     Time first, so that the ids of a partition grow with its offsets: the unique
     ``(topic, partition_key, id)`` index is then written at its end and deleted from its
-    start, as the log is, instead of on a random page of it for every message (a random
-    UUIDv4 there kept garbage collection of a 2M-message backlog on MariaDB at
-    15,000-28,000 rows/s, reading that index from disk through the buffer pool; in id
-    order it goes at 60,000)."""
+    start, as the log is, instead of on a random page of it for every message (garbage
+    collection of a 2M-message backlog on MariaDB, 128 MB buffer pool, back to back:
+    18,600 rows/s with random ids, reading that index from disk; 97,100 in id order)."""
     while True:
         try:
             h = _random_hex.pop()
