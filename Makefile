@@ -17,7 +17,7 @@ DOCS_SITE ?= site
 # Material for MkDocs prints a notice about MkDocs 2.0 on every run: not a problem of ours.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: demo spark-demo test test-lts bootstrap bootstrap-lts lint docs docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-spark test-wheel soak topologies bench bench-quick docs-images
+.PHONY: bench-scale demo spark-demo test test-lts bootstrap bootstrap-lts lint docs docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-spark test-wheel soak topologies bench bench-quick docs-images
 
 bootstrap:
 	@./.ci/bootstrap
@@ -145,6 +145,27 @@ soak: bootstrap
 bench: bootstrap
 	$(PY) -m pip install -q -e ".[mysql,postgresql,bench]"
 	$(PY) -m bench.suite $(BENCH_ARGS)
+	$(MAKE) bench-scale
+
+# A log of millions (issue 52, docs/benchmarks.md): publish, drain and garbage collection
+# (with live traffic's latency) beside backlogs of 0, 1M and 10M messages, then every admin
+# page on a log of 10M; on MariaDB and PostgreSQL. An hour or more: part of `make bench`,
+# never of `make test`. SCALE_SIZES=0,1000000 for a shorter run.
+SCALE_SIZES ?= 0,1000000,10000000
+SCALE_MYSQL_URL ?= mysql://root@127.0.0.1:3306/sqlqueue_bench_scale
+SCALE_PG_URL ?= postgres://postgres@127.0.0.1:5432/sqlqueue_bench_scale
+comma := ,
+SCALE_LARGEST = $(lastword $(subst $(comma), ,$(SCALE_SIZES)))
+bench-scale:
+	mkdir -p bench/results
+	$(PY) -m bench.scale --url $(SCALE_MYSQL_URL) --sizes $(SCALE_SIZES) \
+		--json bench/results/scale-mysql.json --plot bench/results/scale-mysql.png
+	$(PY) -m bench.scale --url $(SCALE_PG_URL) --sizes $(SCALE_SIZES) \
+		--json bench/results/scale-postgresql.json --plot bench/results/scale-postgresql.png
+	$(PY) -m bench.admin_scale --url $(SCALE_MYSQL_URL) --load \
+		--messages $(SCALE_LARGEST) --json > bench/results/admin-scale-mysql.json
+	$(PY) -m bench.admin_scale --url $(SCALE_PG_URL) --load \
+		--messages $(SCALE_LARGEST) --json > bench/results/admin-scale-postgresql.json
 
 bench-quick: bootstrap
 	$(PY) -m pip install -q -e ".[mysql,postgresql,bench]"

@@ -13,7 +13,13 @@ night with a consumer down:
   partition keys, that the registered group ``scale-idle`` has not consumed (position 0);
 * ``--dead-letters`` dead letters (100,000) of the group ``scale-reject`` from
   ``scale.rejects`` (in ``scale.rejects_dlq``, written after the backlog);
-* 20,000 messages on ``scale.recent`` that the group ``scale-busy`` has consumed.
+* 20,000 messages on ``scale.recent`` that the group ``scale-busy`` has consumed;
+* ``--rare`` dead letters (100) of another group, ``scale-rare``, among those of
+  ``scale-reject`` (the consumer-group filter must not read the others);
+* ``--topics`` small topics (1,500) ``scale.many.NNNN`` of 4 messages each, every third
+  with a dead letter: more topics than any list shows; nobody consumes them, unless
+  ``--subscribe-topics`` gives the group ``scale-many`` a position on each (1,500
+  subscriptions: the lag overview, metrics and status then read each one).
 
 The rows are written set-based (MariaDB: ``INSERT ... SELECT`` from the SEQUENCE engine;
 PostgreSQL: from ``generate_series``; SQLite: ``send_messages``) with the columns and the
@@ -32,6 +38,7 @@ import argparse
 import contextlib
 import io
 import json
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,11 +48,13 @@ from bench.common import reset, setup
 BACKLOG = "scale.backlog"
 REJECTS = "scale.rejects"
 RECENT = "scale.recent"
+MANY = "scale.many."
 PAD = "x" * 80
 
 
 def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000,
-         dead_letters_first: bool = False) -> None:
+         dead_letters_first: bool = False, rare: int = 100, topics: int = 1_500,
+         subscribe_topics: bool = False) -> None:
     from django.db import connection
 
     from sqlqueue.models import PartitionOffset
@@ -58,6 +67,13 @@ def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000
     if not dead_letters_first:
         _insert(REJECTS + "_dlq", dead_letters, partitions, dead_of=(REJECTS, "scale-reject"))
     _insert(RECENT, recent, partitions)
+    if rare:
+        _insert(REJECTS + "_dlq", rare, partitions, dead_of=(REJECTS, "scale-rare"),
+                first=dead_letters)
+    for n in range(topics):
+        _insert(f"{MANY}{n:04}", 4, 1)
+        if n % 3 == 0:
+            _insert(f"{MANY}{n:04}_dlq", 1, 1, dead_of=(f"{MANY}{n:04}", "scale-many"))
     with connection.cursor() as cursor:
         now = store_for(connection).database_now_ms(cursor)
         heads = store_for(connection).partition_heads(cursor, RECENT)
@@ -68,7 +84,12 @@ def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000
         + [PartitionOffset(consumer_group="scale-reject", topic=REJECTS, partition_key=key,
                            offset_acked=0, updated_at=now) for key in keys]
         + [PartitionOffset(consumer_group="scale-busy", topic=RECENT, partition_key=key,
-                           offset_acked=head, updated_at=now) for key, head in heads.items()],
+                           offset_acked=head, updated_at=now) for key, head in heads.items()]
+        + [PartitionOffset(consumer_group="scale-many", topic=f"{MANY}{n:04}",
+                           partition_key="k0", offset_acked=0, updated_at=now)
+           for n in range(topics if subscribe_topics else 0)]
+        + [PartitionOffset(consumer_group="scale-rare", topic=REJECTS, partition_key="k0",
+                           offset_acked=0, updated_at=now)],
         batch_size=1000)
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
@@ -80,14 +101,14 @@ def load(messages: int, dead_letters: int, partitions: int, recent: int = 20_000
 
 
 def _insert(topic: str, count: int, partitions: int,
-            dead_of: tuple[str, str] | None = None) -> None:
+            dead_of: tuple[str, str] | None = None, first: int = 0) -> None:
     """``count`` rows of ``topic`` (dead letters of ``dead_of`` = (topic, group) if given),
     in chunks of 500,000 so that no transaction is huge."""
     from django.db import connection
 
     chunk = 500_000
-    for start in range(0, count, chunk):
-        n = min(chunk, count - start)
+    for start in range(first, first + count, chunk):
+        n = min(chunk, first + count - start)
         if connection.vendor == "sqlite":
             _send(topic, start, n, partitions, dead_of)
             continue
@@ -173,6 +194,10 @@ def pages() -> list[tuple[str, str]]:
         ("dead letters, search key k7", f"{a}/deadletter/?q=k7"),
         ("dead letters, search nothing found", f"{a}/deadletter/?q=no-such-id"),
         ("dead letters, filter group", f"{a}/deadletter/?consumer_group=scale-reject"),
+        ("dead letters, filter rare group", f"{a}/deadletter/?consumer_group=scale-rare"),
+        ("dead letters, filter small topic",
+         f"{a}/deadletter/?original_topic={MANY}0999"),
+        ("messages, filter one of many topics", f"{a}/queuemessage/?topic={MANY}1499"),
         ("dead letters, filter topic", f"{a}/deadletter/?original_topic={REJECTS}"),
         ("dead letters, page 50", f"{a}/deadletter/?p=49"),
         ("dead letters, filter failed (nothing then)",
@@ -268,6 +293,12 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--dead-letters-first", action="store_true",
                         help="write the dead letters before the backlog (old ones)")
+    parser.add_argument("--rare", type=int, default=100,
+                        help="dead letters of a second group among the others")
+    parser.add_argument("--topics", type=int, default=1_500,
+                        help="small topics besides the backlog (a long topic list)")
+    parser.add_argument("--subscribe-topics", action="store_true",
+                        help="a group consumes each of the --topics (1,500 subscriptions)")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=None,
                         help="abort statements after this many seconds (reported as > N)")
@@ -278,8 +309,9 @@ def main() -> None:
     if args.load:
         started = time.perf_counter()
         load(args.messages, args.dead_letters, args.partitions,
-             dead_letters_first=args.dead_letters_first)
-        print(f"loaded in {time.perf_counter() - started:.0f} s", flush=True)
+             dead_letters_first=args.dead_letters_first, rare=args.rare, topics=args.topics,
+             subscribe_topics=args.subscribe_topics)
+        print(f"loaded in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(measure(args.runs, args.timeout, args.only), indent=2))
         return

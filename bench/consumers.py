@@ -93,3 +93,20 @@ def rate_limited(message: sqlqueue.Message) -> None:
 
     with open(os.environ["BENCH_RATE_JOURNAL"], "a") as journal:
         journal.write(f"{time.monotonic()}\n")
+
+
+#: the live traffic of bench.scale (beside garbage collection): its handler appends each
+#: message's publish-to-handled latency (ms, from the sender's ``t``) to this file
+LIVE_TOPIC = "bench.scale.live"
+LIVE_FILE_VARIABLE = "BENCH_LIVE_FILE"
+
+
+@sqlqueue.consumer(LIVE_TOPIC, group="bench-scale-live")
+def live(message: sqlqueue.Message) -> None:
+    import os
+    import time
+
+    path = os.environ.get(LIVE_FILE_VARIABLE)
+    if path:
+        with open(path, "a") as journal:
+            journal.write(f"{time.time():.4f} {(time.time() - message.payload['t']) * 1000:.2f}\n")

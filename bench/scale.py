@@ -15,7 +15,14 @@ For each backlog size (``--sizes``, 0 first: the reference), on emptied tables:
   drain:   those messages by one ``runconsumer --group bench-unordered --until-empty``
            (process start-up included, as bench.drain)
   gc:      the backlog's group skipped to the head of every partition, then
-           ``manage.py queue gc`` as a process: rows deleted a second of its own time
+           ``manage.py queue gc`` as a process: rows deleted a second of its own time;
+           meanwhile live traffic (``--live-rate`` messages a second, one
+           ``send_message`` each, handled by a ``runconsumer`` of its own,
+           bench.live_traffic): its publish-to-handled latency p50/p99 for
+           ``--quiet-seconds`` before the GC ("quiet") and while it runs ("gc"), and the
+           live topic's rows left at the end (the runner's own collection keeps it bounded)
+Message ids (``--ids``): ``ordered`` as sqlqueue draws them (UUIDv7: time first), or
+``random`` (a caller's random ids, or sqlqueue before issue 52: UUIDv4).
 Prints a table (rates, and each beside the size-0 run's); a machine shared with other
 work moves the wall times, not the plans (tests/integration/test_plans_at_scale.py).
 """
@@ -37,6 +44,8 @@ from bench.common import reset, setup
 ROOT = Path(__file__).resolve().parent.parent
 BACKLOG_TOPIC = "bench.scale.backlog"
 BACKLOG_GROUP = "bench-scale-idle"
+#: ``queue gc --share`` (set by --gc-share)
+GC_SHARE = [1.0]
 #: rows of the backlog one INSERT ... SELECT writes (one transaction)
 FILL_CHUNK = 1_000_000
 
@@ -46,6 +55,8 @@ def _numbers(vendor: str, start: int, count: int) -> str:
     recursive CTE at 1,000 steps: a cross join of digits there and on SQLite)."""
     if vendor == "postgresql":
         return f"SELECT n FROM generate_series({start}, {start + count - 1}) AS g(n)"
+    if vendor == "mariadb":  # the SEQUENCE engine: no temporary table (in a shared /tmp)
+        return f"SELECT seq AS n FROM seq_{start}_to_{start + count - 1}"
     digits = "SELECT 0 AS d UNION ALL " + " UNION ALL ".join(f"SELECT {d}" for d in range(1, 10))
     places = len(str(count - 1))
     joins = " CROSS JOIN ".join(f"({digits}) p{k}" for k in range(places))
@@ -53,23 +64,29 @@ def _numbers(vendor: str, start: int, count: int) -> str:
     return f"SELECT {start} + {value} AS n FROM {joins} WHERE {value} < {count}"
 
 
-def build_backlog(size: int, partitions: int) -> None:
+def build_backlog(size: int, partitions: int, ids: str = "ordered") -> None:
     """``size`` messages of BACKLOG_TOPIC, and BACKLOG_GROUP at offset 0 on each of its
     partitions."""
     from django.db import connection
 
     vendor = connection.vendor
+    sequence_vendor = "mariadb" if getattr(connection, "mysql_is_mariadb", False) else vendor
     q = connection.ops.quote_name
     pad = "x" * 80
     if vendor == "postgresql":
         key, ident = f"'k' || (n % {partitions})", "md5(n::text)"
+        ordered = "lpad(to_hex(n), 32, '0')"
         payload = f"convert_to('{{\"n\": ' || n || ', \"pad\": \"{pad}\"}}', 'UTF8')"
     elif vendor == "mysql":
         key, ident = f"CONCAT('k', n % {partitions})", "MD5(n)"
+        ordered = "LPAD(HEX(n), 32, '0')"
         payload = f"CONCAT('{{\"n\": ', n, ', \"pad\": \"{pad}\"}}')"
     else:
         key, ident = f"'k' || (n % {partitions})", "lower(hex(randomblob(16)))"
+        ordered = "printf('%032x', n)"
         payload = f"CAST('{{\"n\": ' || n || ', \"pad\": \"{pad}\"}}' AS BLOB)"
+    if ids == "ordered":  # in offset order, as UUIDv7s drawn one after another are
+        ident = ordered
     with connection.cursor() as cursor:
         for start in range(0, size, FILL_CHUNK):
             count = min(FILL_CHUNK, size - start)
@@ -79,7 +96,7 @@ def build_backlog(size: int, partitions: int) -> None:
                 "original_topic, priority, deliver_after, consumer_group) "
                 f"SELECT '{BACKLOG_TOPIC}', {key}, {ident}, {payload}, NULL, 1700000000000, "
                 f"1700000000000, 0, 0, '', '', 50, 0, '' "
-                f"FROM ({_numbers(vendor, start, count)}) s ORDER BY n")
+                f"FROM ({_numbers(sequence_vendor, start, count)}) s ORDER BY n")
         cursor.execute(
             "INSERT INTO queue_offsets (consumer_group, topic, partition_key, offset_acked, "
             f"updated_at, first_pending) SELECT DISTINCT '{BACKLOG_GROUP}', topic, "
@@ -124,9 +141,33 @@ def drain(url: str, messages: int) -> float:
     return messages / (time.perf_counter() - started)
 
 
-def collect(url: str) -> tuple[int, float]:
+def collect(url: str, live_rate: float = 0, quiet_seconds: float = 20,
+            ) -> tuple[int, float, dict[str, Any]]:
     """The idle group skipped to the head of each partition, then ``queue gc``: (rows
-    deleted, seconds)."""
+    deleted, seconds, the live traffic's latencies by phase: {} without)."""
+    from django.db import connection
+
+    from bench.consumers import LIVE_TOPIC
+    from bench.live_traffic import LiveTraffic
+    from sqlqueue.models import QueueMessage
+
+    if live_rate <= 0:
+        return (*_collect(url), {})
+    with LiveTraffic(url, live_rate) as live:
+        live.mark("quiet")
+        time.sleep(quiet_seconds)
+        live.mark("gc")
+        deleted, seconds = _collect(url)
+        live.mark("after")
+        time.sleep(quiet_seconds)
+    latencies: dict[str, Any] = live.summary()
+    latencies["live_rows_left"] = QueueMessage.objects.filter(topic=LIVE_TOPIC).count()
+    latencies["live_sent"] = len(live.publish_ms)
+    connection.close()
+    return deleted, seconds, latencies
+
+
+def _collect(url: str) -> tuple[int, float]:
     from django.db import connection
 
     q = connection.ops.quote_name
@@ -136,7 +177,7 @@ def collect(url: str) -> tuple[int, float]:
             f"FROM queue_messages m WHERE m.topic = queue_offsets.topic AND "
             f"m.partition_key = queue_offsets.partition_key) "
             f"WHERE consumer_group = '{BACKLOG_GROUP}'")
-    out = _manage(url, "queue", "gc")
+    out = _manage(url, "queue", "gc", "--share", str(GC_SHARE[0]))
     # The command's own time (without the process's start-up): "..., in 71.8 s."
     found = re.search(r"Deleted (\d+) message.*, in ([\d.]+) s", out)
     if found is None:
@@ -144,35 +185,80 @@ def collect(url: str) -> tuple[int, float]:
     return int(found.group(1)), float(found.group(2))
 
 
-def run_size(url: str, size: int, partitions: int, messages: int) -> dict[str, Any]:
+def run_size(url: str, size: int, partitions: int, messages: int, ids: str = "ordered",
+             live_rate: float = 0, quiet_seconds: float = 20) -> dict[str, Any]:
     reset()
     started = time.perf_counter()
-    build_backlog(size, partitions)
+    build_backlog(size, partitions, ids)
     built = time.perf_counter() - started
     result: dict[str, Any] = {"backlog": size, "build_s": round(built, 1),
                               "publish_msg_s": round(publish(messages)),
                               "drain_msg_s": round(drain(url, messages))}
-    deleted, seconds = collect(url)
+    deleted, seconds, live = collect(url, live_rate if size else 0, quiet_seconds)
     # The command gives its time to a tenth of a second: no rate below that.
     result.update(gc_rows=deleted, gc_s=round(seconds, 1),
-                  gc_rows_s=round(deleted / seconds) if seconds >= 0.1 else None)
+                  gc_rows_s=round(deleted / seconds) if seconds >= 0.1 else None,
+                  live=live, load=round(os.getloadavg()[0], 1))
     reset()
     return result
 
 
 def table(results: list[dict[str, Any]]) -> str:
     base = results[0]
-    lines = ["| backlog | publish msg/s (vs 0) | drain msg/s (vs 0) | gc rows | gc s | gc rows/s |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| backlog | publish msg/s (vs 0) | drain msg/s (vs 0) | gc rows | gc s | gc rows/s "
+             "| live p50 / p99 ms, quiet | live p50 / p99 ms, during gc | live rows left "
+             "| load |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         publish_ratio = r["publish_msg_s"] / base["publish_msg_s"]
         drain_ratio = r["drain_msg_s"] / base["drain_msg_s"]
+        live = r.get("live") or {}
+
+        def phase(name: str, live: dict[str, Any] = live) -> str:
+            got = live.get(name)
+            return f"{got['p50_ms']} / {got['p99_ms']}" if got else "-"
         lines.append(
             f"| {r['backlog']:,} | {r['publish_msg_s']:,} ({publish_ratio:.2f}x) "
             f"| {r['drain_msg_s']:,} ({drain_ratio:.2f}x) "
             f"| {r['gc_rows']:,} | {r['gc_s']} "
-            f"| {'-' if r['gc_rows_s'] is None else format(r['gc_rows_s'], ',')} |")
+            f"| {'-' if r['gc_rows_s'] is None else format(r['gc_rows_s'], ',')} "
+            f"| {phase('quiet')} | {phase('gc')} | {live.get('live_rows_left', '-')} "
+            f"| {r.get('load', '-')} |")
     return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], path: str, title: str) -> None:
+    """The curves: publish, drain and gc rates against the backlog's size (log scale
+    across, 0 drawn at the left), and the live traffic's p99 while gc runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [max(r["backlog"], 1) for r in results]
+    figure, (rates, latency) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for key, label in (("publish_msg_s", "publish msg/s"), ("drain_msg_s", "drain msg/s"),
+                       ("gc_rows_s", "gc rows/s")):
+        points = [(x, r[key]) for x, r in zip(sizes, results, strict=True) if r.get(key)]
+        rates.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+    rates.set_xscale("symlog", linthresh=1)
+    rates.set_yscale("log")
+    rates.set_xlabel("backlog (messages)")
+    rates.set_title(f"{title}: rates beside a backlog")
+    rates.legend()
+    for phase in ("quiet", "gc"):
+        points = [(x, r["live"][phase]["p99_ms"]) for x, r in zip(sizes, results, strict=True)
+                  if (r.get("live") or {}).get(phase)]
+        latency.plot([x for x, _ in points], [y for _, y in points], marker="o",
+                     label=f"live p99, {phase}")
+    latency.set_xscale("symlog", linthresh=1)
+    latency.set_xlabel("backlog (messages)")
+    latency.set_ylabel("ms")
+    latency.set_title("publish-to-handled p99 (ms)")
+    latency.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
 
 
 def main() -> None:
@@ -184,20 +270,34 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--messages", type=int, default=20_000,
                         help="messages published and drained beside the backlog")
+    parser.add_argument("--ids", choices=("ordered", "random"), default="ordered",
+                        help="the backlog's message ids: as sqlqueue draws them (UUIDv7, "
+                             "ordered) or random (a caller's, or UUIDv4)")
+    parser.add_argument("--live-rate", type=float, default=50,
+                        help="live messages a second while the backlog is collected (0: none)")
+    parser.add_argument("--quiet-seconds", type=float, default=20,
+                        help="live traffic measured before and after the collection")
+    parser.add_argument("--gc-share", type=float, default=1.0,
+                        help="queue gc --share: the part of its time it deletes")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--plot", help="also draw the curves to this PNG (matplotlib)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    GC_SHARE[0] = args.gc_share
     setup(args.url)
     from django.db import connection
 
     results = []
     for size in sizes:
-        results.append(run_size(args.url, size, args.partitions, args.messages))
+        results.append(run_size(args.url, size, args.partitions, args.messages, args.ids,
+                                args.live_rate, args.quiet_seconds))
         print(json.dumps(results[-1]), flush=True)
     print(f"\n{connection.vendor}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    if args.plot:
+        plot(results, args.plot, connection.vendor)
 
 
 if __name__ == "__main__":

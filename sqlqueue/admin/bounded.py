@@ -23,16 +23,15 @@ from django.utils.functional import cached_property
 
 from sqlqueue.admin.display import EpochMsDateRangeFilter
 from sqlqueue.operations import COUNT_CAP
-from sqlqueue.operations.log_browse import created_offset_range
-from sqlqueue.operations.unconsumed import stored_topics
+from sqlqueue.operations.log_browse import browse_topics, created_offset_range
 
 
 def request_topics(request: HttpRequest, alias: str) -> list[str]:
-    """The log's topics (one index seek each), read once per request: a page needs them
-    for its queryset, its topic filter and its search."""
+    """The log's topics (one statement, one index seek each), read once per request: a
+    page needs them for its queryset, its topic filter and its search."""
     kept: dict[str, list[str]] = request.__dict__.setdefault("_sqlqueue_topics", {})
     if alias not in kept:
-        kept[alias] = stored_topics(alias)
+        kept[alias] = browse_topics(alias)
     return kept[alias]
 
 
@@ -89,6 +88,13 @@ class OffsetsFirstPaginator(BoundedPaginator):
         return Page(rows.filter(offset__in=offsets), number, self)
 
 
+#: choices a list filter offers at most (the selected one besides); the others are typed
+#: into the filter's own field (a log of 1,500 topics, 1,000 groups)
+LISTED_CHOICES = 100
+#: parameters a typed choice does not keep: the page and the keyset step start afresh
+_RESTARTED = ("p", "offset__lt")
+
+
 def choices_filter(parameter: str, title: str, choices: Callable[[HttpRequest, str], list[str]],
                    lookup: Callable[[str], dict[str, Any]] | None = None,
                    ) -> type[admin.SimpleListFilter]:
@@ -96,14 +102,30 @@ def choices_filter(parameter: str, title: str, choices: Callable[[HttpRequest, s
     ``choices(request, database alias)`` (small tables or index seeks), not from a DISTINCT over
     the log as Django's field filter would read them; the URL parameter stays the
     column's name (``?topic=...``). ``lookup(value)``: the filter to apply, if not
-    ``{parameter: value}`` (one the index answers)."""
+    ``{parameter: value}`` (one the index answers). At most ``LISTED_CHOICES`` are
+    listed (and the selected one); with more, a field takes any other."""
 
     class ChoicesFilter(admin.SimpleListFilter):
         parameter_name = parameter
+        template = "admin/sqlqueue/_bounded_filter.html"
+        known = listed = 0
+        kept_parameters: list[tuple[str, str]]  # set by lookups, per request
+
+        @property
+        def unlisted(self) -> bool:
+            return self.known > self.listed
 
         def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
             alias = model_admin.model.objects.db
-            return [(value, value) for value in choices(request, alias)]
+            values = choices(request, alias)
+            shown = values[:LISTED_CHOICES]
+            selected = request.GET.get(parameter)
+            if selected and selected not in shown:
+                shown.append(selected)
+            self.known, self.listed = len(values), min(len(values), LISTED_CHOICES)
+            self.kept_parameters = [(k, str(v)) for k, v in request.GET.items()
+                                    if k != parameter and k not in _RESTARTED]
+            return [(value, value) for value in shown]
 
         def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
             value = self.value()

@@ -37,6 +37,7 @@ from sqlqueue.operations.dead_letters import (
 )
 from sqlqueue.operations.log_browse import (
     dead_letter_topics,
+    group_dead_letter_topics,
     subscribed_groups,
     subscribed_topics,
 )
@@ -88,7 +89,12 @@ class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedL
     # Groups and topics from the positions table, not a DISTINCT over the log; the rows
     # are read in the dead-letter topics only (get_queryset).
     list_filter = (choices_filter("consumer_group", "consumer group",
-                                  lambda request, alias: subscribed_groups(alias)),
+                                  lambda request, alias: subscribed_groups(alias),
+                                  # In the dead-letter topics of the group's topics only
+                                  # (read by idx_group_topic_offset).
+                                  lambda group: {"consumer_group": group,
+                                                 "topic__in": group_dead_letter_topics(
+                                                     router.db_for_read(DeadLetter), group)}),
                    # A dead letter of topic T is a row of T<DLQ_SUFFIX>: filtered by that
                    # topic, the index answers (original_topic would read each row).
                    choices_filter("original_topic", "original topic",

@@ -53,6 +53,12 @@ class QueueMessage(models.Model):
             models.Index(
                 fields=["topic", "partition_key", "offset"], name="idx_topic_partition_offset"
             ),
+            # A group's rows of some topics (its dead letters in the dead-letter topics,
+            # its replays), without reading the other groups' (issue 52: the admin's
+            # consumer-group filter of 100,000 dead letters).
+            models.Index(
+                fields=["consumer_group", "topic", "offset"], name="idx_group_topic_offset"
+            ),
         ]
         verbose_name = "message"
 
@@ -91,7 +97,7 @@ class IdempotencyKey(models.Model):
     Compact on purpose (docs/reference/schema.md, "The idempotency keys table
     (queue_idempotency_keys)"): the key is a 128-bit BLAKE2b digest of (topic,
     partition_key, id) in two BIGINTs, not the three strings; ids sqlqueue generates
-    itself (UUID4) are never stored here.
+    itself (UUIDv7) are never stored here.
     """
 
     pk = models.CompositePrimaryKey("key_high", "key_low")

@@ -50,7 +50,7 @@ def store_chunk(
     connection: BaseDatabaseWrapper, store: Store, topic: str, chunk: Sequence[MessageRow]
 ) -> tuple[dict[tuple[str, str], int], set[tuple[str, str]]]:
     """Insert the rows of ``chunk`` not yet stored; return every row's offset, and the new ones."""
-    # Ids that sqlqueue just generated (UUID4) cannot be stored yet: no lookup for them.
+    # Ids that sqlqueue just generated (UUIDv7) cannot be stored yet: no lookup for them.
     may_exist = [row.key for row in chunk if not row.fresh_id]
     with connection.cursor() as cursor:
         for round_ in range(MAX_DEDUP_ROUNDS):

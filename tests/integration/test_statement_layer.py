@@ -38,7 +38,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #: the vendor hooks the builders are made of (tested through them), not statements
 HOOKS = {"quote", "names", "marks", "text_marks", "upsert_clause", "insert_if_absent_suffix",
          "stored_columns", "partition_keys_cte", "partitions_filter", "parse_write_horizon",
-         "message_clock_sql", "greatest_sql", "union_member", "seek_sql"}
+         "message_clock_sql", "greatest_sql", "union_member", "seek_sql", "topics_cte"}
 
 
 class Executor(Protocol):
@@ -181,6 +181,30 @@ def test_discover_partitions_and_partition_heads(executor: Executor) -> None:
     heads = {r[0]: int(r[1]) for r in executor.rows(sql.partition_heads("t"))}
     assert heads == offsets
     assert executor.rows(sql.discover_partitions("nothing.here")) == []
+
+
+def test_the_log_pages_reads(executor: Executor) -> None:
+    """Topics and partitions by a loose index scan, a search's lookups in any number of
+    topics, each one statement (issue 52)."""
+    sql = executor.sql
+    assert executor.rows(sql.log_topics(10)) == []
+    sent = {(topic, key): [send_message(topic, {}, partition_key=key, id=f"i{n}").offset
+                           for n in range(3)]
+            for topic in ("b.t", "a.t", "c.t") for key in ("y", "x")}
+    assert [r[0] for r in executor.rows(sql.log_topics(10))] == ["a.t", "b.t", "c.t"]
+    assert [r[0] for r in executor.rows(sql.log_topics(2))] == ["a.t", "b.t"]
+    assert [tuple(r) for r in executor.rows(sql.log_partitions(10))] == [
+        ("a.t", "x"), ("a.t", "y"), ("b.t", "x"), ("b.t", "y"), ("c.t", "x"), ("c.t", "y")]
+    assert len(executor.rows(sql.log_partitions(3))) == 3
+    newest = sorted(int(r[0]) for r in executor.rows(sql.newest_of_key(["a.t", "c.t"], "x", 2)))
+    assert newest == sorted(sent["a.t", "x"][1:] + sent["c.t", "x"][1:])
+    assert executor.rows(sql.newest_of_key(["a.t"], "nothing", 2)) == []
+    found = executor.rows(sql.offsets_of_id([("a.t", ["x", "y"]), ("b.t", ["y"])], "i1"))
+    assert sorted(int(r[0]) for r in found) == sorted(
+        [sent["a.t", "x"][1], sent["a.t", "y"][1], sent["b.t", "y"][1]])
+    assert executor.rows(sql.offsets_of_id([("a.t", ["x"])], "no-such-id")) == []
+    counts = executor.rows(sql.topic_counts(["a.t", "c.t", "none"], 4))
+    assert sorted((r[0], int(r[1])) for r in counts) == [("a.t", 4), ("c.t", 4), ("none", 0)]
 
 
 def test_list_pauses(executor: Executor) -> None:

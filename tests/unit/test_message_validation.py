@@ -138,13 +138,25 @@ def test_unkeyed_messages_spread_deterministically() -> None:
     assert unkeyed_partition("order-1", 16) == unkeyed_partition("order-1", 16)
 
 
-def test_new_message_ids_are_random_uuid4_text() -> None:
+def test_new_message_ids_are_uuid7_text_in_time_order() -> None:
+    """UUIDv7 (issue 52): the time first, so that a partition's ids grow with its offsets
+    and its unique index is written at its end, as the log is."""
+    import time
+
+    before = time.time_ns() // 1_000_000
     ids = [new_message_id() for _ in range(2000)]
+    after = time.time_ns() // 1_000_000
     assert len(set(ids)) == len(ids)
     for text in ids:
         parsed = uuid.UUID(text)
-        assert str(parsed) == text  # lower-case hex with dashes, as str(uuid4()) makes it
-        assert (parsed.version, parsed.variant) == (4, uuid.RFC_4122)
+        assert str(parsed) == text  # lower-case hex with dashes, as str(uuid7()) makes it
+        assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122)
+        assert before <= parsed.int >> 80 <= after  # its first 48 bits: the Unix time in ms
+    # Drawn in two different milliseconds, they sort (as bytes, as the index does) in time.
+    first = new_message_id()
+    while time.time_ns() // 1_000_000 <= int(first[:8] + first[9:13], 16):
+        time.sleep(0.001)
+    assert first < new_message_id()
 
 
 def test_a_forked_child_never_repeats_its_parents_pending_ids() -> None:

@@ -91,7 +91,18 @@ def _add_repairs(verbs: Any) -> None:
     where.add_argument("--to-head", action="store_true",
                        help="Skip every message stored so far.")
     reset.add_argument("--yes", action="store_true", help="Confirm.")
-    verbs.add_parser("gc", help="Delete what every known group has finished, now.")
+    gc = verbs.add_parser("gc", help="Delete what every known group has finished, now.")
+    gc.add_argument("--share", type=_share, default=1.0, metavar="FRACTION",
+                    help="Spend at most this part of the time deleting (0.5: pause after "
+                         "each batch as long as it took), so that live traffic keeps its "
+                         "latency beside a deep collection. Default 1: no pauses.")
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a fraction above 0 and at most 1, not {text}")
+    return value
 
 
 def _add_flow(verbs: Any) -> None:

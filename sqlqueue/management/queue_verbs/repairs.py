@@ -79,7 +79,8 @@ def cancel(out: OutputWrapper, options: dict[str, Any]) -> None:
 
 
 def collect_garbage_now(out: OutputWrapper, options: dict[str, Any]) -> None:
-    """``gc``: delete what every known group has finished (no options)."""
+    """``gc``: delete what every known group has finished (``--share``: the part of the
+    time spent deleting, the rest paused, for live traffic's sake)."""
     from sqlqueue.operations.gc import collect_garbage
 
     started = time.monotonic()
@@ -90,7 +91,7 @@ def collect_garbage_now(out: OutputWrapper, options: dict[str, Any]) -> None:
         elapsed = max(time.monotonic() - started, 1e-3)
         out.write(f"  deleted {total} so far, {total / elapsed:,.0f} rows/s", ending="\r")
 
-    collected = collect_garbage(progress)
+    collected = collect_garbage(progress, share=options.get("share") or 1.0)
     elapsed = time.monotonic() - started
     out.write(f"Deleted {collected.messages} message(s) every known group had "
               f"finished, in {elapsed:.1f} s.")

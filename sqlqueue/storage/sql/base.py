@@ -15,6 +15,7 @@ import re
 from django.db import DatabaseError, IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from sqlqueue.storage.sql.browse import BrowseAccess
 from sqlqueue.storage.sql.delivery import DeliveryAccess
 from sqlqueue.storage.sql.failover import FailoverAccess
 from sqlqueue.storage.sql.membership import MembershipAccess
@@ -58,7 +59,8 @@ MISSING_QUEUE_TABLE = re.compile(
 
 
 class Store(PublishingAccess, DeliveryAccess, WatermarkAccess, MembershipAccess, FailoverAccess,
-            OperatingAccess, ScheduleAccess, MinuteStatsAccess, SessionAccess, VendorAccess):
+            OperatingAccess, ScheduleAccess, MinuteStatsAccess, SessionAccess, VendorAccess,
+            BrowseAccess):
     """Named statements for one database vendor, bound to one connection."""
 
     vendor = ""

@@ -125,7 +125,7 @@ class PostgreSQLStore(Store):
         duplicate as elsewhere; inside one, the INSERT skips stored rows, and if it
         skipped any, deletes the rows it stored beside them in the same transaction
         (no reader ever sees them) and raises ``DuplicateMessage``. Rows whose ids
-        sqlqueue drew (``fresh_id``: random UUIDs, never stored) need no skipping: the
+        sqlqueue drew (``fresh_id``: UUIDv7s, never stored) need no skipping: the
         plain INSERT spares the server ``ON CONFLICT``'s speculative insertion (a
         second look into the unique index, a lock and a WAL record more per row)."""
         if len(rows) >= COPY_MIN_ROWS:

@@ -11,6 +11,7 @@ tests/integration/test_statement_layer.py runs every builder against every datab
 
 from __future__ import annotations
 
+from sqlqueue.storage.statements.browse import BrowseStatements, MySQLBrowse, PostgreSQLBrowse
 from sqlqueue.storage.statements.bulk import BulkStatements, MySQLBulk, PostgreSQLBulk
 from sqlqueue.storage.statements.delivery import DeliveryStatements, PostgreSQLDelivery
 from sqlqueue.storage.statements.export import ExportStatements
@@ -42,11 +43,12 @@ from sqlqueue.storage.statements.watermarks import WatermarkStatements
 class Statements(PublishingStatements, DeliveryStatements, WatermarkStatements,
                  MembershipStatements, OperatingStatements, ScheduleStatements,
                  SessionStatements, ExportStatements, BulkStatements, FailoverStatements,
-                 MinuteStatsStatements):
+                 MinuteStatsStatements, BrowseStatements):
     """Every shared statement; a vendor's hooks come first in its subclass's bases."""
 
 
-class MySQLStatements(MySQLPublishing, MySQLBulk, MySQLSessions, MySQLVendor, Statements):
+class MySQLStatements(MySQLPublishing, MySQLBulk, MySQLSessions, MySQLBrowse, MySQLVendor,
+                      Statements):
     pass
 
 
@@ -55,7 +57,7 @@ class SQLiteStatements(SQLiteVendor, Statements):
 
 
 class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLDelivery, PostgreSQLBulk,
-                           PostgreSQLSessions, PostgreSQLVendor, Statements):
+                           PostgreSQLSessions, PostgreSQLBrowse, PostgreSQLVendor, Statements):
     pass
 
 

@@ -51,7 +51,7 @@ class MessageRow(NamedTuple):
     priority: int
     delay_ms: int | None  # deliver_after = database now + delay_ms ...
     deliver_at_ms: int  # ... or this absolute epoch ms when delay_ms is None (0 = at once)
-    #: the id is a fresh UUID4 made by sqlqueue, so it cannot already be stored
+    #: the id is a fresh UUIDv7 made by sqlqueue, so it cannot already be stored
     fresh_id: bool = False
 
     @property
