@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sqlqueue', '0013_h42_minute_stats'),
+        ('sqlqueue', '0014_runner_stop_causes'),
     ]
 
     operations = [
