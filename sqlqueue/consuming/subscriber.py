@@ -131,6 +131,9 @@ class Subscriber:
             return []
         idle = {key for key, state in self.partitions.items() if state.in_flight_count == 0}
         idle |= set(self.leases.owned) - set(self.partitions)
+        # Nor one whose outcomes wait to be written (kept after a lock wait gave up, which
+        # resets the partitions' view): released, they could not be, and ran again.
+        idle -= {delivery.partition_key for delivery in self.outstanding.values()}
         self.leases.tick(cursor, self.dialect, self.discovered, idle,
                          may_release=self._within_in_flight_share)
         # Work exactly on the partitions held: new ones (and, after a reconnect, every

@@ -6,7 +6,8 @@ twice), what each handler does (ack, fail, run slow, outlive its visibility time
 die with its runner mid-run), which of two runners takes the next step (a pass, or
 running the handlers it handed out), when the clock jumps, and when a runner is killed
 (dropped without a shutdown) or stopped gracefully (its leases released), and later
-replaced. The same seed gives the same history
+replaced. The runners' lease events are recorded (``tests.history.lease_log``, on the
+manual clock). The same seed gives the same history
 (``SQLQUEUE_HISTORY_SEED`` replays one); ``tests.history.checker`` checks it.
 """
 
@@ -23,6 +24,7 @@ from django.db import transaction
 from sqlqueue import Message, send_message
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
 from tests.engine.harness import ALIASES, MemoryQueue, SteppedRunner
+from tests.history import lease_log
 from tests.history.model import DeadLetter, Fault, FinalState, GroupConfig, History, Publish, Run
 from tests.history.workload import (
     GROUPS,
@@ -79,7 +81,9 @@ class SteppedWorkload:
             group: GroupConfig(ordered=bool(options.get("ordered")), max_attempts=MAX_ATTEMPTS,
                                min_backoff_ms=MIN_BACKOFF_MS, max_backoff_ms=MAX_BACKOFF_MS,
                                visibility_ms=VISIBILITY_MS)
-            for group, options in GROUPS.items()}, seed=seed)
+            for group, options in GROUPS.items()}, seed=seed,
+            lease_ms=round(queue.settings().LEASE_DURATION * 1000),
+            renew_ms=round(queue.settings().LEASE_RENEW_INTERVAL * 1000))
         self.slots = [Slot(alias, n) for n, alias in enumerate(ALIASES)]
         self.stepping: Slot | None = None
         self.published = 0
@@ -219,11 +223,12 @@ class SteppedWorkload:
                      ordered=options.get("ordered", False),
                      atomic=options.get("atomic", False))(self.handler(group))
         try:
-            for slot in self.slots:
-                self.start(slot)
-            while self.published < self.shape.messages:
-                self.act()
-            self.drain()
+            with lease_log.recording(self.history, lambda: self.now):
+                for slot in self.slots:
+                    self.start(slot)
+                while self.published < self.shape.messages:
+                    self.act()
+                self.drain()
         finally:
             for group in GROUPS:
                 unregister(group, TOPIC)

@@ -6,13 +6,18 @@ history recorded (``History.leases``: acquired, renewed, lost, released):
   was released: no two tenures of one partition overlap, whatever the workers' clocks
   say. A failover or a database restart excuses it (the new server voids the old one's
   grants, ``consuming/takeover.py``).
-* **I12** (its availability half) no partition is left unowned longer than about a
-  lease after its holder's lease ran out or was released: another subscriber, or the
-  holder itself, takes it within ``LEASE_DURATION`` more, unless nobody could (no
-  subscriber of the group held anything meanwhile) or a fault of the others or of the
-  database (a kill, a pause, an outage, a lock stall) came in between; each such fault
-  moves the deadline to a lease after its end. The fair-share counts themselves are
-  ``tests/acceptance/test_distribution.py``'s.
+* **I12** (its availability half) no partition with work waiting is left unowned
+  longer than about a lease after its holder's lease ran out or was released: another
+  subscriber, or the holder itself, takes it within ``LEASE_DURATION`` more, unless
+  nobody could (no subscriber of the group held anything meanwhile) or a fault of the
+  others or of the database (a kill, a pause, an outage, a lock stall) came in between;
+  each such fault moves the deadline to a lease and a renew interval after its end. Work
+  waiting: a message of the partition committed before the deadline that the group first
+  ran after the lease ended (a partition with nothing to deliver may rightly stay free:
+  the fair share counts the partitions discovered, and one whose messages are all
+  collected is not). A partition never taken again with work waiting is I3's. The
+  fair-share counts
+  themselves are ``tests/acceptance/test_distribution.py``'s.
 
 Times of acquisitions and renewals are the database's (a row's age when the subscriber
 read it, on this machine's clock, which the database server shares); ``LEASE_SLACK_MS``
@@ -81,6 +86,7 @@ class LeaseRules:
         self.history = history
         self.lease_ms = float(history.lease_ms or 0)
         self.tenures = tenures(history) if history.lease_ms else {}
+        self._first_runs: dict[tuple[str, str], list[tuple[float, float]]] | None = None
 
     def one_clock(self) -> Iterator[tuple[str, list[LeaseEvent]]]:
         """I11: (text, events) of each tenure that began while an earlier one of its
@@ -110,36 +116,65 @@ class LeaseRules:
                 later = [t for t in held[index + 1:] if t.start_ms + LEASE_SLACK_MS >= free_from]
                 if len(later) < len(held) - index - 1:
                     continue  # taken before it was free (I11's), or again by its holder
+                if not later:
+                    continue  # never taken again: I3's, if anything waited
                 deadline = self._deadline(free_from, tenure.runner)
-                taken = later[0].start_ms if later else None
-                if taken is not None and taken <= deadline + LEASE_SLACK_MS:
+                taken = later[0].start_ms
+                if taken <= deadline + LEASE_SLACK_MS:
                     continue
                 others = [t for t in by_group[group] if t is not tenure
                           and t.start_ms <= deadline and t.renewed_ms >= free_from]
                 if not others:
                     continue  # nobody held anything of the group: nobody could take it
-                if taken is None and not any(t.start_ms > deadline
-                                             for t in by_group[group]):
-                    continue  # the end of the run: nobody acquired anything after
+                if not self._work_waited(group, partition, free_from, deadline):
+                    continue
                 yield (f"{group}/{partition}: free from {free_from:.0f} (database clock), "
-                       + ("never taken again" if taken is None else
-                          f"taken only at {taken:.0f}")
-                       + f" although {others[0].holder} held a lease of {group} meanwhile "
+                       f"taken only at {taken:.0f}, with messages waiting, although "
+                       f"{others[0].holder} held a lease of {group} meanwhile "
                        f"(deadline {deadline:.0f})",
-                       [*tenure.events[-2:], *(later[0].events[:1] if later else [])])
+                       [*tenure.events[-2:], *later[0].events[:1]])
 
     # -- helpers ---------------------------------------------------------------------------
+    def _work_waited(self, group: str, partition: str, free_from: float,
+                     deadline: float) -> bool:
+        """Was a message of ``partition``, committed before ``deadline``, first run by
+        ``group`` after the deadline, and not before ``free_from``?"""
+        if self._first_runs is None:
+            first: dict[tuple[str, str, str], float] = {}
+            for run in self.history.runs:
+                key = (run.group, run.partition, run.id)
+                first[key] = min(first.get(key, run.started_ms), run.started_ms)
+            self._first_runs = defaultdict(list)
+            for publish in self.history.publishes:
+                if publish.committed and publish.created:
+                    for g in self.history.groups:
+                        start = first.get((g, publish.partition, publish.id))
+                        if start is not None:
+                            self._first_runs[(g, publish.partition)].append(
+                                (publish.ended_ms, start))
+        return any(committed <= deadline and start > deadline + LEASE_SLACK_MS
+                   and start >= free_from
+                   for committed, start in self._first_runs[(group, partition)])
+
     def _deadline(self, free_from: float, holder_runner: str) -> float:
-        """A lease after ``free_from``, or after the end of any fault that overlaps the
-        wait (one of the holder's own does not: a frozen holder is the case at hand)."""
+        """A lease after ``free_from``; or, after a fault of another runner or of the
+        database that ends less than a lease before the deadline, a lease and a renew
+        interval after its end: a killed or frozen member still counts in the fair
+        shares until its heartbeat runs out (a lease after its last one), and the others
+        take its share at their next renewal. A fault of the holder's own that began
+        before the lease ended moves nothing (a holder frozen past its lease is the case
+        at hand); one that began after, as any other (it released the lease, and is one
+        of those who could take it again)."""
+        renew = float(self.history.renew_ms or 0)
         deadline = free_from + self.lease_ms
-        faults = sorted((f for f in self.history.faults if f.runner != holder_runner),
+        faults = sorted((f for f in self.history.faults
+                         if f.runner != holder_runner or f.began_ms >= free_from),
                         key=lambda f: f.began_ms)
         for fault in faults:
             if fault.began_ms > deadline:
                 break
-            if fault.ended_ms >= free_from:
-                deadline = max(deadline, fault.ended_ms + self.lease_ms)
+            if fault.ended_ms + self.lease_ms + renew >= free_from:
+                deadline = max(deadline, fault.ended_ms + self.lease_ms + renew)
         return deadline
 
     def _server_changed(self, since: float, until: float) -> bool:
