@@ -203,7 +203,8 @@ class SteppedWorkload:
         if slot.runner is None:
             return
         self.stepping = slot
-        slot.stepped_at = self.now
+        slot.stepped_at = began = self.now
+        name = slot.runner.name
         try:
             if run_handlers:
                 slot.runner.pool.run_handed_out()
@@ -213,6 +214,12 @@ class SteppedWorkload:
             self.kill(slot)
         finally:
             self.stepping = None
+            if run_handlers and self.now - began > CADENCE_MS and slot.runner is not None:
+                # Its handlers ran inline, one after another, for longer than a step:
+                # its loop stood still meanwhile (threads would have run them beside
+                # it). Not a fault that excuses a redelivery or an overlap; it tells
+                # the lease rule (I12) this runner could not take a partition then.
+                self.history.faulted(Fault("stall", began, self.now, name))
 
     # -- the run -----------------------------------------------------------------------------
     def run(self) -> History:
