@@ -64,7 +64,13 @@ class MemoryStore(MembershipStatements, Dialect):
         return (max(messages) if messages else 0), self.server_identity(cursor)
 
     def write_horizon(self, cursor: Any) -> WriteHorizon | None:
-        return None  # one transaction at a time: nothing commits out of offset order
+        """None: one transaction at a time, nothing commits out of offset order; unless
+        a test holds publishes back (late commits, ``MemoryDatabase.open_writers``):
+        then exactly what is open, as PostgreSQL shows it."""
+        writers = self.database.open_writers
+        if writers is None:
+            return None
+        return WriteHorizon(min(writers.values(), default=None), self._now(), 0)
 
     def bound_lock_waits(self, cursor: Any, seconds: int) -> None:
         pass  # no locks to wait for
