@@ -163,3 +163,17 @@ def test_lease_events_come_from_the_log_and_go_through_files(tmp_path: Path) -> 
     h.dump(saved)
     assert History.load(saved).leases == h.leases
 
+
+
+def test_a_message_lost_in_a_failover_whose_offset_was_reused_is_not_undone() -> None:
+    """After a failover to a replica that was behind, its offset names another message
+    of the same partition: the lost one is the database's loss (no I3), the new one is
+    checked by id (found by the async failover run, fed to the checker)."""
+    lost = history([publish("a", 1, 0), publish("b", 2, 20), publish("c", 2, 900)],
+                   [run("a", 1, 100, 150), run("c", 2, 1_000, 1_050)],
+                   faults=[Fault("failover", 500, 800)])
+    lost.final.stored = {("k", 1): "a", ("k", 2): "c"}
+    lost.final.acked = {("g", "k", 1), ("g", "k", 2)}
+    assert "I3" not in invariants(lost)
+    unhandled = replace(lost, runs=lost.runs[:1])
+    assert "I3" in invariants(unhandled)  # c, at the reused offset, is checked by id
