@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from threading import get_ident
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DatabaseError, IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -47,6 +47,28 @@ from sqlqueue.storage.statements.tables import (
     STATE_TABLE,
 )
 from sqlqueue.storage.statements.vendors import Statement
+
+
+class OpenWriter(NamedTuple):
+    """An open transaction of another session that has written (``oldest_writer``)."""
+
+    session: str  # PostgreSQL's pid, MariaDB's connection id
+    database: str
+    started_ms: int  # epoch ms, the server's clock
+    query_started_ms: int | None  # its current or last statement's start (PostgreSQL)
+    state: str  # "idle in transaction", "active" (PostgreSQL); "RUNNING", "LOCK WAIT"
+    query: str  # its current statement (MariaDB), or its last one (PostgreSQL)
+    open_ms: int  # how long it has been open
+
+    def describe(self) -> str:
+        text = " ".join(self.query.split())
+        return (f"session {self.session}"
+                + (f" on database {self.database!r}" if self.database else "")
+                + f", open for {self.open_ms / 1000:.1f}s (since epoch ms {self.started_ms}),"
+                f" {self.state or 'state unknown'}"
+                + (f", its statement begun at epoch ms {self.query_started_ms}"
+                   if self.query_started_ms is not None else "")
+                + (f": {text[:200]!r}" if text else ""))
 
 
 class ConsumingAccess(DeliveryAccess, LeaseAccess):
@@ -204,6 +226,22 @@ class Dialect(ConsumingAccess, OperatingAccess, ScheduleAccess, MinuteStatsAcces
         row = cursor.fetchone()
         assert row is not None
         return int(row[0])
+
+    def oldest_writer(self, cursor: CursorWrapper) -> OpenWriter | None:
+        """``oldest_writer``: the other session's open write transaction that began
+        first (what holds the write horizon back), or None (none, or a vendor with one
+        writer at a time). Outside a transaction: the view is the server's now."""
+        statement = self.sql.oldest_writer()
+        if statement is None:
+            return None
+        cursor.execute(*statement)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        session, database, started, query_started, state, query, open_ms = row
+        return OpenWriter(str(session), database or "", int(started),
+                          None if query_started is None else int(query_started),
+                          str(state or ""), str(query or ""), int(open_ms))
 
     def is_galera(self, cursor: CursorWrapper) -> bool:
         """Is this server a node of a multi-writer cluster whose open transactions one
