@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError
 
 from sqlqueue.horizon import WriteHorizon
-from sqlqueue.storage.sql.base import Dialect
+from sqlqueue.storage.sql.base import Dialect, OpenWriter
 from sqlqueue.storage.sql.tables import FetchedRow, IdempotencyDigest, MessageKey, MessageRow
 from sqlqueue.storage.statements.delivery import OutcomeWrite
 from sqlqueue.storage.statements.vendors import Statement
@@ -71,6 +71,14 @@ class MemoryStore(MembershipStatements, Dialect):
         if writers is None:
             return None
         return WriteHorizon(min(writers.values(), default=None), self._now(), 0)
+
+    def oldest_writer(self, cursor: Any) -> OpenWriter | None:
+        """A late commit the test holds back (no session of its own), or None."""
+        writers, now = self.database.open_writers, self._now()
+        if not writers:
+            return None
+        started = min(writers.values())
+        return OpenWriter("test", "", started, None, "held back by the test", "", now - started)
 
     def bound_lock_waits(self, cursor: Any, seconds: int) -> None:
         pass  # no locks to wait for
