@@ -138,7 +138,7 @@ topologies:
 soak: bootstrap
 	$(PY) -m bench.soak --database $(or $(SOAK_DATABASE),mariadb) --minutes $(or $(SOAK_MINUTES),2) \
 		--messages $(or $(SOAK_MESSAGES),20000) --kills $(or $(SOAK_KILLS),5) \
-		--pauses $(or $(SOAK_PAUSES),1) $(SOAK_ARGS)
+		--pauses $(or $(SOAK_PAUSES),1) --freezes $(or $(SOAK_FREEZES),1) $(SOAK_ARGS)
 
 # The benchmark suite with the peers side by side (bench/README.md); needs MariaDB,
 # PostgreSQL and Redis. Results in bench/results/ (results.md, results.json, plots).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import sqlqueue
 
 TOPIC = "bench.drain"
@@ -40,13 +42,38 @@ def _soak_run(message: sqlqueue.Message, seconds: float) -> None:
     started = time.time() * 1000
     visible_until = _visible_until(message)
     outcome = "ok"
+    running = _long_run(message)
     try:
+        if running is not None:
+            # A long run bench.soak may freeze its process in (SIGSTOP past the lease):
+            # the marker file says which process runs one now.
+            running.write_text(str(started))
+            seconds = SOAK_LONG_RUN_S
         time.sleep(seconds)
         if message.attempt == 1 and zlib.crc32(message.id.encode()) % 25 == 0:
             outcome = "fail"
             raise RuntimeError(f"{message.id}: the soak's planned failure")
     finally:
+        if running is not None:
+            running.unlink(missing_ok=True)
         _journal(message, started, outcome, visible_until)
+
+
+#: bench.soak: one first attempt in SOAK_LONG_RUN_EVERY of the ordered group runs this long
+SOAK_LONG_RUN_S, SOAK_LONG_RUN_EVERY = 3.0, 150
+
+
+def _long_run(message: sqlqueue.Message) -> Path | None:
+    """The marker file of a long ordered run, or None (a quick run, or not a soak of
+    bench.soak's with BENCH_SOAK_DIR)."""
+    import os
+    import zlib
+
+    folder = os.environ.get("BENCH_SOAK_DIR")
+    if (not folder or message.consumer_group != "soak-ordered" or message.attempt != 1
+            or zlib.crc32(message.id.encode()) % SOAK_LONG_RUN_EVERY != 1):
+        return None
+    return Path(folder) / f"running-{os.getpid()}-{message.partition_key}-{message.offset}"
 
 
 def _visible_until(message: sqlqueue.Message) -> float | None:

@@ -22,6 +22,16 @@ USE_TZ = True
 SECRET_KEY = "bench-not-secret"
 SQLQUEUE = {"BATCH_SIZE": int(os.environ.get("BENCH_BATCH", "100")),
             **json.loads(os.environ.get("BENCH_SQLQUEUE_JSON", "{}"))}
+if os.environ.get("BENCH_SOAK_DIR"):
+    # bench.soak's subscribers: each process appends its lease events (the sqlqueue.lease
+    # log event) to a file of its own there, for the soak's history (tests/history).
+    LOGGING = {
+        "version": 1, "disable_existing_loggers": False,
+        "handlers": {"leases": {
+            "()": "tests.history.lease_log.LeaseLines",
+            "path": os.path.join(os.environ["BENCH_SOAK_DIR"], f"leases-{os.getpid()}.jsonl")}},
+        "loggers": {"sqlqueue.leases": {"handlers": ["leases"], "level": "DEBUG"}},
+    }
 
 # The admin, for the dashboard benchmark (bench.lag_page).
 INSTALLED_APPS += ["django.contrib.sessions", "django.contrib.messages",

@@ -1,5 +1,6 @@
 """Soak: real ``runconsumer`` processes killed (SIGKILL) and frozen (SIGSTOP, inside their
-cycle transaction when a stop catches one) at random, the queue's rows locked by another
+cycle transaction when a stop catches one, or past their lease while one of their long
+ordered runs is in flight: ``--freezes``) at random, the queue's rows locked by another
 program now and then, and the database server restarted, while a producer publishes with
 late commits and rollbacks; then the run's history is checked for every invariant of
 SPEC §7/§10 (tests/history: the checker the test suite uses).
@@ -14,7 +15,9 @@ it (``--no-db-restart`` is implied).
 
 Two groups consume the topic: ``soak`` (unordered) and ``soak-ordered``. The seed
 (``--seed``, printed) chooses the faults' times and the producer's choices; the history is
-written to ``--history`` (JSON, ``tests.history.model.History.load`` reads it back, and
+written to ``--history`` (JSON, with the subscribers' lease events, which each process
+appends to a file of its own: ``tests.history.lease_log``;
+``tests.history.model.History.load`` reads it back, and
 ``python -m bench.soak --check FILE`` checks it again). Exit status 1 on any violation or a
 message not done in time. ``make soak`` runs a short one.
 """
@@ -32,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,7 +44,9 @@ from bench.common import reset, setup
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "bench.soak"
 GROUPS = ("soak", "soak-ordered")
-SUBSCRIBER_SETTINGS = {"LEASE_DURATION": 4, "LEASE_RENEW_INTERVAL": 1, "VISIBILITY_TIMEOUT": 5,
+#: the visibility timeout outlasts a long run (bench/consumers.py) frozen past the lease
+#: (--freezes): the new holder of its partition must wait for it (issue 51)
+SUBSCRIBER_SETTINGS = {"LEASE_DURATION": 4, "LEASE_RENEW_INTERVAL": 1, "VISIBILITY_TIMEOUT": 15,
                        "BATCH_SIZE": 50, "POLL_INTERVAL": 0.05, "MIN_BACKOFF": 0.2,
                        "MAX_BACKOFF": 2, "MAX_ATTEMPTS": 5}
 PAUSE_TRIES = 60
@@ -97,15 +103,20 @@ def setup_soak(url: str) -> None:
 # -- the subscribers ------------------------------------------------------------------------
 
 class Subscribers:
-    def __init__(self, count: int, url: str, history: object, rng: random.Random) -> None:
+    def __init__(self, count: int, url: str, history: object, rng: random.Random,
+                 folder: Path) -> None:
         from tests.history.model import History
 
         assert isinstance(history, History)
         self.history = history
         self.random = rng
+        #: where the subscribers write their lease events and long runs' marker files
+        self.folder = folder
+        self.freezes = 0
         self.env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings",
                     "BENCH_DATABASE_URL": url, "BENCH_BATCH": "50",
-                    "BENCH_SQLQUEUE_JSON": json.dumps(SUBSCRIBER_SETTINGS)}
+                    "BENCH_SQLQUEUE_JSON": json.dumps(SUBSCRIBER_SETTINGS),
+                    "BENCH_SOAK_DIR": str(folder)}
         self.processes: list[subprocess.Popen[bytes]] = [self._start(n) for n in range(count)]
 
     def _start(self, n: int) -> subprocess.Popen[bytes]:
@@ -151,6 +162,34 @@ class Subscribers:
         time.sleep(seconds)
         victim.send_signal(signal.SIGCONT)
         self.history.faulted(Fault("pause", began, now_ms(), runner=str(victim.pid)))
+
+    def freeze_in_a_long_run(self, seconds: float, wait: float = 60.0) -> None:
+        """SIGSTOP a subscriber while one of its long ordered runs is in flight (its
+        marker file, bench/consumers.py) for ``seconds``, past its lease: another
+        subscriber takes the partition and must start nothing there before the run's
+        visibility timeout (issue 51). Waits up to ``wait`` seconds for such a run."""
+        from tests.history.model import Fault
+
+        deadline = time.monotonic() + wait
+        live = {str(p.pid): p for p in self.processes if p.poll() is None}
+        while time.monotonic() < deadline:
+            running = [m for m in self.folder.glob("running-*")
+                       if m.name.split("-")[1] in live]
+            if running:
+                break
+            time.sleep(0.05)
+        else:
+            log("no long run in flight to freeze a subscriber in")
+            return
+        victim = live[running[0].name.split("-")[1]]
+        began = now_ms()
+        victim.send_signal(signal.SIGSTOP)
+        log(f"SIGSTOP subscriber pid {victim.pid} during its long run "
+            f"{running[0].name.split('-', 2)[2]}, for {seconds:.0f}s")
+        time.sleep(seconds)
+        victim.send_signal(signal.SIGCONT)
+        self.history.faulted(Fault("pause", began, now_ms(), runner=str(victim.pid)))
+        self.freezes += 1
 
     def restart_dead(self) -> None:
         for n, process in enumerate(self.processes):
@@ -328,6 +367,18 @@ def journal_runs() -> list[object]:
                 for g, k, o, i, a, p, s, f, out, v in cursor.fetchall()]
 
 
+def lease_counts(history: object) -> dict[str, int]:
+    """How many lease events of each kind the history holds (renewals counted one by
+    one: the history keeps a tenure's latest)."""
+    from tests.history.model import History
+
+    assert isinstance(history, History)
+    counts = {"acquired": 0, "renewed": 0, "lost": 0, "released": 0}
+    for event in history.leases:
+        counts[event.change] += max(1, event.renewals)
+    return counts
+
+
 def new_history(seed: int) -> object:
     from tests.history.model import GroupConfig, History
 
@@ -339,7 +390,9 @@ def new_history(seed: int) -> object:
         "LEASE_RENEW_INTERVAL"]
     return History(TOPIC, {"soak": GroupConfig(ordered=False, **config),
                            "soak-ordered": GroupConfig(ordered=True, **config)}, seed=seed,
-                   lease_at_risk_ms=round(lease_at_risk * 1000))
+                   lease_at_risk_ms=round(lease_at_risk * 1000),
+                   lease_ms=SUBSCRIBER_SETTINGS["LEASE_DURATION"] * 1000,
+                   renew_ms=SUBSCRIBER_SETTINGS["LEASE_RENEW_INTERVAL"] * 1000)
 
 
 def with_runs(history: object) -> object:
@@ -380,6 +433,9 @@ def main() -> None:
     parser.add_argument("--pauses", type=int, default=0,
                         help="subscribers stopped inside a cycle transaction")
     parser.add_argument("--pause-seconds", type=float, default=8.0)
+    parser.add_argument("--freezes", type=int, default=0,
+                        help="subscribers stopped (SIGSTOP, --pause-seconds, past the "
+                        "lease) while one of their long ordered runs is in flight")
     parser.add_argument("--late", type=float, default=0.1,
                         help="share of batches whose transaction stays open after the INSERT")
     parser.add_argument("--no-stalls", action="store_true")
@@ -411,11 +467,13 @@ def soak(args: argparse.Namespace, server: object | None, url: str) -> int:
 
     history = new_history(seed)
     assert isinstance(history, History)
-    subscribers = Subscribers(args.subscribers, url, history, random.Random(rng.random()))
-    try:
-        return run_faults_and_check(args, server, history, subscribers, rng, seed)
-    finally:
-        subscribers.stop()
+    with tempfile.TemporaryDirectory(prefix="sqlqueue-soak-events-") as folder:
+        subscribers = Subscribers(args.subscribers, url, history, random.Random(rng.random()),
+                                  Path(folder))
+        try:
+            return run_faults_and_check(args, server, history, subscribers, rng, seed)
+        finally:
+            subscribers.stop()
 
 
 def run_faults_and_check(args: argparse.Namespace, server: object | None, history: object,
@@ -441,6 +499,7 @@ def run_faults_and_check(args: argparse.Namespace, server: object | None, histor
         staller.start()
     kill_times = sorted(rng.uniform(0.05, 0.95) * seconds for _ in range(args.kills))
     pause_times = sorted(rng.uniform(0.05, 0.8) * seconds for _ in range(args.pauses))
+    freeze_times = sorted(rng.uniform(0.05, 0.8) * seconds for _ in range(args.freezes))
     restart_at = None if args.no_db_restart else seconds * 0.5
     restart_seconds = 0.0
     while time.monotonic() - started < seconds:
@@ -451,6 +510,9 @@ def run_faults_and_check(args: argparse.Namespace, server: object | None, histor
         if pause_times and elapsed >= pause_times[0]:
             pause_times.pop(0)
             subscribers.pause_one(args.pause_seconds)
+        if freeze_times and elapsed >= freeze_times[0]:
+            freeze_times.pop(0)
+            subscribers.freeze_in_a_long_run(args.pause_seconds)
         if restart_at is not None and elapsed >= restart_at and server is not None:
             restart_at = None
             began = now_ms()
@@ -477,6 +539,9 @@ def run_faults_and_check(args: argparse.Namespace, server: object | None, histor
         time.sleep(1)
     subscribers.stop()
     with_runs(history)
+    from tests.history.lease_log import read_lines
+
+    read_lines(sorted(subscribers.folder.glob("leases-*.jsonl")), history)
     left = undone(history)
     history.final = final_state(history)
     violations = check(history)
@@ -493,6 +558,9 @@ def run_faults_and_check(args: argparse.Namespace, server: object | None, histor
         "not_done_in_time": len(left), "runs": len(history.runs),
         "kills": sum(f.kind == "kill" for f in history.faults),
         "pauses": sum(f.kind == "pause" for f in history.faults),
+        "freezes_in_long_runs": subscribers.freezes,
+        "lease_events": lease_counts(history),
+        "violations_by_rule": dict(sorted(Counter(v.invariant for v in violations).items())),
         "stalls": sum(f.kind == "stall" for f in history.faults),
         "database_restarts": sum(f.kind == "outage" for f in history.faults),
         "database_restart_seconds": round(restart_seconds, 1),

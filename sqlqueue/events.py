@@ -22,6 +22,11 @@ HANDLER_FAILED = "sqlqueue.handler.failed"
 MESSAGE_DEAD_LETTERED = "sqlqueue.message.dead_lettered"
 #: INFO: group, topic, subscriber, held, gained, lost, released
 LEASES_CHANGED = "sqlqueue.leases.changed"
+#: logger "sqlqueue.leases", DEBUG, each lease of a subscriber at each tick: group, topic,
+#: partition, subscriber, change ("acquired", "renewed", "lost", "released"), generation,
+#: tenure, age_ms (acquired, renewed: ms since the database last renewed it, by its own
+#: clock, as the tick read it; None otherwise)
+LEASE = "sqlqueue.lease"
 
 #: ERROR, a watermark read lower than this process had seen it: group, topic, partition,
 #: seen, now (an operator's reset-position, or writes the database lost)
@@ -38,7 +43,8 @@ RUNNER_STOP_REQUESTED = "sqlqueue.runner.stop_requested"
 RUNNER_SESSION_ENDED = "sqlqueue.runner.session_ended"
 
 EVENTS = (RUNNER_STARTED, RUNNER_RECONNECTING, MESSAGE_HANDLED, HANDLER_FAILED,
-          MESSAGE_DEAD_LETTERED, LEASES_CHANGED, WATERMARK_WENT_BACK, OFFSET_COUNTER_WENT_BACK,
+          MESSAGE_DEAD_LETTERED, LEASES_CHANGED, LEASE, WATERMARK_WENT_BACK,
+          OFFSET_COUNTER_WENT_BACK,
           RUNNER_STOP_REQUESTED, RUNNER_SESSION_ENDED)
 
 

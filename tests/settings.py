@@ -120,3 +120,14 @@ if os.environ.get("SQLQUEUE_TEST_LOG"):
         "formatters": {},
         "loggers": {"sqlqueue": {"handlers": ["console"], "level": "INFO"}},
     }
+
+if os.environ.get("SQLQUEUE_TEST_LEASE_EVENTS"):
+    # An acceptance run's worker (tests/acceptance/histories.py): its lease events, one
+    # JSON line each, for the run's history (tests/history).
+    LOGGING = {
+        "version": 1, "disable_existing_loggers": False,
+        "handlers": {"leases": {"()": "tests.history.lease_log.LeaseLines",
+                                "path": os.environ["SQLQUEUE_TEST_LEASE_EVENTS"],
+                                "runner": os.environ.get("SQLQUEUE_TEST_RUNNER")}},
+        "loggers": {"sqlqueue.leases": {"handlers": ["leases"], "level": "DEBUG"}},
+    }

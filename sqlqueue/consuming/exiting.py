@@ -9,11 +9,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, connections, transaction
 
+from sqlqueue import storage
 from sqlqueue.consuming.clock import SYSTEM_CLOCK, Clock, HostClock
 from sqlqueue.consuming.settling import HorizonWatch
 from sqlqueue.consuming.subscriber import Subscriber
+from sqlqueue.storage.sql.sessions import OpenWriter
 
 logger = logging.getLogger("sqlqueue.consumer")
 
@@ -34,6 +36,10 @@ class ExitSettler:
         self.horizon = horizon
         self.clock = clock
         self.settle_seconds = settle_seconds
+        #: after ``advance``: the subscriptions whose watermark stayed behind their acks,
+        #: and the other session's write transaction the horizon waited for, if seen
+        self.behind: list[str] = []
+        self.held_by: OpenWriter | None = None
 
     def advance(self, cursor: Any, subscribers: Sequence[Subscriber], name: str) -> None:
         """Move every watermark over what this process acked before it hands its
@@ -56,8 +62,18 @@ class ExitSettler:
                 break
             self.horizon.expire()
             self.host_clock.sleep(EXIT_SETTLE_STEP)
+        self.behind = [s.consumer.name for s in waiting]
         if waiting:
+            self.held_by = self._oldest_writer(cursor)
             logger.info("%s: exiting with acks above the watermark of %s (their rows are not "
-                        "settled yet: a publishing transaction may still be open); the "
+                        "settled yet: a publishing transaction may still be open%s); the "
                         "partitions' next holder moves it over them.", name,
-                        ", ".join(s.consumer.name for s in waiting))
+                        ", ".join(self.behind), "" if self.held_by is None else
+                        f": the write horizon waits for {self.held_by.describe()}")
+
+    def _oldest_writer(self, cursor: Any) -> OpenWriter | None:
+        """Which transaction holds the horizon back (None: none seen, or not readable)."""
+        try:
+            return storage.store(connections[self.alias]).oldest_writer(cursor)
+        except DatabaseError:
+            return None

@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from django.db import DatabaseError
+
 from sqlqueue import storage
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
@@ -91,7 +93,19 @@ class GarbageCollector:
         if not force and now < self._next_keys_pass:
             return 0
         store = storage.store(self.alias)
-        removed = store.delete_expired_idempotency_keys(cursor, GC_BATCH)
+        self._next_keys_pass = now + GC_INTERVAL
+        try:
+            removed = store.delete_expired_idempotency_keys(cursor, GC_BATCH)
+        except DatabaseError as exc:
+            # MariaDB's range DELETE waits for the next-key lock of a key a publisher's
+            # open transaction inserted: give up until the next interval, not the pass
+            # (the runner's whole cycle failed with it, again each pass: a runner made no
+            # progress while any idempotent publish stayed open).
+            if not store.is_lock_wait(exc):
+                raise
+            logger.info("Expired idempotency keys not deleted this time (%s): a publishing "
+                        "transaction holds a lock; again in %ss.", exc, GC_INTERVAL)
+            return 0
         self._next_keys_pass = now + (0.0 if removed == GC_BATCH else GC_INTERVAL)
         self.keys_deleted += removed
         return removed

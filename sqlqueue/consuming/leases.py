@@ -87,6 +87,19 @@ def fair_share(partitions: int, members: list[str], me: str) -> int:
     return partitions // count + (1 if rank < partitions % count else 0)
 
 
+def _note(keeper: LeaseKeeper, change: str, partition: str, lease: Lease | None,
+          age_ms: int | None = None) -> None:
+    """One lease event (``events.LEASE``, DEBUG): what the history checker's workloads
+    record (tests/history), and an operator may follow."""
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s %s the lease on %s/%s (group %s)", keeper.name, change,
+                     keeper.topic, partition, keeper.group, extra=events.fields(
+                         events.LEASE, group=keeper.group, topic=keeper.topic,
+                         partition=partition, subscriber=keeper.name, change=change,
+                         generation=None if lease is None else lease.generation,
+                         tenure=None if lease is None else lease.tenure, age_ms=age_ms))
+
+
 class LeaseKeeper:
     """The leases one subscriber holds on one (group, topic)."""
 
@@ -295,8 +308,12 @@ class LeaseKeeper:
                           else next(_tenures))
                 owned[partition] = Lease(generation, started + remaining - self.margin,
                                          tenure)
+                _note(self, "renewed" if held is not None and held.tenure == tenure
+                      else "acquired", partition, owned[partition], age_ms)
             else:
                 others.add(partition)
+        for partition in set(self.owned) - set(owned):
+            _note(self, "lost", partition, self.owned[partition])
         self.owned = owned
         self.others = others
         self.releasing &= set(owned)
@@ -313,7 +330,7 @@ class LeaseKeeper:
         if ready:
             store.release_leases(cursor, self.group, self.topic, ready, self.name)
             for partition in ready:
-                del self.owned[partition]
+                _note(self, "released", partition, self.owned.pop(partition))
             self.releasing -= set(ready)
             self.hurry()  # check again soon for the rest
         return set(ready)
@@ -325,6 +342,8 @@ class LeaseKeeper:
         expired, or is of another generation: taken and given back, or written by
         another server before a failover)."""
         lease = self.owned.pop(partition, None)
+        if lease is not None:
+            _note(self, "lost", partition, lease)
         held = "none" if lease is None else lease.generation
         if owner != self.name:
             whom = f"to {owner!r}" if owner else "(nobody holds it)"
@@ -339,6 +358,8 @@ class LeaseKeeper:
 
     def forget(self) -> None:
         """Hold nothing (the leases were on another server); acquire again at once."""
+        for partition, lease in self.owned.items():
+            _note(self, "lost", partition, lease)
         self.owned.clear()
         self.releasing.clear()
         self.others.clear()
@@ -349,5 +370,7 @@ class LeaseKeeper:
         """Graceful stop: hand every partition over and say goodbye."""
         store.release_leases(cursor, self.group, self.topic, sorted(self.owned), self.name)
         store.deregister(cursor, self.group, self.topic, self.name)
+        for partition, lease in self.owned.items():
+            _note(self, "released", partition, lease)
         self.owned.clear()
         self.releasing.clear()

@@ -124,6 +124,9 @@ class Subscriber:
             return LeaseChange(), []
         idle = {key for key, state in self.partitions.items() if state.in_flight_count == 0}
         idle |= set(self.leases.owned) - set(self.partitions)
+        # Nor one whose outcomes wait to be written (kept after a lock wait gave up, which
+        # resets the partitions' view): released, they could not be, and ran again.
+        idle -= {delivery.partition_key for delivery in self.deliveries.running()}
         # Partitions go to a newcomer only once this process is within its new, smaller
         # max_in_flight share (the tick reads the members): that share is then free.
         change = self.leases.tick(cursor, store, discovered, idle, limits=self.limits,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.acceptance.histories import across_a_failover, history_env
 from tests.acceptance.processes import ROOT, runconsumer, wait_for
 from tests.acceptance.servers import (
     Forwarder,
@@ -33,6 +34,8 @@ from tests.acceptance.servers import (
     migrated,
     own_mariadb,
 )
+from tests.history.checker import check, report
+from tests.history.model import Fault, GroupConfig
 
 # Two servers of the test's own and a failover, a minute each: make topologies (pyproject.toml).
 pytestmark = pytest.mark.topology
@@ -58,14 +61,16 @@ payload = json.loads(os.environ["PAYLOAD"])
 n = 0
 while not os.path.exists(os.environ["STOP_FILE"]):
     n += 1
+    partition, began = f"p{random.randrange(8)}", time.time() * 1000
     try:
-        sent = send_message("accept.failover", payload, id=f"m{n}",
-                            partition_key=f"p{random.randrange(8)}")
+        sent = send_message("accept.failover", payload, id=f"m{n}", partition_key=partition)
     except Error:
+        print("failed", f"m{n}", partition, "-", began, time.time() * 1000, flush=True)
         connection.close()
         time.sleep(0.2)
         continue
     print(sent.id, sent.offset, flush=True)
+    print("ok", sent.id, partition, sent.offset, began, time.time() * 1000, flush=True)
     time.sleep(0.025)
 """
 
@@ -150,7 +155,8 @@ def test_a_failover_to_a_lagging_replica_skips_nothing_it_kept(
                 processes.append(runconsumer(
                     "--group", "failover", "--threads", "8", "--name", f"w{n}",
                     settings=WORKER_SETTINGS,
-                    env={"DATABASE_URL": url, "SQLQUEUE_TEST_JOURNAL": str(path)}))
+                    env={"DATABASE_URL": url, "SQLQUEUE_TEST_JOURNAL": str(path),
+                         **history_env(tmp_path, f"w{n}")}))
             stop = tmp_path / "stop"
             publisher = subprocess.Popen(
                 [sys.executable, "manage.py", "shell", "-c", PUBLISH], cwd=ROOT,
@@ -168,9 +174,11 @@ def test_a_failover_to_a_lagging_replica_skips_nothing_it_kept(
             else:  # caught up: what the primary committed is all there
                 wait_for(lambda: replica_caught_up(primary, replica), timeout=30,
                          what="the replica to catch up")
+            failed_at = time.time() * 1000
             primary.stop()  # SIGKILL
             promote(replica)
             proxy.switch(replica.port)
+            switched_at = time.time() * 1000
             kept_at_failover = len(stored(replica))
             wait_for(lambda: len(stored(replica)) >= kept_at_failover + 200, timeout=90,
                      what="publishing on the promoted replica")
@@ -188,15 +196,29 @@ def test_a_failover_to_a_lagging_replica_skips_nothing_it_kept(
                 raise AssertionError(f"{len(skipped)} of {len(surviving)} messages on the "
                                      f"surviving database never handled: {skipped[:20]}"
                                      ) from None
+            # The history checker on the run: the failover, from the primary's death
+            # until the workers' leases of the old server could have run out.
+            history = across_a_failover(
+                tmp_path, TOPIC, "failover", GroupConfig(
+                    max_attempts=5, visibility_ms=WORKER_SETTINGS["VISIBILITY_TIMEOUT"] * 1000),
+                published, [Fault("failover", failed_at, switched_at + 1000 * (
+                    WORKER_SETTINGS["LEASE_DURATION"] + WORKER_SETTINGS["LEASE_RENEW_INTERVAL"]))],
+                lambda statement: replica.sql(statement, DATABASE),
+                WORKER_SETTINGS["LEASE_DURATION"] * 1000,
+                WORKER_SETTINGS["LEASE_RENEW_INTERVAL"] * 1000)
         finally:
             proxy.close()
+    violations = check(history)
+    assert violations == [], report(history, violations)
     lost = acked - surviving
     reused = {offset for _, offset in lost} & {offset for _, offset in surviving}
     print(f"\n{'semi-sync timed out' if semi_sync else 'async'}, {lag} s lag, "
           f"handlers {'writing to' if payload.get('touch_db') else 'not touching'} the db: "
           f"published {len(acked)} (acked to the publisher), on the new primary "
           f"{len(surviving)}, acked but lost {len(lost)}, offsets reused {len(reused)}, "
-          f"handled {len(surviving & ended(journals))} of {len(surviving)}, skipped 0")
+          f"handled {len(surviving & ended(journals))} of {len(surviving)}, skipped 0; "
+          f"history checked: {len(history.publishes)} publishes, {len(history.runs)} runs, "
+          f"{len(history.leases)} lease events, 0 violations")
     if lag:
         assert lost, "the replica was meant to be behind: the scenario did not happen"
         assert reused, "the promoted replica was meant to hand out lost offsets again"

@@ -11,12 +11,14 @@ outcome of the old delivery with it.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from django.db import connection
 
 from sqlqueue import send_message
+from tests.acceptance.histories import across_a_failover, history_env
 from tests.acceptance.processes import runconsumer, wait_for
 from tests.acceptance.servers import (
     Forwarder,
@@ -25,6 +27,8 @@ from tests.acceptance.servers import (
     migrated,
     own_mariadb,
 )
+from tests.history.checker import check, report
+from tests.history.model import Fault, GroupConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TOPIC = "accept.failover"
@@ -63,17 +67,25 @@ def test_an_outcome_from_the_old_server_never_acks_a_new_message(
                 "--group", "failover", "--threads", "2", "--liveness-file", str(liveness),
                 settings={"VISIBILITY_TIMEOUT": 10, "POLL_INTERVAL": 0.05},
                 env={"DATABASE_URL": f"mysql://root@127.0.0.1:{proxy.port}/{name}",
-                     "SQLQUEUE_TEST_JOURNAL": str(journal)})
+                     "SQLQUEUE_TEST_JOURNAL": str(journal), **history_env(tmp_path, "w0")})
             processes.append(worker)
-            send_message(TOPIC, {}, partition_key="q", id="filler")  # offsets above 1
+            published: list[str] = []  # for the history: "ok id partition offset began ended"
+            began = time.time() * 1000
+            filler = send_message(TOPIC, {}, partition_key="q", id="filler")  # offsets above 1
+            published.append(f"ok filler q {filler.offset} {began} {time.time() * 1000}")
+            began = time.time() * 1000
             before = send_message(TOPIC, {"sleep": 4}, partition_key="p", id="before")
+            published.append(f"ok before p {before.offset} {began} {time.time() * 1000}")
             wait_for(lambda: journal_has(journal, f"start before {before.offset}"),
                      what="the handler on the old server")
             # The replica was behind: it has the partition's earlier messages but never saw
             # that one, and will hand its offset out again.
             replica.sql("ALTER TABLE queue_messages AUTO_INCREMENT = "
                         f"{before.offset - 1}", name)
+            began = time.time() * 1000
             earlier = publish_on(replica.port, name, "earlier")
+            published.append(f"ok earlier p {earlier} {began} {time.time() * 1000}")
+            switched_at = time.time() * 1000
             proxy.switch(replica.port)
             wait_for(lambda: journal_has(journal, f"end earlier {earlier}"),
                      what="the worker to serve the partition on the new server")
@@ -82,15 +94,27 @@ def test_an_outcome_from_the_old_server_never_acks_a_new_message(
             # A few passes of the worker record (or drop) that outcome on the new server
             # before the message that reuses the offset arrives.
             wait_for_passes(liveness, 3, "the old outcome recorded or dropped")
+            began = time.time() * 1000
             after = publish_on(replica.port, name, "after")
+            published.append(f"ok after p {after} {began} {time.time() * 1000}")
             assert after == before.offset  # the offset is reused
             wait_for(lambda: journal_has(journal, f"end after {after}"), timeout=30,
                      what="the new message at the reused offset")
+            worker.terminate()
+            _, err = worker.communicate(timeout=60)
+            # The history checker on the run (the failover: from the switch until the
+            # old server's lease would have run out; the replica never had filler and
+            # before: lost by the database, their offsets reused).
+            history = across_a_failover(
+                tmp_path, TOPIC, "failover", GroupConfig(visibility_ms=10_000),
+                "\n".join(published), [Fault("failover", switched_at, switched_at + 40_000)],
+                lambda statement: replica.sql(statement, name), 30_000, 10_000)
         finally:
             proxy.close()
-    worker.terminate()
-    _, err = worker.communicate(timeout=60)
     assert "database server changed" in err, err
+    violations = check(history)
+    assert violations == [], report(history, violations)
+    assert {r.id for r in history.runs} >= {"before", "earlier", "after"}
 
 
 def publish_on(port: int, name: str, message_id: str, topic: str = TOPIC) -> int:

@@ -25,9 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.acceptance.histories import history_env
 from tests.acceptance.patroni import PatroniCluster, can_start_patroni, own_patroni
 from tests.acceptance.processes import ROOT, runconsumer, wait_for
 from tests.acceptance.servers import manage
+from tests.history import lease_log
 from tests.history.checker import check, report
 from tests.history.model import Fault, GroupConfig, History, Publish, Run
 
@@ -39,6 +41,8 @@ PARTITIONS = 8
 WORKER_SETTINGS = {"RETENTION": 3600}
 #: delivery must resume this soon after the promotion (the issue's bar)
 RESUME_WITHIN = 10.0
+#: the workers' lease settings: the defaults (for the history's lease rules, I11/I12)
+LEASE_MS, RENEW_MS = 30_000, 10_000
 
 # About 40 messages a second over the partitions, one send_message per autocommit;
 # prints "ok <id> <partition> <offset> <began ms> <ended ms>" once its commit returned,
@@ -93,10 +97,12 @@ def stored(cluster: PatroniCluster, node: int) -> set[tuple[str, int]]:
 
 
 def history_of(published: str, calls: list[tuple[str, str, int, str, int, float, str]],
-               cluster: PatroniCluster, node: int, fault: Fault) -> History:
+               cluster: PatroniCluster, node: int, fault: Fault, folder: Path) -> History:
     """The run as the history checker reads it (tests/history): the publishes (one whose
     commit failed counts as committed if the new primary has it: the database decides an
-    in-doubt commit), every handler call, the failover, and the new primary's state."""
+    in-doubt commit), every handler call, the workers' lease events (their files in
+    ``folder``: tests/acceptance/histories.py), the failover, and the new primary's
+    state."""
     stored_ids = dict(stored(cluster, node))
     publishes = []
     for line in published.splitlines():
@@ -116,7 +122,9 @@ def history_of(published: str, calls: list[tuple[str, str, int, str, int, float,
                 "ok" if key in ends else "cut")
             for key, (_, message_id, offset, partition, attempt, at, runner) in starts.items()]
     history = History(TOPIC, {"patroni": GroupConfig(visibility_ms=60_000)},
-                      publishes=publishes, runs=runs, faults=[fault])
+                      publishes=publishes, runs=runs, faults=[fault],
+                      lease_ms=LEASE_MS, renew_ms=RENEW_MS)
+    lease_log.read_lines(sorted(folder.glob("leases-*.jsonl")), history)
     offsets = {p: int(o) for p, o in (line.split("|") for line in cluster.sql(
         node, "SELECT partition_key, offset_acked FROM queue_offsets WHERE "
         f"consumer_group = 'patroni' AND topic = '{TOPIC}'", DATABASE).splitlines())}
@@ -141,7 +149,8 @@ def test_a_patroni_failover_loses_and_skips_nothing_and_resumes_within_seconds(
             processes.append(runconsumer(
                 "--group", "patroni", "--threads", "4", "--name", f"w{n}",
                 settings=WORKER_SETTINGS,
-                env={"DATABASE_URL": url, "SQLQUEUE_TEST_JOURNAL": str(path)}))
+                env={"DATABASE_URL": url, "SQLQUEUE_TEST_JOURNAL": str(path),
+                     **history_env(tmp_path, f"w{n}")}))
         stop = tmp_path / "stop"
         publisher = subprocess.Popen(
             [sys.executable, "manage.py", "shell", "-c", PUBLISH], cwd=ROOT,
@@ -178,7 +187,7 @@ def test_a_patroni_failover_loses_and_skips_nothing_and_resumes_within_seconds(
         calls = journal(journals)
         # The failover, from the kill until delivery had to be back.
         history = history_of(published, calls, cluster, 1, Fault(
-            "failover", killed_at * 1000, (promoted_at + RESUME_WITHIN) * 1000))
+            "failover", killed_at * 1000, (promoted_at + RESUME_WITHIN) * 1000), tmp_path)
         history.faults.append(Fault("kill", killed_at * 1000, killed_at * 1000, "w0"))
     violations = check(history)
     assert not violations, report(history, violations)
@@ -200,7 +209,7 @@ def test_a_patroni_failover_loses_and_skips_nothing_and_resumes_within_seconds(
           f"{redelivered}; delivery resumed {min(resumed.values()):.1f} s after the "
           f"promotion, every partition served again within {max(resumed.values()):.1f} s; "
           f"history checked: {len(history.publishes)} publishes, {len(history.runs)} runs, "
-          "0 violations")
+          f"{len(history.leases)} lease events, 0 violations")
     assert not lost, sorted(lost, key=lambda m: m[1])[:20]
     assert len(resumed) == PARTITIONS, resumed
     assert max(resumed.values()) <= RESUME_WITHIN, resumed

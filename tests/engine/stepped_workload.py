@@ -2,11 +2,17 @@
 driven deterministically, one seed one history.
 
 Every choice comes from the seed: what is published (committed, rolled back, an id
-twice), what each handler does (ack, fail, run slow, outlive its visibility timeout, or
-die with its runner mid-run), which of two runners takes the next step (a pass, or
-running the handlers it handed out), when the clock jumps, and when a runner is killed
-(dropped without a shutdown) or stopped gracefully (its leases released), and later
-replaced. The same seed gives the same history
+twice, or committed late: its row held back while later offsets are read, the store's
+write horizon showing its transaction open), what each handler does (ack, fail, run
+slow, outlive its visibility timeout, or die with its runner mid-run), which of two
+runners takes the next step (a pass, or running the handlers it handed out), when the
+clock jumps, and when a runner is killed (dropped without a shutdown) or stopped
+gracefully (its leases released), and later replaced. A handler of the ordered group
+``h-frozen`` may freeze its runner past its lease while it runs (the runner is not
+stepped; the other one is, takes the partition, and a message held back below the frozen
+run commits meanwhile): the new holder must start nothing there before the frozen run's
+visibility timeout (issue 51). The runners' lease events are recorded
+(``tests.history.lease_log``, on the manual clock). The same seed gives the same history
 (``SQLQUEUE_HISTORY_SEED`` replays one); ``tests.history.checker`` checks it.
 """
 
@@ -24,8 +30,11 @@ from django.db import transaction
 from sqlqueue import Message, send_message
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
 from tests.engine.harness import ALIASES, MemoryQueue, SteppedRunner
+from tests.engine.memory.tables import StoredMessage
+from tests.history import lease_log
 from tests.history.model import DeadLetter, Fault, FinalState, GroupConfig, History, Publish, Run
 from tests.history.workload import (
+    FROZEN_GROUP,
     GROUPS,
     MAX_ATTEMPTS,
     MAX_BACKOFF_S,
@@ -41,6 +50,11 @@ VISIBILITY_MS = 1_000
 CADENCE_MS, RESTART_AFTER_MS = 300, 2_000
 #: the alias publishers use (runners use ``ALIASES``, one each)
 PUBLISHER_ALIAS = ALIASES[0]
+#: FROZEN_GROUP's visibility timeout outlasts a freeze (a lease, and two seconds more:
+#: long enough for the other runner to take the partition while the run is in flight)
+FREEZE_MS, FROZEN_VISIBILITY_MS = 6_000, 8_000
+#: every group the stepped workload runs
+STEPPED_GROUPS = {**GROUPS, FROZEN_GROUP: {"ordered": True}}
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,22 @@ class Shape:
     drain_steps: int = 4_000
     #: a group's limits (``rate_limit``, ``max_in_flight``), stepped on the clock too
     limits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: chance that a publish commits late, and after how many actions
+    late_chance: float = 0.15
+    late_actions: tuple[int, int] = (5, 60)
+    #: chance that a first attempt of FROZEN_GROUP freezes its runner (always, when a
+    #: message held back below it waits in its partition: the issue-51 case)
+    freeze_chance: float = 0.05
+
+
+
+@dataclass
+class Late:
+    """A publish whose transaction stays open: its row, held back until ``due``."""
+
+    row: StoredMessage
+    begun: float
+    due: int
 
 
 class Killed(KeyboardInterrupt):
@@ -81,11 +111,17 @@ class SteppedWorkload:
         self.history = History(TOPIC, {
             group: GroupConfig(ordered=bool(options.get("ordered")), max_attempts=MAX_ATTEMPTS,
                                min_backoff_ms=MIN_BACKOFF_MS, max_backoff_ms=MAX_BACKOFF_MS,
-                               visibility_ms=VISIBILITY_MS)
-            for group, options in GROUPS.items()}, seed=seed)
+                               visibility_ms=visibility_ms(group))
+            for group, options in STEPPED_GROUPS.items()}, seed=seed,
+            lease_ms=round(queue.settings().LEASE_DURATION * 1000),
+            renew_ms=round(queue.settings().LEASE_RENEW_INTERVAL * 1000))
         self.slots = [Slot(alias, n) for n, alias in enumerate(ALIASES)]
         self.stepping: Slot | None = None
         self.published = 0
+        self.actions = 0
+        self.late: list[Late] = []
+        self.frozen: Slot | None = None
+        queue.database.open_writers = {}
 
     @property
     def now(self) -> float:
@@ -96,6 +132,9 @@ class SteppedWorkload:
         """What the handler does for this attempt, and for how many clock ms."""
         rng = random.Random(zlib.crc32(f"{self.seed}/{group}/{message_id}/{attempt}".encode()))
         roll = rng.random()
+        if group == FROZEN_GROUP:
+            return ("freeze", FREEZE_MS) if (
+                roll < self.shape.freeze_chance and attempt == 1) else ("quick", 0)
         if roll < 0.12:
             return "fail", rng.randrange(0, 50)
         if roll < 0.14 and attempt == 1:
@@ -113,7 +152,14 @@ class SteppedWorkload:
             started, name = self.now, slot.runner.name
             visible_until = self._visible_until(group, message)
             what, busy_ms = self.behaviour(group, message.id, message.attempt)
-            self.queue.clock.advance(busy_ms)
+            if group == FROZEN_GROUP and message.attempt == 1 and any(
+                    late.row.partition_key == message.partition_key
+                    and late.row.offset < message.offset for late in self.late):
+                what, busy_ms = "freeze", FREEZE_MS
+            if what == "freeze":
+                self.freeze(slot, busy_ms)
+            else:
+                self.queue.clock.advance(busy_ms)
 
             def ran(outcome: str, finished: float | None) -> None:
                 self.history.ran(Run(group, TOPIC, message.partition_key, message.offset,
@@ -147,12 +193,38 @@ class SteppedWorkload:
             return 0.0  # marked again since: its timeout had run out already
         return float(state.invisible_until)
 
+    def freeze(self, slot: Slot, milliseconds: int) -> None:
+        """``slot``'s runner stops (SIGSTOP, a VM pause) for ``milliseconds`` while this
+        handler of it runs on: the other runner is stepped meanwhile, and once the frozen
+        one's lease ran out, what was held back commits (the issue-51 case: the new
+        holder finds it below the frozen run). Nothing happens (a quick run) while
+        another freeze is under way or nobody else could take over."""
+        others = [s for s in self.slots if s is not slot and s.runner is not None]
+        if self.frozen is not None or not others:
+            return
+        began, self.frozen = self.now, slot
+        try:
+            while self.now - began < milliseconds:
+                self.queue.clock.advance(CADENCE_MS)
+                if self.now - began > milliseconds * 2 // 3:
+                    self.commit_late(everything=True)
+                for other in others:
+                    self.step(other, run_handlers=False)
+                    self.step(other, run_handlers=True)
+        finally:
+            self.frozen, self.stepping = None, slot
+        assert slot.runner is not None
+        self.history.faulted(Fault("pause", began, self.now, slot.runner.name))
+
     # -- the publishers ----------------------------------------------------------------------
     def publish(self) -> None:
         n = self.published
         self.published += 1
         message_id, partition = f"m{n}", self.random.choice(PARTITIONS)
         roll = self.random.random()
+        if 0.10 <= roll < 0.10 + self.shape.late_chance:
+            self._publish_late(message_id, partition)
+            return
         self._publish(message_id, partition, rollback=roll < 0.10)
         if roll > 0.9:  # the same id again: stored once, at the first's offset
             self._publish(message_id, partition)
@@ -174,11 +246,43 @@ class SteppedWorkload:
         self.history.published(Publish("publisher", TOPIC, partition, message_id, offset,
                                        begun, commit_begun, self.now, not rollback, created))
 
+    def _publish_late(self, message_id: str, partition: str) -> None:
+        """Insert, and hold the row back (its transaction left open) for a few actions:
+        later offsets are read meanwhile; the store's write horizon shows it open."""
+        begun = self.now
+        with transaction.atomic(using=PUBLISHER_ALIAS):
+            sent = send_message(TOPIC, message_id, partition_key=partition, id=message_id,
+                                using=PUBLISHER_ALIAS)
+            tables = self.queue.tables
+            row = tables.messages.pop(sent.offset)
+            del tables.message_ids[(TOPIC, partition, message_id)]
+        assert self.queue.database.open_writers is not None
+        self.queue.database.open_writers[row.offset] = row.created_at
+        self.late.append(Late(row, begun, self.actions + self.random.randrange(
+            *self.shape.late_actions)))
+
+    def commit_late(self, *, everything: bool = False) -> None:
+        """Commit the late publishes due (all of them: ``everything``)."""
+        tables, writers = self.queue.tables, self.queue.database.open_writers
+        assert writers is not None
+        for late in [late for late in self.late if everything or late.due <= self.actions]:
+            self.late.remove(late)
+            commit_begun = self.now
+            row = late.row
+            rows = sorted([*tables.messages.items(), (row.offset, row)])
+            tables.messages.clear()
+            tables.messages.update(rows)  # in offset order, as the log is read
+            tables.message_ids[(TOPIC, row.partition_key, row.id)] = row.offset
+            del writers[row.offset]
+            self.history.published(Publish("publisher", TOPIC, row.partition_key, row.id,
+                                           row.offset, late.begun, commit_begun, self.now,
+                                           True, True))
+
     # -- the runners -------------------------------------------------------------------------
     def start(self, slot: Slot) -> None:
         slot.lives += 1
         slot.runner = self.queue.runner(
-            select_consumers(list(GROUPS), [TOPIC]), alias=slot.alias,
+            select_consumers(list(STEPPED_GROUPS), [TOPIC]), alias=slot.alias,
             name=f"runner-{slot.index}.{slot.lives}")
         slot.dead_since, slot.stepped_at = None, self.now
 
@@ -202,7 +306,8 @@ class SteppedWorkload:
         if slot.runner is None:
             return
         self.stepping = slot
-        slot.stepped_at = self.now
+        slot.stepped_at = began = self.now
+        name = slot.runner.name
         try:
             if run_handlers:
                 slot.runner.pool.run_handed_out()
@@ -212,24 +317,32 @@ class SteppedWorkload:
             self.kill(slot)
         finally:
             self.stepping = None
+            if run_handlers and self.now - began > CADENCE_MS and slot.runner is not None:
+                # Its handlers ran inline, one after another, for longer than a step:
+                # its loop stood still meanwhile (threads would have run them beside
+                # it). Not a fault that excuses a redelivery or an overlap; it tells
+                # the lease rule (I12) this runner could not take a partition then.
+                self.history.faulted(Fault("stall", began, self.now, name))
 
     # -- the run -----------------------------------------------------------------------------
     def run(self) -> History:
-        for group, options in GROUPS.items():
+        for group, options in STEPPED_GROUPS.items():
             consumer(TOPIC, group=group, max_attempts=MAX_ATTEMPTS,
                      min_backoff=MIN_BACKOFF_MS / 1000, max_backoff=MAX_BACKOFF_MS / 1000,
-                     visibility_timeout=VISIBILITY_MS / 1000,
+                     visibility_timeout=visibility_ms(group) / 1000,
                      ordered=options.get("ordered", False),
                      atomic=options.get("atomic", False),
                      **self.shape.limits.get(group, {}))(self.handler(group))
         try:
-            for slot in self.slots:
-                self.start(slot)
-            while self.published < self.shape.messages:
-                self.act()
-            self.drain()
+            with lease_log.recording(self.history, lambda: self.now):
+                for slot in self.slots:
+                    self.start(slot)
+                while self.published < self.shape.messages:
+                    self.act()
+                self.commit_late(everything=True)
+                self.drain()
         finally:
-            for group in GROUPS:
+            for group in STEPPED_GROUPS:
                 unregister(group, TOPIC)
         self.history.final = self.final_state()
         return self.history
@@ -239,6 +352,8 @@ class SteppedWorkload:
         pause of everything; then every runner left unstepped for ``CADENCE_MS`` steps
         (a runner's loop passes every poll: it only stalls when paused, a fault)."""
         self.queue.clock.advance(self.random.choice((0, 5, 20, 50, 100)))
+        self.actions += 1
+        self.commit_late()
         roll = self.random.random()
         slot = self.random.choice(self.slots)
         if roll < 0.3:
@@ -294,7 +409,7 @@ class SteppedWorkload:
         done = {(d.group, d.id) for d in self.dead_letters()}
         done |= {(r.group, r.id) for r in self.history.runs if r.outcome == "ok"}
         return [(group, p.id) for p in self.history.publishes if p.committed and p.created
-                for group in GROUPS if (group, p.id) not in done]
+                for group in STEPPED_GROUPS if (group, p.id) not in done]
 
     # -- what the database holds at the end ----------------------------------------------------
     def dead_letters(self) -> list[DeadLetter]:
@@ -316,6 +431,10 @@ class SteppedWorkload:
                    if m.topic == TOPIC + ".out"}
         return FinalState(acked=acked, stored=stored, dead_letters=self.dead_letters(),
                           collectable=True, atomic_writes={"h-atomic": written})
+
+
+def visibility_ms(group: str) -> int:
+    return FROZEN_VISIBILITY_MS if group == FROZEN_GROUP else VISIBILITY_MS
 
 
 class _RolledBack(Exception):

@@ -11,11 +11,16 @@ prints the first ones. The rules, and what excuses an event:
 * **I3/I4/I6** every committed message still stored on the surviving server is, for every
   group, handled successfully or dead-lettered (late commits included).
 * **I5** ordered groups: two runs of one partition never overlap, unless the first had
-  outlived its visibility timeout when the second started, or a fault (kill, pause,
-  outage, failover) caught the first; and a message committed before another's commit
-  began, at a lower offset of the same partition, starts first.
+  outlived its visibility timeout when the second started, its runner was killed before
+  (the run ended there), or the database changed server (an outage, a failover: the new
+  one voids what the old one granted). A pause or a lock stall excuses nothing: a holder
+  frozen past its lease while its handler runs is the takeover case (issue 51), where the
+  new holder waits for that run's visibility timeout; and a message committed before
+  another's commit began, at a lower offset of the same partition, starts first.
 * **I7** no run of a (group, message) after its dead letter's last attempt.
 * **I9** a retry after a failure waits its backoff: min(max, min x 2^(n-1)).
+* **I11** one clock, **I12** no partition left unowned: the lease rules
+  (``tests.history.lease_rules``), on the lease events the history recorded.
 * **I10** a redelivery starts only after the visibility timeout of the run before it; and a
   run that finished well is never run again unless a fault caught it before its outcome
   was recorded (a slow runner, a lock stall, is no excuse: SPEC §10).
@@ -37,7 +42,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from tests.history.model import Fault, History, Publish, Run
+from tests.history.lease_rules import LeaseRules, describe
+from tests.history.model import Fault, History, LeaseEvent, Publish, Run
 
 #: the clocks of one machine's processes, and the database's, disagree by this much
 CLOCK_SLACK_MS = 50.0
@@ -45,7 +51,7 @@ CLOCK_SLACK_MS = 50.0
 #: fault stops the runner first
 RECORD_WINDOW_MS = 5_000.0
 
-Event = Publish | Run | Fault
+Event = Publish | Run | Fault | LeaseEvent
 
 
 @dataclass
@@ -73,6 +79,8 @@ def _describe(event: Event) -> str:
                 f"{event.outcome}"
                 + (f", visible again {event.visible_until_ms:.0f}"
                    if event.visible_until_ms else ""))
+    if isinstance(event, LeaseEvent):
+        return describe(event)
     return (f"{event.kind} {event.runner or 'everything'}: "
             f"{event.began_ms:.0f}-{event.ended_ms:.0f}")
 
@@ -97,6 +105,7 @@ class Checker:
             self.backoff_respected, self.no_early_redelivery,
             self.no_redelivery_after_success, self.collected_only_when_done,
             self.acks_match_runs, self.atomic_writes_match_acks,
+            self.leases_follow_one_clock, self.partitions_never_left_unowned,
         ]
         return [violation for rule in rules for violation in rule()]
 
@@ -119,8 +128,10 @@ class Checker:
 
     def every_message_done(self) -> Iterator[Violation]:
         for publish in self._first_publishes():
-            if (publish.partition, publish.offset) not in self.history.final.stored:
-                continue  # lost by the database, or collected (collected_only_when_done)
+            if self.history.final.stored.get((publish.partition, publish.offset)) != publish.id:
+                # Lost by the database (a failover: its offset may name another message
+                # there now), or collected (collected_only_when_done).
+                continue
             for group in self.history.groups:
                 if not self._done(group, publish):
                     yield Violation(
@@ -131,10 +142,19 @@ class Checker:
     def ordered_runs_never_overlap(self) -> Iterator[Violation]:
         for group, partition, runs in self._ordered_partitions():
             for before, after in self._overlapping(runs):
-                if self._outlived(before, after.started_ms) or self._faulted(before):
+                if self._outlived(before, after.started_ms) or self._ended_before(
+                        before, after.started_ms):
                     continue
                 yield Violation("I5", f"{group} ran {after.id} in {partition} while "
                                 f"{before.id} was still running", [before, after])
+
+    def leases_follow_one_clock(self) -> Iterator[Violation]:
+        for text, events in LeaseRules(self.history).one_clock():
+            yield Violation("I11", text, list(events))
+
+    def partitions_never_left_unowned(self) -> Iterator[Violation]:
+        for text, events in LeaseRules(self.history).never_left_unowned():
+            yield Violation("I12", text, list(events))
 
     def ordered_runs_follow_commits(self) -> Iterator[Violation]:
         firsts = self._first_publishes()
@@ -345,6 +365,20 @@ class Checker:
                 continue
             if fault.began_ms <= end and fault.ended_ms >= run.started_ms - CLOCK_SLACK_MS:
                 return True
+        return False
+
+    def _ended_before(self, run: Run, at_ms: float) -> bool:
+        """Had ``run`` ended by ``at_ms`` although it never said so: its runner killed
+        while it ran, or the database moved to another server (which voids the old one's
+        deliveries: a new holder may start at once)?"""
+        for fault in self.history.faults:
+            if fault.kind == "kill" and fault.runner == run.runner:
+                if run.started_ms - CLOCK_SLACK_MS <= fault.began_ms <= at_ms + CLOCK_SLACK_MS:
+                    return True
+            elif fault.kind in ("outage", "failover") and fault.runner is None:
+                end = run.finished_ms if run.finished_ms is not None else float("inf")
+                if fault.began_ms <= end and fault.ended_ms >= run.started_ms - CLOCK_SLACK_MS:
+                    return True
         return False
 
     def _long_enough_to_lose_leases(self, stall: Fault) -> bool:

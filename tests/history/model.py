@@ -4,7 +4,9 @@ Publishers record each publish (begun, its commit begun, committed or rolled bac
 its offset and id); handlers record each run (which message, attempt, runner, when it
 started and ended, how); the harness records the faults it made (kills, pauses,
 database outages, lock stalls, failovers) and, at the end, what the surviving database
-holds (acks, dead letters, stored messages). Times are milliseconds of one clock shared by
+holds (acks, dead letters, stored messages). Subscribers' lease events (acquired, renewed,
+lost, released: ``LeaseEvent``) come from the ``sqlqueue.lease`` log event
+(``tests.history.lease_log``). Times are milliseconds of one clock shared by
 every recorder of a run (the machine's ``time.time()``: every process of a run is on one
 machine), so events of different processes can be ordered.
 
@@ -14,6 +16,7 @@ and checked again without a database (``History.dump`` / ``History.load``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -24,6 +27,7 @@ from typing import Any, Literal
 
 RunOutcome = Literal["ok", "fail", "retry", "reject", "cut"]
 FaultKind = Literal["kill", "pause", "outage", "stall", "failover"]
+LeaseChange = Literal["acquired", "renewed", "lost", "released"]
 
 
 def now_ms() -> float:
@@ -89,6 +93,29 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class LeaseEvent:
+    """A subscriber's lease of one (group, partition) changed or was renewed.
+
+    ``at_ms`` of an acquired or renewed lease is when the database last renewed it, by
+    the database's clock (what every lease decision reads: the row's age, converted on
+    this machine's clock, which the database server shares); of a lost or released one,
+    when its holder noticed or gave it up. ``holder`` is the subscriber's name (the lease
+    row's owner), ``runner`` the name runs and faults give its process; a ``tenure``
+    (numbered per process) is one unbroken holding. ``renewals``: how many renewals this
+    one stands for (a history keeps only a tenure's latest)."""
+
+    group: str
+    partition: str
+    holder: str
+    runner: str
+    change: LeaseChange
+    generation: int | None
+    tenure: int | None
+    at_ms: float
+    renewals: int = 0
+
+
+@dataclass(frozen=True)
 class DeadLetter:
     group: str
     id: str
@@ -127,7 +154,15 @@ class History:
     #: outcomes unrecorded: such a stall excuses a redelivery as a pause would (None:
     #: stalls never excuse one)
     lease_at_risk_ms: int | None = None
+    leases: list[LeaseEvent] = field(default_factory=list)
+    #: the subscribers' LEASE_DURATION and LEASE_RENEW_INTERVAL, in ms (None: no lease
+    #: events recorded, the lease rules I11/I12 check nothing)
+    lease_ms: int | None = None
+    renew_ms: int | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    #: (group, partition, holder, tenure) -> the index in ``leases`` of its latest renewal
+    _renewed_at: dict[tuple[str, str, str, int | None], int] = field(
+        default_factory=dict, repr=False, compare=False)
 
     # -- recording (thread-safe) --------------------------------------------------------
     def published(self, publish: Publish) -> None:
@@ -142,9 +177,28 @@ class History:
         with self._lock:
             self.faults.append(fault)
 
+    def leased(self, event: LeaseEvent) -> None:
+        """Record a lease event; a renewal replaces the tenure's renewal before it (the
+        checker reads a tenure's start, its latest renewal and its end)."""
+        with self._lock:
+            key = (event.group, event.partition, event.holder, event.tenure)
+            if event.change != "renewed":
+                self._renewed_at.pop(key, None)
+                self.leases.append(event)
+                return
+            index = self._renewed_at.get(key)
+            if index is None:
+                self._renewed_at[key] = len(self.leases)
+                self.leases.append(dataclasses.replace(event, renewals=max(1, event.renewals)))
+            else:
+                before = self.leases[index]
+                self.leases[index] = dataclasses.replace(
+                    event, at_ms=max(before.at_ms, event.at_ms),
+                    renewals=before.renewals + max(1, event.renewals))
+
     @property
     def events(self) -> int:
-        return len(self.publishes) + len(self.runs) + len(self.faults)
+        return len(self.publishes) + len(self.runs) + len(self.faults) + len(self.leases)
 
     # -- files ----------------------------------------------------------------------------
     def dump(self, path: Path) -> None:
@@ -160,6 +214,8 @@ class History:
             "publishes": [asdict(p) for p in self.publishes],
             "runs": [asdict(r) for r in self.runs],
             "faults": [asdict(f) for f in self.faults],
+            "leases": [asdict(e) for e in self.leases],
+            "lease_ms": self.lease_ms, "renew_ms": self.renew_ms,
             "final": final,
         }))
 
@@ -174,6 +230,8 @@ class History:
             publishes=[Publish(**p) for p in data["publishes"]],
             runs=[Run(**r) for r in data["runs"]],
             faults=[Fault(**f) for f in data["faults"]],
+            leases=[LeaseEvent(**e) for e in data.get("leases", [])],
+            lease_ms=data.get("lease_ms"), renew_ms=data.get("renew_ms"),
             final=FinalState(
                 acked={(g, p, o) for g, p, o in final["acked"]},
                 stored={(p, o): i for p, o, i in final["stored"]},

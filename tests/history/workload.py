@@ -3,8 +3,13 @@
 Publishers commit at once, late (holding their transaction open after the INSERT), roll
 back, or publish an id twice; handlers are quick, slow, fail, or outlive their visibility
 timeout; on a database server a staller holds the queue's rows locked now and then; two
-runners (``Runner`` on threads, as ``runconsumer`` runs it) share the partitions. Every
-choice comes from the seed, so a failing run is run again with ``SQLQUEUE_HISTORY_SEED``.
+runners (``Runner`` on threads, as ``runconsumer`` runs it) share the partitions, and now
+and then a handler of the ordered group ``h-frozen`` freezes its runner (its loop stops,
+as a SIGSTOP, a VM pause would stop it) for longer than a lease while the handler runs on
+inside its visibility timeout: the other runner takes the partition and must start
+nothing there before that run's timeout (issue 51). The runners' lease events are recorded
+too (``tests.history.lease_log``). Every choice comes from the seed, so a failing run is
+run again with ``SQLQUEUE_HISTORY_SEED``.
 The history is checked by ``tests.history.checker`` (real processes, kills and restarts
 are ``bench/soak.py``'s: ``make soak``).
 """
@@ -29,6 +34,7 @@ from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
+from tests.history import lease_log
 from tests.history.model import (
     DeadLetter,
     Fault,
@@ -60,6 +66,11 @@ class Shape:
     #: not on SQLite, where that transaction holds the one write lock and stops everyone
     atomic_sleeps: bool = True
     drain_timeout_s: float = 120.0
+    #: how many handlers of FROZEN_GROUP freeze their runner past its lease (one at a
+    #: time; none with one runner: nobody to take over)
+    freezes: int = 1
+    #: how long past the lease (LEASE_DURATION of ``settings_for``) a freeze lasts
+    freeze_past_lease_s: float = 1.0
 
 
 GROUPS: dict[str, dict[str, Any]] = {
@@ -67,6 +78,10 @@ GROUPS: dict[str, dict[str, Any]] = {
     "h-ordered": {"ordered": True},
     "h-atomic": {"atomic": True},
 }
+#: ordered, its visibility timeout longer than a freeze: a frozen holder's run is still in
+#: flight, and inside its timeout, when the other runner takes its partition
+FROZEN_GROUP = "h-frozen"
+FROZEN_VISIBILITY_S = 7.0
 MAX_ATTEMPTS = 3
 MIN_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 0.2
@@ -78,21 +93,35 @@ class Workload:
         self.shape = shape
         self.conf = conf
         self.random = random.Random(seed)
+        self.groups = {**GROUPS, FROZEN_GROUP: {"ordered": True}} if (
+            shape.freezes and shape.runners > 1) else dict(GROUPS)
         self.history = History(TOPIC, {
             group: GroupConfig(ordered=bool(options.get("ordered")), max_attempts=MAX_ATTEMPTS,
                                min_backoff_ms=round(MIN_BACKOFF_S * 1000),
                                max_backoff_ms=round(MAX_BACKOFF_S * 1000),
-                               visibility_ms=round(shape.visibility_s * 1000))
-            for group, options in GROUPS.items()}, seed=seed)
+                               visibility_ms=round(self.visibility_s(group) * 1000))
+            for group, options in self.groups.items()}, seed=seed,
+            lease_ms=round(conf.LEASE_DURATION * 1000),
+            renew_ms=round(conf.LEASE_RENEW_INTERVAL * 1000))
         self.server_database = connection.vendor != "sqlite"
         self.stop_stalling = threading.Event()
         self.runners: list[Runner] = []
+        #: the runners' loops, each open unless its runner is frozen
+        self.gates: dict[str, threading.Event] = {}
+        self.freezes_left = shape.freezes
+        self._freezing = threading.Lock()
+
+    def visibility_s(self, group: str) -> float:
+        return FROZEN_VISIBILITY_S if group == FROZEN_GROUP else self.shape.visibility_s
 
     # -- the handlers ------------------------------------------------------------------------
     def behaviour(self, group: str, message_id: str, attempt: int) -> tuple[str, float]:
         """What the handler does for this attempt (the same for the same seed)."""
         rng = random.Random(zlib.crc32(f"{self.seed}/{group}/{message_id}/{attempt}".encode()))
         roll = rng.random()
+        if group == FROZEN_GROUP:
+            return ("freeze", self.conf.LEASE_DURATION + self.shape.freeze_past_lease_s) if (
+                roll < 0.1 and attempt == 1) else ("quick", 0.0)
         if roll < 0.12:
             return "fail", rng.uniform(0.0, 0.05)
         if roll < 0.14 and attempt == 1:
@@ -107,8 +136,11 @@ class Workload:
             visible_until = _visible_until(group, message)
             what, seconds = self.behaviour(group, message.id, message.attempt)
             outcome = "ok"
+            runner = threading.current_thread().name.rpartition("@")[2]
             try:
-                if group != "h-atomic" or self.shape.atomic_sleeps:
+                if what == "freeze":
+                    self.freeze(runner, seconds)
+                elif group != "h-atomic" or self.shape.atomic_sleeps:
                     time.sleep(seconds)
                 if what == "fail":
                     outcome = "fail"
@@ -123,7 +155,6 @@ class Workload:
                         message.attempt, runner, started, now_ms(),
                         outcome, visible_until_ms=visible_until))  # type: ignore[arg-type]
 
-                runner = threading.current_thread().name
                 if group == "h-atomic" and outcome == "ok":
                     # Done when its transaction (the ack in it) commits, which may wait.
                     transaction.on_commit(record)
@@ -131,6 +162,41 @@ class Workload:
                     record()
 
         return handle
+
+    def freeze(self, runner: str, seconds: float) -> None:
+        """Freeze ``runner``'s loop for ``seconds`` (no renewal, no fence, nothing
+        delivered or recorded: a SIGSTOP of its main thread) while this handler runs on,
+        and half a second more; one freeze at a time, ``Shape.freezes`` in all (after
+        that, or while another runner is frozen, the handler is quick)."""
+        with self._freezing:
+            gate = self.gates.get(runner)
+            frozen = gate is not None and self.freezes_left > 0 and all(
+                g.is_set() for g in self.gates.values())
+            if frozen:
+                self.freezes_left -= 1
+                gate.clear()  # type: ignore[union-attr]
+        if not frozen:
+            return  # quick instead
+        began = now_ms()
+        time.sleep(seconds)
+        gate.set()  # type: ignore[union-attr]
+        self.history.faulted(Fault("pause", began, now_ms(), runner))
+        time.sleep(0.5)
+
+    def gated(self, runner: Runner) -> Runner:
+        """``runner`` with a gate its loop waits at before each pass (``freeze``)."""
+        gate = self.gates[runner.name] = threading.Event()
+        gate.set()
+        cycle = runner._cycle
+
+        def frozen_between_passes() -> float | None:
+            while not gate.wait(0.05):
+                if runner.stopping.is_set():
+                    break
+            return cycle()
+
+        runner._cycle = frozen_between_passes  # type: ignore[method-assign]
+        return runner
 
     # -- the publishers ----------------------------------------------------------------------
     def publish_all(self, name: str, rng: random.Random) -> None:
@@ -201,10 +267,10 @@ class Workload:
 
     # -- the run -----------------------------------------------------------------------------
     def run(self) -> History:
-        with registered(self):
-            self.runners = runners = [
-                Runner(select_consumers(list(GROUPS), [TOPIC]), conf=self.conf,
-                       threads=self.shape.threads, name=f"runner-{n}")
+        with registered(self), lease_log.recording(self.history):
+            self.runners = runners = [self.gated(
+                Runner(select_consumers(list(self.groups), [TOPIC]), conf=self.conf,
+                       threads=self.shape.threads, name=f"runner-{n}"))
                 for n in range(self.shape.runners)]
             threads = [_thread(lambda r=r: r.run(install_signal_handlers=False))
                        for r in runners]
@@ -300,14 +366,14 @@ def final_state(history: History) -> FinalState:
 
 @contextlib.contextmanager
 def registered(workload: Workload) -> Iterator[None]:
-    for group, options in GROUPS.items():
+    for group, options in workload.groups.items():
         consumer(TOPIC, group=group, max_attempts=MAX_ATTEMPTS, min_backoff=MIN_BACKOFF_S,
-                 max_backoff=MAX_BACKOFF_S, visibility_timeout=workload.shape.visibility_s,
+                 max_backoff=MAX_BACKOFF_S, visibility_timeout=workload.visibility_s(group),
                  **options)(workload.handler(group))
     try:
         yield
     finally:
-        for group in GROUPS:
+        for group in workload.groups:
             unregister(group, TOPIC)
 
 

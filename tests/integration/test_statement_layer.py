@@ -569,6 +569,22 @@ def test_postgresql_prepared_message_insert() -> None:
 
 
 # -- sessions (sqlqueue.storage.statements.sessions) --------------------------------------------
+def test_oldest_writer(executor: Executor) -> None:
+    """Another session's open write transaction, the oldest, with its session, database,
+    start, state, statement and age (tests/integration/test_exit_names_the_holder.py
+    opens one; here, whatever this server has: none of this database's on PostgreSQL,
+    where nothing else writes to the test's database now)."""
+    statement = executor.sql.oldest_writer()
+    if connection.vendor == "sqlite":
+        assert statement is None  # one writer at a time: nothing holds a horizon back
+        return
+    assert statement is not None
+    rows = executor.rows(statement)
+    assert len(rows) <= 1 and all(len(row) == 7 for row in rows)
+    if connection.vendor == "postgresql":
+        assert rows == []
+
+
 def test_session_statements(executor: Executor) -> None:
     sql = executor.sql
     bound, galera = sql.bound_lock_waits(7), sql.galera()

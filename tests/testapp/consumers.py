@@ -8,8 +8,10 @@ raises ``ValueError`` quoting the payload's text, as a handler's lookup would).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 
 import sqlqueue
 from tests.testapp.models import HandlerCall
@@ -56,15 +58,55 @@ def outlive_the_connection(message: sqlqueue.Message) -> None:
     path = os.environ["SQLQUEUE_TEST_JOURNAL"]
     with open(path, "a") as journal:
         journal.write(f"start {message.id} {message.offset}\n")
-    time.sleep(float(instructions.get("sleep", 0)))
-    if instructions.get("touch_db"):  # a handler that also writes its result to the database
-        HandlerCall.objects.create(
-            group=message.consumer_group, topic=message.topic,
-            partition_key=message.partition_key, message_offset=message.offset,
-            message_id=message.id, attempt=message.attempt, event="finished",
-            pid=os.getpid(), at=time.monotonic())
+    with _run_recorded(message):
+        time.sleep(float(instructions.get("sleep", 0)))
+        if instructions.get("touch_db"):  # a handler that also writes its result to the db
+            HandlerCall.objects.create(
+                group=message.consumer_group, topic=message.topic,
+                partition_key=message.partition_key, message_offset=message.offset,
+                message_id=message.id, attempt=message.attempt, event="finished",
+                pid=os.getpid(), at=time.monotonic())
     with open(path, "a") as journal:
         journal.write(f"end {message.id} {message.offset}\n")
+
+
+@contextlib.contextmanager
+def _run_recorded(message: sqlqueue.Message) -> Iterator[None]:
+    """With SQLQUEUE_TEST_RUNS set (tests/acceptance/histories.py), the run as the
+    history checker reads it, one JSON line appended to that file: its times on this
+    machine's clock, its outcome, and its delivery's visibility deadline, read at its
+    start (on the delivering server, before anything happens to it)."""
+    path = os.environ.get("SQLQUEUE_TEST_RUNS")
+    if not path:
+        yield
+        return
+    from django.db import DatabaseError, connection
+
+    from tests.history.model import Run, run_line
+
+    started, visible_until, outcome = time.time() * 1000, None, "fail"
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT invisible_until, retry_count FROM queue_delivery_state WHERE "
+                "consumer_group = %s AND topic = %s AND partition_key = %s AND "
+                "message_offset = %s", [message.consumer_group, message.topic,
+                                        message.partition_key, message.offset])
+            row = cursor.fetchone()
+        if row and row[0]:
+            visible_until = float(row[0]) if int(row[1]) == message.attempt - 1 else 0.0
+    except DatabaseError:
+        pass  # the server went away: not read
+    try:
+        yield
+        outcome = "ok"
+    finally:
+        run = Run(message.consumer_group, message.topic, message.partition_key,
+                  message.offset, message.id, message.attempt,
+                  os.environ.get("SQLQUEUE_TEST_RUNNER", str(os.getpid())), started,
+                  time.time() * 1000, outcome, visible_until_ms=visible_until)  # type: ignore[arg-type]
+        with open(path, "a") as runs:
+            runs.write(run_line(run))
 
 
 @sqlqueue.consumer("accept.failover.atomic", group="failover-atomic", atomic=True)

@@ -17,9 +17,10 @@ import pytest
 
 from tests.engine.harness import memory_queue
 from tests.engine.memory.store import MemoryStore
-from tests.engine.stepped_workload import Shape, SteppedWorkload
+from tests.engine.stepped_workload import STEPPED_GROUPS, Shape, SteppedWorkload
 from tests.history.checker import Violation, check, report
 from tests.history.model import History
+from tests.history.workload import FROZEN_GROUP
 
 SEEDS_PER_RUN = 20
 #: a lease duration nobody outlives (a broken expiry check)
@@ -81,7 +82,17 @@ def test_the_workload_makes_every_kind_of_event() -> None:
     assert {r.outcome for r in runs} >= {"ok", "fail", "cut"}
     assert any(r.visible_until_ms and r.finished_ms and r.finished_ms > r.visible_until_ms
                for r in runs)  # outlived its visibility timeout
-    assert {r.group for r in runs} == {"h-any", "h-ordered", "h-atomic"}
+    assert {r.group for r in runs} == set(STEPPED_GROUPS)
+    # Late commits: a message committed after a higher offset of its partition had run.
+    assert any(p.ended_ms > r.started_ms and p.offset is not None and r.offset > p.offset
+               and r.partition == p.partition for h in histories for p in h.publishes
+               for r in h.runs)
+    # Freezes of one runner while its handler ran, and the lease events of every runner.
+    assert any(f.kind == "pause" and any(
+        r.runner == f.runner and r.group == FROZEN_GROUP and r.started_ms <= f.began_ms
+        for r in h.runs) for h in histories for f in h.faults)
+    assert {e.change for h in histories for e in h.leases} >= {"acquired", "renewed",
+                                                                "lost", "released"}
     assert {r.runner.split(".")[0] for r in runs} == {"runner-0", "runner-1"}
     assert {f.kind for h in histories for f in h.faults} >= {"kill"}
     assert any(h.final.dead_letters for h in histories)
@@ -131,3 +142,16 @@ def test_the_checker_notices_a_watermark_that_skips_ahead(monkeypatch) -> None:
 
     monkeypatch.setattr(MemoryStore, "advance_watermarks", skip_ahead)
     assert {"I3", "I8"} & violations_of_broken_store(monkeypatch, range(2))
+
+
+def test_the_checker_notices_a_takeover_that_ignores_an_earlier_lease_s_run(
+        monkeypatch) -> None:
+    """Issue 51, with the ordered takeover fix undone (``EarlierRuns`` reads nothing): a
+    runner frozen past its lease while a run of its ordered partition is in flight, the
+    other runner takes the partition and starts a message committed late below that run
+    at once: two runs of one ordered partition at once (I5). On the engine as it is, the
+    same seeds keep every invariant (``test_the_stepped_engine_keeps_every_invariant``)."""
+    from sqlqueue.consuming.earlier_runs import EarlierRuns
+
+    monkeypatch.setattr(EarlierRuns, "wait_for", lambda self, *args: None)
+    assert "I5" in violations_of_broken_store(monkeypatch, range(6))

@@ -375,3 +375,11 @@ class Command(BaseCommand):
                 f"{subscriber.consumer.name}: {s['acked']} acked, {s['retried']} retried, "
                 f"{s['dead_lettered']} dead-lettered"
             )
+        if runner.exit.behind:
+            # The watermark stayed behind this run's acks: garbage collection keeps their
+            # rows until the group runs again (docs/guides/operations.md).
+            self.stdout.write(
+                f"Watermark left behind the acks of {', '.join(runner.exit.behind)}: "
+                "their rows are not settled, a publishing transaction may still be open"
+                + ("" if runner.exit.held_by is None else
+                   f"; the write horizon waits for {runner.exit.held_by.describe()}"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sqlqueue.storage.statements.postgresql import epoch_ms_sql
 from sqlqueue.storage.statements.vendors import Statement, Vendor
 
 
@@ -45,6 +46,15 @@ class SessionStatements(Vendor):
         exist (MySQL), which means no. None: no such cluster for this vendor."""
         return None
 
+    def oldest_writer(self) -> Statement | None:
+        """``oldest_writer``: the open transaction of another session that has written
+        and began first, the one the write horizon waits for (a graceful exit that left
+        a watermark behind names it): one row (session id, database, its start and its
+        current statement's start in epoch ms, state, current or last statement, how
+        long it has been open in ms), or none. None: the vendor has one writer at a time
+        (SQLite), nothing holds a horizon back."""
+        return None
+
 
 class MySQLSessions(SessionStatements):
     """MySQL's and MariaDB's (a mixin of ``MySQLStatements``)."""
@@ -63,6 +73,17 @@ class MySQLSessions(SessionStatements):
 
     def galera(self) -> Statement:
         return "SELECT @@wsrep_on", []
+
+    def oldest_writer(self) -> Statement:
+        # INNODB_TRX lists the server's transactions (every database's: the horizon reads
+        # it so); its statement's start is not kept, nor its last statement once idle.
+        return ("SELECT t.trx_mysql_thread_id, p.DB, UNIX_TIMESTAMP(t.trx_started) * 1000, "
+                "NULL, t.trx_state, t.trx_query, "
+                "(UNIX_TIMESTAMP(NOW(3)) - UNIX_TIMESTAMP(t.trx_started)) * 1000 "
+                "FROM information_schema.INNODB_TRX t LEFT JOIN information_schema.PROCESSLIST p "
+                "ON p.ID = t.trx_mysql_thread_id WHERE t.trx_rows_modified > 0 "
+                "AND t.trx_mysql_thread_id <> CONNECTION_ID() ORDER BY t.trx_started LIMIT 1",
+                [])
 
     def connection_charset(self) -> Statement:
         """``connection_charset``: the character set of this connection (sqlqueue needs
@@ -110,6 +131,15 @@ class PostgreSQLSessions(SessionStatements):
         # is_local true: SET LOCAL, gone at the transaction's end. Behind a transaction
         # pooler the session is the pool's: nothing may stay on it.
         return "SELECT set_config('lock_timeout', %s, true)", [f"{seconds}s"]
+
+    def oldest_writer(self) -> Statement:
+        # Sessions of this database holding a transaction id (they wrote), as the
+        # horizon reads them (write_horizon); the query is the running or the last one.
+        ms = epoch_ms_sql
+        return (f"SELECT pid, datname, {ms('xact_start')}, {ms('query_start')}, state, query, "
+                f"{ms('clock_timestamp()')} - {ms('xact_start')} FROM pg_stat_activity "
+                "WHERE backend_xid IS NOT NULL AND datname = current_database() "
+                "AND pid <> pg_backend_pid() ORDER BY xact_start LIMIT 1", [])
 
     def name_session(self, name: str) -> Statement:
         """``name_session``: the ``application_name`` of this session, for a connection

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.minute_stats import MinuteCounts
+from sqlqueue.storage.sql.sessions import OpenWriter
 from sqlqueue.storage.sql.tables import FetchedRow
 from sqlqueue.storage.statements.delivery import OutcomeWrite
 from sqlqueue.storage.statements.vendors import Statement
@@ -41,7 +42,21 @@ class MemoryStore(MemoryPublishing, MemoryMembership):
         return (max(messages) if messages else 0), self.server_identity(cursor)
 
     def write_horizon(self, cursor: Any) -> WriteHorizon | None:
-        return None  # one transaction at a time: nothing commits out of offset order
+        """None: one transaction at a time, nothing commits out of offset order; unless
+        a test holds publishes back (late commits, ``MemoryDatabase.open_writers``):
+        then exactly what is open, as PostgreSQL shows it."""
+        writers = self.database.open_writers
+        if writers is None:
+            return None
+        return WriteHorizon(min(writers.values(), default=None), self._now(), 0)
+
+    def oldest_writer(self, cursor: Any) -> OpenWriter | None:
+        """A late commit the test holds back (no session of its own), or None."""
+        writers, now = self.database.open_writers, self._now()
+        if not writers:
+            return None
+        started = min(writers.values())
+        return OpenWriter("test", "", started, None, "held back by the test", "", now - started)
 
     def bound_lock_waits(self, cursor: Any, seconds: int) -> None:
         pass  # no locks to wait for

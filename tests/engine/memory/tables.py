@@ -112,6 +112,10 @@ class MemoryDatabase:
         self.tables = Tables()
         self.next_offset = 1
         self.holder: Any = None  # the connection with an open transaction, if any
+        #: late commits a test makes (tests/engine/stepped_workload.py): offset -> when
+        #: its publishing transaction began, while its row is held back. ``None``: the
+        #: test makes none, every transaction commits in offset order.
+        self.open_writers: dict[int, int] | None = None
         #: statements run, by name (what a test may assert on)
         self.statements: dict[str, int] = {}
 
