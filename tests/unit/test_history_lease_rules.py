@@ -69,6 +69,20 @@ def test_two_holders_renewing_at_once_break_i11() -> None:
     assert "I11" in invariants(with_leases(BASE, both))
 
 
+def test_a_renewal_recorded_late_by_a_pause_of_its_holder_is_not_an_overlap() -> None:
+    """A renewal read at 5,000 and logged after the holder's process was stopped for
+    3,500 ms is recorded at 8,500: by itself a lease valid until 12,500, which b's
+    takeover at 9,100 would break. The pause (ended within a lease after the recorded
+    time) is what made it late; without a pause it is an overlap."""
+    late = [*HANDED_OVER[:5], lease("renewed", 8_500), *HANDED_OVER[6:]]
+    assert invariants(with_leases(BASE, late)) == ["I11"]
+    pause = Fault("pause", 5_000, 8_500, runner="a")
+    assert "I11" not in invariants(with_leases(BASE, late, [pause]))
+    # A pause of another runner excuses nothing.
+    other = Fault("pause", 5_000, 8_500, runner="b")
+    assert "I11" in invariants(with_leases(BASE, late, [other]))
+
+
 def test_a_takeover_right_after_a_release_is_fine() -> None:
     released = [*HANDED_OVER[:6], lease("released", 5_100),
                 lease("acquired", 5_300, holder="b", tenure=7, generation=1),
