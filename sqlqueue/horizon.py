@@ -112,3 +112,8 @@ class SettledCache:
     def __getstate__(self) -> dict[str, Any]:
         # Pickled along with a Spark stream reader: read afresh where it lands.
         return {"value": self.value, "expires": 0.0}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A monotonic clock means nothing in another process: where it lands, its own.
+        self._monotonic = time.monotonic
+        self.value, self.expires = state["value"], state["expires"]
