@@ -76,7 +76,7 @@ def _crossings(*groups: tuple[str, ...]) -> frozenset[frozenset[str]]:
 
 #: What still crosses otherwise, by vendor: a builder reached with no executor in the
 #: trace (the session settings a connection gets when it opens, and MySQL's server
-#: identity read on the lease path). The test says which to take out once they go.
+#: identity read on the lease path).
 NOT_MIRRORED_YET: dict[str, frozenset[frozenset[str]]] = {
     "sqlite": _crossings(("statements/sessions.py",)),
     "mysql": _crossings(("statements/sessions.py",), ("statements/failover.py",)),
