@@ -7,6 +7,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
+# Every test process checks that one thread writes a partition's window
+# (sqlqueue.consuming.partition.CHECK_WRITER_VARIABLE); the runners the tests start in
+# subprocesses inherit it.
+os.environ.setdefault("SQLQUEUE_CHECK_WRITER", "1")
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """.ci/test-wheel runs the tests against the installed wheel: make sure that is what

@@ -17,7 +17,7 @@ from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.handlers import Delivery
 from sqlqueue.consuming.leases import LeaseKeeper
 from sqlqueue.consuming.limits import Limits
-from sqlqueue.consuming.partition import Entry, PartitionState
+from sqlqueue.consuming.partition import Entry, Hold, PartitionState
 from sqlqueue.consuming.registry import Consumer, ConsumerOptions
 from sqlqueue.storage.protocols import DeliveryStore
 
@@ -82,11 +82,9 @@ class HeldView:
 
     def hold(self, delivery: Delivery, seconds: float) -> None:
         """Not delivered again by this process before the new timeout (the clock's
-        estimate, on the handler thread)."""
-        state = self.partitions.get(delivery.partition_key)
-        entry = state.entries.get(delivery.row.offset) if state else None
-        if entry is not None and entry.attempt == delivery.attempt:
-            entry.hold_until(self.hold_clock() + round(seconds * 1000))
+        estimate, on the handler thread). Written to the delivery's ``Hold``, which its
+        entry reads, never to the window: the main thread is the window's one writer."""
+        delivery.hold.push_back(self.hold_clock() + round(seconds * 1000))
 
 
 class Fetcher:
@@ -172,7 +170,7 @@ class Fetcher:
             if (entry is None or entry.done or entry.in_flight
                     or entry.retry_count is None or entry.attempt != delivery.attempt):
                 continue
-            entry.adopt()
+            state.adopt(entry, delivery.hold)
 
     def _keep_queued_visible(self, cursor: CursorWrapper) -> None:
         """A delivery still waiting in the pool's queue when its visibility timeout runs
@@ -191,7 +189,7 @@ class Fetcher:
                 continue
             self.store.extend_visibility(cursor, self.group, self.topic,
                                            delivery.partition_key, entry.offset, timeout_ms)
-            entry.visible_again_at(self.clock() + timeout_ms)
+            state.visible_again_at(entry, self.clock() + timeout_ms)
 
     def answered_offsets(self) -> dict[str, set[int]]:
         """By partition, the offsets of deliveries whose handler has answered with an
@@ -279,11 +277,12 @@ class Fetcher:
                     "%s/%s@%s: the handler of attempt %s outlived the visibility timeout "
                     "(%ss); delivering it again.", self.topic, state.partition_key,
                     entry.offset, entry.attempt, self.options.visibility_timeout)
-            state.dispatched(entry, invisible_until)
+            hold = Hold()
+            state.dispatched(entry, invisible_until, hold)
             assert entry.row is not None
             delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
                                 entry.attempt, next(_sequence), view=self.view,
-                                tenure=state.tenure, host_clock=self.host_clock)
+                                tenure=state.tenure, host_clock=self.host_clock, hold=hold)
             # Attempts charged but never reported (a worker died mid-handler, or gave up
             # past the visibility timeout) may have spent the retry budget.
             (spent if entry.attempt > self.options.max_attempts else deliveries).append(

@@ -19,6 +19,7 @@ from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.failure_text import described, error_text
 from sqlqueue.consuming.message import Message, Reject, Retry
 from sqlqueue.consuming.outcomes import ack
+from sqlqueue.consuming.partition import Hold
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.naming import storable_text
 from sqlqueue.storage.sql.base import FetchedRow
@@ -93,6 +94,9 @@ class Delivery:
     # False when the handler runs on the caller's connection, inside the caller's
     # transaction (sqlqueue.testing): a second connection would wait on its locks.
     own_connection: bool = True
+    #: how far its handler's ``extend_visibility()`` pushed its timeout back (the
+    #: handler thread writes it; the main thread reads it through the message's Entry)
+    hold: Hold = field(default_factory=Hold, repr=False)
 
     def sort_key(self) -> tuple[int, int]:
         return (self.row.priority, self.sequence)

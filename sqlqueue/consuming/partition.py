@@ -16,10 +16,50 @@ Offsets of the partition fall in three zones::
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 
+from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.storage.sql.base import FetchedRow
+
+#: The environment variable that has every window (``PartitionState``) checked for one
+#: writer thread: the tests set it (tests/conftest.py, read when a state is made, as the
+#: engine may be imported before); a process serving messages does not pay for a
+#: thread-identity read on every change of a window.
+CHECK_WRITER_VARIABLE = "SQLQUEUE_CHECK_WRITER"
+
+
+def _writer_to_check() -> int | None:
+    """The thread making a window, if windows are checked (None: not checked)."""
+    return threading.get_ident() if os.environ.get(CHECK_WRITER_VARIABLE) == "1" else None
+
+
+class WindowWrittenElsewhere(SqlqueueError):
+    """A partition's window was changed on a thread other than its writer's (a bug:
+    handler threads never write it, ``Hold``)."""
+
+
+class Hold:
+    """How far ``extend_visibility()`` pushed one delivery's visibility timeout back (the
+    clock's estimate, database time). Its handler thread is its one writer; the main
+    thread only reads it, through the delivery's ``Entry``.
+
+    Why a cell of the delivery's and not a change of the window posted to the main
+    thread: the hold must keep the delivery from being delivered again by this process
+    at once (the handler's own ``may_start`` and the main thread's next judgement of
+    expiry alike, guarantee I10), not from the main thread's next pass on; and a cell
+    made for one delivery cannot extend another attempt of the same message."""
+
+    __slots__ = ("until_ms",)
+
+    def __init__(self) -> None:
+        self.until_ms = 0
+
+    def push_back(self, until_ms: int) -> None:
+        """On the delivery's handler thread only (a single int store: no lock needed)."""
+        self.until_ms = max(self.until_ms, until_ms)
 
 
 @dataclass
@@ -31,7 +71,8 @@ class Entry:
     done: bool = False
     in_flight: bool = False
     visible_again_ms: int = 0  # while in flight: its visibility timeout, database time
-    held_until_ms: int = 0  # ... pushed back by extend_visibility (database time)
+    #: ... pushed back by extend_visibility: the current delivery's (its handler writes it)
+    hold: Hold = field(default_factory=Hold)
     due_ms: int = 0  # not delivered before this database time
     retry_count: int | None = None  # the state row's, None while never delivered
     previous_retry_count: int | None = None  # before the current delivery (give-back)
@@ -40,20 +81,10 @@ class Entry:
     def attempt(self) -> int:
         return (self.retry_count or 0) + 1
 
-    def adopt(self) -> None:
-        """Read again from the database while its latest delivery is still this
-        process's (queued or running): in flight, as before the view was rebuilt."""
-        self.in_flight = True
-        self.visible_again_ms = self.due_ms
-        self.previous_retry_count = self.retry_count - 1 if self.retry_count else None
-
-    def visible_again_at(self, ms: int) -> None:
-        """Its visibility timeout was stamped again (still queued: database time)."""
-        self.visible_again_ms = ms
-
-    def hold_until(self, ms: int) -> None:
-        """``extend_visibility`` pushed its timeout back (the clock's estimate)."""
-        self.held_until_ms = ms
+    @property
+    def held_until_ms(self) -> int:
+        """Its timeout as ``extend_visibility`` pushed it back (0: not extended)."""
+        return self.hold.until_ms
 
 
 @dataclass
@@ -74,14 +105,27 @@ class PartitionState:
     #: database time: nothing starts before (``runs_in_flight``, read when the lease was
     #: taken; guarantee I5)
     earlier_runs_until_ms: int = 0
+    #: the thread that made it, its one writer (the runner's main thread; None: not
+    #: checked, CHECK_WRITER_VARIABLE)
+    writer: int | None = field(default_factory=_writer_to_check, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.fetched_upto = max(self.fetched_upto, self.watermark)
         self.covered = max(self.covered, self.watermark)
 
+    def _writing(self) -> None:
+        """Every change of the window goes through a method that calls this first: one
+        thread writes it (the parts of its Subscriber on the main thread: the table "Who
+        changes a window" in docs/internals.md)."""
+        if self.writer is not None and threading.get_ident() != self.writer:
+            raise WindowWrittenElsewhere(
+                f"The window of partition {self.partition_key!r} was changed on thread "
+                f"{threading.current_thread().name!r}, not on the thread that owns it.")
+
     # -- what was read ----------------------------------------------------------------
     def absorb(self, rows: Iterable[FetchedRow], group: str) -> list[Entry]:
         """Add fetched rows; return the new entries (rows already known are ignored)."""
+        self._writing()
         added = []
         for row in rows:
             if row.offset <= self.watermark or row.offset in self.entries:
@@ -127,6 +171,7 @@ class PartitionState:
 
     def fetched(self, rows_returned: int, limit: int, head: Callable[[], int],
                 now_ms: int) -> None:
+        self._writing()
         self.exhausted = rows_returned < limit
         if self.exhausted and max(head(), self.fetched_upto) > self.covered:
             self.covered = max(head(), self.fetched_upto)
@@ -171,6 +216,7 @@ class PartitionState:
     def wait_for_earlier_runs(self, until_ms: int) -> None:
         """Ordered: a delivery made under an earlier lease may run until ``until_ms``
         (``EarlierRuns``): nothing starts before."""
+        self._writing()
         self.earlier_runs_until_ms = until_ms
 
     def _overtaken_run_going(self, now_ms: int) -> bool:
@@ -178,6 +224,7 @@ class PartitionState:
         entry may be gone already: the watermark passed it)."""
         if not self.overtaken_runs:
             return False  # nearly always: no allocation on every poll
+        self._writing()
         self.overtaken_runs = {offset: run for offset, run in self.overtaken_runs.items()
                                if run[1] > now_ms}
         return bool(self.overtaken_runs)
@@ -203,12 +250,33 @@ class PartitionState:
         # (Set in ordered partitions only, where it holds every one of them back.)
         return max(min(waiting), self.earlier_runs_until_ms) if waiting else None
 
-    def dispatched(self, entry: Entry, visible_again_ms: int = 0) -> None:
+    def dispatched(self, entry: Entry, visible_again_ms: int = 0,
+                   hold: Hold | None = None) -> None:
+        """Delivered now, until ``visible_again_ms``; ``hold``: the new delivery's, which
+        its handler extends (a new one each delivery: an earlier attempt's handler cannot
+        extend this one)."""
+        self._writing()
         entry.in_flight = True
         entry.visible_again_ms = visible_again_ms
-        entry.held_until_ms = 0
+        entry.hold = hold or Hold()
         entry.previous_retry_count = entry.retry_count
         entry.retry_count = 0 if entry.retry_count is None else entry.retry_count + 1
+
+    def adopt(self, entry: Entry, hold: Hold) -> None:
+        """``entry``, read again from the database while its latest delivery is still
+        this process's (queued or running; ``hold``: that delivery's), is in flight, as
+        before the view was rebuilt."""
+        self._writing()
+        entry.in_flight = True
+        entry.visible_again_ms = entry.due_ms
+        entry.hold = hold
+        entry.previous_retry_count = entry.retry_count - 1 if entry.retry_count else None
+
+    def visible_again_at(self, entry: Entry, ms: int) -> None:
+        """``entry``'s visibility timeout was stamped again (still queued: database
+        time)."""
+        self._writing()
+        entry.visible_again_ms = ms
 
     # -- what happened ------------------------------------------------------------------
     def finished(self, offset: int, attempt: int | None = None) -> None:
@@ -216,6 +284,7 @@ class PartitionState:
         redelivery overtook, while the redelivery still runs: an ordered partition
         starts nothing beside that run until it ends (``run_ended``) or its visibility
         timeout passes (guarantee I5)."""
+        self._writing()
         entry = self.entries.get(offset)
         if entry is None:
             return
@@ -226,19 +295,23 @@ class PartitionState:
 
     def overtaken(self, offset: int, attempt: int, until_ms: int) -> None:
         """The run of ``attempt`` goes on although its message is done already."""
+        self._writing()
         self.overtaken_runs[offset] = (attempt, until_ms)
 
     def run_ended(self, offset: int, attempt: int) -> None:
         """The run of ``attempt`` answered (its outcome is recorded)."""
+        self._writing()
         if self.overtaken_runs.get(offset, (0, 0))[0] == attempt:
             del self.overtaken_runs[offset]
 
     def retry_at(self, offset: int, due_ms: int) -> None:
+        self._writing()
         entry = self.entries.get(offset)
         if entry is not None:
             entry.in_flight, entry.due_ms = False, due_ms
 
     def given_back(self, offset: int) -> None:
+        self._writing()
         entry = self.entries.get(offset)
         if entry is not None:
             entry.in_flight, entry.retry_count = False, entry.previous_retry_count
@@ -276,6 +349,7 @@ class PartitionState:
         return min((o for o, e in self.entries.items() if not e.done), default=None)
 
     def moved_watermark(self, new_watermark: int) -> None:
+        self._writing()
         for offset in [o for o in self.entries if o <= new_watermark]:
             del self.entries[offset]
         self.watermark = max(self.watermark, new_watermark)

@@ -43,7 +43,7 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "recorder.py": ("OutcomeRecorder",),
     "signals.py": ("StopOnSignals",),
     "transactions.py": ("FencedTransactions",),
-    "partition.py": ("PartitionState", "Entry"),
+    "partition.py": ("PartitionState", "Entry", "Hold"),
 }
 #: How the code names the engine's objects: a write to ``<name>.x`` is to that class's.
 RECEIVERS = {"runner": "Runner", "subscriber": "Subscriber", "pool": "HandlerPool",
@@ -51,7 +51,7 @@ RECEIVERS = {"runner": "Runner", "subscriber": "Subscriber", "pool": "HandlerPoo
              "exit": "ExitSettler", "pauses": "PauseWatch", "collector": "GarbageCollector",
              "finder": "PartitionFinder", "leases": "LeaseKeeper", "fetcher": "Fetcher",
              "view": "HeldView", "watermarks": "WatermarkKeeper", "state": "PartitionState",
-             "entry": "Entry", "deliveries": "Deliveries", "recorder": "OutcomeRecorder",
+             "entry": "Entry", "hold": "Hold", "deliveries": "Deliveries", "recorder": "OutcomeRecorder",
              "on_signals": "StopOnSignals", "transactions": "FencedTransactions"}
 #: The modules (relative to sqlqueue/) that handle engine objects under other names too.
 ENGINE_USERS = ("consuming/", "testing/", "management/")
