@@ -167,7 +167,7 @@ class Fetcher:
                 state.overtaken(delivery.row.offset, delivery.attempt, self.clock()
                                 + round(self.options.visibility_timeout * 1000))
                 continue
-            if (entry is None or entry.done or entry.in_flight
+            if (state is None or entry is None or entry.done or entry.in_flight
                     or entry.retry_count is None or entry.attempt != delivery.attempt):
                 continue
             state.adopt(entry, delivery.hold)
@@ -183,7 +183,7 @@ class Fetcher:
         for delivery in self.outstanding.values():
             state = self.partitions.get(delivery.partition_key)
             entry = state.entries.get(delivery.row.offset) if state else None
-            if (entry is None or not delivery.queued or not entry.in_flight
+            if (state is None or entry is None or not delivery.queued or not entry.in_flight
                     or entry.attempt != delivery.attempt
                     or not PartitionState.overdue(entry, now_ms)):
                 continue

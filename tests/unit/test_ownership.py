@@ -51,8 +51,9 @@ RECEIVERS = {"runner": "Runner", "subscriber": "Subscriber", "pool": "HandlerPoo
              "exit": "ExitSettler", "pauses": "PauseWatch", "collector": "GarbageCollector",
              "finder": "PartitionFinder", "leases": "LeaseKeeper", "fetcher": "Fetcher",
              "view": "HeldView", "watermarks": "WatermarkKeeper", "state": "PartitionState",
-             "entry": "Entry", "hold": "Hold", "deliveries": "Deliveries", "recorder": "OutcomeRecorder",
-             "on_signals": "StopOnSignals", "transactions": "FencedTransactions"}
+             "entry": "Entry", "hold": "Hold", "deliveries": "Deliveries",
+             "recorder": "OutcomeRecorder", "on_signals": "StopOnSignals",
+             "transactions": "FencedTransactions"}
 #: The modules (relative to sqlqueue/) that handle engine objects under other names too.
 ENGINE_USERS = ("consuming/", "testing/", "management/")
 MUTATING = {"append", "extend", "insert", "pop", "popitem", "remove", "clear", "add",

@@ -21,8 +21,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from sqlqueue.consuming import partition
 from sqlqueue.consuming.delivering import HeldView
 from sqlqueue.consuming.handlers import Delivery
@@ -193,7 +191,7 @@ def _on_another_thread(call: Any) -> BaseException | None:
     def run() -> None:
         try:
             call()
-        except BaseException as error:  # noqa: BLE001 (handed back to the test)
+        except BaseException as error:  # handed back to the test
             raised.append(error)
 
     thread = threading.Thread(target=run)
