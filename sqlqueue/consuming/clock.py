@@ -20,15 +20,21 @@ with one that moves only when told, instead of sleeping past real ones.
 
 This host's own clocks (the monotonic clock of timers and deadlines, the wall clock of
 reported durations, and sleeping) are a ``HostClock``, passed to every part of the engine
-that reads time (``Runner(host_clock=...)``); this module is the only one of
-``sqlqueue.consuming`` that reads the ``time`` module (tests/unit/test_injected_time.py).
+that reads time (``Runner(host_clock=...)``); they are defined in ``sqlqueue.clocks``,
+the one module of the package's time-reading layers that reads the ``time`` module
+(tests/unit/test_injected_time.py).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Protocol
+
+# This host's clocks live below every layer (sqlqueue.clocks): the engine's parts import
+# them from here, the wake-ups, the publishing path and the operations from there.
+from sqlqueue.clocks import SYSTEM_CLOCK as SYSTEM_CLOCK
+from sqlqueue.clocks import HostClock as HostClock
+from sqlqueue.clocks import SystemClock as SystemClock
 
 REANCHOR_SECONDS = 5.0
 
@@ -48,39 +54,6 @@ class Clock(Protocol):
     def invalidate(self) -> None:
         """Ask the database again at the next ``now_ms`` (a reconnect, another server)."""
         ...
-
-
-class HostClock(Protocol):
-    """This host's clocks."""
-
-    def monotonic(self) -> float:
-        """Seconds on a clock that only moves forward (timers, deadlines)."""
-        ...
-
-    def wall(self) -> float:
-        """Epoch seconds on this host's clock (durations and delays reported)."""
-        ...
-
-    def sleep(self, seconds: float) -> None:
-        """Wait ``seconds`` (on a manual clock: move it)."""
-        ...
-
-
-class SystemClock:
-    """The ``time`` module's clocks: what the engine reads unless given another."""
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def wall(self) -> float:
-        return time.time()
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
-#: the default ``HostClock``
-SYSTEM_CLOCK = SystemClock()
 
 
 class DatabaseClock:

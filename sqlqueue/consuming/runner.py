@@ -165,7 +165,7 @@ class Runner:
             self.install_signal_handlers()
         self.start_handler_threads()
         self.wakeups = Wakeups(self.conf, self.alias, {s.consumer.topic for s in self.subscribers},
-                               self.wakeup.ring)
+                               self.wakeup.ring, self.host_clock)
         self.pacer.rely_on(self.wakeups.cover_other_processes)
         logger.info("Subscriber %s started: %s, %s handler thread(s).", self.name,
                     ", ".join(s.consumer.name for s in self.subscribers), self.threads,

@@ -11,6 +11,7 @@ from django.db import connections
 
 from sqlqueue import wakeups
 from sqlqueue.conf import QueueSettings
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.wakeups.listener import Listener
 
 logger = logging.getLogger("sqlqueue.wakeups")
@@ -20,13 +21,13 @@ class Wakeups:
     """The wake-up sources of one runner; ``stop()`` ends them all."""
 
     def __init__(self, conf: QueueSettings, alias: str, topics: Iterable[str],
-                 ring: wakeups.Ring) -> None:
+                 ring: wakeups.Ring, host_clock: HostClock = SYSTEM_CLOCK) -> None:
         self.topics = frozenset(topics)
         self.listeners: list[Listener] = []
         self._unsubscribe: Callable[[], None] | None = None
         if conf.WAKEUPS and self.topics:
             self._unsubscribe = wakeups.subscribe(self.topics, ring)
-            self.listeners = _listeners(conf, alias, self.topics, ring)
+            self.listeners = _listeners(conf, alias, self.topics, ring, host_clock)
         for listener in self.listeners:
             listener.start()
 
@@ -67,18 +68,20 @@ class Wakeups:
 
 
 def _listeners(conf: QueueSettings, alias: str, topics: frozenset[str],
-               ring: wakeups.Ring) -> list[Listener]:
+               ring: wakeups.Ring, host_clock: HostClock) -> list[Listener]:
     found: list[Listener] = []
     if connections[alias].vendor == "postgresql":
         from sqlqueue.wakeups.postgresql import PostgreSQLListener, connection_params
 
         found.append(PostgreSQLListener(connection_params(conf.listen_alias_for(alias)),
                                         topics, ring, alias=alias,
-                                        listener_alias=conf.has_listen_alias(alias)))
+                                        listener_alias=conf.has_listen_alias(alias),
+                                        host_clock=host_clock))
     if conf.WAKEUP_REDIS_URL:
         from sqlqueue.wakeups.redis_channel import RedisListener
 
-        found.append(RedisListener(conf.WAKEUP_REDIS_URL, topics, ring))
+        found.append(RedisListener(conf.WAKEUP_REDIS_URL, topics, ring,
+                                   host_clock=host_clock))
     return found
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
+from sqlqueue.clocks import SYSTEM_CLOCK, HostClock
 from sqlqueue.conf import get_settings
 from sqlqueue.consuming import liveness
 from sqlqueue.operations.state import SubscriptionState, subscription_states
@@ -112,11 +112,13 @@ def _judge(report: HealthReport, s: SubscriptionState) -> None:
                     f"{status}")
 
 
-def runner_alive(path: str, max_age: float) -> HealthReport:
-    """Healthy when ``path`` was touched less than ``max_age`` seconds ago."""
+def runner_alive(path: str, max_age: float,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> HealthReport:
+    """Healthy when ``path`` was touched less than ``max_age`` seconds ago (by this
+    host's wall clock, the one that stamps the file: ``host_clock.wall``)."""
     report = HealthReport()
     try:
-        age = time.time() - os.stat(path).st_mtime
+        age = host_clock.wall() - os.stat(path).st_mtime
     except OSError as exc:
         report.fail(f"liveness file {path!r} unreadable: {exc.strerror}")
         return report

@@ -13,7 +13,6 @@ delivered again after their visibility timeout (at least once, as after a crash)
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from django.db import connections, transaction
 from django.db.models import Max
 
 from sqlqueue import storage
+from sqlqueue.clocks import SYSTEM_CLOCK
 from sqlqueue.conf import MAX_NAME_BYTES, get_settings
 from sqlqueue.consuming.control import STOPPED_KEPT_MS
 from sqlqueue.exceptions import SqlqueueError
@@ -176,8 +176,8 @@ def _last_stops(alias: str, shown_ms: int) -> list[StoppedRunner]:
 
 
 def refuse_a_live_namesake(name: str, *, using: str | None = None,
-                           sleep: Callable[[float], None] = time.sleep,
-                           monotonic: Callable[[], float] = time.monotonic) -> None:
+                           sleep: Callable[[float], None] = SYSTEM_CLOCK.sleep,
+                           monotonic: Callable[[], float] = SYSTEM_CLOCK.monotonic) -> None:
     """Before a runner named ``name`` starts: raise ``RunnerNameTaken`` if another runner
     of that name is running. Two would share their heartbeats and leases (both taking a
     partition for their own), and a stop request would reach whichever read it first.

@@ -10,7 +10,6 @@ import hashlib
 import json
 import math
 import os
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 
 from sqlqueue import naming, tracing
+from sqlqueue.clocks import SYSTEM_CLOCK, HostClock
 from sqlqueue.conf import QueueSettings
 from sqlqueue.exceptions import InvalidMessage
 from sqlqueue.naming import (  # re-exported: the publishing API names them
@@ -204,7 +204,7 @@ def schedule(delay: Any, deliver_at: Any, now_ms: int | None = None) -> tuple[in
             )
         micros = (deliver_at - EPOCH) // timedelta(microseconds=1)
         at_ms = max(0, -(-micros // 1000))  # round up: never deliver early
-        latest_ms = (time.time_ns() // 1_000_000 if now_ms is None else now_ms) \
+        latest_ms = (host_now_ms() if now_ms is None else now_ms) \
             + MAX_DELAY_SECONDS * 1000
         if at_ms > latest_ms:
             raise InvalidMessage(
@@ -226,7 +226,7 @@ _random_hex: list[str] = []  # 32 hex digits each, popped by new_message_id
 os.register_at_fork(after_in_child=_random_hex.clear)
 
 
-def new_message_id() -> str:
+def new_message_id(host_clock: HostClock = SYSTEM_CLOCK) -> str:
     """A UUID version 7 as text (RFC 9562: the Unix time in milliseconds, then 74 random
     bits), as ``str(uuid.uuid7())`` makes it on Python 3.14, in a fifth of the time of
     ``uuid.uuid4()`` (publishing makes one per message that has no id): the OS's random
@@ -244,7 +244,7 @@ def new_message_id() -> str:
         except IndexError:  # empty (or emptied by another thread): read more
             block = os.urandom(16 * _IDS_PER_READ).hex()
             _random_hex.extend(block[i:i + 32] for i in range(0, len(block), 32))
-    ms = f"{time.time_ns() // 1_000_000:012x}"
+    ms = f"{host_now_ms(host_clock):012x}"
     return f"{ms[:8]}-{ms[8:]}-7{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
 
 
@@ -284,9 +284,16 @@ def prepare_fields(topic: str, payload: Any, partition_key: Any, message_id: Any
     )
 
 
-def now_ms() -> int:
-    """The publisher's clock, for ``published_at`` (the RFC's producer timestamp)."""
-    return time.time_ns() // 1_000_000
+def now_ms(host_clock: HostClock = SYSTEM_CLOCK) -> int:
+    """The publisher's clock, for ``published_at`` (the RFC's producer timestamp): this
+    host's wall clock (``sqlqueue.clocks``), not the database's (no round trip per
+    publish)."""
+    return host_now_ms(host_clock)
+
+
+def host_now_ms(host_clock: HostClock = SYSTEM_CLOCK) -> int:
+    """``host_clock``'s wall clock in epoch milliseconds (rounded down)."""
+    return int(host_clock.wall() * 1000)
 
 
 def idempotency_digest(topic: str, partition_key: str, message_id: str) -> tuple[int, int]:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable
 
+from sqlqueue.clocks import SYSTEM_CLOCK, HostClock
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.wakeups import Ring
 
@@ -58,8 +58,11 @@ class Listener(threading.Thread):
     #: checked (``check_echo``)
     heartbeats = False
 
-    def __init__(self, topics: Iterable[str], ring: Ring) -> None:
+    def __init__(self, topics: Iterable[str], ring: Ring, *,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
         super().__init__(name=f"sqlqueue-{self.channel}-listener", daemon=True)
+        #: what times the channel's silence (the runner's: a test passes a manual one)
+        self.host_clock = host_clock
         self.topics = frozenset(topics)
         self.ring = ring
         self.stopping = threading.Event()
@@ -110,7 +113,7 @@ class Listener(threading.Thread):
         if self.connections:
             logger.info("The %s channel is back.", self.channel)
         self.connections += 1
-        self.last_heard = time.monotonic()
+        self.last_heard = self.host_clock.monotonic()
         self.heartbeat_sent_at = 0.0
         self.connected.set()
         for topic in self.topics:
@@ -118,7 +121,7 @@ class Listener(threading.Thread):
 
     def heard(self, topic: str) -> None:
         """A notification (a topic's wake-up, or a heartbeat: proof the session hears)."""
-        self.last_heard = time.monotonic()
+        self.last_heard = self.host_clock.monotonic()
         if self.deaf is not None:
             logger.info("The %s channel hears again.", self.channel)
             self.deaf = None
@@ -130,22 +133,22 @@ class Listener(threading.Thread):
         asked for since: the runner should send one (then ``heartbeat_sent``)."""
         if not (self.heartbeats and self.connected.is_set()):
             return False
-        now = time.monotonic()
+        now = self.host_clock.monotonic()
         return (now - self.last_heard >= HEARTBEAT_AFTER
                 and self.heartbeat_sent_at <= self.last_heard)
 
     def heartbeat_sent(self) -> float:
         """A heartbeat goes now (marked before it is sent: its echo may come first).
         Returns the mark it replaces."""
-        before, self.heartbeat_sent_at = self.heartbeat_sent_at, time.monotonic()
+        before, self.heartbeat_sent_at = self.heartbeat_sent_at, self.host_clock.monotonic()
         return before
 
     def check_echo(self) -> None:
         """After reading what arrived: a heartbeat sent ``ECHO_WAIT`` ago and nothing
         heard since means a deaf session (``SilentChannel``)."""
         sent = self.heartbeat_sent_at
-        if sent > self.last_heard and time.monotonic() - sent >= ECHO_WAIT:
-            silent_for = time.monotonic() - self.last_heard
+        if sent > self.last_heard and self.host_clock.monotonic() - sent >= ECHO_WAIT:
+            silent_for = self.host_clock.monotonic() - self.last_heard
             raise SilentChannel(
                 f"The {self.channel} channel heard nothing for {silent_for:.0f}s, not even "
                 f"this runner's heartbeat sent {ECHO_WAIT:g}s ago: its session is connected "

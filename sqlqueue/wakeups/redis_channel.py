@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable
 from typing import Any
 
+from sqlqueue.clocks import SYSTEM_CLOCK, HostClock
 from sqlqueue.naming import redacted_url, without_secrets
 from sqlqueue.wakeups.listener import STOP_CHECK, Listener
 
@@ -45,8 +45,9 @@ def _client(url: str, timeout: float | None) -> Any:
 class Publisher:
     """``PUBLISH``es committed topics to one Redis; thread-safe (redis-py's pool)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, host_clock: HostClock = SYSTEM_CLOCK) -> None:
         self.url = url
+        self.host_clock = host_clock  # times the quiet spell after Redis failed
         self._client: Any = None
         self._quiet_until = 0.0
         self._quiet_for = 0.0
@@ -54,7 +55,7 @@ class Publisher:
 
     def publish(self, topics: Iterable[str]) -> bool:
         """Publish each topic once; False (and nothing raised) when Redis is unavailable."""
-        if time.monotonic() < self._quiet_until:
+        if self.host_clock.monotonic() < self._quiet_until:
             return False
         try:
             pipeline = self._connected().pipeline(transaction=False)
@@ -82,7 +83,7 @@ class Publisher:
                            "published; runners find them by polling until Redis is back.",
                            redacted_url(self.url), without_secrets(str(exc), self.url))
         self._quiet_for = min(longest, 2 * self._quiet_for) if self._quiet_for else first
-        self._quiet_until = time.monotonic() + self._quiet_for
+        self._quiet_until = self.host_clock.monotonic() + self._quiet_for
 
 
 _publishers: dict[str, Publisher] = {}

@@ -84,23 +84,45 @@ def test_gc_command(register: Any) -> None:
 def test_gc_share_pauses_between_batches(register: Any,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """``queue gc --share 0.25`` deletes everything, pausing after each batch three
-    times as long as it took (live traffic keeps the database the rest of the time)."""
+    times as long as it took (live traffic keeps the database the rest of the time): the
+    operation it runs, on a clock given to it (not patched into the module)."""
     from sqlqueue.consuming import gc
-    from sqlqueue.operations import gc as operations_gc
+    from sqlqueue.operations.gc import collect_garbage
+
+    class BatchClock:
+        """Each batch "takes" 2 s of this clock; its pauses are written down."""
+
+        def __init__(self) -> None:
+            self.readings = iter(range(0, 1000, 2))
+            self.pauses: list[float] = []
+
+        def monotonic(self) -> float:
+            return float(next(self.readings))
+
+        def wall(self) -> float:
+            return 0.0
+
+        def sleep(self, seconds: float) -> None:
+            self.pauses.append(seconds)
 
     register("t", "g", lambda m: None)
     sent = send_messages("t", [OutgoingMessage(n, partition_key="k") for n in range(30)])
     drain_until_watermarks("g", {"k": sent[-1].offset}, conf=fast_settings(RETENTION=3600))
     monkeypatch.setattr(gc, "GC_SWEEP_WINDOW", 10)  # three batches
-    clock = iter(range(0, 1000, 2))  # each batch "takes" 2 s of this clock
-    monkeypatch.setattr(operations_gc, "_clock", lambda: float(next(clock)))
-    pauses: list[float] = []
-    monkeypatch.setattr(operations_gc, "_pause", pauses.append)
-    assert "Deleted 30 message(s)" in queue("gc", "--share", "0.25")
-    assert pauses == [6.0, 6.0, 6.0]
+    clock = BatchClock()
+    assert collect_garbage(share=0.25, host_clock=clock).messages == 30
+    assert clock.pauses == [6.0, 6.0, 6.0]
     assert not QueueMessage.objects.filter(topic="t").exists()
     with pytest.raises(CommandError, match="at most 1"):
         queue("gc", "--share", "2")
+
+
+def test_gc_share_from_the_command_line(register: Any) -> None:
+    register("t", "g", lambda m: None)
+    sent = send_messages("t", [OutgoingMessage(n, partition_key="k") for n in range(3)])
+    drain_until_watermarks("g", {"k": sent[-1].offset}, conf=fast_settings(RETENTION=3600))
+    assert "Deleted 3 message(s)" in queue("gc", "--share", "0.5")
+    assert not QueueMessage.objects.filter(topic="t").exists()
 
 
 def test_retry_now_and_reset_position_from_the_command_line(register: Any) -> None:

@@ -80,7 +80,7 @@ ALLOWED = {
 #: what needs no entry: leaves every layer may import (they import no other part), the
 #: public re-exports of an integration
 UNLAYERED = {"sqlqueue", "sqlqueue.conf", "sqlqueue.naming", "sqlqueue.exceptions",
-             "sqlqueue.database_names",
+             "sqlqueue.database_names", "sqlqueue.clocks",
              "sqlqueue.horizon", "sqlqueue.literals", "sqlqueue.events",
              "sqlqueue.setting_converters", "sqlqueue.tracing", "sqlqueue.tasks",
              "sqlqueue.spark", "sqlqueue.templatetags", "sqlqueue.urls",
