@@ -98,3 +98,18 @@ def test_the_scan_sees_each_way_of_reading_time() -> None:
 
 def test_the_clock_module_is_the_one_that_reads_time() -> None:
     assert direct_time(CLOCK_MODULE.read_text()) != []
+
+
+def test_the_health_check_reads_the_clock_it_is_given(tmp_path: Path) -> None:
+    """``runner_alive`` (the liveness file's age) on a clock a test moves."""
+    import os
+
+    from sqlqueue.operations.health import runner_alive
+    from tests.manual_clock import ManualSeconds
+
+    path = tmp_path / "alive"
+    path.touch()
+    os.utime(path, (1_000.0, 1_000.0))
+    assert runner_alive(str(path), 30, ManualSeconds(1_020.0)).healthy
+    report = runner_alive(str(path), 30, ManualSeconds(1_040.0))
+    assert not report.healthy and "40.0s ago" in report.reasons[0]

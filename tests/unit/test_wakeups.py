@@ -321,3 +321,48 @@ def test_a_redis_url_without_the_redis_package_is_a_warning(settings: Any,
     assert [m.id for m in check_wakeup_channels()] == ["sqlqueue.W004"]
     settings.SQLQUEUE = {}
     assert check_wakeup_channels() == []
+
+
+# -- their clock: given, and stepped here (issue 54) ----------------------------------------
+class Idle(Listener):
+    """Subscribed at once; hears what the test says."""
+
+    heartbeats = True
+
+    def listen(self) -> None:  # never started here
+        raise AssertionError("not started")
+
+
+def test_a_silent_channel_is_timed_on_the_listener_s_clock() -> None:
+    from sqlqueue.wakeups.listener import ECHO_WAIT, HEARTBEAT_AFTER, SilentChannel
+    from tests.manual_clock import ManualSeconds
+
+    clock = ManualSeconds(100.0)
+    listener = Idle(["t"], lambda topic: None, host_clock=clock)
+    listener.listening()
+    assert not listener.wants_heartbeat()
+    clock.sleep(HEARTBEAT_AFTER)
+    assert listener.wants_heartbeat()
+    listener.heartbeat_sent()
+    clock.sleep(ECHO_WAIT - 0.5)
+    listener.check_echo()  # not yet: still within ECHO_WAIT
+    clock.sleep(0.5)
+    with pytest.raises(SilentChannel, match="heard nothing for 10s"):
+        listener.check_echo()
+    listener.heard("t")  # the echo after all
+    listener.check_echo()
+
+
+def test_a_redis_publisher_s_quiet_spell_is_timed_on_its_clock() -> None:
+    from sqlqueue.wakeups.redis_channel import QUIET_AFTER_FAILURE
+    from tests.manual_clock import ManualSeconds
+
+    clock = ManualSeconds(0.0)
+    publisher = Publisher("redis://127.0.0.1:6390/0", host_clock=clock)
+    fake = _FakeRedis()
+    publisher._client = fake  # as _connected() made it
+    assert publisher.publish(["t"]) is False
+    fake.down = False
+    assert publisher.publish(["t"]) is False  # quiet: not even tried
+    clock.sleep(QUIET_AFTER_FAILURE[0])
+    assert publisher.publish(["t"]) is True
