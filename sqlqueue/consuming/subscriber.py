@@ -209,6 +209,17 @@ class Subscriber:
         allowance = self.allowance()
         if allowance is not None:
             budget = allowance if budget is None else min(budget, allowance)
+        if self.consumer.max_batch is not None:
+            # A batch consumer's deliveries outstanding stay within its read-ahead (two
+            # batches by default) across every partition: marking thousands at once only
+            # lengthened the pass (and its visibility timeouts ran while they queued).
+            # Those whose outcome this pass records count no more (not yet ``recorded``:
+            # that waits for the commit).
+            waiting = sum(1 for d in self.deliveries.outstanding.values()
+                          if d.queued or d.running)
+            room = max(0, max(self.options.batch_size, 2 * self.consumer.max_batch)
+                       - waiting)
+            budget = room if budget is None else min(budget, room)
         deliveries, spent = self.fetcher.poll(cursor, head, budget)
         for delivery in spent:
             self.recorder.dead_letter(cursor, delivery, "crashed", (
