@@ -31,6 +31,10 @@ from sqlqueue.consuming.recorder import OutcomeRecorder
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.watermarks import WatermarkKeeper
 
+#: A batch consumer's deliveries outstanding (queued, held to fill or running), in
+#: batches of its ``max_batch``, at most (or its ``batch_size``, if larger)
+BATCHES_AHEAD = 2
+
 
 class Subscriber:
     def __init__(self, consumer: Consumer, conf: QueueSettings, alias: str,
@@ -217,8 +221,8 @@ class Subscriber:
             # that waits for the commit).
             waiting = sum(1 for d in self.deliveries.outstanding.values()
                           if d.queued or d.running)
-            room = max(0, max(self.options.batch_size, 2 * self.consumer.max_batch)
-                       - waiting)
+            room = max(0, max(self.options.batch_size,
+                              BATCHES_AHEAD * self.consumer.max_batch) - waiting)
             budget = room if budget is None else min(budget, room)
         deliveries, spent = self.fetcher.poll(cursor, head, budget)
         for delivery in spent:
