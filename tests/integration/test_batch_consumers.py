@@ -234,3 +234,23 @@ def test_a_batch_of_n_costs_a_constant_number_of_statements(batch: Any) -> None:
         assert report.acked == size
         counts.append(len(queries))
     assert counts[1] <= counts[0] + 2, counts
+
+
+@pytest.mark.django_db(transaction=True)
+def test_atomic_with_a_mapping_acks_the_rest_in_its_transaction(batch: Any) -> None:
+    """The acks of the others commit with the handler's rows; the failed message is
+    retried (recorded after the commit) and acked by its next call."""
+    from tests.testapp.models import Order
+
+    def load(messages: list[Message]) -> dict[Message, BaseException]:
+        Order.objects.bulk_create([Order(reference=f"{m.payload['n']}@{m.attempt}")
+                                   for m in messages])
+        return {m: Retry(delay=0) for m in messages
+                if m.payload["n"] == 1 and m.attempt == 1}
+
+    batch("b.atomm", "g", load, max_batch=10, atomic=True)
+    publish("b.atomm", 3)
+    runner = drain(["g"], conf=fast_settings(MIN_BACKOFF=0, MAX_BACKOFF=0))
+    assert sorted(o.reference for o in Order.objects.all()) == ["0@1", "1@1", "1@2", "2@1"]
+    assert runner.stats["acked"] == 3 and runner.stats["retry"] == 1
+    assert all(s.acked for s in states("g").values())
