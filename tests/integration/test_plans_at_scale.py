@@ -273,9 +273,9 @@ def assert_postgresql_in_order(statement: Statement, index: str | None, table: s
 def assert_sqlite_in_order(statement: Statement, index: str | None, *,
                            dedupes: bool = False, sorts_range: bool = False) -> None:
     """No full scan of the log (``SCAN`` of it, with or without a covering index: a
-    seek is ``SEARCH``) and no temporary B-tree (but for the DISTINCT of a statement
-    or GROUP BY of a statement that ``dedupes`` a bounded range, or any of one that ``sorts_range``); ``index``
-    ("a or b": either) named."""
+    seek is ``SEARCH``) and no temporary B-tree (but for the DISTINCT or GROUP BY of a
+    statement that ``dedupes`` a bounded range, or any of one that ``sorts_range``);
+    ``index`` ("a or b": either) named."""
     sql, params = statement
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
