@@ -439,7 +439,7 @@ def test_operating_reads(executor: Executor) -> None:
     many = executor.rows(sql.pending_summaries(
         [("t", "g", "a", a[0]), ("u", "h", "c", 0), ("u", "h", "c", c)], 10))
     assert sorted((r[0], r[1], r[2], int(r[3]), r[4] is None) for r in many) == [
-        ("t", "g", "a", 2, False), ("u", "h", "c", 1, False), ("u", "h", "c", 0, True)]
+        ("t", "g", "a", 2, False), ("u", "h", "c", 0, True), ("u", "h", "c", 1, False)]
     assert [r[3] for r in executor.rows(sql.pending_summaries([("u", "h", "c", 0)],
                                                               None))] == [None]
     assert [None if v is None else int(v) for v in executor.rows(
