@@ -1,9 +1,9 @@
 """The reads behind lag (``sqlqueue.operations.lag.topic_lags``): each bounded, by index.
 
-One topic is read once for all its groups (``TopicRead``: heads, positions, hints); then
-per group its leases, its delivery states and, per lagging partition, its pending
-messages, counted up to a cap or, past the count budget, only the first one found (from
-the consumer's hint, or by a probe the database answers while planning).
+The topics are read once for all their groups (``TopicRead``: heads, positions, hints;
+``lag_batch``); then, per lagging partition, its pending messages, counted up to a cap or,
+past the count budget, only the first one found (from the consumer's hint, or by a probe
+the database answers while planning).
 """
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count, Q
-
-from sqlqueue.models import DeliveryState, PartitionLease, PartitionOffset
+from sqlqueue.models import DeliveryState
 from sqlqueue.operations.lag_shapes import PartitionLag
 from sqlqueue.storage.protocols import OperatorStore
+from sqlqueue.storage.sql.operating import PendingSummary
 
 LAST_ERRORS_READ = 1_000
 
@@ -101,44 +100,18 @@ def partition_lag(read: TopicRead, group: str, key: str, pending: Pending | None
     )
 
 
-def read_positions(alias: str, topic: str, now: int, heads: dict[str, int]) -> TopicRead:
-    """Every group's positions on the topic (one read by ``idx_topic_partition``), and the
-    first pending offset each group's consumer saw (its hint); the count cap is left for
-    the caller to set (``sqlqueue.operations.lag``)."""
-    positions: dict[str, dict[str, tuple[int, int]]] = {}
-    hints: dict[str, dict[str, int]] = {}
-    for group, key, acked, moved, hint in (
-            PartitionOffset.objects.using(alias).filter(topic=topic)
-            .values_list("consumer_group", "partition_key", "offset_acked", "updated_at",
-                         "first_pending")):
-        positions.setdefault(group, {})[key] = (int(acked), int(moved))
-        if hint is not None and hint > acked:
-            hints.setdefault(group, {})[key] = int(hint)
-    return TopicRead(alias, topic, now, heads, positions, hints, None)
+def pending_probes(read: TopicRead, group: str) -> list[tuple[str, str, str, int]]:
+    """The (topic, group, partition, watermark) probes of ``pending_summaries`` for the
+    partitions where the group may have pending messages (those with a count cap)."""
+    return [(read.topic, group, key, watermark)
+            for key, watermark in sorted(read.lagging(group).items())]
 
 
-def read_leases(alias: str, topic: str, groups: list[str], now: int
-                ) -> dict[str, dict[str, tuple[str, int | None]]]:
-    """group -> partition -> (holder, ms since its last renewal). A lease an operator's
-    repair revoked has lease_renewed_at 0: no age (not 56 years)."""
-    result: dict[str, dict[str, tuple[str, int | None]]] = {}
-    for group, key, owner, renewed in (
-            PartitionLease.objects.using(alias).filter(topic=topic, consumer_group__in=groups)
-            .values_list("consumer_group", "partition_key", "leased_by", "lease_renewed_at")):
-        result.setdefault(group, {})[key] = (owner, now - renewed if renewed else None)
-    return result
-
-
-def pending_messages(cursor: Any, store: OperatorStore, read: TopicRead, group: str,
-                     states: dict[str, StateCounts], count: bool) -> dict[str, Pending]:
-    """Partition -> its pending messages, for the partitions where the group has one."""
-    lagging = read.lagging(group)
-    if not lagging:
-        return {}
-    if read.cap is None:
-        return first_pending_only(cursor, store, read, group, lagging, states)
-    summary = store.pending_summary(cursor, read.topic, group, lagging,
-                                      read.cap if count else None)
+def pending_found(read: TopicRead, summary: dict[str, PendingSummary],
+                  states: dict[str, StateCounts]) -> dict[str, Pending]:
+    """Partition -> its pending messages, from what ``pending_summaries`` found of the
+    group's lagging partitions (counted up to ``read.cap``)."""
+    assert read.cap is not None
     result = {}
     for key, found in summary.items():
         if found.oldest_due_at is None:
@@ -203,26 +176,6 @@ def first_pending_only(cursor: Any, store: OperatorStore, read: TopicRead, group
                                               None).items():
         if found.oldest_due_at is not None:
             result[key] = Pending(1, True, found.oldest_due_at)
-    return result
-
-
-def delivery_summary(alias: str, topic: str, groups: list[str], now: int
-                     ) -> dict[str, dict[str, StateCounts]]:
-    """group -> partition -> its delivery states. Delivery state only exists above the
-    watermark, so this reads the groups' working windows (primary-key prefix)."""
-    rows = (DeliveryState.objects.using(alias)
-            .filter(consumer_group__in=groups, topic=topic)
-            .values("consumer_group", "partition_key")
-            .annotate(in_flight=Count("message_offset", filter=Q(
-                          acked=False, invisible_until__gt=now, last_error="")),
-                      retrying=Count("message_offset", filter=Q(acked=False)
-                                     & ~Q(last_error="")),
-                      acked=Count("message_offset", filter=Q(acked=True)))
-            .order_by())
-    result: dict[str, dict[str, StateCounts]] = {}
-    for r in rows:
-        result.setdefault(r["consumer_group"], {})[r["partition_key"]] = StateCounts(
-            r["in_flight"], r["retrying"], r["acked"])
     return result
 
 

@@ -2,10 +2,11 @@
 counted up to its caps, oldest pending age, in flight, retrying, dead letters, status) plus
 the live subscribers and the partitions held. The metrics view and ``queue health`` read it.
 
-The same read as the lag overview (``operations.lag.topic_lags``): each topic's heads,
-positions, leases and delivery states once for all its groups, one bounded probe per
-lagging partition, pending counted up to the topic's count budget; the live subscribers of
-every subscription come from one grouped read of the heartbeats.
+The same read as the lag overview (``operations.lag.subscription_lags``): every topic's
+heads, positions, leases and delivery states once for all (a few statements, whatever the
+number of topics), the lagging partitions' probes many to a statement, pending counted up
+to each topic's count budget; the live subscribers of every subscription come from one
+grouped read of the heartbeats.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from django.db.models import Count
 from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.models import SubscriberHeartbeat
-from sqlqueue.operations.flow import pauses
-from sqlqueue.operations.lag import known_subscriptions, topic_lags
+from sqlqueue.operations.lag import known_subscriptions, subscription_lags
 from sqlqueue.operations.lag_shapes import GroupLag
 
 
@@ -60,13 +60,8 @@ def subscription_states(using: str | None = None, group: str | None = None,
     if not selected:
         return []
     live = live_subscriber_counts(alias)
-    paused = pauses(alias)
-    by_topic: dict[str, list[str]] = {}
-    for g, t in selected:
-        by_topic.setdefault(t, []).append(g)
     return [SubscriptionState(lag, live.get((lag.group, lag.topic), 0), alias)
-            for t, groups in sorted(by_topic.items())
-            for lag in topic_lags(t, groups, using=alias, paused=paused)]
+            for lag in subscription_lags(selected, using=alias)]
 
 
 def live_subscriber_counts(using: str | None = None) -> dict[tuple[str, str], int]:

@@ -41,6 +41,10 @@ GROUPS = 20
 POSITION_TOPICS = (TOPIC, *(f"topic-{n}" for n in range(1, 10)))
 GROUP = "g"
 OWNER = "runner-1"
+#: rows of the per-minute rollup: every group on every position topic, minute after minute
+#: (a day of it is kept: 1,500 topics make two million rows)
+MINUTE_ROWS = 100_000
+FIRST_MINUTE = 1_700_000_000_000
 
 
 # -- the log --------------------------------------------------------------------------
@@ -116,6 +120,24 @@ def _fill(cursor: Any) -> None:
         "INSERT INTO queue_subscriber_heartbeats (consumer_group, topic, subscriber_name, "
         f"heartbeat_at, deregistered_at) SELECT DISTINCT consumer_group, topic, '{OWNER}', "
         "0, 0 FROM queue_offsets")
+    _fill_minute_stats(cursor)
+
+
+def _fill_minute_stats(cursor: Any) -> None:
+    """The rollup's rows: (group, topic) pairs in turn, a minute for every round of them."""
+    pairs = GROUPS * len(POSITION_TOPICS)
+    group = _concat("'g'", _text(f"i % {GROUPS}"))
+    topic = _concat("'topic-'", _text(f"(i / {GROUPS}) % {len(POSITION_TOPICS)}"))
+    if connection.vendor == "mysql":  # / is exact division there
+        topic = _concat("'topic-'", _text(f"(i DIV {GROUPS}) % {len(POSITION_TOPICS)}"))
+        minute = f"{FIRST_MINUTE} + (i DIV {pairs}) * 60000"
+    else:
+        minute = f"{FIRST_MINUTE} + (i / {pairs}) * 60000"
+    cursor.execute(
+        "INSERT INTO queue_minute_stats (consumer_group, topic, minute, published, "
+        "dead_lettered, ack, acked, retry, fail, reject, duration_sum) "
+        f"SELECT {group}, {topic}, {minute}, 1, 0, 1, 1, 0, 0, 0, 0.5 "
+        f"FROM ({_numbers(MINUTE_ROWS)}) n")
 
 
 def _analyze(cursor: Any) -> None:
@@ -172,7 +194,7 @@ def sql(backlog: None) -> Statements:
 
 
 # -- reading plans ---------------------------------------------------------------------
-BIG_TABLES = ("queue_messages", "queue_delivery_state")
+BIG_TABLES = ("queue_messages", "queue_delivery_state", "queue_minute_stats")
 
 
 def mysql_plan(statement: Statement) -> list[dict[str, Any]]:
@@ -186,23 +208,30 @@ def mysql_plan(statement: Statement) -> list[dict[str, Any]]:
 
 
 def assert_mysql_in_order(statement: Statement, index: str | None,
-                          table: str = "queue_messages", *, dedupes: bool = False) -> None:
+                          table: str = "queue_messages", *, dedupes: bool = False,
+                          sorts_range: bool = False) -> None:
     """No filesort, no temporary table (but where the statement ``dedupes`` the rows of
-    a bounded range), no full scan; ``table`` read by ``index`` ("a or b": either; None:
+    a bounded range, or ``sorts_range``: groups and sorts the rows of a range of
+    ``index``), no full scan; ``table`` read by ``index`` ("a or b": either; None:
     the plan reads ``table`` by no index at all, a MIN or MAX answered while planning:
     "Select tables optimized away")."""
     plan = mysql_plan(statement)
     for row in plan:
         extra = str(row.get("Extra") or "")
-        assert "Using filesort" not in extra, plan
-        assert dedupes or "Using temporary" not in extra, plan
+        # Grouping the rows of a capped derived table sorts at most the cap.
+        grouped_cap = dedupes and str(row["table"]).startswith("<derived")
+        assert sorts_range or grouped_cap or "Using filesort" not in extra, plan
+        assert dedupes or sorts_range or "Using temporary" not in extra, plan
+        assert not sorts_range or row["type"] == "range", plan
         assert row["type"] != "ALL" or str(row["table"]).startswith("<"), plan
     if index is None:
         assert any("optimized away" in str(row.get("Extra")) for row in plan), plan
         return
     # Rows of a UNION's or a derived table's result (<union1,2>, <derived2>) read what
     # the rows above them made, not a table.
-    reads = [row for row in plan if row["table"] in (table, "m", "s")]
+    reads = [row for row in plan if row["table"] in (table, "m", "s", "capped")
+             or str(row["table"]).startswith("<derived")]
+    reads = [row for row in reads if not str(row["table"]).startswith("<")] or reads
     assert reads and all(row["key"] is not None for row in reads), plan
     assert any(row["key"] in index.split(" or ") for row in reads), plan
 
@@ -221,15 +250,18 @@ def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-def assert_postgresql_in_order(statement: Statement, index: str | None, table: str) -> None:
+def assert_postgresql_in_order(statement: Statement, index: str | None, table: str, *,
+                               dedupes: bool = False) -> None:
     """No Seq Scan of the log or the delivery state, no Sort above a scan of the log
-    (the index gives the order), and ``index`` among the scans (when given; "a or b":
-    either; PRIMARY: ``table``'s primary key)."""
+    (the index gives the order; but where the statement ``dedupes`` the rows of a
+    capped range: a Sort of a Limit's rows), and ``index`` among the scans (when given;
+    "a or b": either; PRIMARY: ``table``'s primary key)."""
     plan = postgresql_plan(statement)
     for node in _nodes(plan):
         if node["Node Type"] == "Seq Scan":
             assert node.get("Relation Name") not in BIG_TABLES, plan
-        if node["Node Type"] in ("Sort", "Incremental Sort"):
+        capped = [child["Node Type"] for child in node.get("Plans", [])] == ["Limit"]
+        if node["Node Type"] in ("Sort", "Incremental Sort") and not (dedupes and capped):
             below = {n.get("Relation Name") for n in _nodes(node)}
             assert "queue_messages" not in below, plan
     if index is not None:
@@ -239,19 +271,22 @@ def assert_postgresql_in_order(statement: Statement, index: str | None, table: s
 
 
 def assert_sqlite_in_order(statement: Statement, index: str | None, *,
-                           dedupes: bool = False) -> None:
+                           dedupes: bool = False, sorts_range: bool = False) -> None:
     """No full scan of the log (``SCAN`` of it, with or without a covering index: a
-    seek is ``SEARCH``) and no temporary B-tree (but for the DISTINCT of a statement
-    that ``dedupes`` a bounded range); ``index`` ("a or b": either) named."""
+    seek is ``SEARCH``) and no temporary B-tree (but for the DISTINCT or GROUP BY of a
+    statement that ``dedupes`` a bounded range, or any of one that ``sorts_range``);
+    ``index`` ("a or b": either) named."""
     sql, params = statement
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
         details = [str(row[-1]) for row in cursor.fetchall()]
     for detail in details:
-        assert "TEMP B-TREE" not in detail or (
-            dedupes and detail == "USE TEMP B-TREE FOR DISTINCT"), details
+        assert "TEMP B-TREE" not in detail or sorts_range or (
+            dedupes and detail in ("USE TEMP B-TREE FOR DISTINCT",
+                                   "USE TEMP B-TREE FOR GROUP BY")), details
         assert not detail.startswith(("SCAN queue_messages", "SCAN m", "SCAN s",
-                                      "SCAN queue_delivery_state")), details
+                                      "SCAN queue_delivery_state",
+                                      "SCAN queue_minute_stats")), details
     if index is not None:
         assert any(name in detail for name in index.split(" or ") for detail in details), \
             details
@@ -259,17 +294,18 @@ def assert_sqlite_in_order(statement: Statement, index: str | None, *,
 
 def assert_in_order(statement: Statement, index: str | None, *,
                     sqlite_index: str | None = "", table: str = "queue_messages",
-                    dedupes: bool = False) -> None:
+                    dedupes: bool = False, sorts_range: bool = False) -> None:
     """The checks of the vendor under test. ``sqlite_index``: the index SQLite names
     ("" for the same as the others; SQLite calls the primary key of a rowid table no
     index and a unique constraint's index ``sqlite_autoindex_...``)."""
     if connection.vendor == "mysql":
-        assert_mysql_in_order(statement, index, table, dedupes=dedupes)
+        assert_mysql_in_order(statement, index, table, dedupes=dedupes,
+                              sorts_range=sorts_range)
     elif connection.vendor == "postgresql":
-        assert_postgresql_in_order(statement, index, table)
+        assert_postgresql_in_order(statement, index, table, dedupes=dedupes)
     else:
         assert_sqlite_in_order(statement, index if sqlite_index == "" else sqlite_index,
-                               dedupes=dedupes)
+                               dedupes=dedupes, sorts_range=sorts_range)
 
 
 def test_the_session_collation_is_not_the_tables(backlog: None) -> None:
@@ -407,3 +443,73 @@ def test_lease_statements_use_the_lease_keys(sql: Statements) -> None:
         table = ("queue_subscriber_heartbeats" if "heartbeat" in statement[0]
                  else "queue_partition_leases")
         assert_in_order(statement, "PRIMARY", sqlite_index=None, table=table)
+
+
+def test_dead_letter_counts_read_the_topic_and_group_index(sql: Statements) -> None:
+    # The lag's count of a group's dead letters: a capped range, not the topic's rows.
+    assert_in_order(sql.dead_letter_counts(TOPIC, GROUP, 1000),
+                    "idx_group_topic_offset", dedupes=True)
+
+
+def test_the_first_messages_of_a_lag_probe_are_primary_key_lookups(sql: Statements) -> None:
+    assert_in_order(sql.message_dues([1031, 1095, 1159]), "PRIMARY",
+                    sqlite_index="INTEGER PRIMARY KEY")
+
+
+def test_runs_in_flight_read_the_state_above_each_watermark(sql: Statements) -> None:
+    windows = [(f"k{n}", 1000) for n in range(8)]
+    assert_in_order(sql.runs_in_flight(GROUP, TOPIC, windows), "PRIMARY", sqlite_index=None,
+                    table="queue_delivery_state")
+
+
+# -- the admin's log pages (storage/statements/browse.py) -------------------------------------
+def test_the_log_pages_list_topics_and_partitions_by_a_loose_index_scan(
+        sql: Statements) -> None:
+    # One seek per topic or partition (MySQL: "Using index for group-by"), never the
+    # log's rows: the Messages page's topic filter at millions of messages.
+    # SQLite sorts the recursive query's rows (one per topic or partition, not the log's)
+    # for the ORDER BY in a temporary B-tree.
+    either = "idx_topic_partition_offset or idx_topic_partition_id"
+    sorts = connection.vendor == "sqlite"
+    assert_in_order(sql.log_topics(100), either, sqlite_index=None, sorts_range=sorts)
+    assert_in_order(sql.log_partitions(500), either, sqlite_index=None, sorts_range=sorts)
+
+
+def test_a_search_by_key_or_id_looks_the_rows_up(sql: Statements) -> None:
+    topics = [TOPIC, "other"]
+    assert_in_order(sql.newest_of_key(topics, "k7", 20), "idx_topic_partition_offset")
+    assert_in_order(sql.offsets_of_id([(TOPIC, ["k1", "k2"]), ("other", ["k9"])], "m100"),
+                    "idx_topic_partition_id", sqlite_index="sqlite_autoindex")
+
+
+def test_topic_counts_stop_at_the_cap(sql: Statements) -> None:
+    either = "idx_topic_partition_offset or idx_topic_partition_id"
+    assert_in_order(sql.topic_counts([TOPIC, "other"], 10_000), either, sqlite_index=None)
+
+
+# -- the per-minute rollup (storage/statements/minute_stats.py) -------------------------------
+#: the last minute of the rollup's rows, and the start of its last 20 minutes (of 500)
+LAST_MINUTE = FIRST_MINUTE + (MINUTE_ROWS // (GROUPS * len(POSITION_TOPICS)) - 1) * 60_000
+RECENT = LAST_MINUTE - 19 * 60_000
+
+
+def test_the_live_overview_reads_a_range_of_minutes(sql: Statements) -> None:
+    """The live overview's hour of a day kept (1,500 topics: two million rows): a
+    range of ``idx_minute_stats_minute``, grouped and sorted (the range's rows only);
+    not the whole day in primary-key order."""
+    columns = ("published", "acked", "duration_sum")
+    # SQLite may skip-scan the primary key instead: a range of minutes per (group,
+    # topic), one seek each, as narrow.
+    for statement in (sql.read_minute_stats(RECENT, columns),
+                      sql.read_minute_points(RECENT, 5 * 60_000, columns)):
+        assert_in_order(statement, "idx_minute_stats_minute", table="queue_minute_stats",
+                        sorts_range=True, sqlite_index="idx_minute_stats_minute or "
+                                                       "(ANY(consumer_group) AND ANY(topic)")
+
+
+def test_the_rollup_forgets_old_minutes_by_a_range(sql: Statements) -> None:
+    # "now", in database time, put where the oldest 20 minutes are older than the keep.
+    sql_text, params = sql.delete_minute_stats(0)
+    then = str(FIRST_MINUTE + 20 * 60_000)
+    assert_in_order((sql_text.replace(sql.now_ms_sql, then), params),
+                    "idx_minute_stats_minute", table="queue_minute_stats")

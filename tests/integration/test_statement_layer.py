@@ -205,6 +205,9 @@ def test_the_log_pages_reads(executor: Executor) -> None:
     assert executor.rows(sql.offsets_of_id([("a.t", ["x"])], "no-such-id")) == []
     counts = executor.rows(sql.topic_counts(["a.t", "c.t", "none"], 4))
     assert sorted((r[0], int(r[1])) for r in counts) == [("a.t", 4), ("c.t", 4), ("none", 0)]
+    heads = [(r[0], r[1], int(r[2])) for r in executor.rows(sql.log_heads(10))]
+    assert heads == [(t, k, max(sent[t, k])) for t, k in sorted(sent)]
+    assert len(executor.rows(sql.log_heads(4))) == 4
 
 
 def test_list_pauses(executor: Executor) -> None:
@@ -354,6 +357,9 @@ def test_dead_letters_and_replays(executor: Executor) -> None:
     assert executor.rows(("SELECT failure_count, original_topic, consumer_group "
                           "FROM queue_messages WHERE topic = 't.dlq'", [])) == [(4, "t", "g")]
     assert executor.rows(sql.dead_letter_counts("t.dlq", "g", 10)) == [("k", 1)]
+    tallies = executor.rows(sql.dead_letter_tallies([("t.dlq", "g"), ("t.dlq", "other"),
+                                                     ("none.dlq", "g")], 10))
+    assert [(r[0], r[1], r[2], int(r[3])) for r in tallies] == [("t.dlq", "g", "k", 1)]
     ((dead,),) = executor.rows(sql.head_offset())
     executor.run(sql.insert_replay(dead_letter_offset=int(dead), replay_id="r-1",
                                    detail='{"replayed": 1}'))
@@ -429,6 +435,13 @@ def test_operating_reads(executor: Executor) -> None:
     assert {r[0]: r[2] is None for r in summary} == {"a": False, "b": True}
     uncounted = executor.rows(sql.pending_summary("t", "g", [("a", 0)], None))
     assert uncounted[0][:2] == ("a", None)
+    c = send_message("u", {}, partition_key="c").offset
+    many = executor.rows(sql.pending_summaries(
+        [("t", "g", "a", a[0]), ("u", "h", "c", 0), ("u", "h", "c", c)], 10))
+    assert sorted((r[0], r[1], r[2], int(r[3]), r[4] is None) for r in many) == [
+        ("t", "g", "a", 2, False), ("u", "h", "c", 0, True), ("u", "h", "c", 1, False)]
+    assert [r[3] for r in executor.rows(sql.pending_summaries([("u", "h", "c", 0)],
+                                                              None))] == [None]
     assert [None if v is None else int(v) for v in executor.rows(
         sql.first_offsets_above("t", [("a", a[0]), ("b", b)]))[0]] == [a[1], None]
     dues = {int(r[0]): r[2] for r in executor.rows(sql.message_dues([a[0], b]))}

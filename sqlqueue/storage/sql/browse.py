@@ -33,6 +33,15 @@ class BrowseAccess(VendorHooks):
             found.setdefault(topic, []).append(key)
         return found
 
+    def log_heads(self, cursor: CursorWrapper, limit: int) -> dict[str, dict[str, int]]:
+        """``log_heads``: topic -> partition -> newest offset, at most ``limit`` pairs."""
+        cursor.execute(*self.sql.log_heads(limit))
+        found: dict[str, dict[str, int]] = {}
+        for topic, key, head in cursor.fetchall():
+            if head is not None:  # a partition emptied between the scan and its seek
+                found.setdefault(topic, {})[key] = int(head)
+        return found
+
     def newest_of_key(self, cursor: CursorWrapper, topics: Sequence[str], key: str,
                       limit: int) -> list[int]:
         """``newest_of_key`` for any number of topics (a statement per

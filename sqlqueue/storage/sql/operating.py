@@ -53,6 +53,22 @@ class OperatingAccess(VendorHooks):
                                              None if due is None else int(due))
         return result
 
+    def pending_summaries(
+        self, cursor: CursorWrapper, probes: Sequence[tuple[str, str, str, int]],
+        cap: int | None,
+    ) -> dict[tuple[str, str, str], PendingSummary]:
+        """``probes``: (topic, group, partition key, watermark); the answers by (topic,
+        group, partition key): ``pending_summary`` of many topics and groups, a statement
+        per ``PENDING_BRANCHES_PER_STATEMENT`` probes."""
+        result: dict[tuple[str, str, str], PendingSummary] = {}
+        for start in range(0, len(probes), PENDING_BRANCHES_PER_STATEMENT):
+            cursor.execute(*self.sql.pending_summaries(
+                probes[start:start + PENDING_BRANCHES_PER_STATEMENT], cap))
+            for topic, group, key, count, due in cursor.fetchall():
+                result[topic, group, key] = PendingSummary(
+                    None if count is None else int(count), None if due is None else int(due))
+        return result
+
     def first_offsets_above(
         self, cursor: CursorWrapper, topic: str, pairs: Sequence[tuple[str, int]]
     ) -> list[int | None]:
@@ -93,3 +109,17 @@ class OperatingAccess(VendorHooks):
     ) -> dict[str, int]:
         cursor.execute(*self.sql.dead_letter_counts(dead_letter_topic, group, cap))
         return {r[0]: int(r[1]) for r in cursor.fetchall()}
+
+    def dead_letter_tallies(
+        self, cursor: CursorWrapper, pairs: Sequence[tuple[str, str]], cap: int
+    ) -> dict[tuple[str, str], dict[str, int]]:
+        """``pairs``: (dead-letter topic, group); (topic, group) -> partition -> dead
+        letters (counted over at most ``cap`` rows a pair), a statement per
+        ``PENDING_BRANCHES_PER_STATEMENT`` pairs. A pair without any has no entry."""
+        found: dict[tuple[str, str], dict[str, int]] = {}
+        for start in range(0, len(pairs), PENDING_BRANCHES_PER_STATEMENT):
+            cursor.execute(*self.sql.dead_letter_tallies(
+                pairs[start:start + PENDING_BRANCHES_PER_STATEMENT], cap))
+            for topic, group, key, count in cursor.fetchall():
+                found.setdefault((topic, group), {})[key] = int(count)
+        return found

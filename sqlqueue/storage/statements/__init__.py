@@ -18,7 +18,7 @@ from sqlqueue.storage.statements.export import ExportStatements
 from sqlqueue.storage.statements.failover import FailoverStatements
 from sqlqueue.storage.statements.membership import MembershipStatements
 from sqlqueue.storage.statements.minute_stats import MinuteStatsStatements
-from sqlqueue.storage.statements.operating import OperatingStatements
+from sqlqueue.storage.statements.operating import OperatingStatements, PostgreSQLOperating
 from sqlqueue.storage.statements.postgresql import PostgreSQLVendor
 from sqlqueue.storage.statements.publishing import (
     MySQLPublishing,
@@ -57,7 +57,8 @@ class SQLiteStatements(SQLiteVendor, Statements):
 
 
 class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLDelivery, PostgreSQLBulk,
-                           PostgreSQLSessions, PostgreSQLBrowse, PostgreSQLVendor, Statements):
+                           PostgreSQLSessions, PostgreSQLBrowse, PostgreSQLOperating,
+                           PostgreSQLVendor, Statements):
     pass
 
 

@@ -46,6 +46,16 @@ class BrowseStatements(Vendor):
                 f"UNION ALL SELECT t, {following} FROM pairs WHERE pairs.k IS NOT NULL) "
                 f"SELECT t, k FROM pairs WHERE k IS NOT NULL ORDER BY t, k LIMIT %s", [limit])
 
+    def log_heads(self, limit: int) -> Statement:
+        """``log_heads``: (topic, partition key, newest offset) of every partition of
+        the log, at most ``limit``, in order: ``log_partitions``' loose index scan and
+        one MAX seek per pair (the lag of every subscribed topic in one statement)."""
+        q = self.quote
+        topic, key, offset = q("topic"), q("partition_key"), q("offset")
+        partitions, params = self.log_partitions(limit)
+        newest = self.seek_sql(offset, f"{topic} = p.t AND {key} = p.k", last=True)
+        return f"SELECT p.t, p.k, {newest} FROM ({partitions}) p", params
+
     def newest_of_key(self, topics: Sequence[str], key: str, limit: int) -> Statement:
         """``newest_of_key``: the offsets of the newest ``limit`` messages of partition
         ``key`` in each of ``topics`` (at least one): a backwards range of
@@ -101,6 +111,14 @@ class MySQLBrowse(BrowseStatements):
         return (f"SELECT {columns} FROM {self.quote(MESSAGE_TABLE)} GROUP BY {columns} "
                 f"ORDER BY {columns} LIMIT %s", [limit])
 
+    def log_heads(self, limit: int) -> Statement:
+        # MAX of the index's last column, grouped by the ones before it: the same loose
+        # index scan ("Using index for group-by").
+        columns = self.names(("topic", "partition_key"))
+        return (f"SELECT {columns}, MAX({self.quote('offset')}) FROM "
+                f"{self.quote(MESSAGE_TABLE)} GROUP BY {columns} ORDER BY {columns} LIMIT %s",
+                [limit])
+
 
 class PostgreSQLBrowse(BrowseStatements):
     """PostgreSQL plans each member of a UNION ALL apart: 200 counts planned took longer
@@ -108,7 +126,11 @@ class PostgreSQLBrowse(BrowseStatements):
     array instead, and the capped count is planned once."""
 
     def topic_counts(self, topics: Sequence[str], cap: int) -> Statement:
+        # ORDER BY the index's columns after the topic: planned once for any topic,
+        # PostgreSQL guesses the average topic's rows and, without it, scanned the log
+        # for a rare one (issue 52's plan tests); with it, only the index gives the order.
         q = self.quote
         return (f"SELECT t, (SELECT COUNT(*) FROM (SELECT 1 AS one FROM {q(MESSAGE_TABLE)} "
-                f"WHERE {q('topic')} = t LIMIT %s) capped) FROM unnest(%s::text[]) AS n(t)",
+                f"WHERE {q('topic')} = t ORDER BY {q('partition_key')}, {q('offset')} "
+                f"LIMIT %s) capped) FROM unnest(%s::text[]) AS n(t)",
                 [cap, list(topics)])

@@ -149,9 +149,13 @@ class DeliveryStatements(Vendor):
         at worst a late message waits for it. Each window its own range of the state
         table's primary key, in a UNION ALL."""
         q = self.quote
+        # text_mark: on MySQL/MariaDB a parameter in the connection's collation is no
+        # constant prefix of the binary key, and the GROUP BY of the partition then
+        # sorted the window in a temporary table (issue 52's plan tests).
+        text = self.text_mark
         one = (f"SELECT {q('partition_key')}, MAX({q('invisible_until')}) "
-               f"FROM {q(STATE_TABLE)} WHERE {q('consumer_group')} = %s "
-               f"AND {q('topic')} = %s AND {q('partition_key')} = %s "
+               f"FROM {q(STATE_TABLE)} WHERE {q('consumer_group')} = {text} "
+               f"AND {q('topic')} = {text} AND {q('partition_key')} = {text} "
                f"AND {q('message_offset')} > %s AND NOT {q('acked')} "
                f"AND {q('invisible_until')} > {self.now_ms_sql} "
                f"GROUP BY {q('partition_key')}")
