@@ -42,7 +42,7 @@ from sqlqueue.conf import get_settings
 from sqlqueue.models import PartitionOffset
 from sqlqueue.operations import COUNT_CAP
 from sqlqueue.operations.flow import PauseRow, is_paused, pauses
-from sqlqueue.operations.lag_batch import SubscriptionsRead, read_subscriptions
+from sqlqueue.operations.lag_many import SubscriptionsRead, read_subscriptions
 from sqlqueue.operations.lag_reads import (
     Pending,
     TopicRead,
@@ -79,7 +79,7 @@ def known_subscriptions(using: str | None = None) -> list[tuple[str, str]]:
 
 def lag_overview(using: str | None = None) -> list[GroupLag]:
     """``group_lag`` of every known subscription, by topic: every topic's heads,
-    positions, leases and delivery states are read once for all (``lag_batch``)."""
+    positions, leases and delivery states are read once for all (``lag_many``)."""
     return subscription_lags(known_subscriptions(using), using=using)
 
 
@@ -109,7 +109,7 @@ def subscription_lags(subscriptions: list[tuple[str, str]], using: str | None = 
                       paused: list[PauseRow] | None = None, last_errors: bool = False
                       ) -> list[GroupLag]:
     """``GroupLag`` of each (group, topic) of ``subscriptions``, sorted by topic, then in
-    their order: a few statements for all the topics (``lag_batch``), then the pending
+    their order: a few statements for all the topics (``lag_many``), then the pending
     messages and dead letters of every lagging partition in statements of many probes
     each; only a topic with too many lagging partitions to count is probed apart."""
     if not subscriptions:

@@ -1,7 +1,7 @@
 """The reads behind lag (``sqlqueue.operations.lag.topic_lags``): each bounded, by index.
 
 The topics are read once for all their groups (``TopicRead``: heads, positions, hints;
-``lag_batch``); then, per lagging partition, its pending messages, counted up to a cap or,
+``lag_many``); then, per lagging partition, its pending messages, counted up to a cap or,
 past the count budget, only the first one found (from the consumer's hint, or by a probe
 the database answers while planning).
 """
