@@ -17,7 +17,7 @@ from django.db import connection
 
 import sqlqueue
 from sqlqueue import InvalidMessage, Message, OutgoingMessage, send_message, send_messages
-from sqlqueue.consuming.outcomes import RetryAt, copy_to_dead_letters, write_acks
+from sqlqueue.consuming.outcomes import DeadLetterCopy, RetryAt, copy_to_dead_letters, write_acks
 from sqlqueue.models import DeliveryState, QueueMessage
 from sqlqueue.naming import MAX_STORED_TEXT_CHARS, storable_text
 from sqlqueue.storage.sql import store_for
