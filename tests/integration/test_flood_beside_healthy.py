@@ -60,7 +60,7 @@ def healthy_waves(runner: Runner, handled: Handled) -> list[int]:
                 *send_messages("u", [OutgoingMessage(wave, partition_key=p)
                                      for p in HEALTHY[:2]])]
         created.update(created_at([s.offset for s in sent]))
-        run_until(runner, lambda: all(s.offset in handled.at for s in sent))
+        run_until(runner, lambda sent=sent: all(s.offset in handled.at for s in sent))
     return sorted(handled.at[o] - at for o, at in created.items())
 
 
@@ -89,7 +89,6 @@ def test_healthy_partitions_keep_their_latency_beside_a_flood(register: Any) -> 
         runner.shutdown()
     # Within 2x, or within one poll interval of it (what a pass costs at best).
     poll_ms = conf.POLL_INTERVAL * 1000
-    print(f"calm {calm}\nflooded {flooded}")
     assert statistics.median(flooded) <= 2 * max(statistics.median(calm), poll_ms), (
         calm, flooded)
     assert p90(flooded) <= 2 * max(p90(calm), poll_ms), (calm, flooded)
