@@ -75,7 +75,7 @@ class OutcomeRecorder:
         stranger's (the ack would be lost, the message run again). Nothing to record
         reads nothing (not even the clock)."""
         outcomes = list(outcomes)
-        self.log_failures(outcomes)
+        self.log_failures([])  # what was counted, once due
         if not outcomes:
             return
         self.write(cursor, recording.plan(outcomes, outstanding=self.deliveries.outstanding,
@@ -113,6 +113,8 @@ class OutcomeRecorder:
         ledger, and their runs end in the windows."""
         outcomes = list(outcomes)
         self.deliveries.answered(outcomes)
+        # Counted once committed: outcomes kept after a failed write are recorded again.
+        self.log_failures(outcomes)
         for outcome in outcomes:
             delivery = outcome.delivery
             if (state := self.partitions.get(delivery.partition_key)) is not None:
