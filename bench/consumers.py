@@ -137,3 +137,24 @@ def live(message: sqlqueue.Message) -> None:
     if path:
         with open(path, "a") as journal:
             journal.write(f"{time.time():.4f} {(time.time() - message.payload['t']) * 1000:.2f}\n")
+
+
+#: bench.failure_paths: the same messages acked, rejected, and failing twice then acked
+FAILURE_TOPIC = "bench.failures"
+
+
+@sqlqueue.consumer(FAILURE_TOPIC, group="bench-fail-ack")
+def failure_paths_ack(message: sqlqueue.Message) -> None:
+    return None
+
+
+@sqlqueue.consumer(FAILURE_TOPIC, group="bench-fail-reject")
+def failure_paths_reject(message: sqlqueue.Message) -> None:
+    raise sqlqueue.Reject("bench: rejected")
+
+
+@sqlqueue.consumer(FAILURE_TOPIC, group="bench-fail-twice", max_attempts=3,
+                   min_backoff=0.001, max_backoff=0.001)
+def failure_paths_twice(message: sqlqueue.Message) -> None:
+    if message.attempt < 3:
+        raise RuntimeError("bench: fails twice")

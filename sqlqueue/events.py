@@ -16,10 +16,17 @@ RUNNER_STARTED = "sqlqueue.runner.started"
 RUNNER_RECONNECTING = "sqlqueue.runner.reconnecting"
 #: DEBUG, each handler run: group, topic, partition, offset, attempt, outcome, duration
 MESSAGE_HANDLED = "sqlqueue.message.handled"
-#: WARNING, a handler raised: group, topic, partition, offset, attempt, error
+#: DEBUG, each time a handler raised: group, topic, partition, offset, attempt, error,
+#: subject
 HANDLER_FAILED = "sqlqueue.handler.failed"
-#: ERROR: group, topic, partition, offset, attempt, reason
+#: DEBUG, each dead letter: group, topic, partition, offset, attempt, reason, subject
 MESSAGE_DEAD_LETTERED = "sqlqueue.message.dead_lettered"
+#: WARNING, at most once per subscription per FAILURE_LOG_INTERVAL_SECONDS (the first
+#: failure at once): group, topic, count (failures since the last such line), and the
+#: latest's partition, offset, attempt, error, subject
+HANDLER_FAILURES = "sqlqueue.handler.failures"
+#: ERROR, the same for dead letters (error: the reason)
+DEAD_LETTERS = "sqlqueue.messages.dead_lettered"
 #: INFO: group, topic, subscriber, held, gained, lost, released
 LEASES_CHANGED = "sqlqueue.leases.changed"
 #: logger "sqlqueue.leases", DEBUG, each lease of a subscriber at each tick: group, topic,
@@ -43,8 +50,8 @@ RUNNER_STOP_REQUESTED = "sqlqueue.runner.stop_requested"
 RUNNER_SESSION_ENDED = "sqlqueue.runner.session_ended"
 
 EVENTS = (RUNNER_STARTED, RUNNER_RECONNECTING, MESSAGE_HANDLED, HANDLER_FAILED,
-          MESSAGE_DEAD_LETTERED, LEASES_CHANGED, LEASE, WATERMARK_WENT_BACK,
-          OFFSET_COUNTER_WENT_BACK,
+          MESSAGE_DEAD_LETTERED, HANDLER_FAILURES, DEAD_LETTERS, LEASES_CHANGED, LEASE,
+          WATERMARK_WENT_BACK, OFFSET_COUNTER_WENT_BACK,
           RUNNER_STOP_REQUESTED, RUNNER_SESSION_ENDED)
 
 

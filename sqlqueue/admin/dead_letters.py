@@ -31,6 +31,8 @@ from sqlqueue.admin.pages import REFRESH_SECONDS, admin_url, confirmation_page
 from sqlqueue.conf import get_settings
 from sqlqueue.models import DeadLetter
 from sqlqueue.operations.dead_letters import (
+    REPLAY_AT_MOST,
+    REPLAY_CHUNK,
     BulkResult,
     discard_dead_letters,
     replay_dead_letters,
@@ -76,9 +78,10 @@ def subject_of_dead_letter(dead: DeadLetter) -> str:
                  if (subject := describe(dead))), "")
 
 
-#: dead letters one "replay all matching" request replays; the rest on the next click, or
-#: from the command line (manage.py queue dead-letters replay --all), which shows progress
-BULK_REPLAY_LIMIT = 5_000
+#: dead letters one "replay all matching" request replays (set-based, REPLAY_CHUNK a
+#: transaction); the rest on the next click, or from the command line (manage.py queue
+#: dead-letters replay --all --at-most N), which shows progress
+BULK_REPLAY_LIMIT = REPLAY_AT_MOST
 
 
 @admin.register(DeadLetter)
@@ -263,7 +266,13 @@ class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedL
         more = len(offsets) > BULK_REPLAY_LIMIT
         offsets = offsets[:BULK_REPLAY_LIMIT]
         if request.method == "POST" and request.POST.get("confirmed") == "yes":
-            self._report(request, "Replayed", replay_dead_letters(offsets))
+            result = replay_dead_letters(offsets)
+            self._report(request, "Replayed", result)
+            if len(offsets) > REPLAY_CHUNK:
+                self.message_user(request, (
+                    f"In {-(-len(offsets) // REPLAY_CHUNK)} transactions of up to "
+                    f"{REPLAY_CHUNK} (each one INSERT ... SELECT and one DELETE)."),
+                    messages.INFO)
             if more:
                 self.message_user(request, (
                     f"More than {BULK_REPLAY_LIMIT} matched; {BULK_REPLAY_LIMIT} were "
@@ -280,9 +289,8 @@ class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedL
             "limit": BULK_REPLAY_LIMIT,
             # the groups of the dead letters it would replay (by primary key), not a
             # DISTINCT over every match
-            "groups": sorted(set(DeadLetter.objects.using(matching.db)
-                                 .filter(offset__in=offsets)
-                                 .values_list("consumer_group", flat=True)))[:20],
+            "groups": _groups_of(matching.db, offsets),
+            "chunk": REPLAY_CHUNK,
             "filters": [(k, v) for k, v in request.GET.items()],
             "back_url": back,
         })
@@ -321,3 +329,20 @@ class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedL
         if result.missing:
             self.message_user(request, f"{len(result.missing)} had been replayed or "
                               "discarded already.", messages.WARNING)
+
+
+#: the groups a "replay all matching" confirmation names, at most
+GROUPS_SHOWN = 20
+
+
+def _groups_of(alias: str, offsets: list[int]) -> list[str]:
+    """The groups of the dead letters at ``offsets`` (by primary key, REPLAY_CHUNK at a
+    time: within every database's limit on parameters), up to ``GROUPS_SHOWN``."""
+    groups: set[str] = set()
+    for first in range(0, len(offsets), REPLAY_CHUNK):
+        groups.update(DeadLetter.objects.using(alias)
+                      .filter(offset__in=offsets[first:first + REPLAY_CHUNK])
+                      .values_list("consumer_group", flat=True))
+        if len(groups) >= GROUPS_SHOWN:
+            break
+    return sorted(groups)[:GROUPS_SHOWN]

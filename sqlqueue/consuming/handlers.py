@@ -186,6 +186,8 @@ class Outcome:
     #: what a failed handler raised (kind "fail"), for sqlqueue.testing's report; held
     #: only until the outcome is recorded
     exception: BaseException | None = field(default=None, repr=False, compare=False)
+    #: what the message asked (``subject_of``), for the failure's log line (kind "fail")
+    subject: str = field(default="", compare=False)
 
 
 def published_id(row: FetchedRow) -> str:
@@ -258,7 +260,9 @@ def handle(delivery: Delivery) -> Outcome:
             _after_database_error(delivery.alias)
         description = described(exc)
         subject = subject_of(delivery)
-        logger.warning(
+        # Each failure at DEBUG: the OutcomeRecorder's FailureLog writes the WARNING lines,
+        # one per subscription per interval under a flood.
+        logger.debug(
             "Handler %s failed on %s/%s@%s (attempt %s)%s: %s", consumer.name,
             consumer.topic, delivery.partition_key, delivery.row.offset, delivery.attempt,
             f", {subject}" if subject else "", description,
@@ -267,7 +271,8 @@ def handle(delivery: Delivery) -> Outcome:
                                 offset=delivery.row.offset, attempt=delivery.attempt,
                                 error=description, subject=subject),
         )
-        return Outcome(delivery, "fail", error=error_text(exc), exception=exc)
+        return Outcome(delivery, "fail", error=error_text(exc), exception=exc,
+                       subject=subject)
 
 
 def failure_outcome(delivery: Delivery, exc: BaseException) -> Outcome:

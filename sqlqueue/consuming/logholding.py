@@ -7,6 +7,16 @@ runners unable to take its partitions over (the wave-4 rerun saw 12 minutes on M
 So what the runner's main thread logs inside such a transaction waits, and is written
 once the transaction has ended (committed or rolled back). The server's bound on idle
 transactions (``ServerWatch``) covers what this cannot: a process frozen whole.
+
+And a flood of failures is one line per subscription and kind per interval (``FailureLog``):
+a bad deploy or a downstream outage fails every message of a group at once, and a line per
+message would bury everything else in the log (100,000 failures, 100,000 lines). The
+``OutcomeRecorder`` tells a ``FailureLog`` of each handler failure and each dead letter,
+and it writes the first one of an interval at once, as one line with its detail (a lone
+failure reads as it always did), then, once ``FAILURE_LOG_INTERVAL_SECONDS`` have passed,
+one line with how many more there were and the latest of them. Every failure's own detail
+stays at DEBUG (``sqlqueue.handler.failed``, ``sqlqueue.message.dead_lettered``) and, for
+a dead letter, in the dead letter itself.
 """
 
 from __future__ import annotations
@@ -15,8 +25,13 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from django.db import transaction
+
+from sqlqueue import events
+
+_consumer_log = logging.getLogger("sqlqueue.consumer")
 
 #: the loggers of what runs inside a runner's cycle transaction
 HELD_LOGGERS = ("sqlqueue.consumer", "sqlqueue.leases")
@@ -67,3 +82,101 @@ def atomic_then_logs(alias: str, on_error: Callable[[], None]) -> Iterator[None]
         except BaseException:
             on_error()
             raise
+
+
+#: at most one line per subscription and kind (handler failures, dead letters) this often
+FAILURE_LOG_INTERVAL_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed run or one dead letter, as its line tells it."""
+
+    partition: str
+    offset: int
+    attempt: int
+    text: str  # what the handler raised (a failure), or why (a dead letter: "rejected"...)
+    subject: str  # what the message asked, in its handler's words ("" for none)
+
+
+@dataclass(frozen=True)
+class FailureKind:
+    """Which lines a ``FailureLog`` writes: their event, level and words."""
+
+    event: str
+    level: int
+    #: (handler name, topic, group, failure) -> the line of one failure
+    one: Callable[[str, str, str, Failure], str]
+    #: (handler name, topic, group, count, seconds, latest) -> the line of many
+    many: Callable[[str, str, str, int, float, Failure], str]
+
+
+def _subject(failure: Failure, before: str) -> str:
+    return f"{before}{failure.subject}" if failure.subject else ""
+
+
+HANDLER_FAILURE_LINES = FailureKind(
+    events.HANDLER_FAILURES, logging.WARNING,
+    lambda name, topic, group, f: (
+        f"Handler {name} failed on {topic}/{f.partition}@{f.offset} (attempt {f.attempt})"
+        f"{_subject(f, ', ')}: {f.text}"),
+    lambda name, topic, group, count, seconds, f: (
+        f"Handler {name} failed {count} times in the last {seconds:.0f}s; the latest on "
+        f"{topic}/{f.partition}@{f.offset} (attempt {f.attempt}){_subject(f, ', ')}: "
+        f"{f.text}"),
+)
+
+DEAD_LETTER_LINES = FailureKind(
+    events.DEAD_LETTERS, logging.ERROR,
+    lambda name, topic, group, f: (
+        f"Dead-lettered {topic}/{f.partition}@{f.offset}{_subject(f, ' (') + ')' * bool(f.subject)}"
+        f" for group {group!r} after {f.attempt} attempt(s) ({f.text})."),
+    lambda name, topic, group, count, seconds, f: (
+        f"Dead-lettered {count} messages of {topic} for group {group!r} in the last "
+        f"{seconds:.0f}s; the latest {topic}/{f.partition}@{f.offset}"
+        f"{_subject(f, ' (') + ')' * bool(f.subject)} after {f.attempt} attempt(s) "
+        f"({f.text})."),
+)
+
+
+class FailureLog:
+    """One subscription's lines of one kind. ``monotonic``: this host's clock (seconds)."""
+
+    def __init__(self, kind: FailureKind, *, name: str, group: str, topic: str,
+                 monotonic: Callable[[], float],
+                 interval: float = FAILURE_LOG_INTERVAL_SECONDS) -> None:
+        self.kind = kind
+        self.name, self.group, self.topic = name, group, topic
+        self.monotonic = monotonic
+        self.interval = interval
+        self._opened: float | None = None  # when the last line was written
+        self._count = 0  # failures since, not yet in a line
+        self._latest: Failure | None = None
+
+    def note(self, failure: Failure) -> None:
+        """One more failure: written now if no line was this interval, else counted."""
+        self._count += 1
+        self._latest = failure
+        if self._opened is None or self.monotonic() - self._opened >= self.interval:
+            self._write(self.monotonic())
+
+    def flush(self) -> None:
+        """Write what was counted, once its interval has passed (each pass asks)."""
+        if self._count and self._opened is not None:
+            now = self.monotonic()
+            if now - self._opened >= self.interval:
+                self._write(now)
+
+    def _write(self, now: float) -> None:
+        latest, count = self._latest, self._count
+        assert latest is not None
+        if count == 1:
+            text = self.kind.one(self.name, self.topic, self.group, latest)
+        else:
+            seconds = now - self._opened if self._opened is not None else 0.0
+            text = self.kind.many(self.name, self.topic, self.group, count, seconds, latest)
+        _consumer_log.log(self.kind.level, "%s", text, extra=events.fields(
+            self.kind.event, group=self.group, topic=self.topic, count=count,
+            partition=latest.partition, offset=latest.offset, attempt=latest.attempt,
+            error=latest.text, subject=latest.subject))
+        self._opened, self._count, self._latest = now, 0, None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from django.db import connections
@@ -22,7 +22,7 @@ from sqlqueue import storage
 from sqlqueue.conf import MAX_NAME_BYTES
 from sqlqueue.naming import storable_text
 from sqlqueue.storage.protocols import DeliveryStore
-from sqlqueue.storage.sql.base import OutcomeWrite
+from sqlqueue.storage.sql.base import DeadLetterWrite, OutcomeWrite
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,27 @@ def ack(alias: str, group: str, topic: str, partition_key: str, offset: int) -> 
         write_acks(cursor, storage.store(connection), group, topic, [Ack(partition_key, offset)])
 
 
+@dataclass(frozen=True)
+class GiveBackOrder:
+    """A delivery no handler started, to undo: its retry count back to
+    ``previous_retry_count`` (None: never delivered before)."""
+
+    partition_key: str
+    offset: int
+    previous_retry_count: int | None
+
+
 def give_back(cursor: CursorWrapper, store: DeliveryStore, group: str, topic: str,
-              partition_key: str, offset: int, previous_retry_count: int | None) -> None:
-    """Undo the delivery of a message no handler started: no attempt charged (its retry
-    count back to ``previous_retry_count``; None: never delivered), visible again now."""
-    store.give_back(cursor, group, topic, partition_key, offset, previous_retry_count)
+              orders: Iterable[GiveBackOrder]) -> None:
+    """Undo the deliveries of messages no handler started: no attempt charged, visible
+    again now; one statement per distinct previous retry count (usually one or two),
+    none for nothing."""
+    by_count: dict[int | None, list[tuple[str, int]]] = {}
+    for order in orders:
+        by_count.setdefault(order.previous_retry_count, []).append(
+            (order.partition_key, order.offset))
+    for previous, keys in by_count.items():
+        store.give_back(cursor, group, topic, keys, previous)
 
 
 def dead_letter_id(original_id: str, group: str) -> str:
@@ -82,16 +98,26 @@ def dead_letter_id(original_id: str, group: str) -> str:
     return "sha256:" + hashlib.sha256(f"{original_id}\x00{group}".encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class DeadLetterCopy:
+    """A message to copy into its dead-letter topic for a group (``copy_to_dead_letters``)."""
+
+    message_id: str
+    offset: int
+    attempts: int
+    error: str
+    reason: str
+
+
 def copy_to_dead_letters(cursor: CursorWrapper, store: DeliveryStore, *, dead_letter_topic: str,
-                         group: str, message_id: str, offset: int, attempts: int,
-                         error: str, reason: str) -> None:
-    """Copy a message into its dead-letter topic for ``group`` (the caller acks it, with
-    ``write_acks``, in the same transaction), with its error made safe to store."""
-    store.insert_dead_letter(
-        cursor, dead_letter_topic=dead_letter_topic,
-        dead_letter_id=dead_letter_id(message_id, group), offset=offset, attempts=attempts,
-        last_error=storable_text(error),
-        detail=json.dumps({"id": storable_text(message_id), "offset": offset, "group": group,
-                           "reason": reason}),
-        group=group,
-    )
+                         group: str, copies: Sequence[DeadLetterCopy]) -> None:
+    """Copy messages into their dead-letter topic for ``group``, a few statements for any
+    number (the caller acks them, with ``write_acks``, in the same transaction), each
+    error made safe to store (guarantee I15)."""
+    store.insert_dead_letters(cursor, dead_letter_topic=dead_letter_topic, group=group, letters=[
+        DeadLetterWrite(
+            offset=copy.offset, dead_letter_id=dead_letter_id(copy.message_id, group),
+            attempts=copy.attempts, last_error=storable_text(copy.error),
+            detail=json.dumps({"id": storable_text(copy.message_id), "offset": copy.offset,
+                               "group": group, "reason": copy.reason}))
+        for copy in copies])

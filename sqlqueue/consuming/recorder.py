@@ -13,15 +13,30 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from django.db import Error as AnyDatabaseError
 from django.db import transaction
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events, storage
 from sqlqueue.consuming import recording
+from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.delivering import RESTAMP_AFTER_MS
 from sqlqueue.consuming.handlers import Delivery, Outcome, published_id, subject_of
 from sqlqueue.consuming.ledger import Deliveries
-from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, give_back, write_acks
+from sqlqueue.consuming.logholding import (
+    DEAD_LETTER_LINES,
+    HANDLER_FAILURE_LINES,
+    Failure,
+    FailureLog,
+)
+from sqlqueue.consuming.outcomes import (
+    Ack,
+    DeadLetterCopy,
+    GiveBackOrder,
+    copy_to_dead_letters,
+    give_back,
+    write_acks,
+)
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.registry import Consumer, ConsumerOptions
 
@@ -33,7 +48,8 @@ class OutcomeRecorder:
 
     def __init__(self, *, consumer: Consumer, options: ConsumerOptions, alias: str,
                  dead_letter_topic: str, clock: Callable[[], int],
-                 partitions: dict[str, PartitionState], deliveries: Deliveries) -> None:
+                 partitions: dict[str, PartitionState], deliveries: Deliveries,
+                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
         self.group, self.topic = consumer.group, consumer.topic
         self.options = options
         self.alias = alias
@@ -43,6 +59,11 @@ class OutcomeRecorder:
         self.deliveries = deliveries  # the Subscriber's ledger
         #: delivered, acked, retried, dead_lettered, abandoned (``Subscriber.stats``)
         self.stats: Counter[str] = Counter()
+        # The flood's log lines: one per interval and kind, not one per message.
+        self.failure_log = FailureLog(HANDLER_FAILURE_LINES, name=consumer.name, group=self.group,
+                                      topic=self.topic, monotonic=host_clock.monotonic)
+        self.dead_letter_log = FailureLog(DEAD_LETTER_LINES, name=consumer.name, group=self.group,
+                                          topic=self.topic, monotonic=host_clock.monotonic)
 
     def delivered(self, count: int) -> None:
         self.stats["delivered"] += count
@@ -54,6 +75,7 @@ class OutcomeRecorder:
         stranger's (the ack would be lost, the message run again). Nothing to record
         reads nothing (not even the clock)."""
         outcomes = list(outcomes)
+        self.log_failures([])  # what was counted, once due
         if not outcomes:
             return
         self.write(cursor, recording.plan(outcomes, outstanding=self.deliveries.outstanding,
@@ -61,18 +83,22 @@ class OutcomeRecorder:
                                           now_ms=self.clock()))
 
     def write(self, cursor: CursorWrapper, plan: recording.Plan) -> None:
-        """Give-backs, then one short transaction per dead letter, then the acks and
-        retries of every partition in one statement; then the in-memory view follows."""
+        """Give-backs; the dead letters' copies (a few statements for any number); then
+        the acks (the dead letters' too) and retries of every partition in one statement;
+        then the in-memory view follows."""
         self.stats["abandoned"] += plan.abandoned
         store = storage.store(self.alias)
+        if plan.give_backs:
+            give_back(cursor, store, self.group, self.topic, [
+                GiveBackOrder(g.delivery.partition_key, g.delivery.row.offset,
+                              g.previous_retry_count) for g in plan.give_backs])
         for give in plan.give_backs:
-            delivery = give.delivery
-            give_back(cursor, store, self.group, self.topic,
-                      delivery.partition_key, delivery.row.offset, give.previous_retry_count)
-            self.partitions[delivery.partition_key].given_back(delivery.row.offset)
-        for dead in plan.dead_letters:
-            self.dead_letter(cursor, dead.delivery, dead.reason, dead.error)
-        retries = self._write_acks_and_retries(cursor, plan.ack_writes(), plan.retries)
+            self.partitions[give.delivery.partition_key].given_back(give.delivery.row.offset)
+        copied = self._copy_dead_letters(cursor, plan.dead_letters)
+        retries = self._write_acks_and_retries(
+            cursor, plan.ack_writes() + [_ack_of(dead.delivery) for dead in copied],
+            plan.retries)
+        self._dead_lettered(copied)
         self.stats["acked"] += len(plan.finished)
         self.stats["retried"] += len(retries)
         for delivery in plan.finished:
@@ -87,6 +113,8 @@ class OutcomeRecorder:
         ledger, and their runs end in the windows."""
         outcomes = list(outcomes)
         self.deliveries.answered(outcomes)
+        # Counted once committed: outcomes kept after a failed write are recorded again.
+        self.log_failures(outcomes)
         for outcome in outcomes:
             delivery = outcome.delivery
             if (state := self.partitions.get(delivery.partition_key)) is not None:
@@ -111,27 +139,106 @@ class OutcomeRecorder:
                        [retry.write() for retry in retries])
         return retries
 
-    def dead_letter(self, cursor: CursorWrapper, delivery: Delivery, reason: str,
-                    error: str) -> None:
-        """Copy ``delivery``'s message to the dead letters and ack it, in a transaction
-        of its own (a savepoint inside the pass's)."""
-        row = delivery.row
+    def dead_letters(self, cursor: CursorWrapper,
+                     orders: list[recording.DeadLetterOrder]) -> None:
+        """Copy the messages of ``orders`` to the dead letters and ack them (guarantee I7:
+        both or neither), in the caller's transaction: what a pass finds out of attempts
+        (``Subscriber.poll``)."""
+        if not orders:
+            return
+        copied = self._copy_dead_letters(cursor, orders)
+        if copied:
+            write_acks(cursor, storage.store(self.alias), self.group, self.topic,
+                       [_ack_of(dead.delivery) for dead in copied])
+        self._dead_lettered(copied)
+
+    def _copy_dead_letters(
+        self, cursor: CursorWrapper, orders: list[recording.DeadLetterOrder],
+    ) -> list[recording.DeadLetterOrder]:
+        """The copies of ``orders`` in the dead-letter topic, in a few statements inside a
+        savepoint; returns the orders copied so, whose acks the caller writes in the same
+        transaction. If that fails (not a lock wait: the pass is tried again whole), each
+        is written alone, copy and ack in a savepoint of its own, so that one bad row
+        does not hold the pass's other outcomes; those are not returned."""
+        if not orders:
+            return []
         store = storage.store(self.alias)
-        with transaction.atomic(using=self.alias):
-            copy_to_dead_letters(
-                cursor, store, dead_letter_topic=self.dead_letter_topic,
-                group=self.group, message_id=published_id(row), offset=row.offset,
-                attempts=delivery.attempt, error=error, reason=reason)
-            write_acks(cursor, store, self.group, self.topic,
-                       [Ack(delivery.partition_key, row.offset)])
-        subject = subject_of(delivery)
-        logger.error("Dead-lettered %s/%s@%s%s for group %r after %s attempt(s) (%s).",
-                     self.topic, delivery.partition_key, row.offset,
-                     f" ({subject})" if subject else "", self.group, delivery.attempt, reason,
-                     extra=events.fields(events.MESSAGE_DEAD_LETTERED, group=self.group,
-                                         topic=self.topic, partition=delivery.partition_key,
-                                         offset=row.offset, attempt=delivery.attempt,
-                                         reason=reason, subject=subject))
-        self.stats["dead_lettered"] += 1
-        if (state := self.partitions.get(delivery.partition_key)) is not None:
-            state.finished(row.offset)
+        try:
+            with transaction.atomic(using=self.alias):
+                copy_to_dead_letters(cursor, store, dead_letter_topic=self.dead_letter_topic,
+                                     group=self.group, copies=[_copy_of(o) for o in orders])
+        except AnyDatabaseError as exc:
+            if store.is_lock_wait(exc) or len(orders) == 1:
+                raise
+            logger.warning("%s/%s: the %s dead letters of a pass could not be written "
+                           "together (%s); writing them one at a time.", self.group,
+                           self.topic, len(orders), exc)
+            self._dead_lettered([o for o in orders if self._dead_letter_alone(cursor, o)])
+            return []
+        return orders
+
+    def _dead_letter_alone(self, cursor: CursorWrapper,
+                           order: recording.DeadLetterOrder) -> bool:
+        """One dead letter, copy and ack, in a savepoint of its own; False if it could not
+        be written (logged: the message stays unacked, and is delivered again once its
+        visibility timeout ends)."""
+        store = storage.store(self.alias)
+        try:
+            with transaction.atomic(using=self.alias):
+                copy_to_dead_letters(cursor, store, dead_letter_topic=self.dead_letter_topic,
+                                     group=self.group, copies=[_copy_of(order)])
+                write_acks(cursor, store, self.group, self.topic, [_ack_of(order.delivery)])
+        except AnyDatabaseError as exc:
+            if store.is_lock_wait(exc):
+                raise
+            row = order.delivery.row
+            logger.error("%s/%s@%s: could not be dead-lettered for group %r (%s); it is "
+                         "delivered again after its visibility timeout.", self.topic,
+                         order.delivery.partition_key, row.offset, self.group, exc)
+            return False
+        return True
+
+    def _dead_lettered(self, orders: list[recording.DeadLetterOrder]) -> None:
+        """Written: counted, each at DEBUG, the flood's lines (``FailureLog``), and done in
+        its partition's window."""
+        for order in orders:
+            delivery, row = order.delivery, order.delivery.row
+            subject = subject_of(delivery)
+            logger.debug("Dead-lettered %s/%s@%s%s for group %r after %s attempt(s) (%s).",
+                         self.topic, delivery.partition_key, row.offset,
+                         f" ({subject})" if subject else "", self.group, delivery.attempt,
+                         order.reason,
+                         extra=events.fields(events.MESSAGE_DEAD_LETTERED, group=self.group,
+                                             topic=self.topic,
+                                             partition=delivery.partition_key,
+                                             offset=row.offset, attempt=delivery.attempt,
+                                             reason=order.reason, subject=subject))
+            self.dead_letter_log.note(Failure(delivery.partition_key, row.offset,
+                                              delivery.attempt, order.reason, subject))
+            self.stats["dead_lettered"] += 1
+            if (state := self.partitions.get(delivery.partition_key)) is not None:
+                state.finished(row.offset)
+
+    def log_failures(self, outcomes: list[Outcome]) -> None:
+        """The handlers' failures among ``outcomes`` to the flood's lines (each was
+        logged at DEBUG when it happened); and what was counted, once due."""
+        for outcome in outcomes:
+            if outcome.kind == "fail":
+                delivery = outcome.delivery
+                # The traceback's last line: the exception, as the dead letter's list shows it.
+                text = (outcome.error.strip().splitlines() or [""])[-1]
+                self.failure_log.note(Failure(delivery.partition_key, delivery.row.offset,
+                                              delivery.attempt, text, outcome.subject))
+        self.failure_log.flush()
+        self.dead_letter_log.flush()
+
+
+def _ack_of(delivery: Delivery) -> Ack:
+    return Ack(delivery.partition_key, delivery.row.offset)
+
+
+def _copy_of(order: recording.DeadLetterOrder) -> DeadLetterCopy:
+    row = order.delivery.row
+    return DeadLetterCopy(message_id=published_id(row), offset=row.offset,
+                          attempts=order.delivery.attempt, error=order.error,
+                          reason=order.reason)

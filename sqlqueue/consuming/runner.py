@@ -279,6 +279,7 @@ class Runner:
                 self.instruments.leases_changed(group, topic, len(change.gained),
                                                 len(change.lost))
             if not subscriber.has_work(len(outcomes.get(key, ())), head):
+                subscriber.recorder.log_failures([])  # a flood's last count, once due
                 continue
             deliveries = self.transactions.deliver(subscriber, cursor, outcomes.pop(key, []),
                                                      head, budget)

@@ -28,6 +28,7 @@ from sqlqueue.consuming.ledger import Deliveries
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.recorder import OutcomeRecorder
+from sqlqueue.consuming.recording import DeadLetterOrder
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.consuming.watermarks import WatermarkKeeper
 
@@ -87,7 +88,7 @@ class Subscriber:
         self.recorder = OutcomeRecorder(consumer=consumer, options=self.options, alias=alias,
                                         dead_letter_topic=consumer.topic + conf.DLQ_SUFFIX,
                                         clock=clock, partitions=self.partitions,
-                                        deliveries=self.deliveries)
+                                        deliveries=self.deliveries, host_clock=host_clock)
 
     @property
     def stats(self) -> Counter[str]:
@@ -227,10 +228,9 @@ class Subscriber:
                               BATCHES_AHEAD * self.consumer.max_batch) - waiting)
             budget = room if budget is None else min(budget, room)
         deliveries, spent = self.fetcher.poll(cursor, head, budget)
-        for delivery in spent:
-            self.recorder.dead_letter(cursor, delivery, "crashed", (
-                f"Gave up after {delivery.attempt - 1} attempt(s) that never completed "
-                "(the worker stopped or the visibility timeout ran out)."))
+        self.recorder.dead_letters(cursor, [DeadLetterOrder(delivery, "crashed", (
+            f"Gave up after {delivery.attempt - 1} attempt(s) that never completed "
+            "(the worker stopped or the visibility timeout ran out).")) for delivery in spent])
         return deliveries
 
     def handed_out(self, deliveries: Iterable[Delivery]) -> None:

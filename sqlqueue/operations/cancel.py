@@ -21,7 +21,7 @@ from django.db import connections, transaction
 
 from sqlqueue import storage
 from sqlqueue.conf import get_settings
-from sqlqueue.consuming.outcomes import Ack, copy_to_dead_letters, write_acks
+from sqlqueue.consuming.outcomes import Ack, DeadLetterCopy, copy_to_dead_letters, write_acks
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.operations.lag import known_subscriptions
@@ -117,10 +117,11 @@ def _cancel_partition(alias: str, group: str, topic: str, key: str,
                 continue
             chosen.append((offset, message_id, retries))
         with connection.cursor() as cursor:
-            for offset, message_id, retries in chosen:
-                copy_to_dead_letters(
-                    cursor, store, dead_letter_topic=topic + conf.DLQ_SUFFIX, group=group,
-                    message_id=message_id, offset=offset, attempts=retries,
-                    error=f"Cancelled by an operator. {reason}".strip(), reason=CANCELLED)
+            copy_to_dead_letters(
+                cursor, store, dead_letter_topic=topic + conf.DLQ_SUFFIX, group=group,
+                copies=[DeadLetterCopy(message_id=message_id, offset=offset, attempts=retries,
+                                       error=f"Cancelled by an operator. {reason}".strip(),
+                                       reason=CANCELLED)
+                        for offset, message_id, retries in chosen])
             write_acks(cursor, store, group, topic, [Ack(key, offset) for offset, _, _ in chosen])
         result.cancelled += len(chosen)

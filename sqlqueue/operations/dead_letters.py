@@ -20,6 +20,7 @@ from sqlqueue import storage
 from sqlqueue.conf import MAX_NAME_BYTES, get_settings
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import DeadLetter
+from sqlqueue.storage.sql.base import ReplayWrite
 
 
 class NotADeadLetter(SqlqueueError, LookupError):
@@ -75,6 +76,13 @@ def discard_dead_letter(offset: int, *, using: str | None = None) -> None:
         _locked_dead_letter(offset, alias).delete()
 
 
+#: at most this many dead letters in one bulk replay (``queue dead-letters replay --all``'s
+#: ``--at-most`` default, the admin's "replay all matching"): the rest at the next one
+REPLAY_AT_MOST = 100_000
+#: dead letters one transaction of a bulk replay moves
+REPLAY_CHUNK = 1_000
+
+
 @dataclass
 class BulkResult:
     done: int = 0
@@ -83,9 +91,55 @@ class BulkResult:
 
 def replay_dead_letters(offsets: Iterable[int], *, using: str | None = None,
                         on_progress: Callable[[int], None] | None = None) -> BulkResult:
-    """``replay_dead_letter`` for each offset (one transaction each, so a long run holds
-    no lock for long and a failure keeps what was done)."""
-    return _each(offsets, lambda offset: replay_dead_letter(offset, using=using), on_progress)
+    """Replay the dead letters at ``offsets`` (as ``replay_dead_letter``), set-based:
+    ``REPLAY_CHUNK`` at a time in offset order, each chunk one transaction that locks
+    its dead letters, copies them back in a statement or two (``insert_replays``, so the
+    copies of one partition keep their order) and deletes them (``delete_dead_letters``).
+    Interrupted, the chunks done stay done and the rest stay dead letters: none is lost
+    or replayed twice, and no lock is held for long. ``on_progress(n)``: after each chunk,
+    how many offsets were handled so far. An offset that is not a dead letter (replayed
+    or discarded meanwhile, or never one) is reported missing."""
+    alias = using or get_settings().DATABASE
+    offsets = list(offsets)
+    wanted = sorted({o for o in offsets if _is_offset(o)})
+    result = BulkResult(missing=[o for o in offsets if not _is_offset(o)])
+    for first in range(0, len(wanted), REPLAY_CHUNK):
+        chunk = wanted[first:first + REPLAY_CHUNK]
+        replayed = _replay_chunk(chunk, alias)
+        result.done += len(replayed)
+        result.missing += [o for o in chunk if o not in replayed]
+        if on_progress is not None:
+            on_progress(first + len(chunk))
+    return result
+
+
+def _replay_chunk(offsets: list[int], alias: str) -> set[int]:
+    """One transaction of ``replay_dead_letters``: the offsets replayed."""
+    with transaction.atomic(using=alias):
+        found = (DeadLetter.objects.using(alias).select_for_update()
+                 .filter(offset__in=offsets).order_by("offset")
+                 .values_list("offset", "id", "failure_detail"))
+        replays = [_replay_write(offset, dead_id, detail) for offset, dead_id, detail in found]
+        connection = connections[alias]
+        store = storage.store(connection)
+        with connection.cursor() as cursor:
+            for some in store.dead_letter_chunks(replays):
+                store.insert_replays(cursor, some)
+            store.delete_dead_letters(cursor, [r.dead_letter_offset for r in replays])
+    return {r.dead_letter_offset for r in replays}
+
+
+def _replay_write(offset: int, dead_id: str, detail: object) -> ReplayWrite:
+    """What ``insert_replays`` writes for the dead letter at ``offset`` (the same id and
+    detail as ``replay_dead_letter``'s)."""
+    detail = detail if isinstance(detail, dict) else {}
+    original_id = str(detail.get("id", dead_id))
+    return ReplayWrite(offset, _replay_id(original_id, offset), json.dumps({"replay_of": {
+        "id": original_id, "offset": detail.get("offset"), "dead_letter_offset": offset}}))
+
+
+def _is_offset(offset: object) -> bool:
+    return isinstance(offset, int) and not isinstance(offset, bool) and offset >= 1
 
 
 def discard_dead_letters(offsets: Iterable[int], *, using: str | None = None,

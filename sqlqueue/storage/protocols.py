@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from sqlqueue.storage.sql.operating import PendingSummary
     from sqlqueue.storage.sql.schedules import ScheduleRow
     from sqlqueue.storage.sql.tables import (
+        DeadLetterWrite,
         FetchedRow,
         IdempotencyDigest,
         MessageKey,
@@ -83,11 +84,10 @@ class DeliveryStore(Protocol):
     def server_identity(self, cursor: CursorWrapper) -> str: ...
     def write_outcomes(self, cursor: CursorWrapper, group: str, topic: str,
             writes: Sequence[OutcomeWrite]) -> None: ...
-    def give_back(self, cursor: CursorWrapper, group: str, topic: str, partition: str, offset: int,
-            previous_retry_count: int | None) -> None: ...
-    def insert_dead_letter(self, cursor: CursorWrapper, *, dead_letter_topic: str,
-            dead_letter_id: str, offset: int, attempts: int, last_error: str, detail: str,
-            group: str) -> None: ...
+    def give_back(self, cursor: CursorWrapper, group: str, topic: str,
+            keys: Sequence[tuple[str, int]], previous_retry_count: int | None) -> None: ...
+    def insert_dead_letters(self, cursor: CursorWrapper, *, dead_letter_topic: str,
+            group: str, letters: Sequence[DeadLetterWrite]) -> None: ...
 
 
 class WatermarkStore(Protocol):

@@ -19,6 +19,7 @@ from sqlqueue import storage
 from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.protocols import ENGINE_PROTOCOLS
 from sqlqueue.storage.sql import MessageRow
+from sqlqueue.storage.statements.dead_letters import DeadLetterWrite
 from sqlqueue.storage.statements.delivery import OutcomeWrite
 from tests.engine.harness import ALIASES, memory_queue
 from tests.engine.memory.conformance import protocol_members
@@ -146,8 +147,8 @@ SCRIPT: list[tuple[str, Callable[[Side], object]]] = [
     ("an acked row stays acked", lambda s: s.d.write_outcomes(s.c, G, T, [
         ow(s, "a", False, 12_000, "late")])),
     ("fetch, acked untouched", lambda s: s.rows("p0")),
-    ("give_back to a retry count", lambda s: s.d.give_back(s.c, G, T, "p0", s.o("b"), 0)),
-    ("give_back a first delivery", lambda s: s.d.give_back(s.c, G, T, "p1", s.o("c"), None)),
+    ("give_back to a retry count", lambda s: s.d.give_back(s.c, G, T, [("p0", s.o("b"))], 0)),
+    ("give_back a first delivery", lambda s: s.d.give_back(s.c, G, T, [("p1", s.o("c"))], None)),
     ("fetch, given back", lambda s: (s.rows("p0"), s.rows("p1"))),
     ("extend_visibility", lambda s: (
         s.d.extend_visibility(s.c, G, T, "p0", s.o("a"), 1_000),
@@ -183,12 +184,12 @@ SCRIPT: list[tuple[str, Callable[[Side], object]]] = [
     ("fetch, state gone", lambda s: s.rows("p0")),
     ("start_at_heads", lambda s: (s.d.start_at_heads(s.c, "g2", T),
                                   s.d.start_at_heads(s.c, "g2", T), s.watermarks())),
-    ("insert_dead_letter", lambda s: s.d.insert_dead_letter(
-        s.c, dead_letter_topic="t_dlq", dead_letter_id="b@g", offset=s.o("b"), attempts=3,
-        last_error="boom", detail='{"id": "b"}', group=G)),
-    ("insert_dead_letter again", lambda s: s.d.insert_dead_letter(
-        s.c, dead_letter_topic="t_dlq", dead_letter_id="b@g", offset=s.o("b"), attempts=4,
-        last_error="boom", detail='{"id": "b"}', group=G)),
+    ("insert_dead_letters", lambda s: s.d.insert_dead_letters(
+        s.c, dead_letter_topic="t_dlq", group=G, letters=[
+            DeadLetterWrite(s.o("b"), "b@g", 3, "boom", '{"id": "b"}')])),
+    ("insert_dead_letters again", lambda s: s.d.insert_dead_letters(
+        s.c, dead_letter_topic="t_dlq", group=G, letters=[
+            DeadLetterWrite(s.o("b"), "b@g", 4, "boom", '{"id": "b"}')])),
     ("the dead letter", lambda s: [(r.id, r.consumer_group, r.deliver_after) for r in
                                    s.d.fetch_messages(s.c, G, "t_dlq", "p0", 0, 10)]),
     ("acquire_leases", lambda s: (

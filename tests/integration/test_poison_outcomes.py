@@ -17,7 +17,7 @@ from django.db import connection
 
 import sqlqueue
 from sqlqueue import InvalidMessage, Message, OutgoingMessage, send_message, send_messages
-from sqlqueue.consuming.outcomes import RetryAt, copy_to_dead_letters, write_acks
+from sqlqueue.consuming.outcomes import DeadLetterCopy, RetryAt, copy_to_dead_letters, write_acks
 from sqlqueue.models import DeliveryState, QueueMessage
 from sqlqueue.naming import MAX_STORED_TEXT_CHARS, storable_text
 from sqlqueue.storage.sql import store_for
@@ -62,8 +62,8 @@ def test_any_error_text_is_recorded_made_safe() -> None:
             write_acks(cursor, store, "g", "fuzz", [],
                        [RetryAt("k", sent.offset, invisible_until=0, error=text)])
             copy_to_dead_letters(cursor, store, dead_letter_topic="fuzz_dlq", group=f"g{n}",
-                                 message_id=sent.id, offset=sent.offset, attempts=1,
-                                 error=text, reason="max_attempts")
+                                 copies=[DeadLetterCopy(sent.id, sent.offset, 1, text,
+                                                        "max_attempts")])
         expected = storable_text(text)
         assert "\x00" not in expected and len(expected) <= MAX_STORED_TEXT_CHARS
         expected.encode("utf-8")  # no lone surrogate left

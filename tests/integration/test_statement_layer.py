@@ -28,6 +28,7 @@ from sqlqueue.storage.statements import (
     Statements,
     statements_for,
 )
+from sqlqueue.storage.statements.dead_letters import DeadLetterWrite, ReplayWrite
 from sqlqueue.storage.statements.delivery import OutcomeWrite
 from sqlqueue.storage.statements.publishing import WAKEUP_CHANNEL, MessageRow
 from sqlqueue.storage.statements.schedules import PublishedTick
@@ -322,11 +323,11 @@ def test_delivery_state_writes(executor: Executor) -> None:
     assert state(executor, b) == (False, 5, 1, "boom")
     assert executor.run(sql.extend_visibility("g", "t", "k", b, 60_000)) == 1
     assert executor.run(sql.extend_visibility("g", "t", "k", a, 60_000)) == 0  # acked
-    executor.run(sql.give_back("g", "t", "k", b, 0))
+    executor.run(sql.give_back("g", "t", [("k", b)], 0))
     assert state(executor, b) == (False, 0, 0, "boom")
-    executor.run(sql.give_back("g", "t", "k", b, None))
+    executor.run(sql.give_back("g", "t", [("k", b)], None))
     assert state(executor, b) is None
-    executor.run(sql.give_back("g", "t", "k", a, None))
+    executor.run(sql.give_back("g", "t", [("k", a), ("k", b)], None))
     assert state(executor, a) is not None  # acked: never given back
 
 
@@ -351,9 +352,8 @@ def test_dead_letters_and_replays(executor: Executor) -> None:
     sql = executor.sql
     offset = send_message("t", {"n": 1}, partition_key="k").offset
     for attempts in (3, 4):  # dead-lettered again: the row is updated
-        executor.run(sql.insert_dead_letter(
-            dead_letter_topic="t.dlq", dead_letter_id="dl-1", offset=offset,
-            attempts=attempts, last_error="boom", detail='{"why": 1}', group="g"))
+        executor.run(sql.insert_dead_letters(dead_letter_topic="t.dlq", group="g", letters=[
+            DeadLetterWrite(offset, "dl-1", attempts, "boom", '{"why": 1}')]))
     assert executor.rows(("SELECT failure_count, original_topic, consumer_group "
                           "FROM queue_messages WHERE topic = 't.dlq'", [])) == [(4, "t", "g")]
     assert executor.rows(sql.dead_letter_counts("t.dlq", "g", 10)) == [("k", 1)]
@@ -365,6 +365,43 @@ def test_dead_letters_and_replays(executor: Executor) -> None:
                                    detail='{"replayed": 1}'))
     assert executor.rows(("SELECT topic, partition_key, consumer_group FROM queue_messages "
                           "WHERE id = 'r-1'", [])) == [("t", "k", "g")]
+
+
+def test_many_dead_letters_and_replays_in_one_statement(executor: Executor) -> None:
+    """Dead letters of several partitions in one statement, in offset order, a duplicate
+    id updating its row; their replays in one statement, in the dead letters' order;
+    then the dead letters deleted (nothing else)."""
+    sql = executor.sql
+    sent = [send_message("t", {"n": n}, partition_key="ab"[n % 2], id=f"m{n}").offset
+            for n in range(6)]
+    letters = [DeadLetterWrite(o, f"m{n}@g", 2, f"boom {n}", f'{{"n": {n}}}')
+               for n, o in reversed(list(enumerate(sent)))]  # any order given
+    executor.run(sql.insert_dead_letters(dead_letter_topic="t.dlq", group="g",
+                                         letters=letters))
+    executor.run(sql.insert_dead_letters(dead_letter_topic="t.dlq", group="g", letters=[
+        DeadLetterWrite(sent[0], "m0@g", 3, "again", '{"n": 0}')]))  # updated, not added
+    q = sql.quote("offset")
+    dead = executor.rows((f"SELECT {q}, id, partition_key, failure_count, last_error, "
+                          f"original_topic, consumer_group FROM queue_messages "
+                          f"WHERE topic = 't.dlq' ORDER BY {q}", []))
+    assert [(r[1], r[2], r[3], r[4]) for r in dead] == [
+        ("m0@g", "a", 3, "again"), *((f"m{n}@g", "ab"[n % 2], 2, f"boom {n}")
+                                     for n in range(1, 6))]
+    assert {(r[5], r[6]) for r in dead} == {("t", "g")}
+    assert [int(r[0]) for r in dead] == sorted(int(r[0]) for r in dead)
+    dead_offsets = [int(r[0]) for r in dead]
+    assert executor.run(sql.insert_replays([
+        ReplayWrite(o, f"m{n}~replay-{o}", '{"replay_of": {}}')
+        for n, o in reversed(list(enumerate(dead_offsets)))])) == 6
+    replayed = executor.rows((f"SELECT id, partition_key, consumer_group FROM queue_messages "
+                              f"WHERE topic = 't' AND consumer_group = 'g' ORDER BY {q}", []))
+    assert replayed == [(f"m{n}~replay-{o}", "ab"[n % 2], "g")
+                        for n, o in enumerate(dead_offsets)]
+    assert executor.run(sql.delete_dead_letters([*dead_offsets, sent[0]])) == 6
+    assert executor.rows(("SELECT COUNT(*) FROM queue_messages WHERE topic = 't.dlq'",
+                          [])) == [(0,)]
+    assert executor.rows(("SELECT COUNT(*) FROM queue_messages WHERE topic = 't'",
+                          [])) == [(12,)]  # the originals stay (not dead letters)
 
 
 # -- watermarks (sqlqueue.storage.statements.watermarks) --------------------------------------
@@ -769,9 +806,8 @@ def test_export_reads(executor: Executor) -> None:
     first = send_message("t", {"n": 1}, partition_key="k").offset
     send_message("other", {"n": 2})
     last = send_message("t", {"n": 3}, partition_key="k").offset
-    executor.run(sql.insert_dead_letter(
-        dead_letter_topic="t.dlq", dead_letter_id="dl", offset=first, attempts=3,
-        last_error="boom", detail="{}", group="g1"))
+    executor.run(sql.insert_dead_letters(dead_letter_topic="t.dlq", group="g1", letters=[
+        DeadLetterWrite(first, "dl", 3, "boom", "{}")]))
     executor.run(("INSERT INTO queue_messages (topic, partition_key, id, payload, created_at, "
                   "published_at, consumer_group) VALUES ('t', 'k', 'replay', %s, 1, 1, 'g2')",
                   [b"{}"]))

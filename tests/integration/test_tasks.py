@@ -157,20 +157,31 @@ def test_a_failing_task_is_retried_then_failed_with_every_traceback() -> None:
 
 def test_failure_log_lines_name_the_task(caplog: pytest.LogCaptureFixture) -> None:
     """Trial F17 (issue 53): the handler-failure and dead-letter lines say which task
-    failed, not only the backend's topic and offset (on Django 5.2 no other line does)."""
-    caplog.set_level(logging.WARNING, logger="sqlqueue")
+    failed, not only the backend's topic and offset (on Django 5.2 no other line does):
+    each failure's line at DEBUG, and the first of an interval's at WARNING (a flood's
+    lines, issue 56)."""
+    caplog.set_level(logging.DEBUG, logger="sqlqueue")
     tasks.always_fails.enqueue("the disk is full")
     run_tasks()
-    failures = [r for r in caplog.records
-                if getattr(r, "event", "") == "sqlqueue.handler.failed"]
-    assert len(failures) == 3
+
+    def of(event: str) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "event", "") == event]
+
+    failures = of("sqlqueue.handler.failed")
+    assert len(failures) == 3 and {r.levelno for r in failures} == {logging.DEBUG}
     assert all(r.subject == "task tests.testapp.tasks.always_fails" for r in failures)
     assert ("(attempt 1), task tests.testapp.tasks.always_fails: ValueError"
             in failures[0].getMessage())
-    (dead,) = [r for r in caplog.records
-               if getattr(r, "event", "") == "sqlqueue.message.dead_lettered"]
+    first, *_ = of("sqlqueue.handler.failures")
+    assert first.levelno == logging.WARNING and first.count == 1
+    assert ("(attempt 1), task tests.testapp.tasks.always_fails: ValueError: the disk is "
+            "full" in first.getMessage())
+    (dead,) = of("sqlqueue.message.dead_lettered")
     assert "(task tests.testapp.tasks.always_fails) for group 'tasks'" in dead.getMessage()
     assert dead.subject == "task tests.testapp.tasks.always_fails"
+    (line,) = of("sqlqueue.messages.dead_lettered")
+    assert line.levelno == logging.ERROR and line.count == 1
+    assert "(task tests.testapp.tasks.always_fails) for group 'tasks'" in line.getMessage()
 
 
 def test_a_flaky_task_succeeds_on_a_retry() -> None:

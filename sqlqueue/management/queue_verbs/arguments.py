@@ -8,6 +8,8 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
+from sqlqueue.operations.dead_letters import REPLAY_AT_MOST
+
 MAX_LIST_LIMIT = 100_000
 
 
@@ -21,6 +23,18 @@ def list_limit(value: str) -> int:
     if not 1 <= number <= MAX_LIST_LIMIT:
         raise argparse.ArgumentTypeError(
             f"--limit is a whole number from 1 to {MAX_LIST_LIMIT:,}; got {value!r}")
+    return number
+
+
+def positive_count(value: str) -> int:
+    """--at-most: a whole number of at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"--at-most is a whole number of at least 1; "
+                                         f"got {value!r}")
     return number
 
 
@@ -71,6 +85,9 @@ def _add_dead_letters(verbs: Any, parser_class: type[CommandParser]) -> None:
                             help="Every dead letter matching --group/--topic.")
         action.add_argument("--yes", action="store_true",
                             help="Confirm a bulk discard.")
+        action.add_argument("--at-most", type=positive_count, default=REPLAY_AT_MOST,
+                            help=f"With --all: at most this many, the oldest first "
+                                 f"(default {REPLAY_AT_MOST}).")
         _filters(action)
         _database(action, "the --topic's, else SQLQUEUE['DATABASE']")
 

@@ -11,6 +11,8 @@ from sqlqueue.conf import get_settings
 from sqlqueue.management.queue_verbs.common import alias_of, checked_alias
 from sqlqueue.naming import escape_controls
 from sqlqueue.operations.dead_letters import (
+    REPLAY_AT_MOST,
+    REPLAY_CHUNK,
     discard_dead_letters,
     matching_dead_letters,
     replay_dead_letters,
@@ -75,14 +77,25 @@ def replay_or_discard(out: OutputWrapper, options: dict[str, Any]) -> None:
         if action == "discard" and not options["yes"]:
             raise CommandError("Discarding every matching dead letter deletes them for "
                                "good: add --yes to confirm.")
-        offsets = list(_matching(options, alias).values_list("offset", flat=True))
+        at_most = options.get("at_most") or REPLAY_AT_MOST
+        # The oldest first, partition by partition: the read stops at the bound.
+        offsets = list(_matching(options, alias).order_by("topic", "partition_key", "offset")
+                       .values_list("offset", flat=True)[:at_most + 1])
+        if len(offsets) > at_most:
+            offsets = offsets[:at_most]
+            out.write(f"More than {at_most} match: {action}ing the first {at_most} "
+                      "(partition by partition, oldest first); run again for the rest, "
+                      "or raise --at-most.")
     else:
         offsets = options["offsets"]
     if not offsets:
         raise CommandError("Nothing to do: give dead-letter offsets, or --all.")
     total = len(offsets)
 
-    def progress(n: int) -> None:  # on long bulk operations
+    if action == "replay" and total > REPLAY_CHUNK:
+        out.write(f"Replaying {total} dead letter(s), {REPLAY_CHUNK} a transaction.")
+
+    def progress(n: int) -> None:  # on long bulk operations (a replay: after each chunk)
         if n % 100 == 0 or n == total:
             out.write(f"  {n}/{total}", ending="\n" if n == total else "\r")
 

@@ -16,6 +16,7 @@ from django.db import DatabaseError, IntegrityError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from sqlqueue.storage.sql.browse import BrowseAccess
+from sqlqueue.storage.sql.dead_letters import DeadLetterAccess
 from sqlqueue.storage.sql.delivery import DeliveryAccess
 from sqlqueue.storage.sql.failover import FailoverAccess
 from sqlqueue.storage.sql.membership import MembershipAccess
@@ -30,11 +31,13 @@ from sqlqueue.storage.sql.publishing import PublishingAccess
 from sqlqueue.storage.sql.schedules import ScheduleAccess
 from sqlqueue.storage.sql.sessions import SessionAccess
 from sqlqueue.storage.sql.tables import (
+    DeadLetterWrite,
     FetchedRow,
     IdempotencyDigest,
     MessageKey,
     MessageRow,
     OutcomeWrite,
+    ReplayWrite,
     VendorHooks,
 )
 from sqlqueue.storage.sql.vendors import VendorAccess
@@ -58,9 +61,9 @@ MISSING_QUEUE_TABLE = re.compile(
     r"|no such table: (?:\w+\.)?queue_\w+", re.IGNORECASE)
 
 
-class Store(PublishingAccess, DeliveryAccess, WatermarkAccess, MembershipAccess, FailoverAccess,
-            OperatingAccess, ScheduleAccess, MinuteStatsAccess, SessionAccess, VendorAccess,
-            BrowseAccess):
+class Store(PublishingAccess, DeliveryAccess, DeadLetterAccess, WatermarkAccess,
+            MembershipAccess, FailoverAccess, OperatingAccess, ScheduleAccess, MinuteStatsAccess,
+            SessionAccess, VendorAccess, BrowseAccess):
     """Named statements for one database vendor, bound to one connection."""
 
     vendor = ""
@@ -111,6 +114,7 @@ __all__ = [
     "PENDING_BRANCHES_PER_STATEMENT",
     "STATE_KEY",
     "STATE_TABLE",
+    "DeadLetterWrite",
     "DeliveryAccess",
     "FetchedRow",
     "IdempotencyDigest",
@@ -120,6 +124,7 @@ __all__ = [
     "OperatingAccess",
     "OutcomeWrite",
     "PendingSummary",
+    "ReplayWrite",
     "Store",
     "VendorHooks",
 ]

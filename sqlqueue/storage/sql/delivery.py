@@ -1,5 +1,5 @@
 """Delivery on a Django connection: fetching messages, marking them delivered,
-recording handler outcomes, the log's head, dead letters and replays. The statements are
+recording handler outcomes, the log's head (dead letters: ``dead_letters``). The statements are
 built once, in ``sqlqueue.storage.statements.delivery``; these methods run them and shape
 the rows."""
 
@@ -16,6 +16,9 @@ from sqlqueue.storage.sql.tables import (
     VendorHooks,
     _text,
 )
+
+#: keys of one ``give_back`` statement (2 parameters each: within SQLite's oldest limit)
+GIVE_BACKS_PER_STATEMENT = 400
 
 #: UNION members of one ``fetch_partitions`` statement (5 parameters each: within
 #: SQLite's oldest limit of 999, and a statement of a few dozen KB)
@@ -157,13 +160,16 @@ class DeliveryAccess(VendorHooks):
 
     # give_back ---------------------------------------------------------------------------
     def give_back(
-        self, cursor: CursorWrapper, group: str, topic: str, partition: str,
-        offset: int, previous_retry_count: int | None,
+        self, cursor: CursorWrapper, group: str, topic: str,
+        keys: Sequence[tuple[str, int]], previous_retry_count: int | None,
     ) -> None:
-        """``give_back``: undo ``mark_delivered`` for a message that never reached a
-        handler (graceful shutdown): no attempt charged, visible again at once."""
-        cursor.execute(*self.sql.give_back(group, topic, partition, offset,
-                                           previous_retry_count))
+        """``give_back``: undo ``mark_delivered`` for messages (partition, offset) that
+        never reached a handler (graceful shutdown): no attempt charged, visible again at
+        once; ``GIVE_BACKS_PER_STATEMENT`` a statement."""
+        for first in range(0, len(keys), GIVE_BACKS_PER_STATEMENT):
+            self.execute_rows(cursor, *self.sql.give_back(
+                group, topic, keys[first:first + GIVE_BACKS_PER_STATEMENT],
+                previous_retry_count))
 
     # extend_visibility -------------------------------------------------------------------
     def extend_visibility(
@@ -175,23 +181,3 @@ class DeliveryAccess(VendorHooks):
         cursor.execute(*self.sql.extend_visibility(group, topic, partition, offset,
                                                    milliseconds))
         return int(cursor.rowcount)
-
-
-    # dead letters ---------------------------------------------------------------------------
-    def insert_dead_letter(
-        self, cursor: CursorWrapper, *, dead_letter_topic: str, dead_letter_id: str,
-        offset: int, attempts: int, last_error: str, detail: str, group: str,
-    ) -> None:
-        cursor.execute(*self.sql.insert_dead_letter(
-            dead_letter_topic=dead_letter_topic, dead_letter_id=dead_letter_id,
-            offset=offset, attempts=attempts, last_error=last_error, detail=detail,
-            group=group))
-
-    def insert_replay(
-        self, cursor: CursorWrapper, *, dead_letter_offset: int, replay_id: str, detail: str
-    ) -> int:
-        """``insert_replay``: copy a dead letter back to its original topic, addressed to
-        the group that dead-lettered it; returns the new offset."""
-        cursor.execute(*self.sql.insert_replay(dead_letter_offset=dead_letter_offset,
-                                               replay_id=replay_id, detail=detail))
-        return self.last_inserted_offset(cursor)

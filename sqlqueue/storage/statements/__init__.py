@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from sqlqueue.storage.statements.browse import BrowseStatements, MySQLBrowse, PostgreSQLBrowse
 from sqlqueue.storage.statements.bulk import BulkStatements, MySQLBulk, PostgreSQLBulk
+from sqlqueue.storage.statements.dead_letters import DeadLetterStatements, PostgreSQLDeadLetters
 from sqlqueue.storage.statements.delivery import DeliveryStatements, PostgreSQLDelivery
 from sqlqueue.storage.statements.export import ExportStatements
 from sqlqueue.storage.statements.failover import FailoverStatements
@@ -43,7 +44,7 @@ from sqlqueue.storage.statements.watermarks import WatermarkStatements
 class Statements(PublishingStatements, DeliveryStatements, WatermarkStatements,
                  MembershipStatements, OperatingStatements, ScheduleStatements,
                  SessionStatements, ExportStatements, BulkStatements, FailoverStatements,
-                 MinuteStatsStatements, BrowseStatements):
+                 MinuteStatsStatements, BrowseStatements, DeadLetterStatements):
     """Every shared statement; a vendor's hooks come first in its subclass's bases."""
 
 
@@ -56,9 +57,9 @@ class SQLiteStatements(SQLiteVendor, Statements):
     pass
 
 
-class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLDelivery, PostgreSQLBulk,
-                           PostgreSQLSessions, PostgreSQLBrowse, PostgreSQLOperating,
-                           PostgreSQLVendor, Statements):
+class PostgreSQLStatements(PostgreSQLPublishing, PostgreSQLDelivery, PostgreSQLDeadLetters,
+                           PostgreSQLBulk, PostgreSQLSessions, PostgreSQLBrowse,
+                           PostgreSQLOperating, PostgreSQLVendor, Statements):
     pass
 
 

@@ -1,7 +1,7 @@
 """Named statements of delivery: a subscriber's reads of a partition (messages with its
 group's state, offsets, the head of the log) and its writes of delivery state (marking
-messages delivered, handler outcomes, giving back, extending visibility), and the copies
-of dead letters and replays. Each returns a ``Statement``; ``sqlqueue.storage.sql.delivery``
+messages delivered, handler outcomes, giving back, extending visibility); dead letters
+are ``dead_letters``'. Each returns a ``Statement``; ``sqlqueue.storage.sql.delivery``
 runs them on a Django connection."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlqueue.storage.statements.tables import (
-    MESSAGE_KEY,
     MESSAGE_TABLE,
     STATE_KEY,
     STATE_TABLE,
@@ -23,14 +22,6 @@ FETCH_COLUMNS = (
     "offset", "id", "payload", "metadata", "created_at", "published_at", "priority",
     "deliver_after", "consumer_group", "failure_detail",
 )
-
-#: the columns ``insert_dead_letter`` writes
-DEAD_LETTER_COLUMNS = (
-    "topic", "partition_key", "id", "payload", "metadata", "created_at", "published_at",
-    "failed_at", "failure_count", "last_error", "original_topic", "failure_detail",
-    "priority", "consumer_group",
-)
-
 
 @dataclass(frozen=True, slots=True)
 class OutcomeWrite:
@@ -241,18 +232,26 @@ class DeliveryStatements(Vendor):
             f"{self.quote(c)} = {'%s' if c == 'message_offset' else self.text_mark}"
             for c in STATE_KEY)
 
-    def give_back(self, group: str, topic: str, partition: str, offset: int,
+    def give_back(self, group: str, topic: str, keys: Sequence[tuple[str, int]],
                   previous_retry_count: int | None) -> Statement:
-        """``give_back``: undo ``mark_delivered`` for a message that never reached a
-        handler (graceful shutdown): no attempt charged, visible again at once (the row
-        goes if that was its first delivery)."""
+        """``give_back``: undo ``mark_delivered`` for messages that never reached a
+        handler (graceful shutdown): no attempt charged, visible again at once (the rows
+        go if that was their first delivery). ``keys``: (partition, offset), at least
+        one, each a primary-key lookup (the group's and topic's prefix, then an OR of the
+        rest); ``previous_retry_count``: the same for all."""
         q = self.quote
-        key: list[Any] = [group, topic, partition, offset]
-        where = f"WHERE {self._state_key_sql()} AND NOT {q('acked')}"
+        each = (f"({q('partition_key')} = {self.text_mark} "
+                f"AND {q('message_offset')} = %s)")
+        params: list[Any] = [group, topic]
+        for partition, offset in keys:
+            params += [partition, offset]
+        where = (f"WHERE {q('consumer_group')} = {self.text_mark} "
+                 f"AND {q('topic')} = {self.text_mark} "
+                 f"AND ({' OR '.join([each] * len(keys))}) AND NOT {q('acked')}")
         if previous_retry_count is None:
-            return f"DELETE FROM {q(STATE_TABLE)} {where}", key
+            return f"DELETE FROM {q(STATE_TABLE)} {where}", params
         return (f"UPDATE {q(STATE_TABLE)} SET {q('invisible_until')} = 0, "
-                f"{q('retry_count')} = %s {where}", [previous_retry_count, *key])
+                f"{q('retry_count')} = %s {where}", [previous_retry_count, *params])
 
     def extend_visibility(self, group: str, topic: str, partition: str, offset: int,
                           milliseconds: int) -> Statement:
@@ -263,49 +262,6 @@ class DeliveryStatements(Vendor):
             f"UPDATE {q(STATE_TABLE)} SET {q('invisible_until')} = {self.now_ms_sql} + %s "
             f"WHERE {self._state_key_sql()} AND NOT {q('acked')}",
             [milliseconds, group, topic, partition, offset],
-        )
-
-    # dead letters and replays ---------------------------------------------------------------
-    def insert_dead_letter(self, *, dead_letter_topic: str, dead_letter_id: str, offset: int,
-                           attempts: int, last_error: str, detail: str,
-                           group: str) -> Statement:
-        """``insert_dead_letter``: copy a message into its dead-letter topic for one group
-        (payload copied inside the server); dead-lettering it again updates the row."""
-        q = self.quote
-        m = "m."
-        select = (
-            f"SELECT %s, {m}{q('partition_key')}, %s, {m}{q('payload')}, {m}{q('metadata')}, "
-            f"{self.message_clock_sql}, {m}{q('published_at')}, {self.now_ms_sql}, %s, %s, "
-            f"{m}{q('topic')}, %s, "
-            f"{m}{q('priority')}, %s FROM {q(MESSAGE_TABLE)} m WHERE {m}{q('offset')} = %s"
-        )
-        clause = self.upsert_clause(MESSAGE_KEY, {
-            "failed_at": f"{{new}}({q('failed_at')})",
-            "failure_count": f"{{new}}({q('failure_count')})",
-            "last_error": f"{{new}}({q('last_error')})",
-            "failure_detail": f"{{new}}({q('failure_detail')})",
-        }, table=MESSAGE_TABLE)
-        return (
-            f"INSERT INTO {q(MESSAGE_TABLE)} ({self.names(DEAD_LETTER_COLUMNS)}) "
-            f"{select} {clause}",
-            [dead_letter_topic, dead_letter_id, attempts, last_error, detail, group, offset],
-        )
-
-    def insert_replay(self, *, dead_letter_offset: int, replay_id: str,
-                      detail: str) -> Statement:
-        """``insert_replay``: copy a dead letter back to its original topic, addressed to
-        the group that dead-lettered it (``returning_offset_sql``: the executor reads the
-        new offset)."""
-        q = self.quote
-        columns = ("topic", "partition_key", "id", "payload", "metadata", "created_at",
-                   "published_at", "priority", "consumer_group", "failure_detail")
-        return (
-            f"INSERT INTO {q(MESSAGE_TABLE)} ({self.names(columns)}) "
-            f"SELECT {q('original_topic')}, {q('partition_key')}, %s, {q('payload')}, "
-            f"{q('metadata')}, {self.message_clock_sql}, {q('published_at')}, "
-            f"{q('priority')}, {q('consumer_group')}, %s FROM {q(MESSAGE_TABLE)} "
-            f"WHERE {q('offset')} = %s{self.returning_offset_sql}",
-            [replay_id, detail, dead_letter_offset],
         )
 
 

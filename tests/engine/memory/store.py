@@ -20,6 +20,7 @@ from sqlqueue.horizon import WriteHorizon
 from sqlqueue.storage.sql.minute_stats import MinuteCounts
 from sqlqueue.storage.sql.sessions import OpenWriter
 from sqlqueue.storage.sql.tables import FetchedRow
+from sqlqueue.storage.statements.dead_letters import DeadLetterWrite
 from sqlqueue.storage.statements.delivery import OutcomeWrite
 from sqlqueue.storage.statements.vendors import Statement
 from tests.engine.memory.membership import MemoryMembership
@@ -187,18 +188,19 @@ class MemoryStore(MemoryPublishing, MemoryMembership):
                 w.acked, w.invisible_until, 0 if state is None else state.retry_count,
                 now if w.acked else 0, w.last_error)
 
-    def give_back(self, cursor: Any, group: str, topic: str, partition: str, offset: int,
+    def give_back(self, cursor: Any, group: str, topic: str, keys: Sequence[tuple[str, int]],
                   previous_retry_count: int | None) -> None:
         t = self._tables("give_back")
-        key = (group, topic, partition, offset)
-        state = t.states.get(key)
-        if state is None or state.acked:
-            return
-        if previous_retry_count is None:
-            del t.states[key]
-        else:
-            t.states[key] = dataclasses.replace(state, invisible_until=0,
-                                                retry_count=previous_retry_count)
+        for partition, offset in keys:
+            key = (group, topic, partition, offset)
+            state = t.states.get(key)
+            if state is None or state.acked:
+                continue
+            if previous_retry_count is None:
+                del t.states[key]
+            else:
+                t.states[key] = dataclasses.replace(state, invisible_until=0,
+                                                    retry_count=previous_retry_count)
 
     def extend_visibility(self, cursor: Any, group: str, topic: str, partition: str,
                           offset: int, milliseconds: int) -> int:
@@ -265,29 +267,30 @@ class MemoryStore(MemoryPublishing, MemoryMembership):
         return groups, partitions
 
     # -- dead letters, replays, garbage collection ------------------------------------------------
-    def insert_dead_letter(self, cursor: Any, *, dead_letter_topic: str, dead_letter_id: str,
-                           offset: int, attempts: int, last_error: str, detail: str,
-                           group: str) -> None:
-        """A copy of the message at ``offset`` in the dead-letter topic for ``group``; the
-        same dead letter again updates its failure columns."""
-        t, now = self._tables("insert_dead_letter"), self._now()
-        original = t.messages.get(offset)
-        if original is None:
-            return
-        key = (dead_letter_topic, original.partition_key, dead_letter_id)
-        failure = {"failed_at": now, "failure_count": attempts, "last_error": last_error,
-                   "failure_detail": detail}
-        if key in t.message_ids:
-            stored = t.messages[t.message_ids[key]]
-            t.messages[stored.offset] = dataclasses.replace(stored, **failure)  # type: ignore[arg-type]
-            return
-        new = self.database.allocate_offset()
-        t.messages[new] = dataclasses.replace(
-            original, offset=new, topic=dead_letter_topic, id=dead_letter_id,
-            created_at=now, deliver_after=0, original_topic=original.topic,
-            consumer_group=group,
-            **failure)  # type: ignore[arg-type]
-        t.message_ids[key] = new
+    def insert_dead_letters(self, cursor: Any, *, dead_letter_topic: str, group: str,
+                            letters: Sequence[DeadLetterWrite]) -> None:
+        """Copies of the messages at the letters' offsets in the dead-letter topic for
+        ``group``, in offset order; the same dead letter again updates its failure
+        columns."""
+        t, now = self._tables("insert_dead_letters"), self._now()
+        for letter in sorted(letters, key=lambda w: w.offset):
+            original = t.messages.get(letter.offset)
+            if original is None:
+                continue
+            key = (dead_letter_topic, original.partition_key, letter.dead_letter_id)
+            failure = {"failed_at": now, "failure_count": letter.attempts,
+                       "last_error": letter.last_error, "failure_detail": letter.detail}
+            if key in t.message_ids:
+                stored = t.messages[t.message_ids[key]]
+                t.messages[stored.offset] = dataclasses.replace(stored, **failure)  # type: ignore[arg-type]
+                continue
+            new = self.database.allocate_offset()
+            t.messages[new] = dataclasses.replace(
+                original, offset=new, topic=dead_letter_topic, id=letter.dead_letter_id,
+                created_at=now, deliver_after=0, original_topic=original.topic,
+                consumer_group=group,
+                **failure)  # type: ignore[arg-type]
+            t.message_ids[key] = new
 
     def insert_replay(self, cursor: Any, *, dead_letter_offset: int, replay_id: str,
                       detail: str) -> int:

@@ -1,0 +1,77 @@
+"""Dead letters on a Django connection: copying failed messages into their dead-letter
+topic, replaying dead letters, deleting them. The statements are built once, in
+``sqlqueue.storage.statements.dead_letters``; these methods run them, cut to the
+database's limits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from django.db.backends.utils import CursorWrapper
+
+from sqlqueue.storage.chunks import statement_chunks
+from sqlqueue.storage.sql.tables import DeadLetterWrite, ReplayWrite, VendorHooks
+
+_Written = TypeVar("_Written", DeadLetterWrite, ReplayWrite)
+
+
+def _written_bytes(row: DeadLetterWrite | ReplayWrite) -> int:
+    """What a dead letter or a replay adds to its statement, as escaped literals at worst
+    (its texts twice over, and room for the numbers and the row's SQL)."""
+    texts = ((row.dead_letter_id, row.last_error, row.detail)
+             if isinstance(row, DeadLetterWrite) else (row.replay_id, row.detail))
+    return 2 * sum(len(text.encode("utf-8")) for text in texts) + 256
+
+
+class DeadLetterAccess(VendorHooks):
+    """Mixin for ``Store``: dead letters and replays."""
+
+    if TYPE_CHECKING:  # PublishingAccess's limits (a Store has both mixins)
+        max_rows_per_insert: int
+
+        def max_query_params(self) -> int: ...
+        def max_statement_bytes(self) -> int: ...
+
+    def insert_dead_letters(
+        self, cursor: CursorWrapper, *, dead_letter_topic: str, group: str,
+        letters: Sequence[DeadLetterWrite],
+    ) -> None:
+        """``insert_dead_letters``, in as many statements as the database's limits on
+        parameters and statement size ask for (``dead_letter_chunks``); none for none."""
+        for chunk in self.dead_letter_chunks(letters):
+            self.execute_rows(cursor, *self.sql.insert_dead_letters(
+                dead_letter_topic=dead_letter_topic, group=group, letters=chunk))
+
+    def dead_letter_chunks(self, letters: Sequence[_Written]) -> list[list[_Written]]:
+        """``letters`` (dead letters or replays) cut to the statements' limits: at most
+        ``max_rows_per_insert`` rows, 5 parameters each, under ``max_statement_bytes``
+        (their texts counted as they travel)."""
+        max_rows = max(1, min(self.max_rows_per_insert, self.max_query_params() // 5))
+        return list(statement_chunks(letters, max_rows=max_rows,
+                                     max_bytes=self.max_statement_bytes(),
+                                     size_of=_written_bytes))
+
+    def delete_dead_letters(self, cursor: CursorWrapper, offsets: Sequence[int]) -> int:
+        """``delete_dead_letters``; returns how many rows went."""
+        if not offsets:
+            return 0
+        cursor.execute(*self.sql.delete_dead_letters(offsets))
+        return int(cursor.rowcount)
+
+    def insert_replays(self, cursor: CursorWrapper, replays: Sequence[ReplayWrite]) -> int:
+        """``insert_replays`` (the caller keeps to ``dead_letter_chunks``); returns how
+        many rows were inserted."""
+        if not replays:
+            return 0
+        self.execute_rows(cursor, *self.sql.insert_replays(replays))
+        return int(cursor.rowcount)
+
+    def insert_replay(
+        self, cursor: CursorWrapper, *, dead_letter_offset: int, replay_id: str, detail: str
+    ) -> int:
+        """``insert_replay``: copy a dead letter back to its original topic, addressed to
+        the group that dead-lettered it; returns the new offset."""
+        cursor.execute(*self.sql.insert_replay(dead_letter_offset=dead_letter_offset,
+                                               replay_id=replay_id, detail=detail))
+        return self.last_inserted_offset(cursor)
