@@ -3,7 +3,7 @@
 Public API (see docs/reference/api.md)::
 
     from sqlqueue import send_message, send_messages, OutgoingMessage
-    from sqlqueue import consumer, Message, Retry, Reject
+    from sqlqueue import consumer, batch_consumer, Message, Retry, Reject
 
 Importing this package never touches Django settings or the database, so it is safe to
 import from models, settings-free scripts and ``AppConfig`` modules. The public names are
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sqlqueue.consuming.message import Message, Reject, Retry
-    from sqlqueue.consuming.registry import consumer
+    from sqlqueue.consuming.registry import batch_consumer, consumer
     from sqlqueue.exceptions import ConfigurationError, InvalidMessage, SqlqueueError
     from sqlqueue.publishing.api import send_message, send_messages
     from sqlqueue.publishing.messages import DEFAULT_PRIORITY, OutgoingMessage, SentMessage
@@ -35,6 +35,7 @@ _EXPORTS = {
     "Retry": "sqlqueue.consuming.message",
     "SentMessage": "sqlqueue.publishing.messages",
     "SqlqueueError": "sqlqueue.exceptions",
+    "batch_consumer": "sqlqueue.consuming.registry",
     "consumer": "sqlqueue.consuming.registry",
     "send_message": "sqlqueue.publishing.api",
     "send_messages": "sqlqueue.publishing.api",
@@ -50,6 +51,7 @@ __all__ = [
     "Retry",
     "SentMessage",
     "SqlqueueError",
+    "batch_consumer",
     "consumer",
     "send_message",
     "send_messages",

@@ -29,6 +29,8 @@ from sqlqueue.operations.state import SubscriptionState, subscription_states
 #: route's: every database the queue lives in is read).
 SUBSCRIPTION_LABELS = ["group", "topic", "database"]
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+#: messages per batch handler call (``sqlqueue_batch_size_messages``): up to MAX_BATCH_LIMIT
+BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
 
 def _gauges() -> list[tuple[str, str, object]]:
@@ -159,6 +161,9 @@ class ProcessMetrics(Instruments):
                                   "From a message being due (published, or its "
                                   "deliver_after) to its handler starting.", labels,
                                   registry=self.registry, buckets=LATENCY_BUCKETS)
+        self._batch_size = Histogram("sqlqueue_batch_size_messages",
+                                     "Messages per call of a batch consumer's handler.",
+                                     labels, registry=self.registry, buckets=BATCH_BUCKETS)
         self._polls = Counter("sqlqueue_polls", "Passes over a subscription that could "
                               "deliver.", labels, registry=self.registry)
         self._delivered = Counter("sqlqueue_delivered", "Messages handed to handler threads.",
@@ -179,6 +184,9 @@ class ProcessMetrics(Instruments):
         self._handled.labels(group, topic, outcome).inc()
         self._duration.labels(group, topic).observe(duration)
         self._latency.labels(group, topic).observe(latency)
+
+    def batch(self, group: str, topic: str, size: int) -> None:
+        self._batch_size.labels(group, topic).observe(size)
 
     def polled(self, group: str, topic: str, delivered: int) -> None:
         self._polls.labels(group, topic).inc()

@@ -142,7 +142,8 @@ class Fetcher:
         answered = self.answered_offsets()
         for state in held:
             ready = state.ready(self.clock(), batch, self.consumer.ordered,
-                                answered.get(state.partition_key, ()))
+                                answered.get(state.partition_key, ()),
+                                run=self.consumer.max_batch or 1)
             if budget is not None:
                 ready = ready[: max(0, budget - len(chosen))]
             chosen += [(state, entry) for entry in ready]

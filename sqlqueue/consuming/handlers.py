@@ -93,6 +93,8 @@ class Delivery:
     # False when the handler runs on the caller's connection, inside the caller's
     # transaction (sqlqueue.testing): a second connection would wait on its locks.
     own_connection: bool = True
+    #: the handler call it ran in: a batch consumer's deliveries share one (0: its own)
+    run: int = 0
 
     def sort_key(self) -> tuple[int, int]:
         return (self.row.priority, self.sequence)
@@ -243,11 +245,8 @@ def handle(delivery: Delivery) -> Outcome:
                 return Outcome(delivery, "not_started")
             call_handler(consumer.handler, message)
             return Outcome(delivery, "ack")
-    except Retry as retry:
-        return Outcome(delivery, "retry", error=error_text(retry), delay=_delay_of(retry))
-    except Reject as reject:
-        return Outcome(delivery, "reject",
-                       error=storable_text(getattr(reject, "reason", "rejected")))
+    except (Retry, Reject) as exc:
+        return failure_outcome(delivery, exc)
     except KeyboardInterrupt:
         raise  # ^C where handlers run on the caller's thread (sqlqueue.testing): stop
     except BaseException as exc:  # SystemExit, a custom BaseException: an outcome too
@@ -265,6 +264,17 @@ def handle(delivery: Delivery) -> Outcome:
                                 error=description, subject=subject),
         )
         return Outcome(delivery, "fail", error=error_text(exc), exception=exc)
+
+
+def failure_outcome(delivery: Delivery, exc: BaseException) -> Outcome:
+    """The outcome of ``delivery`` failing with ``exc`` (raised, or a batch handler's
+    mapping): ``Retry`` retries, ``Reject`` dead-letters, anything else counts an attempt."""
+    if isinstance(exc, Retry):
+        return Outcome(delivery, "retry", error=error_text(exc), delay=_delay_of(exc))
+    if isinstance(exc, Reject):
+        return Outcome(delivery, "reject",
+                       error=storable_text(getattr(exc, "reason", "rejected")))
+    return Outcome(delivery, "fail", error=error_text(exc), exception=exc)
 
 
 def _after_database_error(alias: str) -> None:
@@ -307,13 +317,13 @@ def _run_atomic(delivery: Delivery, message: Message) -> bool:
         if not delivery.view.may_start(delivery):
             return False
         call_handler(consumer.handler, message)
-        _confirm_server(delivery)
+        confirm_server(delivery)
         ack(delivery.alias, consumer.group, consumer.topic, delivery.partition_key,
             delivery.row.offset)
     return True
 
 
-def _confirm_server(delivery: Delivery) -> None:
+def confirm_server(delivery: Delivery) -> None:
     """Inside an atomic handler's transaction, before its ack: this connection must reach
     the server that delivered the message. After a failover a queued delivery of the old
     primary can open a fresh connection to the promoted replica before the runner has

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from django.db import connections
 
 from sqlqueue import events
-from sqlqueue.consuming import handlers
+from sqlqueue.consuming import batches, handlers
+from sqlqueue.consuming.batches import Batch, Filling
 from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.instruments import Instruments
@@ -56,9 +57,11 @@ class HandlerPool:
         self.stats: Counter[str] = Counter()
         self.exit_when_stuck = exit_when_stuck
         self.on_stuck = on_stuck  # called once a handler stays stuck past the grace
-        self.work: queue.PriorityQueue[tuple[tuple[int, int], Delivery | None]] = (
+        self.work: queue.PriorityQueue[tuple[tuple[int, int], Delivery | Batch | None]] = (
             queue.PriorityQueue()
         )
+        # Batch consumers' deliveries held to fill a batch (their ``max_wait``).
+        self.filling = Filling(host_clock)
         self.done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         # Outcomes taken from ``done`` whose transaction did not commit (a lock wait gave
         # up, the connection dropped): recorded at the next pass, never dropped.
@@ -89,11 +92,28 @@ class HandlerPool:
             self.workers.append(worker)
 
     def dispatch(self, deliveries: list[Delivery]) -> None:
-        """Hand committed deliveries to the handler threads."""
+        """Hand committed deliveries (of one subscription) to the handler threads: a batch
+        consumer's as batches, one work item each (held to fill, up to its ``max_wait``)."""
+        self.in_flight += len(deliveries)
+        self.dispatched += len(deliveries)
+        if deliveries and deliveries[0].consumer.max_batch is not None:  # a batch consumer
+            self._queue_batches(self.filling.add(deliveries[0].consumer, deliveries))
+            return
         for delivery in deliveries:
-            self.in_flight += 1
-            self.dispatched += 1
             self.work.put((delivery.sort_key(), delivery))
+
+    def dispatch_filled(self) -> None:
+        """Hand out the batches held past their consumer's ``max_wait``."""
+        if self.filling.held:
+            self._queue_batches(self.filling.due())
+
+    def next_filled_in(self) -> float | None:
+        """Seconds until a held batch is due (None: none held): the runner's longest wait."""
+        return self.filling.next_in()
+
+    def _queue_batches(self, ready: list[Batch]) -> None:
+        for batch in ready:
+            self.work.put((batch.sort_key(), batch))
 
     # -- what comes back ------------------------------------------------------------------
     def collect(self) -> dict[int, list[Outcome]]:
@@ -125,14 +145,16 @@ class HandlerPool:
 
     def take_back_queued(self) -> None:
         """Shutdown: take back every delivery still queued (no handler started it)."""
-        taken: list[Delivery] = []
+        taken = [delivery for delivery in self.filling.release() if delivery.give_back()]
         while True:
             try:
-                _, delivery = self.work.get_nowait()
+                _, item = self.work.get_nowait()
             except queue.Empty:
                 break
-            if delivery is not None and delivery.give_back():
-                taken.append(delivery)
+            if isinstance(item, Batch):
+                taken += [delivery for delivery in item.deliveries if delivery.give_back()]
+            elif item is not None and item.give_back():
+                taken.append(item)
         self.taken_back(taken)
 
     def stop_threads(self) -> None:
@@ -154,6 +176,7 @@ class HandlerPool:
             limit = consumer.timeout
             if limit is None:
                 continue
+            replaced: set[int] = set()  # a batch's deliveries share one thread (``run``)
             for delivery in deliveries.running():
                 if (delivery.started_at and now - delivery.started_at > limit
                         and delivery.time_out()):
@@ -164,7 +187,10 @@ class HandlerPool:
                     self.done.put(Outcome(delivery, "fail", error=(
                         f"TimeoutError: the handler ran past its timeout of {limit:g}s.")))
                     deliveries.timed_out(delivery)
-                    self._replace_handler_thread()
+                    thread = delivery.run or -id(delivery)
+                    if thread not in replaced:
+                        replaced.add(thread)
+                        self._replace_handler_thread()
             self._exit_if_stuck(consumer, deliveries, limit, now)
 
     def _exit_if_stuck(self, consumer: Consumer, deliveries: Deliveries, limit: float,
@@ -202,6 +228,10 @@ class HandlerPool:
             _, delivery = self.work.get()
             if delivery is None:
                 return
+            if isinstance(delivery, Batch):
+                if not self._handle_batch(delivery):
+                    return  # timed out: counted as failed already, and this thread replaced
+                continue
             if (self.stopping.is_set() or self._paused_delivery(delivery)) and (
                 delivery.give_back()
             ):
@@ -230,6 +260,41 @@ class HandlerPool:
             # its next poll): outcomes are then recorded in batches, not one by one.
             if 2 * self.done.qsize() >= self.in_flight:
                 self.wakeup.set()
+
+    def _handle_batch(self, batch: Batch) -> bool:
+        """Run a batch consumer's handler once for ``batch``; False if it ran past its
+        timeout (its outcomes decided already: this thread is replaced, and ends)."""
+        first = batch.deliveries[0]
+        if self.stopping.is_set() or self._paused_delivery(first):
+            given = [d for d in batch.deliveries if d.give_back()]
+            self._send([Outcome(d, "not_started") for d in given])
+            return True
+        started, refused = batches.start_all(batch.deliveries, first.consumer.ordered)
+        self._send([Outcome(d, "not_started") for d in refused])
+        if not started:
+            return True
+        began = self.host_clock.wall()
+        try:
+            outcomes = batches.run_batch(started)
+        finally:
+            if connections[self.alias].in_atomic_block:  # a handler left one open
+                connections[self.alias].close()
+        self.instruments.batch(first.consumer.group, first.consumer.topic, len(started))
+        in_time = [o for o in outcomes if o.delivery.finish()]
+        for outcome in in_time:
+            if outcome.kind != "not_started":
+                self._instrument(outcome, began)
+        self._send(in_time)
+        return len(in_time) == len(outcomes)
+
+    def _send(self, outcomes: list[Outcome]) -> None:
+        """Outcomes back to the main thread, woken as for single deliveries."""
+        if not outcomes:
+            return
+        for outcome in outcomes:
+            self.done.put(outcome)
+        if 2 * self.done.qsize() >= self.in_flight:
+            self.wakeup.set()
 
     def _paused_delivery(self, delivery: Delivery) -> bool:
         return self.paused(delivery.consumer.group, delivery.consumer.topic)

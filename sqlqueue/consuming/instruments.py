@@ -28,6 +28,9 @@ class Instruments:
     def polled(self, group: str, topic: str, delivered: int) -> None:
         """One pass over a subscription handed out ``delivered`` messages."""
 
+    def batch(self, group: str, topic: str, size: int) -> None:
+        """A batch consumer's handler was called once with ``size`` messages."""
+
     def statement(self) -> None:
         """The consumer loop's connection ran one SQL statement."""
 

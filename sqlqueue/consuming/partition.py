@@ -134,13 +134,15 @@ class PartitionState:
 
     # -- what to deliver ----------------------------------------------------------------
     def ready(self, now_ms: int, batch_size: int, ordered: bool,
-              answered: Container[int] = ()) -> list[Entry]:
+              answered: Container[int] = (), run: int = 1) -> list[Entry]:
         """Entries to hand to handlers now, best first. ``answered``: offsets whose
         handler has finished (or timed out) with an outcome not recorded yet: not
         delivered again until it is (never because the main thread was slow to record
-        it, guarantee I5)."""
+        it, guarantee I5). ``run``: ordered, how many consecutive messages one handler
+        call takes (a batch consumer's ``max_batch``)."""
         if ordered:
-            return self._next_in_order(now_ms, answered)
+            head = self._next_in_order(now_ms, answered)
+            return self._run_from(head[0], now_ms, answered, run) if head and run > 1 else head
         due = [e for e in self.entries.values() if not e.done and e.offset not in answered
                and (self.overdue(e, now_ms) if e.in_flight else e.due_ms <= now_ms)]
         room = batch_size - self.in_flight_count + sum(1 for e in due if e.in_flight)
@@ -167,6 +169,21 @@ class PartitionState:
                 or (not head.in_flight and head.due_ms > now_ms)):
             return []
         return [head]
+
+    def _run_from(self, head: Entry, now_ms: int, answered: Container[int],
+                  run: int) -> list[Entry]:
+        """``head`` and the open entries after it in offset order, up to ``run`` of them,
+        as far as each is due and not in flight: consecutive messages of the partition
+        for one batch call (nothing else of it is in flight: ``_next_in_order``)."""
+        taken = [head]
+        for offset in sorted(o for o, e in self.entries.items()
+                             if o > head.offset and not e.done):
+            entry = self.entries[offset]
+            if (len(taken) == run or entry.in_flight or entry.due_ms > now_ms
+                    or offset in answered):
+                break
+            taken.append(entry)
+        return taken
 
     def wait_for_earlier_runs(self, until_ms: int) -> None:
         """Ordered: a delivery made under an earlier lease may run until ``until_ms``

@@ -53,13 +53,27 @@ class Consumer:
     #: where a group that has no position on the topic yet starts: "earliest" (the oldest
     #: message still kept) or "latest" (only messages published after it first runs)
     start: str = "earliest"
+    #: a batch consumer (``@batch_consumer``): the most messages per handler call (None: a
+    #: consumer of one message per call)
+    max_batch: int | None = None
+    #: a batch consumer: seconds a runner may hold a batch that is not full to fill it
+    max_wait: float = 0.0
 
     @property
     def name(self) -> str:
         return f"{self.group}:{self.topic}"
 
+    @property
+    def batched(self) -> bool:
+        """Its handler takes a list of messages (``@batch_consumer``)."""
+        return self.max_batch is not None
+
     def options(self, conf: QueueSettings) -> ConsumerOptions:
         values = {option: getattr(conf, key) for option, key in OPTION_SETTINGS.items()}
+        if self.max_batch is not None:
+            # The buffer a partition reads ahead holds two batches: the next one is ready
+            # when a handler thread finishes the last.
+            values["batch_size"] = max(values["batch_size"], 2 * self.max_batch)
         values.update(dict(self.overrides))
         if values["min_backoff"] > values["max_backoff"]:
             raise ConfigurationError(
@@ -72,6 +86,13 @@ class Consumer:
 _registry: dict[tuple[str, str], Consumer] = {}
 #: the values of @consumer(start=...)
 START_POSITIONS = ("earliest", "latest")
+#: the most messages a ``@batch_consumer`` handler may take per call (its ``max_batch``):
+#: each batch's marks and acks are one statement, whose size this keeps within what every
+#: database accepts
+MAX_BATCH_LIMIT = 10_000
+#: the longest ``@batch_consumer(max_wait=...)``, in seconds: a batch held to fill is
+#: delivered already (its visibility timeout runs)
+MAX_WAIT_LIMIT = 60.0
 
 
 def consumer(
@@ -98,15 +119,73 @@ def consumer(
     topic yet: ``"earliest"``, every message still kept, or ``"latest"``, only messages
     published after it first runs (docs/guides/consuming.md, "Where a new group starts").
     """
+    return _register("@consumer", topic, group=group, ordered=ordered, atomic=atomic,
+                     given={"max_attempts": max_attempts,
+                            "visibility_timeout": visibility_timeout,
+                            "batch_size": batch_size, "min_backoff": min_backoff,
+                            "max_backoff": max_backoff},
+                     timeout=timeout, rate_limit=rate_limit, max_in_flight=max_in_flight,
+                     start=start)
+
+
+def batch_consumer(
+    topic: str,
+    *,
+    group: str,
+    max_batch: int = 100,
+    max_wait: float = 0,
+    ordered: bool = False,
+    atomic: bool = False,
+    max_attempts: int | None = None,
+    visibility_timeout: float | None = None,
+    batch_size: int | None = None,
+    min_backoff: float | None = None,
+    max_backoff: float | None = None,
+    timeout: float | None = None,
+    rate_limit: float | None = None,
+    max_in_flight: int | None = None,
+    start: str = "earliest",
+) -> Callable[[Handler], Handler]:
+    """Register the decorated function as ``group``'s handler of ``topic``, called with a
+    ``list[Message]`` of up to ``max_batch`` messages (docs/guides/consuming.md, "Batch
+    consumers"). It returns None (every message acked) or a mapping from some of them to
+    the exception each fails with (the others acked); raising fails every message.
+    ``max_wait``: seconds a runner may hold a batch that is not full to fill it (0: what is
+    deliverable now). The other options are ``@consumer``'s; ``timeout`` is the whole
+    call's, ``rate_limit`` and ``max_in_flight`` count messages."""
+    where = f"@batch_consumer({topic!r}, group={group!r})"
+    if (isinstance(max_batch, bool) or not isinstance(max_batch, int)
+            or not 1 <= max_batch <= MAX_BATCH_LIMIT):
+        raise ConfigurationError(f"{where}: max_batch is a whole number of messages from 1 "
+                                 f"to {MAX_BATCH_LIMIT:,}; got {max_batch!r}.")
+    if (isinstance(max_wait, bool) or not isinstance(max_wait, int | float)
+            or not 0 <= max_wait <= MAX_WAIT_LIMIT):
+        raise ConfigurationError(f"{where}: max_wait is a number of seconds from 0 to "
+                                 f"{MAX_WAIT_LIMIT:g}; got {max_wait!r}.")
+    return _register("@batch_consumer", topic, group=group, ordered=ordered, atomic=atomic,
+                     given={"max_attempts": max_attempts,
+                            "visibility_timeout": visibility_timeout,
+                            "batch_size": batch_size, "min_backoff": min_backoff,
+                            "max_backoff": max_backoff},
+                     timeout=timeout, rate_limit=rate_limit, max_in_flight=max_in_flight,
+                     start=start, max_batch=max_batch, max_wait=float(max_wait))
+
+
+def _register(decorator: str, topic: str, *, group: str, ordered: bool, atomic: bool,
+              given: dict[str, Any], timeout: float | None, rate_limit: float | None,
+              max_in_flight: int | None, start: str, max_batch: int | None = None,
+              max_wait: float = 0.0) -> Callable[[Handler], Handler]:
+    """Validate a decorator's options (``ConfigurationError`` naming the first bad one)
+    and return the function that registers its handler."""
     try:
         check_name("topic", topic)
         check_name("group", group)
     except ValueError as exc:
-        raise ConfigurationError(f"@consumer({topic!r}, group={group!r}): {exc}") from exc
+        raise ConfigurationError(f"{decorator}({topic!r}, group={group!r}): {exc}") from exc
     for flag, value in (("ordered", ordered), ("atomic", atomic)):
         if not isinstance(value, bool):
-            raise ConfigurationError(f"@consumer({topic!r}): {flag} must be True or False.")
-    where = f"@consumer({topic!r}, group={group!r})"
+            raise ConfigurationError(f"{decorator}({topic!r}): {flag} must be True or False.")
+    where = f"{decorator}({topic!r}, group={group!r})"
     if timeout is not None and not _positive_number(timeout):
         raise ConfigurationError(f"{where}: timeout is a positive number of seconds; "
                                  f"got {timeout!r}.")
@@ -120,10 +199,6 @@ def consumer(
                                  f"at least 1; got {max_in_flight!r}.")
     if start not in START_POSITIONS:
         raise ConfigurationError(f"{where}: start is 'earliest' or 'latest'; got {start!r}.")
-    given: dict[str, Any] = {
-        "max_attempts": max_attempts, "visibility_timeout": visibility_timeout,
-        "batch_size": batch_size, "min_backoff": min_backoff, "max_backoff": max_backoff,
-    }
     overrides: list[tuple[str, Any]] = []
     for option, value in given.items():
         if value is None:
@@ -132,16 +207,17 @@ def consumer(
             overrides.append((option, CONVERTERS[OPTION_SETTINGS[option]](value)))
         except BadValue as bad:
             raise ConfigurationError(
-                f"@consumer({topic!r}, group={group!r}): {option} {bad.reason}; got {value!r}."
+                f"{where}: {option} {bad.reason}; got {value!r}."
             ) from None
 
     def register(handler: Handler) -> Handler:
         if not callable(handler):
-            raise ConfigurationError(f"@consumer({topic!r}) must decorate a function.")
+            raise ConfigurationError(f"{decorator}({topic!r}) must decorate a function.")
         registered = Consumer(topic, group, handler, ordered, atomic, tuple(overrides),
                               timeout=None if timeout is None else float(timeout),
                               rate_limit=None if rate_limit is None else float(rate_limit),
-                              max_in_flight=max_in_flight, start=start)
+                              max_in_flight=max_in_flight, start=start,
+                              max_batch=max_batch, max_wait=max_wait)
         existing = _registry.get((group, topic))
         if existing is not None and _qualified(existing.handler) != _qualified(handler):
             raise ConfigurationError(

@@ -195,6 +195,9 @@ class MinuteRollup(Instruments):
     def polled(self, group: str, topic: str, delivered: int) -> None:
         self.inner.polled(group, topic, delivered)
 
+    def batch(self, group: str, topic: str, size: int) -> None:
+        self.inner.batch(group, topic, size)
+
     def statement(self) -> None:
         self.inner.statement()
 

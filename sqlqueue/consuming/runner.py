@@ -206,6 +206,9 @@ class Runner:
                 if delay is None:
                     break  # --until-empty: nothing left to do
                 delay = self.pacer.run_timers(delay)
+                filled_in = self.pool.next_filled_in()  # a batch held to fill is due
+                if filled_in is not None:
+                    delay = min(delay, filled_in)
                 # Rings gather while delivering (min_gap); else the ringer goes at once.
                 self.wakeup.wait(delay, coalesce=self.pool.dispatched != dispatched)
                 self.wakeup.clear()
@@ -251,6 +254,7 @@ class Runner:
                 # Whatever stopped the pass, outcomes not yet written are kept (those of
                 # deliveries made on another server are dropped when recorded).
                 self.pool.keep_unrecorded([o for rest in outcomes.values() for o in rest])
+            self.pool.dispatch_filled()
             self.collector.collect(cursor)
             return self.pacer.next_delay(head)
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import itertools
 import queue
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import connections, transaction
 
 from sqlqueue import storage
 from sqlqueue.conf import QueueSettings
-from sqlqueue.consuming import handlers
+from sqlqueue.consuming import batches, handlers
+from sqlqueue.consuming.batches import Batch
 from sqlqueue.consuming.gc import GarbageCollector
 from sqlqueue.consuming.handlers import Outcome
 from sqlqueue.consuming.handoff import HandlerPool
@@ -69,12 +70,17 @@ class InlinePool(HandlerPool):
         """Run the handlers of every delivery the last pass handed out, best first (the
         handler threads' order); their outcomes wait for the next pass."""
         ran = 0
+        if self.filling.held:  # no max_wait in a test: what is deliverable now
+            self._queue_batches(self.filling.due(everything=True))
         while not (self.stop_at_first_failure and self.failures):
             try:
                 _, delivery = self.work.get_nowait()
             except queue.Empty:
                 return ran
             if delivery is None:
+                continue
+            if isinstance(delivery, Batch):
+                ran += self._run_batch_here(delivery)
                 continue
             if not delivery.start():
                 if delivery.refused:  # the partition's lease is no longer trusted
@@ -95,6 +101,42 @@ class InlinePool(HandlerPool):
             if outcome.exception is not None:
                 self.failures.append(HandlerFailure.of(outcome))
         return ran
+
+    def _run_batch_here(self, batch: Batch) -> int:
+        """A batch consumer's call, in a savepoint as a single handler's; returns how many
+        deliveries it ran."""
+        started, refused = batches.start_all(batch.deliveries,
+                                             batch.deliveries[0].consumer.ordered)
+        for delivery in refused:
+            self.done.put(Outcome(delivery, "not_started"))
+        if not started:
+            return 0
+        for delivery in started:
+            delivery.own_connection = False
+        try:
+            outcomes = _in_savepoint(started[0].alias, lambda: batches.run_batch(started))
+        except BaseException:
+            for _ in started:  # KeyboardInterrupt: no outcome will come back
+                self.lost()
+            raise
+        consumer = started[0].consumer
+        self.instruments.batch(consumer.group, consumer.topic, len(started))
+        reported: set[int] = set()  # one failure per exception raised, not per message
+        for outcome in outcomes:
+            outcome.delivery.finish()
+            self.done.put(outcome)
+            if outcome.exception is not None and id(outcome.exception) not in reported:
+                reported.add(id(outcome.exception))
+                self.failures.append(HandlerFailure.of(outcome))
+        return len(started)
+
+
+def _in_savepoint(alias: str, run: Callable[[], list[Outcome]]) -> list[Outcome]:
+    """As ``_handle_in_savepoint``, for a batch call."""
+    if not connections[alias].in_atomic_block:
+        return run()
+    with transaction.atomic(using=alias):
+        return run()
 
 
 def _handle_in_savepoint(delivery: handlers.Delivery) -> Outcome:

@@ -51,7 +51,9 @@ def start_banner(consumers: list[Consumer], conf: QueueSettings, alias: str,
              f"  database: {alias!r} ({connections[alias].vendor})",
              f"  wake-ups: {describe_channels(conf, alias)}",
              f"  consumers ({len(consumers)}):"]
-    lines += [f"    group {c.group!r} on topic {c.topic!r}" for c in consumers]
+    lines += [f"    group {c.group!r} on topic {c.topic!r}"
+              + (f" (batch consumer, max_batch {c.max_batch})" if c.max_batch else "")
+              for c in consumers]
     return lines
 
 

@@ -1,0 +1,235 @@
+"""Batch consumers (``@sqlqueue.batch_consumer``, SPEC section 11): the handler gets a list
+of messages; None acks them all, a mapping fails some, raising fails every one; ordered
+batches stop at a failure (the rest given back, no attempt charged); atomic batches commit
+their writes and acks together. Run by a real ``Runner`` (handler threads) on SQLite,
+MariaDB/MySQL and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+import sqlqueue
+from sqlqueue import Message, OutgoingMessage, Reject, Retry, send_messages
+from sqlqueue.consuming.instruments import Instruments
+from sqlqueue.consuming.registry import unregister
+from sqlqueue.models import DeliveryState, QueueMessage
+from tests.integration.consuming_helpers import drain, fast_settings
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Handler = Callable[[list[Message]], Mapping[Message, BaseException] | None]
+
+
+@pytest.fixture
+def batch() -> Iterator[Callable[..., Handler]]:
+    """Register a batch handler for one test: batch(topic, group, handler, **options)."""
+    added: list[tuple[str, str]] = []
+
+    def add(topic: str, group: str, handler: Handler, **options: Any) -> Handler:
+        sqlqueue.batch_consumer(topic, group=group, **options)(handler)
+        added.append((group, topic))
+        return handler
+
+    yield add
+    for group, topic in added:
+        unregister(group, topic)
+
+
+def publish(topic: str, count: int, partitions: int = 1) -> None:
+    send_messages(topic, [OutgoingMessage({"n": n}, partition_key=f"p{n % partitions}")
+                          for n in range(count)])
+
+
+def states(group: str) -> dict[int, DeliveryState]:
+    return {s.message_offset: s for s in DeliveryState.objects.filter(consumer_group=group)}
+
+
+def payloads(messages: list[Message]) -> list[int]:
+    return [m.payload["n"] for m in messages]
+
+
+def dead_letters(topic: str) -> list[QueueMessage]:
+    return list(QueueMessage.objects.filter(topic=f"{topic}_dlq").order_by("offset"))
+
+
+def test_none_acks_every_message_and_batches_hold_at_most_max_batch(batch: Any) -> None:
+    calls: list[list[int]] = []
+    lock = threading.Lock()
+
+    def load(messages: list[Message]) -> None:
+        with lock:
+            calls.append(payloads(messages))
+
+    batch("b.all", "g", load, max_batch=7)
+    publish("b.all", 40, partitions=3)
+    runner = drain(["g"])
+    handled = sorted(n for call in calls for n in call)
+    assert handled == list(range(40))
+    assert all(1 <= len(call) <= 7 for call in calls)
+    assert len(calls) < 40  # batched, not one by one
+    assert runner.subscribers[0].stats["acked"] == 40
+    assert all(s.acked for s in states("g").values())
+
+
+def test_unordered_batches_mix_partitions(batch: Any) -> None:
+    calls: list[set[str]] = []
+
+    def load(messages: list[Message]) -> None:
+        calls.append({m.partition_key for m in messages})
+
+    batch("b.mix", "g", load, max_batch=50)
+    publish("b.mix", 30, partitions=3)
+    drain(["g"], threads=1)
+    assert any(len(keys) > 1 for keys in calls)
+
+
+def test_a_mapping_fails_those_messages_as_a_single_consumer_would(batch: Any) -> None:
+    seen: dict[int, int] = {}
+
+    def load(messages: list[Message]) -> dict[Message, BaseException]:
+        failures: dict[Message, BaseException] = {}
+        for message in messages:
+            n = message.payload["n"]
+            seen[n] = message.attempt
+            if n == 1:
+                failures[message] = Reject("bad row")
+            elif n == 2 and message.attempt == 1:
+                failures[message] = Retry(delay=0)
+            elif n == 3:
+                failures[message] = ValueError("always")
+        return failures
+
+    batch("b.map", "g", load, max_batch=10, max_attempts=2)
+    publish("b.map", 5)
+    runner = drain(["g"], conf=fast_settings(MIN_BACKOFF=0, MAX_BACKOFF=0))
+    dead = dead_letters("b.map")
+    assert {json.loads(d.payload)["n"] for d in dead} == {1, 3}
+    assert seen[2] == 2 and seen[3] == 2 and seen[1] == 1  # attempts counted
+    reasons = {json.loads(d.payload)["n"]: d.failure_detail for d in dead}
+    assert reasons[1]["reason"] == "rejected" and reasons[3]["reason"] == "max_attempts"
+    stats = runner.subscribers[0].stats
+    assert stats["acked"] == 3 and stats["dead_lettered"] == 2
+
+
+def test_raising_fails_every_message(batch: Any) -> None:
+    attempts: list[list[int]] = []
+
+    def load(messages: list[Message]) -> None:
+        attempts.append([m.attempt for m in messages])
+        if messages[0].attempt == 1:
+            raise RuntimeError("warehouse down")
+
+    batch("b.raise", "g", load, max_batch=10, max_attempts=3)
+    publish("b.raise", 4)
+    drain(["g"], conf=fast_settings(MIN_BACKOFF=0, MAX_BACKOFF=0), threads=1)
+    assert attempts[0] == [1, 1, 1, 1]
+    assert sorted(a for call in attempts[1:] for a in call) == [2, 2, 2, 2]
+    assert all(s.acked and s.retry_count == 1 for s in states("g").values())
+
+
+def test_a_key_not_in_the_batch_fails_the_whole_batch(batch: Any,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    def load(messages: list[Message]) -> dict[object, BaseException]:
+        return {"not a message": ValueError("x")}
+
+    batch("b.key", "g", load, max_batch=10, max_attempts=1)
+    publish("b.key", 3)
+    drain(["g"])
+    dead = dead_letters("b.key")
+    assert len(dead) == 3
+    assert all("not a message of its batch" in (d.last_error or "") for d in dead)
+    assert "not a message of its batch" in caplog.text
+
+
+def test_ordered_stops_at_a_failure_and_the_rest_wait_uncharged(batch: Any) -> None:
+    calls: list[list[tuple[int, int]]] = []
+
+    def load(messages: list[Message]) -> dict[Message, BaseException]:
+        calls.append([(m.payload["n"], m.attempt) for m in messages])
+        return {m: Retry(delay=0) for m in messages
+                if m.payload["n"] == 2 and m.attempt == 1}
+
+    batch("b.ord", "g", load, max_batch=10, ordered=True)
+    publish("b.ord", 6)
+    drain(["g"], conf=fast_settings(MIN_BACKOFF=0, MAX_BACKOFF=0))
+    assert calls[0] == [(n, 1) for n in range(6)]
+    # 0 and 1 acked; 2 retried (attempt 2); 3..5 given back, delivered after it, in
+    # order, still on their first attempt.
+    assert calls[1] == [(2, 2), (3, 1), (4, 1), (5, 1)]
+    assert len(calls) == 2
+
+
+def test_ordered_batches_hold_one_partition_in_offset_order(batch: Any) -> None:
+    calls: list[list[tuple[str, int]]] = []
+
+    def load(messages: list[Message]) -> None:
+        calls.append([(m.partition_key, m.offset) for m in messages])
+
+    batch("b.ord2", "g", load, max_batch=4, ordered=True)
+    publish("b.ord2", 20, partitions=2)
+    drain(["g"])
+    for call in calls:
+        assert len({key for key, _ in call}) == 1
+        assert [offset for _, offset in call] == sorted(offset for _, offset in call)
+        assert len(call) <= 4
+    assert sum(len(call) for call in calls) == 20
+
+
+def test_atomic_commits_the_writes_and_the_acks_together(batch: Any) -> None:
+    from tests.testapp.models import Order
+
+    def load(messages: list[Message]) -> None:
+        Order.objects.bulk_create([Order(reference=str(m.payload["n"])) for m in messages])
+
+    batch("b.atom", "g", load, max_batch=10, atomic=True)
+    publish("b.atom", 5)
+    runner = drain(["g"])
+    assert sorted(int(o.reference) for o in Order.objects.all()) == list(range(5))
+    assert all(s.acked for s in states("g").values())
+    assert runner.stats["acked"] == 5
+
+
+def test_atomic_raising_rolls_back_the_writes_and_the_acks(batch: Any) -> None:
+    from tests.testapp.models import Order
+
+    def load(messages: list[Message]) -> None:
+        Order.objects.bulk_create([Order(reference=f"{m.payload['n']}@{m.attempt}")
+                                   for m in messages])
+        if messages[0].attempt == 1:
+            raise RuntimeError("after the writes")
+
+    batch("b.atomr", "g", load, max_batch=10, atomic=True)
+    publish("b.atomr", 3)
+    drain(["g"], conf=fast_settings(MIN_BACKOFF=0, MAX_BACKOFF=0))
+    # The first call's rows were rolled back with its acks; the second's committed.
+    assert sorted(o.reference for o in Order.objects.all()) == ["0@2", "1@2", "2@2"]
+    assert all(s.acked and s.retry_count == 1 for s in states("g").values())
+
+
+def test_a_batch_of_n_costs_a_constant_number_of_statements(batch: Any) -> None:
+    """The loop's statements for a drain of 10 messages and of 200 (one batch each):
+    the same, not one more per message (marks, acks: one statement per batch)."""
+    def load(messages: list[Message]) -> None:
+        pass
+
+    counts = []
+    for size, topic in ((10, "b.q10"), (200, "b.q200")):
+        batch(topic, f"g{size}", load, max_batch=500)
+        publish(topic, size)
+        counted = CountedStatements()
+        drain([f"g{size}"], threads=1, instruments=counted)
+        counts.append(counted.statements)
+    assert counts[1] <= counts[0] + 3, counts
+
+
+class CountedStatements(Instruments):
+    def __init__(self) -> None:
+        self.statements = 0
+
+    def statement(self) -> None:
+        self.statements += 1
