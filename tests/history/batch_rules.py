@@ -11,10 +11,11 @@ only batches can break:
 * **I5** in an ordered batch, the messages after one that failed are given back
   (``uncharged``): none of them is acked or failed by that call; and none runs again before
   the failed one is done (handled well, or failed for the last time), since they wait
-  behind it.
+  behind it, unless in one call with the failed one's retry (after it there).
 * **I7** a given-back message is not charged an attempt: its next run has the same attempt
-  number (a fault that stopped the call before its outcomes were recorded excuses it:
-  the whole batch is then redelivered, charged).
+  number (a fault that stopped the call before its outcomes were recorded excuses it, and
+  so does a call that outlived its visibility timeout: the batch is then delivered
+  again, charged).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ class BatchRules:
             later = self._next_run(run)
             if later is None or self._excused(failed) or self._excused(run):
                 continue
+            if later.batch and any(r.batch == later.batch for r in self.checker.runs_of[
+                    (group, failed.partition, failed.id)]):
+                continue  # behind the failed one's retry in one call: the order rule's
             if done_at is None or later.started_ms + SLACK_MS < done_at:
                 yield ("I5", f"{group}: {run.id}, given back behind {failed.id}, ran again "
                        f"before {failed.id} was done", [failed, run, later])
@@ -117,6 +121,8 @@ class BatchRules:
             later = self._next_run(run)
             if later is None or later.attempt == run.attempt or self._excused(run):
                 continue
+            if run.finished_ms is not None and self.checker._outlived(run, run.finished_ms):
+                continue  # given back after its timeout ran out: delivered again, charged
             yield ("I7", f"{run.group}: {run.id} was given back uncharged (attempt "
                    f"{run.attempt}) but ran next as attempt {later.attempt}", [run, later])
 

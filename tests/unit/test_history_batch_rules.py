@@ -93,6 +93,16 @@ def test_a_given_back_message_that_runs_before_the_failed_one_is_done_breaks_i5(
                for v in check(h))
 
 
+def test_a_given_back_message_may_run_behind_the_failed_ones_retry_in_one_call() -> None:
+    """b fails, c is given back; the next call holds b's retry and c after it (b fails
+    again, c is given back again), then both run well."""
+    runs = [*batch("r1-1", "bc", 200, 250, outcomes={"b": "fail", "c": "uncharged"}),
+            *batch("r1-2", "b", 400, 420, attempt=2, outcomes={"b": "fail"}),
+            *batch("r1-2", "c", 400, 420, outcomes={"c": "uncharged"}),
+            *batch("r1-3", "b", 800, 820, attempt=3), *batch("r1-3", "c", 800, 820)]
+    assert check(history(PUBLISHES[1:3], runs)) == []
+
+
 def test_a_given_back_message_may_run_once_the_failed_one_is_dead() -> None:
     """b fails its last attempt (3 of 3) and is dead-lettered: c, behind it, runs next."""
     runs = [*batch("r1-1", "bc", 200, 250, attempt=3,
@@ -120,6 +130,15 @@ def test_a_kill_during_the_batch_excuses_the_charge() -> None:
     h = history(PUBLISHES[1:3], runs, faults=[Fault("kill", 255, 260, runner="r1")])
     assert "I7" not in invariants(h)
     assert "I7" in invariants(replace(h, faults=[]))
+
+
+def test_a_call_that_outlived_its_timeout_may_have_its_given_back_messages_charged() -> None:
+    """The call ran past its visibility timeout (1,000 ms after its start): what it gave
+    back was delivered again after the timeout, as a new attempt."""
+    runs = [*batch("r1-1", "bc", 200, 1_400, outcomes={"b": "fail", "c": "uncharged"}),
+            *batch("r1-2", "b", 1_600, 1_620, attempt=2),
+            *batch("r1-3", "c", 1_700, 1_720, attempt=2)]
+    assert "I7" not in invariants(history(PUBLISHES[1:3], runs))
 
 
 def test_an_uncharged_run_without_a_failure_before_it_breaks_i5() -> None:
