@@ -7,15 +7,17 @@ only batches can break:
 
 * **I5** an ordered group's batch holds consecutive messages of one partition in offset
   order: one partition; no message of it between the batch's first and last offset that
-  had committed when the batch started, and was not done by then, is left out.
+  had committed when the batch started, and was not done by then, is left out (unless it
+  committed after a higher offset: found late, it starts after the run in flight).
 * **I5** in an ordered batch, the messages after one that failed are given back
   (``uncharged``): none of them is acked or failed by that call; and none runs again before
   the failed one is done (handled well, or failed for the last time), since they wait
   behind it, unless in one call with the failed one's retry (after it there).
 * **I7** a given-back message is not charged an attempt: its next run has the same attempt
-  number (a fault that stopped the call before its outcomes were recorded excuses it, and
-  so does a call that outlived its visibility timeout: the batch is then delivered
-  again, charged).
+  number (a fault that stopped the call before its outcomes were recorded excuses it, so
+  does a call that outlived its visibility timeout: the batch is then delivered again,
+  charged; and so does a fault before the next run, which may have ended a delivery of it
+  that never reached the handler).
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ class BatchRules:
         by_partition: dict[str, list[Publish]] = defaultdict(list)
         for publish in self.checker._first_publishes():
             by_partition[publish.partition].append(publish)
+        # Committed after a higher offset of its partition: it may be read after that one
+        # and start after the run in flight (I4's late commit), not in that batch.
+        late = {partition: self.checker._found_late_ids(publishes)
+                for partition, publishes in by_partition.items()}
         for group, name, runs in self._ordered():
             partitions = sorted({r.partition for r in runs})
             if len(partitions) > 1:
@@ -73,6 +79,7 @@ class BatchRules:
             for publish in by_partition[partitions[0]]:
                 offset = publish.offset or 0
                 if (offsets[0] < offset < offsets[-1] and offset not in inside
+                        and publish.id not in late[partitions[0]]
                         and publish.ended_ms + SLACK_MS < start
                         and not self._done_by(group, publish, start)):
                     yield ("I5", f"{group}'s ordered batch {name} skips {publish.id} "
@@ -123,6 +130,8 @@ class BatchRules:
                 continue
             if run.finished_ms is not None and self.checker._outlived(run, run.finished_ms):
                 continue  # given back after its timeout ran out: delivered again, charged
+            if self._lost_between(run, later):
+                continue  # a delivery in between that never ran: charged, rightly
             yield ("I7", f"{run.group}: {run.id} was given back uncharged (attempt "
                    f"{run.attempt}) but ran next as attempt {later.attempt}", [run, later])
 
@@ -137,10 +146,24 @@ class BatchRules:
         outcomes were recorded: its batch is delivered again as a whole, charged."""
         return self.checker._faulted(run) or self.checker._database_lost_writes()
 
+    def _lost_between(self, run: Run, later: Run) -> bool:
+        """A fault between ``run``'s end and ``later``'s start (a kill, a pause, an outage,
+        a failover, a stall long enough to lose leases) may have ended a delivery of the
+        message that never reached its handler: an attempt charged with no run of it."""
+        end = run.finished_ms if run.finished_ms is not None else run.started_ms
+        for fault in self.history.faults:
+            if fault.kind == "stall" and not self.checker._long_enough_to_lose_leases(fault):
+                continue
+            if fault.began_ms <= later.started_ms and fault.ended_ms >= end - SLACK_MS:
+                return True
+        return False
+
     def _done_by(self, group: str, publish: Publish, at_ms: float) -> bool:
         """Had ``group`` handled ``publish`` well, or failed it for the last time, by
         ``at_ms``?"""
         dead = self.checker.dead.get((group, publish.id))
+        if self._dead_unseen(group, publish.partition, publish.id):
+            return True  # dead-lettered when delivered once too often: when is not known
         for run in self.checker.runs_of[(group, publish.partition, publish.id)]:
             if run.finished_ms is None or run.finished_ms > at_ms + SLACK_MS:
                 continue
@@ -154,9 +177,20 @@ class BatchRules:
         dead = self.checker.dead.get((group, failed.id))
         if dead is not None and failed.attempt >= dead.attempts:
             return failed.finished_ms
+        if self._dead_unseen(group, failed.partition, failed.id):
+            return float("-inf")  # dead-lettered with no run of its last attempt
         for run in self.checker.runs_of[(group, failed.partition, failed.id)]:
             if run.started_ms <= failed.started_ms or run.finished_ms is None:
                 continue
             if run.outcome == "ok" or (dead is not None and run.attempt >= dead.attempts):
                 return run.finished_ms
         return None
+
+    def _dead_unseen(self, group: str, partition: str, message_id: str) -> bool:
+        """Dead-lettered without a run of its last attempt (attempts that never completed:
+        its runner died, or its timeout ran out, once too often; the dead letter is
+        written when it is delivered again, unrecorded)."""
+        dead = self.checker.dead.get((group, message_id))
+        return dead is not None and all(
+            r.attempt < dead.attempts for r in self.checker.runs_of[(group, partition,
+                                                                     message_id)])

@@ -38,8 +38,6 @@ BATCH_GROUPS: dict[str, dict[str, Any]] = {
 ATOMIC_OUT = ".bout"
 FAILED = ("fail", "retry", "reject")
 
-_calls = itertools.count(1)
-
 
 def raises(seed: int, group: str, messages: list[Message]) -> bool:
     """Does this call raise (the same for the same seed and batch)?"""
@@ -65,7 +63,7 @@ def outcomes(ordered: bool, failing: list[bool], raised: bool) -> list[str]:
     return found
 
 
-def batch_handler(workload: Workload, group: str
+def batch_handler(workload: Workload, group: str, calls: itertools.count[int]
                   ) -> Callable[[list[Message]], Mapping[Message, BaseException] | None]:
     options = BATCH_GROUPS[group]
     ordered, atomic = bool(options.get("ordered")), bool(options.get("atomic"))
@@ -73,7 +71,7 @@ def batch_handler(workload: Workload, group: str
     def handle(messages: list[Message]) -> Mapping[Message, BaseException] | None:
         started = now_ms()
         runner = threading.current_thread().name.rpartition("@")[2]
-        name = f"{runner}-{next(_calls)}"
+        name = f"{runner}-{next(calls)}"
         visible = _visible_until(group, messages)
         behaviours = [workload.behaviour(group, m.id, m.attempt) for m in messages]
         raised = raises(workload.seed, group, messages)
@@ -117,10 +115,11 @@ def _call_seconds(workload: Workload, behaviours: list[tuple[str, float]]) -> fl
 
 
 def register(workload: Workload, common: dict[str, Any]) -> None:
+    calls = itertools.count(1)  # the calls' names (with their runner's)
     for group in workload.groups:
         if group in BATCH_GROUPS:
             batch_consumer(workload.history.topic, group=group, **common,
-                           **BATCH_GROUPS[group])(batch_handler(workload, group))
+                           **BATCH_GROUPS[group])(batch_handler(workload, group, calls))
 
 
 def _visible_until(group: str, messages: list[Message]) -> dict[tuple[str, int], float]:

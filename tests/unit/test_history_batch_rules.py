@@ -10,8 +10,8 @@ from tests.history.checker import check
 from tests.history.model import DeadLetter, Fault, History, Run
 from tests.unit.test_history_checker import history, publish, run
 
-#: five messages of partition k, committed by 100
-PUBLISHES = [publish(m, n, n * 10) for n, m in enumerate("abcde", start=1)]
+#: five messages of partition k, committed 100 ms apart (none found late), by -85
+PUBLISHES = [publish(m, n, n * 100 - 600) for n, m in enumerate("abcde", start=1)]
 
 
 def batch(name: str, ids: str, start: float, end: float | None, *, attempt: int = 1,
@@ -59,7 +59,7 @@ def test_an_ordered_batch_across_partitions_breaks_i5() -> None:
 
 
 def test_an_ordered_batch_that_skips_a_waiting_message_breaks_i5() -> None:
-    """c had committed (at 45) and was not done when the batch of a, b, d, e started."""
+    """c had committed (at -285) and was not done when the batch of a, b, d, e started."""
     runs = [*batch("r1-1", "abde", 200, 250), *batch("r1-2", "c", 300, 310)]
     found = check(history(PUBLISHES, runs))
     assert "I5" in [v.invariant for v in found]
@@ -72,6 +72,15 @@ def test_a_message_committed_after_the_batch_started_may_be_left_out() -> None:
     late = replace(PUBLISHES[2], commit_begun_ms=490, ended_ms=500)
     publishes = [*PUBLISHES[:2], late, *PUBLISHES[3:]]
     runs = [*batch("r1-1", "abde", 200, 250), *batch("r1-2", "c", 600, 610)]
+    assert check(history(publishes, runs)) == []
+
+
+def test_a_message_found_late_may_be_left_out() -> None:
+    """c committed (at 150) after d and e had (at -185 and -85): a fetch may have read them
+    without it; it starts after the call in flight."""
+    late = replace(PUBLISHES[2], commit_begun_ms=145, ended_ms=150)
+    publishes = [*PUBLISHES[:2], late, *PUBLISHES[3:]]
+    runs = [*batch("r1-1", "abde", 200, 250), *batch("r1-2", "c", 300, 310)]
     assert check(history(publishes, runs)) == []
 
 
@@ -112,6 +121,18 @@ def test_a_given_back_message_may_run_once_the_failed_one_is_dead() -> None:
     assert check(h) == []
 
 
+def test_a_message_dead_lettered_unseen_may_be_left_out_of_a_batch() -> None:
+    """c's attempts never completed (its runs were cut, 3 of 3): the dead letter was
+    written when it was delivered once more, with no run; the batch after it skips it."""
+    cut = [replace(r, finished_ms=None, outcome="cut") for r in batch("r1-1", "abc", 200,
+                                                                       None)]
+    runs = [*cut, *batch("r2-1", "abde", 2_000, 2_050, attempt=2)]
+    faults = [Fault("kill", 210, 210, runner="r1")]
+    h = history(PUBLISHES, runs, faults=faults, dead=[DeadLetter("g", "c", 4, "gave up")])
+    assert check(h) == []
+    assert "I5" in invariants(replace(h, final=replace(h.final, dead_letters=[])))
+
+
 def test_a_given_back_message_charged_an_attempt_breaks_i7() -> None:
     runs = [*batch("r1-1", "bc", 200, 250, outcomes={"b": "fail", "c": "uncharged"}),
             *batch("r1-2", "b", 400, 420, attempt=2), *batch("r1-3", "c", 430, 440,
@@ -130,6 +151,16 @@ def test_a_kill_during_the_batch_excuses_the_charge() -> None:
     h = history(PUBLISHES[1:3], runs, faults=[Fault("kill", 255, 260, runner="r1")])
     assert "I7" not in invariants(h)
     assert "I7" in invariants(replace(h, faults=[]))
+
+
+def test_a_kill_before_the_next_run_excuses_the_charge() -> None:
+    """c was given back; r2 delivered it again (attempt 2) and was killed before its
+    handler started: that attempt was charged, with no run; c runs next as attempt 3."""
+    runs = [*batch("r1-1", "bc", 200, 250, outcomes={"b": "fail", "c": "uncharged"}),
+            *batch("r1-2", "b", 400, 420, attempt=2),
+            *batch("r1-3", "c", 3_000, 3_020, attempt=3)]
+    h = history(PUBLISHES[1:3], runs, faults=[Fault("kill", 1_000, 1_000, runner="r2")])
+    assert "I7" not in invariants(h)
 
 
 def test_a_call_that_outlived_its_timeout_may_have_its_given_back_messages_charged() -> None:
