@@ -189,3 +189,14 @@ def stuck_first_time(message: sqlqueue.Message) -> None:
     if message.attempt == 1:
         time.sleep(600)
     journal(message, "finished")
+
+
+@sqlqueue.batch_consumer("accept.batch", group="batchers", max_batch=50)
+def load_batch(messages: list[sqlqueue.Message]) -> None:
+    """A batch consumer (tests/acceptance/test_batch_runconsumer.py): one journal row per
+    message, written in one statement per call, with the call's size in ``event``."""
+    HandlerCall.objects.bulk_create([
+        HandlerCall(group=m.consumer_group, topic=m.topic, partition_key=m.partition_key,
+                    message_offset=m.offset, message_id=m.id, attempt=m.attempt,
+                    event=f"batch:{len(messages)}", pid=os.getpid(), at=time.monotonic())
+        for m in messages])
