@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import sqlqueue
@@ -30,6 +31,41 @@ def soak_ordered(message: sqlqueue.Message) -> None:
     """The same in offset order, taking a little time, so that two runs in one partition
     that overlapped would show (guarantee I5)."""
     _soak_run(message, seconds=0.005)
+
+
+#: bench.soak's batch group: ordered batches of up to this many messages (issue 55)
+SOAK_MAX_BATCH = 50
+
+
+@sqlqueue.batch_consumer("bench.soak", group="soak-batch", ordered=True,
+                         max_batch=SOAK_MAX_BATCH)
+def soak_batch(messages: list[sqlqueue.Message]) -> dict[sqlqueue.Message, BaseException]:
+    """The soak's planned failures (a first attempt in 25) returned in the mapping; the
+    engine gives back what follows the first of them in the batch, uncharged. Every
+    message is journalled with the call's times, its outcome and the call's name."""
+    import os
+    import time
+    import zlib
+
+    started = time.time() * 1000
+    name = f"{os.getpid()}-{next(_soak_calls)}"
+    visible = [_visible_until(m) for m in messages]
+    failures: dict[sqlqueue.Message, BaseException] = {}
+    outcomes = []
+    for message in messages:
+        if failures:
+            outcomes.append("uncharged")  # behind the failed one: given back
+        elif message.attempt == 1 and zlib.crc32(message.id.encode()) % 25 == 0:
+            failures[message] = RuntimeError(f"{message.id}: the soak's planned failure")
+            outcomes.append("fail")
+        else:
+            outcomes.append("ok")
+    _journal_many(messages, started, outcomes, visible, name)
+    return failures
+
+
+#: the soak batch calls' names (with their process's id)
+_soak_calls = itertools.count(1)
 
 
 def _soak_run(message: sqlqueue.Message, seconds: float) -> None:
@@ -90,6 +126,25 @@ def _visible_until(message: sqlqueue.Message) -> float | None:
     if not row or not row[0]:
         return None
     return float(row[0]) if int(row[1]) == message.attempt - 1 else 0.0
+
+
+def _journal_many(messages: list[sqlqueue.Message], started_ms: float, outcomes: list[str],
+                  visible_until: list[float | None], batch: str) -> None:
+    """A batch call's rows of the journal, in one statement."""
+    import os
+    import time
+
+    from django.db import connection
+
+    finished = time.time() * 1000
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO soak_journal (grp, message_offset, partition_key, msg_id, attempt, "
+            "pid, started_ms, finished_ms, outcome, visible_until, batch) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [[m.consumer_group, m.offset, m.partition_key, m.id, m.attempt, os.getpid(),
+              started_ms, finished, outcome, visible, batch]
+             for m, outcome, visible in zip(messages, outcomes, visible_until, strict=True)])
 
 
 def _journal(message: sqlqueue.Message, started_ms: float, outcome: str,

@@ -13,7 +13,8 @@ temporary directory on a free port, restarts, and stops at the end (never the ma
 shared server). ``--url`` runs against a server you name instead, and then never restarts
 it (``--no-db-restart`` is implied).
 
-Two groups consume the topic: ``soak`` (unordered) and ``soak-ordered``. The seed
+Three groups consume the topic: ``soak`` (unordered), ``soak-ordered`` and
+``soak-batch`` (an ordered batch consumer, issue 55). The seed
 (``--seed``, printed) chooses the faults' times and the producer's choices; the history is
 written to ``--history`` (JSON, with the subscribers' lease events, which each process
 appends to a file of its own: ``tests.history.lease_log``;
@@ -43,7 +44,7 @@ from bench.common import reset, setup
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "bench.soak"
-GROUPS = ("soak", "soak-ordered")
+GROUPS = ("soak", "soak-ordered", "soak-batch")
 #: the visibility timeout outlasts a long run (bench/consumers.py) frozen past the lease
 #: (--freezes): the new holder of its partition must wait for it (issue 51)
 SUBSCRIBER_SETTINGS = {"LEASE_DURATION": 4, "LEASE_RENEW_INTERVAL": 1, "VISIBILITY_TIMEOUT": 15,
@@ -97,7 +98,8 @@ def setup_soak(url: str) -> None:
             "message_offset BIGINT NOT NULL, partition_key VARCHAR(64) NOT NULL, "
             "msg_id VARCHAR(255) NOT NULL, attempt INT NOT NULL, pid INT NOT NULL, "
             "started_ms DOUBLE PRECISION NOT NULL, finished_ms DOUBLE PRECISION NOT NULL, "
-            "outcome VARCHAR(16) NOT NULL, visible_until DOUBLE PRECISION NULL)")
+            "outcome VARCHAR(16) NOT NULL, visible_until DOUBLE PRECISION NULL, "
+            "batch VARCHAR(64) NOT NULL DEFAULT '')")
 
 
 # -- the subscribers ------------------------------------------------------------------------
@@ -122,7 +124,8 @@ class Subscribers:
     def _start(self, n: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, "-m", "django", "runconsumer", "--group", "soak",
-             "--group", "soak-ordered", "--name", f"soak-{n}-{time.monotonic_ns()}", "-v", "0"],
+             "--group", "soak-ordered", "--group", "soak-batch",
+             "--name", f"soak-{n}-{time.monotonic_ns()}", "-v", "0"],
             cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL,
             stderr=open(f"/tmp/soak-subscriber-{n}.log", "ab"),
         )
@@ -361,10 +364,11 @@ def journal_runs() -> list[object]:
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT grp, partition_key, message_offset, msg_id, attempt, pid, "
-                       "started_ms, finished_ms, outcome, visible_until FROM soak_journal")
+                       "started_ms, finished_ms, outcome, visible_until, batch "
+                       "FROM soak_journal")
         return [Run(g, TOPIC, k, int(o), i, int(a), str(p), float(s), float(f), out,
-                    visible_until_ms=None if v is None else float(v))
-                for g, k, o, i, a, p, s, f, out, v in cursor.fetchall()]
+                    visible_until_ms=None if v is None else float(v), batch=b)
+                for g, k, o, i, a, p, s, f, out, v, b in cursor.fetchall()]
 
 
 def lease_counts(history: object) -> dict[str, int]:
@@ -389,7 +393,8 @@ def new_history(seed: int) -> object:
     lease_at_risk = SUBSCRIBER_SETTINGS["LEASE_DURATION"] - SUBSCRIBER_SETTINGS[
         "LEASE_RENEW_INTERVAL"]
     return History(TOPIC, {"soak": GroupConfig(ordered=False, **config),
-                           "soak-ordered": GroupConfig(ordered=True, **config)}, seed=seed,
+                           "soak-ordered": GroupConfig(ordered=True, **config),
+                           "soak-batch": GroupConfig(ordered=True, **config)}, seed=seed,
                    lease_at_risk_ms=round(lease_at_risk * 1000),
                    lease_ms=SUBSCRIBER_SETTINGS["LEASE_DURATION"] * 1000,
                    renew_ms=SUBSCRIBER_SETTINGS["LEASE_RENEW_INTERVAL"] * 1000)

@@ -11,7 +11,8 @@ gracefully (its leases released), and later replaced. A handler of the ordered g
 ``h-frozen`` may freeze its runner past its lease while it runs (the runner is not
 stepped; the other one is, takes the partition, and a message held back below the frozen
 run commits meanwhile): the new holder must start nothing there before the frozen run's
-visibility timeout (issue 51). The runners' lease events are recorded
+visibility timeout (issue 51). Batch consumer groups run beside the others
+(``tests.engine.stepped_batches``, issue 55). The runners' lease events are recorded
 (``tests.history.lease_log``, on the manual clock). The same seed gives the same history
 (``SQLQUEUE_HISTORY_SEED`` replays one); ``tests.history.checker`` checks it.
 """
@@ -29,9 +30,11 @@ from django.db import transaction
 
 from sqlqueue import Message, send_message
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
+from tests.engine import stepped_batches
 from tests.engine.harness import ALIASES, MemoryQueue, SteppedRunner
 from tests.engine.memory.tables import StoredMessage
 from tests.history import lease_log
+from tests.history.batch_workload import ATOMIC_OUT, BATCH_GROUPS
 from tests.history.model import DeadLetter, Fault, FinalState, GroupConfig, History, Publish, Run
 from tests.history.workload import (
     FROZEN_GROUP,
@@ -53,8 +56,8 @@ PUBLISHER_ALIAS = ALIASES[0]
 #: FROZEN_GROUP's visibility timeout outlasts a freeze (a lease, and two seconds more:
 #: long enough for the other runner to take the partition while the run is in flight)
 FREEZE_MS, FROZEN_VISIBILITY_MS = 6_000, 8_000
-#: every group the stepped workload runs
-STEPPED_GROUPS = {**GROUPS, FROZEN_GROUP: {"ordered": True}}
+#: every group the stepped workload runs (the batch groups: ``stepped_batches``)
+STEPPED_GROUPS = {**GROUPS, FROZEN_GROUP: {"ordered": True}, **BATCH_GROUPS}
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class Shape:
     #: chance that a first attempt of FROZEN_GROUP freezes its runner (always, when a
     #: message held back below it waits in its partition: the issue-51 case)
     freeze_chance: float = 0.05
+    #: run the batch consumer groups (``stepped_batches``) beside the others
+    batch_groups: bool = True
 
 
 
@@ -108,11 +113,13 @@ class SteppedWorkload:
     def __init__(self, seed: int, queue: MemoryQueue, shape: Shape = Shape()) -> None:
         self.seed, self.queue, self.shape = seed, queue, shape
         self.random = random.Random(seed)
+        self.groups = STEPPED_GROUPS if shape.batch_groups else {
+            g: o for g, o in STEPPED_GROUPS.items() if g not in BATCH_GROUPS}
         self.history = History(TOPIC, {
             group: GroupConfig(ordered=bool(options.get("ordered")), max_attempts=MAX_ATTEMPTS,
                                min_backoff_ms=MIN_BACKOFF_MS, max_backoff_ms=MAX_BACKOFF_MS,
                                visibility_ms=visibility_ms(group))
-            for group, options in STEPPED_GROUPS.items()}, seed=seed,
+            for group, options in self.groups.items()}, seed=seed,
             lease_ms=round(queue.settings().LEASE_DURATION * 1000),
             renew_ms=round(queue.settings().LEASE_RENEW_INTERVAL * 1000))
         self.slots = [Slot(alias, n) for n, alias in enumerate(ALIASES)]
@@ -282,7 +289,7 @@ class SteppedWorkload:
     def start(self, slot: Slot) -> None:
         slot.lives += 1
         slot.runner = self.queue.runner(
-            select_consumers(list(STEPPED_GROUPS), [TOPIC]), alias=slot.alias,
+            select_consumers(list(self.groups), [TOPIC]), alias=slot.alias,
             name=f"runner-{slot.index}.{slot.lives}")
         slot.dead_since, slot.stepped_at = None, self.now
 
@@ -326,13 +333,20 @@ class SteppedWorkload:
 
     # -- the run -----------------------------------------------------------------------------
     def run(self) -> History:
-        for group, options in STEPPED_GROUPS.items():
+        for group, options in self.groups.items():
+            if group in BATCH_GROUPS:
+                continue
             consumer(TOPIC, group=group, max_attempts=MAX_ATTEMPTS,
                      min_backoff=MIN_BACKOFF_MS / 1000, max_backoff=MAX_BACKOFF_MS / 1000,
                      visibility_timeout=visibility_ms(group) / 1000,
                      ordered=options.get("ordered", False),
                      atomic=options.get("atomic", False),
                      **self.shape.limits.get(group, {}))(self.handler(group))
+        if self.shape.batch_groups:
+            stepped_batches.register(self, {
+                "max_attempts": MAX_ATTEMPTS, "min_backoff": MIN_BACKOFF_MS / 1000,
+                "max_backoff": MAX_BACKOFF_MS / 1000,
+                "visibility_timeout": VISIBILITY_MS / 1000})
         try:
             with lease_log.recording(self.history, lambda: self.now):
                 for slot in self.slots:
@@ -342,7 +356,7 @@ class SteppedWorkload:
                 self.commit_late(everything=True)
                 self.drain()
         finally:
-            for group in STEPPED_GROUPS:
+            for group in self.groups:
                 unregister(group, TOPIC)
         self.history.final = self.final_state()
         return self.history
@@ -409,7 +423,7 @@ class SteppedWorkload:
         done = {(d.group, d.id) for d in self.dead_letters()}
         done |= {(r.group, r.id) for r in self.history.runs if r.outcome == "ok"}
         return [(group, p.id) for p in self.history.publishes if p.committed and p.created
-                for group in STEPPED_GROUPS if (group, p.id) not in done]
+                for group in self.groups if (group, p.id) not in done]
 
     # -- what the database holds at the end ----------------------------------------------------
     def dead_letters(self) -> list[DeadLetter]:
@@ -429,8 +443,11 @@ class SteppedWorkload:
                           if p == partition and o <= row.offset_acked}
         written = {json.loads(m.payload) for m in t.messages.values()
                    if m.topic == TOPIC + ".out"}
+        batch_written = {json.loads(m.payload) for m in t.messages.values()
+                         if m.topic == TOPIC + ATOMIC_OUT}
         return FinalState(acked=acked, stored=stored, dead_letters=self.dead_letters(),
-                          collectable=True, atomic_writes={"h-atomic": written})
+                          collectable=True, atomic_writes={"h-atomic": written,
+                                                           "hb-atomic": batch_written})
 
 
 def visibility_ms(group: str) -> int:

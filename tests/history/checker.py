@@ -30,6 +30,9 @@ prints the first ones. The rules, and what excuses an event:
   committed.
 * **I16** every ack on the surviving server is of a message (by id, at that offset) that
   the group handled or dead-lettered: never a stale delivery's ack on a reused offset.
+* Batch consumers' runs (one per message of a call) are read by every rule above; what
+  only batches can break (an ordered batch's shape, what follows a failure in it, the
+  given-back messages left uncharged: I5, I7) is ``tests.history.batch_rules``'.
 
 Messages the database itself lost (a failover to a replica that was behind) are not
 checked for delivery; a message at an offset the new server reused is checked by id.
@@ -42,6 +45,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from tests.history.batch_rules import BatchRules
 from tests.history.lease_rules import LeaseRules, describe
 from tests.history.model import Fault, History, LeaseEvent, Publish, Run
 
@@ -106,6 +110,7 @@ class Checker:
             self.no_redelivery_after_success, self.collected_only_when_done,
             self.acks_match_runs, self.atomic_writes_match_acks,
             self.leases_follow_one_clock, self.partitions_never_left_unowned,
+            self.batches_keep_their_rules,
         ]
         return [violation for rule in rules for violation in rule()]
 
@@ -142,11 +147,20 @@ class Checker:
     def ordered_runs_never_overlap(self) -> Iterator[Violation]:
         for group, partition, runs in self._ordered_partitions():
             for before, after in self._overlapping(runs):
+                if before.batch and before.batch == after.batch:
+                    continue  # one call's messages: they run together by design
                 if self._outlived(before, after.started_ms) or self._ended_before(
                         before, after.started_ms):
                     continue
                 yield Violation("I5", f"{group} ran {after.id} in {partition} while "
                                 f"{before.id} was still running", [before, after])
+
+    def batches_keep_their_rules(self) -> Iterator[Violation]:
+        rules = BatchRules(self)
+        for found in (rules.consecutive(), rules.given_back_after_a_failure(),
+                      rules.given_back_uncharged()):
+            for invariant, text, events in found:
+                yield Violation(invariant, text, list(events))
 
     def leases_follow_one_clock(self) -> Iterator[Violation]:
         for text, events in LeaseRules(self.history).one_clock():
@@ -245,7 +259,7 @@ class Checker:
     def no_early_redelivery(self) -> Iterator[Violation]:
         for (group, _, _), runs in self.runs_of.items():
             for before, after in itertools.pairwise(runs):
-                retried = before.outcome in ("fail", "retry", "reject") and (
+                retried = before.outcome in ("fail", "retry", "reject", "uncharged") and (
                     before.finished_ms is None
                     or after.started_ms + CLOCK_SLACK_MS >= before.finished_ms)
                 if retried:

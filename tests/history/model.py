@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-RunOutcome = Literal["ok", "fail", "retry", "reject", "cut"]
+#: "uncharged": a message of an ordered batch after one that failed, given back neither
+#: acked nor counted as an attempt (it waits behind the failed one)
+RunOutcome = Literal["ok", "fail", "retry", "reject", "cut", "uncharged"]
 FaultKind = Literal["kill", "pause", "outage", "stall", "failover"]
 LeaseChange = Literal["acquired", "renewed", "lost", "released"]
 
@@ -63,7 +65,8 @@ class Publish:
 
 @dataclass(frozen=True)
 class Run:
-    """One handler call."""
+    """One handler call; of a batch consumer, one message of the call (every message of a
+    batch is a run with the batch's start and end, and the batch's ``batch`` name)."""
 
     group: str
     topic: str
@@ -79,6 +82,9 @@ class Run:
     #: (None: not read)
     visible_until_ms: float | None = None
     server: str = ""
+    #: the handler call this run was part of, of a batch consumer (runner and a number);
+    #: "" for a single-message consumer's run
+    batch: str = ""
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,10 @@ runners (``Runner`` on threads, as ``runconsumer`` runs it) share the partitions
 and then a handler of the ordered group ``h-frozen`` freezes its runner (its loop stops,
 as a SIGSTOP, a VM pause would stop it) for longer than a lease while the handler runs on
 inside its visibility timeout: the other runner takes the partition and must start
-nothing there before that run's timeout (issue 51). The runners' lease events are recorded
-too (``tests.history.lease_log``). Every choice comes from the seed, so a failing run is
-run again with ``SQLQUEUE_HISTORY_SEED``.
+nothing there before that run's timeout (issue 51). Batch consumer groups run beside them
+(``tests.history.batch_workload``: unordered, ordered, ordered and atomic; issue 55).
+The runners' lease events are recorded too (``tests.history.lease_log``). Every choice
+comes from the seed, so a failing run is run again with ``SQLQUEUE_HISTORY_SEED``.
 The history is checked by ``tests.history.checker`` (real processes, kills and restarts
 are ``bench/soak.py``'s: ``make soak``).
 """
@@ -34,7 +35,7 @@ from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
 from sqlqueue.consuming.runner import Runner
 from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
-from tests.history import lease_log
+from tests.history import batch_workload, lease_log
 from tests.history.model import (
     DeadLetter,
     Fault,
@@ -95,6 +96,7 @@ class Workload:
         self.random = random.Random(seed)
         self.groups = {**GROUPS, FROZEN_GROUP: {"ordered": True}} if (
             shape.freezes and shape.runners > 1) else dict(GROUPS)
+        self.groups.update(batch_workload.BATCH_GROUPS)
         self.history = History(TOPIC, {
             group: GroupConfig(ordered=bool(options.get("ordered")), max_attempts=MAX_ATTEMPTS,
                                min_backoff_ms=round(MIN_BACKOFF_S * 1000),
@@ -360,16 +362,24 @@ def final_state(history: History) -> FinalState:
     written = {json.loads(bytes(payload)) for payload in QueueMessage.objects.filter(
         topic=topic + ".out").values_list("payload", flat=True)}
     # Runners collect garbage as they go: a message may be gone once every group is done.
+    batch_written = {json.loads(bytes(payload)) for payload in QueueMessage.objects.filter(
+        topic=topic + batch_workload.ATOMIC_OUT).values_list("payload", flat=True)}
     return FinalState(acked=acked, stored=stored, dead_letters=_dead_letters(topic),
-                      collectable=True, atomic_writes={"h-atomic": written})
+                      collectable=True, atomic_writes={"h-atomic": written,
+                                                       "hb-atomic": batch_written})
 
 
 @contextlib.contextmanager
 def registered(workload: Workload) -> Iterator[None]:
     for group, options in workload.groups.items():
+        if group in batch_workload.BATCH_GROUPS:
+            continue
         consumer(TOPIC, group=group, max_attempts=MAX_ATTEMPTS, min_backoff=MIN_BACKOFF_S,
                  max_backoff=MAX_BACKOFF_S, visibility_timeout=workload.visibility_s(group),
                  **options)(workload.handler(group))
+    batch_workload.register(workload, {
+        "max_attempts": MAX_ATTEMPTS, "min_backoff": MIN_BACKOFF_S,
+        "max_backoff": MAX_BACKOFF_S, "visibility_timeout": workload.shape.visibility_s})
     try:
         yield
     finally:

@@ -154,4 +154,5 @@ def test_the_checker_notices_a_takeover_that_ignores_an_earlier_lease_s_run(
     from sqlqueue.consuming.earlier_runs import EarlierRuns
 
     monkeypatch.setattr(EarlierRuns, "wait_for", lambda self, *args: None)
-    assert "I5" in violations_of_broken_store(monkeypatch, range(6))
+    # The seeds that bring the case about, without the batch groups (which change them).
+    assert "I5" in violations_of_broken_store(monkeypatch, range(6), Shape(batch_groups=False))

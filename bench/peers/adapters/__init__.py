@@ -7,6 +7,8 @@ PEERS = {
     "celery": "adapters.celery_redis:CeleryAdapter",
     "dramatiq": "adapters.dramatiq_redis:DramatiqAdapter",
     "sqlqueue": "adapters.sqlqueue:SqlQueueAdapter",
+    # the same, drained by a no-op batch consumer (max_batch=500)
+    "sqlqueue_batch": "adapters.sqlqueue:SqlQueueBatchAdapter",
     "procrastinate": "adapters.procrastinate_pg:ProcrastinateAdapter",
     # no queue: the reference line for one INSERT per transaction
     "django_insert": "adapters.django_insert:DjangoInsertAdapter",

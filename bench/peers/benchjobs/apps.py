@@ -9,7 +9,10 @@ class BenchJobsConfig(AppConfig):
     def ready(self):
         # Only sqlqueue needs handlers registered at start-up; the other peers'
         # environments need not have it installed.
-        if os.environ.get("BENCH_PEER") == "sqlqueue":
+        peer = os.environ.get("BENCH_PEER")
+        if peer == "sqlqueue_batch":
+            from . import sqlqueue_batch_consumers  # noqa: F401
+        if peer == "sqlqueue":
             from . import sqlqueue_consumers  # noqa: F401
 
             from . import trace

@@ -111,9 +111,10 @@ elif PEER == "procrastinate":
     PROCRASTINATE_AUTODISCOVER_MODULE_NAME = ""  # benchjobs has no tasks.py
     PROCRASTINATE_IMPORT_PATHS = ["benchjobs.procrastinate_jobs"]
 
-elif PEER == "sqlqueue":
+elif PEER in ("sqlqueue", "sqlqueue_batch"):
     # Only this branch imports sqlqueue; benchjobs.apps imports
-    # benchjobs.sqlqueue_consumers in ready(), which registers the no-op consumer.
+    # benchjobs.sqlqueue_consumers (or, for sqlqueue_batch, sqlqueue_batch_consumers) in
+    # ready(), which registers the no-op consumer.
     INSTALLED_APPS.append("sqlqueue")
     SQLQUEUE = {"POLL_INTERVAL": float(BENCH_POLL)} if BENCH_POLL else {}
     # Wake-ups (docs/guides/consuming.md): BENCH_WAKEUPS=0 turns them off (polling only);

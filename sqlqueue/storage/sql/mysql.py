@@ -254,7 +254,7 @@ class InsertCursor:
     mysqlclient's ``Cursor.execute`` also drains earlier result sets, asks for one of
     its own and describes it on every call: for an INSERT with its values inline, which
     answers no rows, that was 10 of a one-message publish's 163 µs of client CPU (the
-    two cursors in turns, docs/benchmarks.md, 2026-11-28 morning). Only for such
+    two cursors in turns, docs/benchmarks-history.md, 2026-11-28 morning). Only for such
     statements: one that answers rows is refused (``ProgrammingError``), its rows
     discarded, the connection left usable."""
 

@@ -43,7 +43,7 @@ LOCK_WAIT_STATES = frozenset({"55P03", "40P01", "40001"})
 UNIQUE_VIOLATION = "23505"
 #: rows from which ``insert_messages`` writes with COPY rather than a multi-row INSERT:
 #: below it its three more round trips (a savepoint, the offsets) outweigh what COPY saves
-#: (docs/benchmarks.md, "PostgreSQL")
+#: (docs/benchmarks.md, "Bulk publishing with COPY")
 COPY_MIN_ROWS = 50
 #: the builders, for connections without a store (the wake-up listener's)
 STATEMENTS = PostgreSQLStatements()
