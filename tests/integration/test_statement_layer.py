@@ -319,6 +319,10 @@ def test_delivery_state_writes(executor: Executor) -> None:
     assert state(executor, b) == (False, 5, 1, "boom")
     assert executor.run(sql.extend_visibility("g", "t", "k", b, 60_000)) == 1
     assert executor.run(sql.extend_visibility("g", "t", "k", a, 60_000)) == 0  # acked
+    extended = state(executor, b)[1]  # type: ignore[index]  # now + 60 s
+    executor.run(sql.restamp_visibility("g", "t", [("k", a), ("k", b), ("j", b)], 90_000))
+    assert state(executor, a) == (True, 0, 0, "")  # acked: untouched
+    assert state(executor, b)[1] >= extended + 30_000  # type: ignore[index]  # now + 90 s
     executor.run(sql.give_back("g", "t", "k", b, 0))
     assert state(executor, b) == (False, 0, 0, "boom")
     executor.run(sql.give_back("g", "t", "k", b, None))

@@ -261,6 +261,19 @@ class DeliveryStatements(Vendor):
             [milliseconds, group, topic, partition, offset],
         )
 
+    def restamp_visibility(self, group: str, topic: str, pairs: Sequence[tuple[str, int]],
+                           milliseconds: int) -> Statement:
+        """``restamp_visibility``: ``extend_visibility`` for many (partition, offset) pairs
+        (at least one) in one statement: a mark that waited for a lock stamps its rows
+        again (each a primary-key lookup; acked rows untouched)."""
+        q = self.quote
+        terms = " OR ".join([f"({q('partition_key')} = {self.text_mark} "
+                             f"AND {q('message_offset')} = %s)"] * len(pairs))
+        return (f"UPDATE {q(STATE_TABLE)} SET {q('invisible_until')} = {self.now_ms_sql} + %s "
+                f"WHERE {q('consumer_group')} = {self.text_mark} "
+                f"AND {q('topic')} = {self.text_mark} AND ({terms}) AND NOT {q('acked')}",
+                [milliseconds, group, topic, *(v for pair in pairs for v in pair)])
+
     # dead letters and replays ---------------------------------------------------------------
     def insert_dead_letter(self, *, dead_letter_topic: str, dead_letter_id: str, offset: int,
                            attempts: int, last_error: str, detail: str,
@@ -322,6 +335,17 @@ class PostgreSQLDelivery(DeliveryStatements):
                 f"FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS d(p, o, i) "
                 f"{self._mark_delivered_clause()}",
                 [group, topic, partitions, offsets, invisible])
+
+    def restamp_visibility(self, group: str, topic: str, pairs: Sequence[tuple[str, int]],
+                           milliseconds: int) -> Statement:
+        q = self.quote
+        return (f"UPDATE {q(STATE_TABLE)} AS s "
+                f"SET {q('invisible_until')} = {self.now_ms_sql} + %s "
+                f"FROM unnest(%s::text[], %s::bigint[]) AS d(p, o) "
+                f"WHERE s.{q('consumer_group')} = %s AND s.{q('topic')} = %s "
+                f"AND s.{q('partition_key')} = d.p AND s.{q('message_offset')} = d.o "
+                f"AND NOT s.{q('acked')}",
+                [milliseconds, [p for p, _ in pairs], [o for _, o in pairs], group, topic])
 
     def write_outcomes(self, group: str, topic: str,
                        writes: Sequence[OutcomeWrite]) -> Statement:
