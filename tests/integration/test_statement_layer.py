@@ -877,3 +877,21 @@ def test_minute_stats(executor: Executor) -> None:
     executor.run(("DELETE FROM queue_minute_stats WHERE consumer_group = 'p'", []))
     assert executor.run(sql.delete_minute_stats(3_600_000)) == 1
     assert len(executor.rows(sql.read_minute_stats(0, columns))) == 1
+
+
+def test_delivery_writes_keep_awkward_text(executor: Executor) -> None:
+    """Keys and errors that an array literal must quote (PostgreSQL passes each column
+    as one ``text_array``): commas, quotes, backslashes, braces, NULL,
+    spaces, empty errors, newlines."""
+    sql = executor.sql
+    keys = ['a,"b\\c', "NULL", "x y", "{x}", "é ü"]
+    sent = {key: send_message("t", {}, partition_key=key).offset for key in keys}
+    executor.run(sql.mark_delivered("g", "t", [(k, o, 10**15) for k, o in sent.items()]))
+    errors = {key: f'{key}\n"boom" \\ {{}}' for key in keys} | {"NULL": ""}
+    executor.run(sql.write_outcomes("g", "t", [OutcomeWrite(k, o, False, 5, errors[k])
+                                               for k, o in sent.items()]))
+    executor.run(sql.restamp_visibility("g", "t", list(sent.items()), 60_000))
+    for key, offset in sent.items():
+        acked, invisible_until, retry_count, error = state(executor, offset)  # type: ignore[misc]
+        assert (acked, retry_count, error) == (False, 0, errors[key])
+        assert invisible_until > 10**12  # re-stamped from the database's now
