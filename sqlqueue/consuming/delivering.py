@@ -181,6 +181,7 @@ class Fetcher:
         Its timeout is stamped again from the database's now, fenced by this pass."""
         now_ms = self.clock()
         timeout_ms = round(self.options.visibility_timeout * 1000)
+        overdue: list[tuple[PartitionState, Entry]] = []
         for delivery in self.outstanding.values():
             state = self.partitions.get(delivery.partition_key)
             entry = state.entries.get(delivery.row.offset) if state else None
@@ -188,9 +189,15 @@ class Fetcher:
                     or entry.attempt != delivery.attempt
                     or not PartitionState.overdue(entry, now_ms)):
                 continue
-            self.store.extend_visibility(cursor, self.group, self.topic,
-                                           delivery.partition_key, entry.offset, timeout_ms)
-            state.visible_again_at(entry, self.clock() + timeout_ms)
+            overdue.append((state, entry))
+        if not overdue:
+            return
+        self.store.restamp_visibility(
+            cursor, self.group, self.topic,
+            [(state.partition_key, entry.offset) for state, entry in overdue], timeout_ms)
+        now_ms = self.clock()  # read after the statement, as for every stamp
+        for state, entry in overdue:
+            state.visible_again_at(entry, now_ms + timeout_ms)
 
     def answered_offsets(self) -> dict[str, set[int]]:
         """By partition, the offsets of deliveries whose handler has answered with an
@@ -333,8 +340,7 @@ class Fetcher:
             logger.warning("%s/%s: marking %s message(s) delivered waited %.1fs; stamping "
                            "their visibility timeout again.", self.group, self.topic,
                            len(chosen), (now - stamped_at) / 1000)
-            for state, entry in chosen:
-                self.store.extend_visibility(cursor, self.group, self.topic,
-                                               state.partition_key, entry.offset, timeout_ms)
+            self.store.restamp_visibility(cursor, self.group, self.topic, [
+                (state.partition_key, entry.offset) for state, entry in chosen], timeout_ms)
             now = self.clock()
         return now + timeout_ms

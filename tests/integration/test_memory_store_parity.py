@@ -154,6 +154,9 @@ SCRIPT: list[tuple[str, Callable[[Side], object]]] = [
         s.d.extend_visibility(s.c, G, T, "p0", s.o("a"), 1_000),
         s.d.extend_visibility(s.c, G, T, "p0", s.o("b"), 1_000),
         s.d.extend_visibility(s.c, G, T, "p1", s.o("c"), 1_000))),
+    ("restamp_visibility", lambda s: (s.d.restamp_visibility(s.c, G, T, [
+        ("p0", s.o("a")), ("p0", s.o("b")), ("p1", s.o("c"))], 2_000), s.rows("p0"),
+        s.rows("p1"))),
     ("runs_in_flight", lambda s: {p: _clock_free(until) for p, until in s.d.runs_in_flight(
         s.c, G, T, [("p0", 0), ("p1", 0)]).items()}),
     ("list_offsets", lambda s: {p: [s.name(o) for o in offsets] for p, offsets in

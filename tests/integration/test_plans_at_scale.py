@@ -399,7 +399,9 @@ def test_the_head_of_the_log_is_one_seek(sql: Statements) -> None:
 def test_state_changes_of_one_message_are_primary_key_lookups(sql: Statements) -> None:
     for statement in (sql.give_back(GROUP, TOPIC, [("k7", 1031)], None),
                       sql.give_back(GROUP, TOPIC, [("k7", 1031)], 2),
-                      sql.extend_visibility(GROUP, TOPIC, "k7", 1031, 30_000)):
+                      sql.extend_visibility(GROUP, TOPIC, "k7", 1031, 30_000),
+                      sql.restamp_visibility(GROUP, TOPIC, [("k7", 1031), ("k8", 1032)],
+                                             30_000)):
         assert_in_order(statement, "PRIMARY", sqlite_index=None, table="queue_delivery_state")
 
 

@@ -323,6 +323,10 @@ def test_delivery_state_writes(executor: Executor) -> None:
     assert state(executor, b) == (False, 5, 1, "boom")
     assert executor.run(sql.extend_visibility("g", "t", "k", b, 60_000)) == 1
     assert executor.run(sql.extend_visibility("g", "t", "k", a, 60_000)) == 0  # acked
+    extended = state(executor, b)[1]  # type: ignore[index]  # now + 60 s
+    executor.run(sql.restamp_visibility("g", "t", [("k", a), ("k", b), ("j", b)], 90_000))
+    assert state(executor, a) == (True, 0, 0, "")  # acked: untouched
+    assert state(executor, b)[1] >= extended + 30_000  # type: ignore[index]  # now + 90 s
     executor.run(sql.give_back("g", "t", [("k", b)], 0))
     assert state(executor, b) == (False, 0, 0, "boom")
     executor.run(sql.give_back("g", "t", [("k", b)], None))
@@ -922,3 +926,21 @@ def test_minute_stats(executor: Executor) -> None:
     executor.run(("DELETE FROM queue_minute_stats WHERE consumer_group = 'p'", []))
     assert executor.run(sql.delete_minute_stats(3_600_000)) == 1
     assert len(executor.rows(sql.read_minute_stats(0, columns))) == 1
+
+
+def test_delivery_writes_keep_awkward_text(executor: Executor) -> None:
+    """Keys and errors that an array literal must quote (PostgreSQL passes each column
+    as one ``text_array``): commas, quotes, backslashes, braces, NULL,
+    spaces, empty errors, newlines."""
+    sql = executor.sql
+    keys = ['a,"b\\c', "NULL", "x y", "{x}", "é ü"]
+    sent = {key: send_message("t", {}, partition_key=key).offset for key in keys}
+    executor.run(sql.mark_delivered("g", "t", [(k, o, 10**15) for k, o in sent.items()]))
+    errors = {key: f'{key}\n"boom" \\ {{}}' for key in keys} | {"NULL": ""}
+    executor.run(sql.write_outcomes("g", "t", [OutcomeWrite(k, o, False, 5, errors[k])
+                                               for k, o in sent.items()]))
+    executor.run(sql.restamp_visibility("g", "t", list(sent.items()), 60_000))
+    for key, offset in sent.items():
+        acked, invisible_until, retry_count, error = state(executor, offset)  # type: ignore[misc]
+        assert (acked, retry_count, error) == (False, 0, errors[key])
+        assert invisible_until > 10**12  # re-stamped from the database's now

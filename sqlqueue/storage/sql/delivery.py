@@ -181,3 +181,14 @@ class DeliveryAccess(VendorHooks):
         cursor.execute(*self.sql.extend_visibility(group, topic, partition, offset,
                                                    milliseconds))
         return int(cursor.rowcount)
+
+    # restamp_visibility ------------------------------------------------------------------
+    def restamp_visibility(
+        self, cursor: CursorWrapper, group: str, topic: str,
+        pairs: Sequence[tuple[str, int]], milliseconds: int,
+    ) -> None:
+        """``restamp_visibility``: ``extend_visibility`` of many (partition, offset) pairs,
+        in one statement (one per row cost a pass ~1,000 round trips after a slow mark)."""
+        if pairs:
+            self.execute_rows(cursor, *self.sql.restamp_visibility(group, topic, pairs,
+                                                                   milliseconds))

@@ -212,6 +212,15 @@ class MemoryStore(MemoryPublishing, MemoryMembership):
         t.states[key] = dataclasses.replace(state, invisible_until=now + milliseconds)
         return 1
 
+    def restamp_visibility(self, cursor: Any, group: str, topic: str,
+                           pairs: Sequence[tuple[str, int]], milliseconds: int) -> None:
+        t, now = self._tables("restamp_visibility"), self._now()
+        for partition, offset in pairs:
+            key = (group, topic, partition, offset)
+            state = t.states.get(key)
+            if state is not None and not state.acked:
+                t.states[key] = dataclasses.replace(state, invisible_until=now + milliseconds)
+
     # -- watermarks ------------------------------------------------------------------------------
     def ensure_watermark(self, cursor: Any, group: str, topic: str, partition: str) -> int:
         t = self._tables("ensure_watermarks")
