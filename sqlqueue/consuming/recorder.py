@@ -1,9 +1,11 @@
 """A subscription's outcome recording: the ``OutcomeRecorder``.
 
 What the handlers did is written inside the pass's fenced transaction: ``recording.plan``
-decides (a give-back, a dead letter, an ack or a retry), ``outcomes`` writes, and the
-partitions' windows follow; once the transaction commits, ``recorded`` settles the
-deliveries in the ``Deliveries`` ledger. Its ``Subscriber`` owns one; it is the one
+decides (a give-back, a dead letter, an ack or a retry), ``record_plan`` records it
+through ``outcomes`` (the one writer of delivery state), and the partitions' windows
+follow; once the transaction commits, ``committed`` answers the deliveries in the
+``Deliveries`` ledger. One word per step: outcomes are *recorded* (never "written" here:
+the statement's name, ``write_outcomes``, is the storage layer's). Its ``Subscriber`` owns one; it is the one
 writer of the subscription's counts (``stats``).
 """
 
@@ -69,20 +71,20 @@ class OutcomeRecorder:
         self.stats["delivered"] += count
 
     def record(self, cursor: CursorWrapper, outcomes: Iterable[Outcome]) -> None:
-        """Write what the handlers did: ``recording.plan`` decides, ``write`` writes.
-        Deliveries stay outstanding until the caller's transaction commits (and calls
-        ``recorded``): a failed write is retried as the owner's, not dropped as a
+        """Record what the handlers did: ``recording.plan`` decides, ``record_plan``
+        records. Deliveries stay outstanding until the caller's transaction commits (and
+        calls ``committed``): a failed write is retried as the owner's, not dropped as a
         stranger's (the ack would be lost, the message run again). Nothing to record
         reads nothing (not even the clock)."""
         outcomes = list(outcomes)
         self.log_failures([])  # what was counted, once due
         if not outcomes:
             return
-        self.write(cursor, recording.plan(outcomes, outstanding=self.deliveries.outstanding,
-                                          partitions=self.partitions, options=self.options,
-                                          now_ms=self.clock()))
+        self.record_plan(cursor, recording.plan(
+            outcomes, outstanding=self.deliveries.outstanding, partitions=self.partitions,
+            options=self.options, now_ms=self.clock()))
 
-    def write(self, cursor: CursorWrapper, plan: recording.Plan) -> None:
+    def record_plan(self, cursor: CursorWrapper, plan: recording.Plan) -> None:
         """Give-backs; the dead letters' copies (a few statements for any number); then
         the acks (the dead letters' too) and retries of every partition in one statement;
         then the in-memory view follows."""
@@ -95,7 +97,7 @@ class OutcomeRecorder:
         for give in plan.give_backs:
             self.partitions[give.delivery.partition_key].given_back(give.delivery.row.offset)
         copied = self._copy_dead_letters(cursor, plan.dead_letters)
-        retries = self._write_acks_and_retries(
+        retries = self._record_acks_and_retries(
             cursor, plan.ack_writes() + [_ack_of(dead.delivery) for dead in copied],
             plan.retries)
         self._dead_lettered(copied)
@@ -108,8 +110,8 @@ class OutcomeRecorder:
             self.partitions[retry.delivery.partition_key].retry_at(
                 retry.delivery.row.offset, retry.invisible_until)
 
-    def recorded(self, outcomes: Iterable[Outcome]) -> None:
-        """The transaction that wrote ``outcomes`` committed: their deliveries leave the
+    def committed(self, outcomes: Iterable[Outcome]) -> None:
+        """The transaction that recorded ``outcomes`` committed: their deliveries leave the
         ledger, and their runs end in the windows."""
         outcomes = list(outcomes)
         self.deliveries.answered(outcomes)
@@ -120,7 +122,7 @@ class OutcomeRecorder:
             if (state := self.partitions.get(delivery.partition_key)) is not None:
                 state.run_ended(delivery.row.offset, delivery.attempt)
 
-    def _write_acks_and_retries(
+    def _record_acks_and_retries(
         self, cursor: CursorWrapper, acks: list[Ack], retries: list[recording.RetryOrder],
     ) -> list[recording.RetryOrder]:
         """Acks and retries in one statement; returns the retries as written. Their

@@ -53,7 +53,7 @@ class FencedTransactions:
                 deliveries = subscriber.poll(cursor, head, budget)
                 # Fewer watermarks while messages wait for this commit (quiet passes: more).
                 subscriber.watermarks.advance(cursor, settled, delivering=bool(deliveries))
-            subscriber.recorder.recorded(outcomes)
+            subscriber.recorder.committed(outcomes)
             return deliveries
         except AnyDatabaseError as exc:
             self.pool.keep_unrecorded(outcomes)
@@ -72,7 +72,7 @@ class FencedTransactions:
                 with atomic_then_logs(self.alias, self.server.note_error):
                     subscriber.fence(cursor)
                     subscriber.recorder.record(cursor, outcomes)
-                subscriber.recorder.recorded(outcomes)
+                subscriber.recorder.committed(outcomes)
             except AnyDatabaseError:
                 self.pool.keep_unrecorded(outcomes)
                 raise
