@@ -5,8 +5,8 @@ decides (a give-back, a dead letter, an ack or a retry), ``record_plan`` records
 through ``outcomes`` (the one writer of delivery state), and the partitions' windows
 follow; once the transaction commits, ``committed`` answers the deliveries in the
 ``Deliveries`` ledger. One word per step: outcomes are *recorded* (never "written" here:
-the statement's name, ``write_outcomes``, is the storage layer's). Its ``Subscriber`` owns one; it is the one
-writer of the subscription's counts (``stats``).
+the statement's name, ``write_outcomes``, is the storage layer's). Its ``Subscriber``
+owns one; it is the one writer of the subscription's counts (``stats``).
 """
 
 from __future__ import annotations

@@ -220,7 +220,7 @@ class Subscriber:
             # A batch consumer's deliveries outstanding stay within its read-ahead (two
             # batches by default) across every partition: marking thousands at once only
             # lengthened the pass (and its visibility timeouts ran while they queued).
-            # Those whose outcome this pass records count no more (not yet ``recorded``:
+            # Those whose outcome this pass records count no more (not yet ``committed``:
             # that waits for the commit).
             waiting = sum(1 for d in self.deliveries.outstanding.values()
                           if d.queued or d.running)
