@@ -18,6 +18,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.connection import ConnectionDoesNotExist
 
 from sqlqueue import storage, tracing
+from sqlqueue.clocks import SYSTEM_CLOCK, HostClock
 from sqlqueue.conf import QueueSettings, get_settings
 from sqlqueue.exceptions import InvalidMessage, NotMigrated
 from sqlqueue.publishing.idempotency import (
@@ -44,6 +45,9 @@ from sqlqueue.storage.sql import MessageRow, Store
 #: one: two nodes storing the same id at once), and the first pause between them.
 ALONE_TRIES = 5
 ALONE_FIRST_PAUSE = 0.01
+#: whose ``sleep`` makes those pauses: a test gives the publishing path a manual clock
+#: here, instead of replacing the process's ``time.sleep`` under every thread
+RETRY_CLOCK: HostClock = SYSTEM_CLOCK
 
 _Publish = TypeVar("_Publish", bound=Callable[..., Any])
 _Sent = TypeVar("_Sent")
@@ -97,7 +101,8 @@ def _retry_alone(connection: BaseDatabaseWrapper, attempt: Callable[[], _Sent]) 
                 and storage.store(connection).is_lock_wait(error))
 
     return retry_victims(attempt, tries=ALONE_TRIES, is_victim=is_victim,
-                         pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** (tried - 1))
+                         pause=lambda tried: ALONE_FIRST_PAUSE * 2 ** (tried - 1),
+                         sleep=RETRY_CLOCK.sleep)
 
 
 def _alone_connection(using: str | None, topic: Any) -> BaseDatabaseWrapper | None:

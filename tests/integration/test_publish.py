@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +17,7 @@ from sqlqueue import InvalidMessage, OutgoingMessage, SentMessage, send_message,
 from sqlqueue.models import QueueMessage
 from sqlqueue.storage.sql import store_for
 from tests.conftest import stored_messages
+from tests.manual_clock import ManualSeconds
 from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -505,19 +505,32 @@ def test_a_publish_of_its_own_is_tried_again_after_a_deadlock(
     assert len(stored_messages()) == 6
 
 
+class _RecordedPauses(ManualSeconds):
+    """A manual host clock that keeps each pause it was asked to make."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+        self.pauses: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        super().sleep(seconds)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_publish_of_its_own_gives_up_after_its_tries(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from sqlqueue.publishing import api
 
-    pauses: list[float] = []
-    monkeypatch.setattr(time, "sleep", pauses.append)
+    clock = _RecordedPauses()
+    monkeypatch.setattr(api, "RETRY_CLOCK", clock)
     victim = _Victim(monkeypatch, times=api.ALONE_TRIES)
     with pytest.raises(OperationalError, match="deadlock victim"):
         send_message("t", {"n": 1}, partition_key="k")
     assert victim.calls == api.ALONE_TRIES and not stored_messages()
     first = api.ALONE_FIRST_PAUSE
-    assert pauses == [first * 2 ** n for n in range(api.ALONE_TRIES - 1)]  # doubling
+    # doubling pauses, on the publishing path's own clock (nothing else's time moved)
+    assert clock.pauses == [first * 2 ** n for n in range(api.ALONE_TRIES - 1)]
 
 
 @pytest.mark.django_db(transaction=True)
