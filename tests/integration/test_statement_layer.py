@@ -140,6 +140,14 @@ def test_leases(executor: Executor) -> None:
     ages = {r[0]: int(r[3]) for r in executor.rows(sql.list_leases("g", "t", partitions=["a",
                                                                                          "b"]))}
     assert ages["b"] < 5000 <= ages["a"]
+    # A renewal stamped after this statement's now (another runner's, committed while it
+    # ran) reads as a negative age, not an error (MySQL: unsigned columns, error 1690).
+    executor.run(("UPDATE queue_partition_leases SET lease_renewed_at = "
+                  "lease_renewed_at + 60000 WHERE partition_key = 'b'", []))
+    ages = {r[0]: int(r[3]) for r in executor.rows(sql.list_leases("g", "t"))}
+    assert ages["b"] < 0
+    executor.run(("UPDATE queue_partition_leases SET lease_renewed_at = "
+                  "lease_renewed_at - 60000 WHERE partition_key = 'b'", []))
     # An expired lease nobody took is extended by its holder, at its generation (the
     # holder stalled: what it did meanwhile is still its to record).
     executor.run(("UPDATE queue_partition_leases SET lease_renewed_at = 0 "

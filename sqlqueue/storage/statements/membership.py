@@ -130,7 +130,7 @@ class MembershipStatements(Vendor):
         only, keys = self.partitions_filter(partitions)
         return (
             f"SELECT {q('partition_key')}, {q('leased_by')}, {q('generation')}, "
-            f"{self.now_ms_sql} - {q('lease_renewed_at')}"
+            f"{self.ms_since_sql(q('lease_renewed_at'))}"
             + (f", {with_server}" if with_server else "")
             + f" FROM {q(LEASES_TABLE)} "
             f"WHERE {self._group_topic_sql()}{only}"

@@ -51,6 +51,12 @@ class Vendor:
     #: integer division of two integer expressions, truncated ("{a}", "{b}")
     int_div_sql = "({a}) / ({b})"
 
+    def ms_since_sql(self, column_sql: str) -> str:
+        """Milliseconds from the database time in ``column_sql`` to now: negative when it
+        was stamped after this statement's now (another transaction's renewal, committed
+        while this one ran)."""
+        return f"{self.now_ms_sql} - {column_sql}"
+
     @property
     def message_clock_sql(self) -> str:
         """The clock a row of queue_messages is stamped with (``created_at``), which the
@@ -197,6 +203,14 @@ class MySQLVendor(Vendor):
     # same character set, so no conversion, and the clash stays.)
     # tests/integration/test_plans_at_scale.py reads the plans.
     text_mark = "_binary%s"
+
+    def ms_since_sql(self, column_sql: str) -> str:
+        """As the base's, but signed: the time columns are BIGINT UNSIGNED, and MySQL
+        refuses an unsigned difference below zero (error 1690, "BIGINT UNSIGNED value is
+        out of range") instead of returning it: a lease renewed by another runner after
+        this statement's now made the whole pass fail and reconnect."""
+        return f"{self.now_ms_sql} - CAST({column_sql} AS SIGNED)"
+
     int_div_sql = "({a}) DIV ({b})"  # "/" would give a DECIMAL
 
     def upsert_clause(
