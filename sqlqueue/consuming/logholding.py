@@ -152,13 +152,24 @@ class FailureLog:
         self._opened: float | None = None  # when the last line was written
         self._count = 0  # failures since, not yet in a line
         self._latest: Failure | None = None
+        self._kinds: set[str] = set()  # the kinds of error told this interval
 
     def note(self, failure: Failure) -> None:
-        """One more failure: written now if no line was this interval, else counted."""
+        """One more failure: written now if no line was this interval, or if it is the
+        first of its kind this interval (a flood of one error must not hide another: a
+        ``DeliveredByAnotherServer`` beside the lost connections of a failover), else
+        counted."""
+        kind = _kind_of(failure)
+        now = self.monotonic()
+        if self._opened is not None and now - self._opened < self.interval \
+                and kind not in self._kinds:
+            self._kinds.add(kind)
+            self._tell(1, 0.0, failure)
+            return
         self._count += 1
         self._latest = failure
-        if self._opened is None or self.monotonic() - self._opened >= self.interval:
-            self._write(self.monotonic())
+        if self._opened is None or now - self._opened >= self.interval:
+            self._write(now)
 
     def flush(self) -> None:
         """Write what was counted, once its interval has passed (each pass asks)."""
@@ -170,13 +181,22 @@ class FailureLog:
     def _write(self, now: float) -> None:
         latest, count = self._latest, self._count
         assert latest is not None
+        self._tell(count, now - self._opened if self._opened is not None else 0.0, latest)
+        self._opened, self._count, self._latest = now, 0, None
+        self._kinds = {_kind_of(latest)}
+
+    def _tell(self, count: int, seconds: float, latest: Failure) -> None:
         if count == 1:
             text = self.kind.one(self.name, self.topic, self.group, latest)
         else:
-            seconds = now - self._opened if self._opened is not None else 0.0
             text = self.kind.many(self.name, self.topic, self.group, count, seconds, latest)
         _consumer_log.log(self.kind.level, "%s", text, extra=events.fields(
             self.kind.event, group=self.group, topic=self.topic, count=count,
             partition=latest.partition, offset=latest.offset, attempt=latest.attempt,
             error=latest.text, subject=latest.subject))
-        self._opened, self._count, self._latest = now, 0, None
+
+
+def _kind_of(failure: Failure) -> str:
+    """What kind of error a failure is: its exception's name (``"ValueError: ..."``), or
+    a dead letter's reason (``"rejected"``)."""
+    return failure.text.split(":", 1)[0]

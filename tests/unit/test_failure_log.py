@@ -72,3 +72,22 @@ def test_after_a_quiet_interval_the_next_failure_is_told_at_once(
                                   "attempt(s) (max_attempts).")
     assert (second.event, second.levelno, second.count, second.offset) == (
         events.DEAD_LETTERS, logging.ERROR, 1, 9)
+
+
+def test_a_new_kind_of_error_is_told_at_once_within_the_interval(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A flood of one error does not hide another (a failover's lost connections beside
+    the one ``DeliveredByAnotherServer`` an operator must see): the first of each kind in
+    an interval is its own line; more of a kind already told are counted."""
+    clock = Seconds()
+    log = FailureLog(HANDLER_FAILURE_LINES, name="h", group="g", topic="t", monotonic=clock)
+    caplog.set_level(logging.WARNING, logger="sqlqueue.consumer")
+    log.note(Failure("k", 1, 1, "OperationalError: lost", ""))
+    log.note(Failure("k", 2, 1, "OperationalError: lost", ""))
+    log.note(Failure("k", 3, 1, "DeliveredByAnotherServer: was delivered by another", ""))
+    log.note(Failure("k", 4, 1, "DeliveredByAnotherServer: was delivered by another", ""))
+    told = lines(caplog)
+    assert [(line.offset, line.count) for line in told] == [(1, 1), (3, 1)]
+    clock.now += FAILURE_LOG_INTERVAL_SECONDS
+    log.flush()
+    assert [(line.offset, line.count) for line in lines(caplog)][-1] == (4, 2)
