@@ -82,9 +82,10 @@ def subject_of_dead_letter(dead: DeadLetter) -> str:
 #: transaction); the rest on the next click, or from the command line (manage.py queue
 #: dead-letters replay --all --at-most N), which shows progress
 BULK_REPLAY_LIMIT = REPLAY_AT_MOST
-#: dead letters the confirmation page reads to say how many match: a page answers in a
-#: second on a log of millions (SPEC 11), and reading the 100,001 a click may replay made
-#: MariaDB prefer a scan of the whole log to the index; the confirmed click reads them
+#: dead letters the confirmation page reads to say how many match: an admin page answers
+#: in a second on a log of millions (docs/benchmarks.md), and reading the 100,001 a click
+#: may replay made MariaDB prefer a scan of the whole log to the index; the confirmed
+#: click reads them
 BULK_REPLAY_PREVIEW = 5_000
 
 

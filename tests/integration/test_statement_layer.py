@@ -39,7 +39,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 #: the vendor hooks the builders are made of (tested through them), not statements
 HOOKS = {"quote", "names", "marks", "text_marks", "upsert_clause", "insert_if_absent_suffix",
          "stored_columns", "partition_keys_cte", "partitions_filter", "parse_write_horizon",
-         "message_clock_sql", "greatest_sql", "union_member", "seek_sql", "topics_cte"}
+         "message_clock_sql", "greatest_sql", "union_member", "seek_sql", "topics_cte",
+         "ms_since_sql"}
 
 
 class Executor(Protocol):
