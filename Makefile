@@ -7,6 +7,8 @@
 #               Not the soak and topology runs: make soak, make topologies
 #   make docs   serve the docs site (MkDocs over docs/) at http://127.0.0.1:8000/en/latest/
 PY := .venv/bin/python
+# bash for the lanes' pipes (set -o pipefail)
+SHELL := /bin/bash
 # The second stack: Python 3.11 and Django 5.2 LTS (.ci/bootstrap lts).
 LTS_PY := .venv-lts/bin/python
 MYSQL_TEST_URL ?= mysql://root@127.0.0.1:3306/test
@@ -17,7 +19,7 @@ DOCS_SITE ?= site
 # Material for MkDocs prints a notice about MkDocs 2.0 on every run: not a problem of ours.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: bench-scale demo spark-demo test test-lts bootstrap bootstrap-lts lint docs docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-spark test-wheel soak topologies bench bench-quick docs-images
+.PHONY: test-lane-sqlite test-lane-mysql test-lane-postgres bench-scale demo spark-demo test test-lts bootstrap bootstrap-lts lint docs docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-spark test-wheel soak topologies bench bench-quick docs-images
 
 bootstrap:
 	@./.ci/bootstrap
@@ -118,7 +120,23 @@ test-lts: bootstrap-lts
 	SQLQUEUE_WHEEL_VENV=.venv-lts SQLQUEUE_WHEEL_PIP="django>=5.2,<5.3 django-tasks>=0.8" \
 		SQLQUEUE_WHEEL_TESTS="$(LTS_WHEEL_TESTS)" ./.ci/test-wheel $(LTS_TEST_URL)
 
-test: lint docs-build test-sqlite test-mysql test-postgres test-postgres-server-binding test-wheel test-lts
+# The tiers in three lanes at once, one per database server, each lane's tiers one after
+# another: the tests mostly wait (on runners' polls, subprocesses, Chromium; about a fifth
+# of a core each), so on two cores the lanes take about as long as the longest one instead
+# of the sum. A lane never shares a server with another: the write horizon each runner
+# reads is the whole server's (MariaDB's INNODB_TRX, PostgreSQL's snapshot xmin), so two
+# tiers on one server would hold each other's runners back. Each line is prefixed with
+# its lane; a lane stops at its first failing tier (make -k: goes on).
+test: lint docs-build bootstrap-lts
+	@$(MAKE) --no-print-directory -j3 test-lane-sqlite test-lane-mysql test-lane-postgres
+
+lane = @set -o pipefail; $(MAKE) --no-print-directory -j1 $(2) 2>&1 | sed -u 's/^/[$(1)] /'
+test-lane-sqlite:
+	$(call lane,sqlite,test-sqlite test-wheel test-lts)
+test-lane-mysql:
+	$(call lane,mysql,test-mysql)
+test-lane-postgres:
+	$(call lane,postgres,test-postgres test-postgres-server-binding)
 
 # The topology report's runs (docs/guides/topologies.md), with their figures printed: the
 # ones marked `topology` (a minute or more each, left out of make test for CI's time) and
