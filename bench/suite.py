@@ -12,7 +12,9 @@ django-q2, Celery + Redis, Dramatiq + Redis) run through the harness in ``bench/
 in their own virtualenv ``.venv-peers`` (created on first use), on the same MariaDB and
 Redis; sqlqueue runs there too through its adapter, so the peer table compares like with
 like. A second section runs on PostgreSQL (``--pg-url``): sqlqueue's publishing, and the
-peers that live there (django-tasks-db, Procrastinate) beside sqlqueue. See
+peers that live there (django-tasks-db, Procrastinate) beside sqlqueue. With the peers,
+each section ends with the batch drain (``bench.batch_drain``: a batch consumer, the
+single-message one and Dramatiq in interleaved rounds) and its targets. See
 bench/README.md for what each scenario measures.
 """
 
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from bench.batch_report import batch_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_DIR = ROOT / "bench" / "peers"
@@ -57,14 +61,17 @@ class Sizes:
     split_partitions: int
     split_subscribers: int
     rounds: int
+    batch_drain: int
 
 
 FULL = Sizes(single=2000, bulk=50_000, drain=20_000, statements=2000, peer_single=2000,
              peer_bulk=20_000, peer_drain=5000, peer_drain_timeout=60, latency_seconds=15,
-             split_partitions=1000, split_subscribers=10, rounds=3)
+             split_partitions=1000, split_subscribers=10, rounds=3,
+             batch_drain=100_000)
 QUICK = Sizes(single=300, bulk=5000, drain=3000, statements=1000, peer_single=300,
               peer_bulk=2000, peer_drain=1000, peer_drain_timeout=20, latency_seconds=5,
-              split_partitions=200, split_subscribers=4, rounds=1)
+              split_partitions=200, split_subscribers=4, rounds=1,
+              batch_drain=5000)
 #: shorter leases than the defaults (30 s, renewed every 10 s), as a busy deployment may set
 FAST_LEASES = {"LEASE_DURATION": 8, "LEASE_RENEW_INTERVAL": 2}
 
@@ -330,6 +337,7 @@ def markdown(results: dict[str, Any]) -> str:
     if results.get("peers"):
         lines += ["", "## Side by side (the peer harness, same run, same MariaDB and Redis)", ""]
         lines += peer_table(results["peers"], results["sizes"]["rounds"])
+    lines += batch_markdown(results.get("batch_drain"))
     lines += ["", "## Targets (issue 6), from this run", ""]
     lines += target_table(targets(results))
     return "\n".join(lines) + "\n"
@@ -434,6 +442,7 @@ def postgresql_markdown(section: dict[str, Any], rounds: int) -> list[str]:
     if section.get("peers"):
         lines += ["", "Side by side (the peer harness, same PostgreSQL and Redis):", ""]
         lines += peer_table(section["peers"], rounds)
+        lines += batch_markdown(section.get("batch_drain"))
     lines += ["", "## Targets on PostgreSQL (issue 20), from this run", ""]
     return lines + target_table(postgresql_targets(section))
 
@@ -502,7 +511,18 @@ def postgresql_section(sizes: Sizes, url: str, peers: list[str] | None,
         others = frozenset(p for p in peers if p != "sqlqueue") if quick else frozenset()
         section["peers"] = peer_scenarios(sizes, with_database(url, f"{name}_peers"), peers,
                                           only_enqueue=others)
+        section["batch_drain"] = batch_drain(sizes, url)
     return section
+
+
+def batch_drain(sizes: Sizes, url: str) -> dict[str, Any]:
+    """The batch consumer against the single-message one and Dramatiq, interleaved
+    (``bench.batch_drain``, database ``<name>_batch`` beside ``url``'s)."""
+    log(f"batch drain: {sizes.batch_drain:,} messages, batch vs single vs Dramatiq "
+        f"({sizes.rounds} round(s))")
+    return run_module("batch_drain", "--url",
+                      with_database(url, f"{urlsplit(url).path.lstrip('/')}_batch"),
+                      "--messages", str(sizes.batch_drain), "--rounds", str(sizes.rounds))
 
 
 def postgresql_unreachable(url: str) -> str | None:
@@ -640,6 +660,7 @@ def main() -> None:
             results["peers"] = peer_scenarios(
                 sizes, with_database(args.url, f"{urlsplit(args.url).path.lstrip('/')}_peers"),
                 [p for p in chosen or default if p in ALL_PEERS])
+            results["batch_drain"] = batch_drain(sizes, args.url)
         results["machine"] = machine(args.url)
     if "postgresql" in sections:
         default = QUICK_PEERS if args.quick else PG_PEERS

@@ -137,3 +137,24 @@ def test_a_publish_is_judged_against_its_floor_from_the_same_blocks() -> None:
     assert floor_targets({"single_per_s": 900}) == []
     assert publish_rows({"single_per_s": 900}) == [
         "| publish, one message per transaction | 900 msg/s |"]
+
+
+def test_the_batch_drain_is_judged_from_its_own_round() -> None:
+    from bench.batch_report import batch_markdown
+
+    def row(rate: float, worker: float) -> dict[str, Any]:
+        return {"messages_per_s": rate, "worker_cpu_ms_per_message": worker,
+                "server_cpu_ms_per_message": 0.02, "server": "mariadb"}
+
+    section = {"messages": 100_000, "processes": 2, "rounds": 3, "summary": {
+        "sqlqueue_batch": row(17_000, 0.04), "sqlqueue": row(3_000, 0.3),
+        "dramatiq": row(2_500, 0.75),
+        "ratios": {"batch_vs_single_rate": 5.67, "single_vs_dramatiq_worker_cpu": 0.4}}}
+    text = "\n".join(batch_markdown(section))
+    assert "| sqlqueue, `@batch_consumer(max_batch=500)` | 17,000 | 0.040 |" in text
+    assert "| batch drain, 2 processes | >= 16,700 msg/s | 17,000 msg/s | yes |" in text
+    assert "| batch vs single-message drain, same run | >= 5x | 5.67x | yes |" in text
+    assert "| single-message worker CPU a message vs Dramatiq's | <= 0.5x | 0.40x | yes |" in text
+    section["summary"]["ratios"]["batch_vs_single_rate"] = 1.2
+    assert "| 1.20x | no |" in "\n".join(batch_markdown(section))
+    assert batch_markdown(None) == []  # run without the peers: no section
