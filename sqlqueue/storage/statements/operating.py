@@ -163,10 +163,13 @@ class OperatingStatements(Vendor):
         p.c2 key), NULL if it holds fewer: a range of ``idx_topic_partition_offset``
         from one end that reads at most ``n`` index entries."""
         q = self.quote
+        # The index's columns: PostgreSQL, planning for any topic, then takes the index
+        # (a rare topic's rows are not found by walking the primary key).
+        order = ", ".join(f"m.{q(c)}{' DESC' if newest else ''}"
+                          for c in ("topic", "partition_key", "offset"))
         return (f"(SELECT m.{q('offset')} FROM {q(MESSAGE_TABLE)} m {self.offset_index_hint} "
                 f"WHERE m.{q('topic')} = p.c0 AND m.{q('partition_key')} = p.c2 "
-                f"ORDER BY m.{q('offset')}{' DESC' if newest else ''} "
-                f"LIMIT 1 OFFSET {int(n) - 1})")
+                f"ORDER BY {order} LIMIT 1 OFFSET {int(n) - 1})")
 
     def pending_where_cheap(self, probes: Sequence[tuple[str, str, str, int]],
                             cap: int) -> Statement:
@@ -204,16 +207,26 @@ class OperatingStatements(Vendor):
         (MariaDB planned a member a pair in ``dead_letter_tallies``: 0.5-5 ms each)."""
         q = self.quote
         nth = (f"(SELECT m.{q('offset')} FROM {q(MESSAGE_TABLE)} m {self.group_index_hint} "
-               f"WHERE m.{q('consumer_group')} = p.c1 AND m.{q('topic')} = p.c0 "
-               f"ORDER BY m.{q('offset')} LIMIT 1 OFFSET {int(cap) - 1})")
+               f"WHERE {self._of_pair_sql('m.')} "
+               f"ORDER BY {self.names(('consumer_group', 'topic', 'offset'), 'm.')} "
+               f"LIMIT 1 OFFSET {int(cap) - 1})")
         rows, params = self._probe_select("tt", pairs)
         return (f"WITH p AS ({rows}) "
                 f"SELECT p.n, NULL, 0 FROM p WHERE {nth} IS NOT NULL "
                 f"UNION ALL SELECT p.n, m.{q('partition_key')}, COUNT(*) FROM p "
-                f"JOIN {q(MESSAGE_TABLE)} m {self.group_index_hint} "
-                f"ON m.{q('consumer_group')} = p.c1 "
-                f"AND m.{q('topic')} = p.c0 WHERE {nth} IS NULL "
+                f"{self._rows_of_pair_sql(cap)} WHERE {nth} IS NULL "
                 f"GROUP BY p.n, m.{q('partition_key')}", params)
+
+    def _of_pair_sql(self, prefix: str = "") -> str:
+        """The rows of the pair (p.c0 topic, p.c1 group)."""
+        q = self.quote
+        return (f"{prefix}{q('consumer_group')} = p.c1 AND {prefix}{q('topic')} = p.c0")
+
+    def _rows_of_pair_sql(self, cap: int) -> str:
+        """The join of a pair (p.c0 topic, p.c1 group) to its rows, ``m``."""
+        q = self.quote
+        return (f"JOIN {q(MESSAGE_TABLE)} m {self.group_index_hint} "
+                f"ON m.{q('consumer_group')} = p.c1 AND m.{q('topic')} = p.c0")
 
     def dead_letter_counts(self, dead_letter_topic: str, group: str, cap: int) -> Statement:
         """``dead_letter_counts``: dead letters of one group per partition of a
@@ -250,6 +263,25 @@ class PostgreSQLOperating(OperatingStatements):
         The planner prices the probes of many partitions at hundreds of thousands and
         JIT-compiles them: 0.05-0.42 s of a 0.07-0.47 s statement (issue 52)."""
         return "SELECT current_setting('jit'), set_config('jit', %s, true)", [setting]
+
+    def _of_pair_sql(self, prefix: str = "") -> str:
+        # The group as a range of one value: an equality to a parameter makes the group
+        # a constant of the ORDER BY, which the primary key then gives (in offset order)
+        # and PostgreSQL, planning for any group, walked the primary key of the whole
+        # log for a rare one; the range keeps idx_group_topic_offset the only index in
+        # the order asked for.
+        q = self.quote
+        group = f"{prefix}{q('consumer_group')}"
+        return f"{group} >= p.c1 AND {group} <= p.c1 AND {prefix}{q('topic')} = p.c0"
+
+    def _rows_of_pair_sql(self, cap: int) -> str:
+        # A lateral subquery with a LIMIT (the pair has fewer rows: nothing is cut), in
+        # the index's order: a join, or a bare LIMIT, the planner made a Seq Scan of the
+        # log (it cannot see the pairs in the arrays; most rows have group '').
+        q = self.quote
+        return (f"CROSS JOIN LATERAL (SELECT {q('partition_key')} FROM {q(MESSAGE_TABLE)} "
+                f"WHERE {self._of_pair_sql()} ORDER BY "
+                f"{self.names(('consumer_group', 'topic', 'offset'))} LIMIT {int(cap)}) m")
 
     def _probe_select(self, kinds: str, rows: Sequence[Sequence[Any]]) -> Statement:
         # One array a column: the statement's text does not grow with the probes.
