@@ -265,14 +265,15 @@ class PostgreSQLOperating(OperatingStatements):
         return "SELECT current_setting('jit'), set_config('jit', %s, true)", [setting]
 
     def _of_pair_sql(self, prefix: str = "") -> str:
-        # The group as a range of one value: an equality to a parameter makes the group
-        # a constant of the ORDER BY, which the primary key then gives (in offset order)
-        # and PostgreSQL, planning for any group, walked the primary key of the whole
-        # log for a rare one; the range keeps idx_group_topic_offset the only index in
-        # the order asked for.
+        # The topic as a range of one value: equalities to parameters make the group and
+        # the topic constants of the ORDER BY, which the primary key then gives (offset
+        # order), and PostgreSQL, planning for any pair, walked the primary key of the
+        # whole log for a rare one. With the range, idx_group_topic_offset is the only
+        # index in the order asked for, and its scan still starts at (group, topic) and
+        # stops after the topic (the group's equality comes first).
         q = self.quote
-        group = f"{prefix}{q('consumer_group')}"
-        return f"{group} >= p.c1 AND {group} <= p.c1 AND {prefix}{q('topic')} = p.c0"
+        topic = f"{prefix}{q('topic')}"
+        return f"{prefix}{q('consumer_group')} = p.c1 AND {topic} >= p.c0 AND {topic} <= p.c0"
 
     def _rows_of_pair_sql(self, cap: int) -> str:
         # A lateral subquery with a LIMIT (the pair has fewer rows: nothing is cut), in
