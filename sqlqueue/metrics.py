@@ -15,12 +15,13 @@ up to the lag service's caps; ``sqlqueue_pending_capped`` is 1 where it is "at l
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import cast
 
 from prometheus_client import Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _untyped_float_text
 
 from sqlqueue.consuming.instruments import DURATION_BUCKETS, Instruments
 from sqlqueue.operations.lag_shapes import SEVERITY
@@ -136,6 +137,10 @@ def _schedule_gauges() -> Iterator[Metric]:
     yield upcoming
 
 
+#: a sample's value as the exposition writes it ("1.0", "+Inf", "1.2345678901e+010")
+_float_text = cast(Callable[[float], str], _untyped_float_text)
+
+
 def gauges_text(registry: CollectorRegistry, openmetrics: bool = False) -> bytes:
     """The exposition of a registry of gauges (``queue_state_registry``'s), in the
     Prometheus text format 0.0.4 or OpenMetrics 1.0: the bytes ``prometheus_client``'s
@@ -150,7 +155,7 @@ def gauges_text(registry: CollectorRegistry, openmetrics: bool = False) -> bytes
             documentation = documentation.replace('"', r'\"')
         lines.append(f"# HELP {family.name} {documentation}\n# TYPE {family.name} gauge\n")
         for sample in family.samples:
-            value = floatToGoString(sample.value)
+            value = _float_text(sample.value)
             if not sample.labels:
                 lines.append(f"{sample.name} {value}\n")
                 continue

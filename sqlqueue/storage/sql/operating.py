@@ -37,6 +37,12 @@ class PendingSummary:
 class OperatingAccess(VendorHooks):
     """Mixin for ``Store``: the operator's reads."""
 
+    #: probes one ``pending_where_cheap`` / ``dead_letters_if_few`` statement carries:
+    #: SQLite refuses compound SELECTs of more than 500 terms; MySQL/MariaDB parse a UNION
+    #: ALL of constant rows quickly (what costs is planning a member that reads a
+    #: table); PostgreSQL's travel as arrays
+    probes_per_statement = 200
+
     @contextmanager
     def operator_reads(self, alias: str) -> Iterator[None]:
         """Around the reads of the lag of many subscriptions (PostgreSQL's: without
@@ -87,7 +93,7 @@ class OperatingAccess(VendorHooks):
     ) -> list[tuple[str, str, str, int]]:
         """``pending_where_cheap`` of ``probes`` into ``result``; the probes it left."""
         left = []
-        size = self.sql.probes_per_statement
+        size = self.probes_per_statement
         for start in range(0, len(probes), size):
             chunk = probes[start:start + size]
             cursor.execute(*self.sql.pending_where_cheap(chunk, cap))
@@ -153,7 +159,7 @@ class OperatingAccess(VendorHooks):
         ``PENDING_BRANCHES_PER_STATEMENT`` pairs."""
         found: dict[tuple[str, str], dict[str, int]] = {}
         many = []
-        size = self.sql.probes_per_statement
+        size = self.probes_per_statement
         for first in range(0, len(pairs), size):
             chunk = pairs[first:first + size]
             cursor.execute(*self.sql.dead_letters_if_few(chunk, cap))

@@ -91,6 +91,7 @@ class PostgreSQLStore(Store):
     now_ms_sql = PostgreSQLVendor.now_ms_sql
     locking_read_suffix = PostgreSQLVendor.locking_read_suffix
     server_identity_sql = PostgreSQLVendor.server_identity_sql
+    probes_per_statement = 2_000  # the lag's probes (OperatingAccess), as arrays
 
     def last_inserted_offset(self, cursor: CursorWrapper) -> int:
         row = cursor.fetchone()

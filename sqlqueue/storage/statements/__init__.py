@@ -19,11 +19,7 @@ from sqlqueue.storage.statements.export import ExportStatements
 from sqlqueue.storage.statements.failover import FailoverStatements
 from sqlqueue.storage.statements.membership import MembershipStatements
 from sqlqueue.storage.statements.minute_stats import MinuteStatsStatements
-from sqlqueue.storage.statements.operating import (
-    MySQLOperating,
-    OperatingStatements,
-    PostgreSQLOperating,
-)
+from sqlqueue.storage.statements.operating import OperatingStatements, PostgreSQLOperating
 from sqlqueue.storage.statements.postgresql import PostgreSQLVendor
 from sqlqueue.storage.statements.publishing import (
     MySQLPublishing,
@@ -52,8 +48,8 @@ class Statements(PublishingStatements, DeliveryStatements, WatermarkStatements,
     """Every shared statement; a vendor's hooks come first in its subclass's bases."""
 
 
-class MySQLStatements(MySQLPublishing, MySQLBulk, MySQLSessions, MySQLBrowse, MySQLOperating,
-                      MySQLVendor, Statements):
+class MySQLStatements(MySQLPublishing, MySQLBulk, MySQLSessions, MySQLBrowse, MySQLVendor,
+                      Statements):
     pass
 
 

@@ -143,10 +143,6 @@ class OperatingStatements(Vendor):
             params += [topic, group, topic, group, cap]
         return " UNION ALL ".join([self.union_member(one)] * len(pairs)), params
 
-    #: probes one ``pending_where_cheap`` / ``dead_letters_if_few`` statement carries (SQLite
-    #: refuses compound SELECTs of more than 500 terms)
-    probes_per_statement = 200
-
     def _probe_select(self, kinds: str, rows: Sequence[Sequence[Any]]) -> Statement:
         """A SELECT of ``rows`` as columns n (the row's number), c0, c1...; ``kinds``
         one letter a column, ``t`` text, ``i`` integer. Each row a constant SELECT, in a
@@ -255,8 +251,6 @@ class PostgreSQLOperating(OperatingStatements):
                 f"unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS p(t, g, k, w)",
                 [*([cap] if cap is not None else []), topics, groups, keys, watermarks])
 
-    probes_per_statement = 2_000
-
     def set_jit(self, setting: str) -> Statement:
         """``set_jit``: PostgreSQL's ``jit`` setting for the rest of the transaction
         (``set_config(..., true)``, as ``SET LOCAL``), and the one it had, as a row.
@@ -300,10 +294,3 @@ class PostgreSQLOperating(OperatingStatements):
                 f"FROM {q(MESSAGE_TABLE)} WHERE {q('topic')} = p.t "
                 f"AND {q('consumer_group')} = p.g LIMIT %s) c GROUP BY p.t, p.g, c.k",
                 [topics, groups, cap])
-
-
-class MySQLOperating(OperatingStatements):
-    """MySQL/MariaDB parse a UNION ALL of constant rows quickly (1,500 probes: a few
-    ms); what costs is planning a member that reads a table."""
-
-    probes_per_statement = 2_000
