@@ -15,11 +15,13 @@ up to the lag service's caps; ``sqlqueue_pending_capped`` is 1 where it is "at l
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import cast
 
 from prometheus_client import Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString as _untyped_float_text
 
 from sqlqueue.consuming.instruments import DURATION_BUCKETS, Instruments
 from sqlqueue.operations.lag_shapes import SEVERITY
@@ -133,6 +135,42 @@ def _schedule_gauges() -> Iterator[Metric]:
             upcoming.add_metric([view.name], (view.next_tick_ms - now) / 1000)
     yield age
     yield upcoming
+
+
+#: a sample's value as the exposition writes it ("1.0", "+Inf", "1.2345678901e+010")
+_float_text = cast(Callable[[float], str], _untyped_float_text)
+
+
+def gauges_text(registry: CollectorRegistry, openmetrics: bool = False) -> bytes:
+    """The exposition of a registry of gauges (``queue_state_registry``'s), in the
+    Prometheus text format 0.0.4 or OpenMetrics 1.0: the bytes ``prometheus_client``'s
+    ``generate_latest`` writes (tests/integration/test_metrics.py compares them), at a
+    tenth of its cost: it checks each label name of each sample (1,500 subscriptions are
+    21,000 samples: 0.4 s a scrape; issue 52)."""
+    lines = []
+    for family in registry.collect():
+        assert family.type == "gauge", family.name
+        documentation = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        if openmetrics:
+            documentation = documentation.replace('"', r'\"')
+        lines.append(f"# HELP {family.name} {documentation}\n# TYPE {family.name} gauge\n")
+        for sample in family.samples:
+            value = _float_text(sample.value)
+            if not sample.labels:
+                lines.append(f"{sample.name} {value}\n")
+                continue
+            labels = ",".join([f'{name}="{_label_value(text)}"'
+                               for name, text in sorted(sample.labels.items())])
+            lines.append(f"{sample.name}{{{labels}}} {value}\n")
+    if openmetrics:
+        lines.append("# EOF\n")
+    return "".join(lines).encode()
+
+
+def _label_value(value: str) -> str:
+    if "\\" not in value and "\n" not in value and '"' not in value:
+        return value
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
 
 
 def queue_state_registry(using: str | None = None) -> CollectorRegistry:

@@ -45,7 +45,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return HttpResponse("prometheus_client is not installed: pip install "
                             "'django-sqlqueue[metrics]'.\n", status=501,
                             content_type="text/plain")
-    from sqlqueue.metrics import queue_state_registry
+    from sqlqueue.metrics import gauges_text, queue_state_registry
 
-    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    return HttpResponse(encoder(queue_state_registry()), content_type=content_type)
+    _, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(gauges_text(queue_state_registry(),
+                                    content_type.startswith("application/openmetrics-text")),
+                        content_type=content_type)

@@ -28,6 +28,9 @@ from sqlqueue.operations.unconsumed import unconsumed_topics
 
 #: partitions listed on a subscription's page before "show all" (worst first)
 PARTITION_ROWS = 200
+#: subscriptions on a page of the lag overview (worst first): 1,500 rows of status strips
+#: took 1-2 s to render (issue 52)
+OVERVIEW_ROWS = 200
 
 
 def _alias(topic: str) -> str:
@@ -39,6 +42,22 @@ def _alias(topic: str) -> str:
 def _read_alias(topic: str) -> str:
     """Where the pages read that database: its replica if ``READ_REPLICAS`` names one."""
     return get_settings().read_alias(_alias(topic))
+
+
+def _page_number(request: HttpRequest) -> int:
+    try:
+        return int(request.GET.get("page", "1"))
+    except ValueError:
+        return 1
+
+
+def _status_totals(subscriptions: list[tuple[str, Any]]) -> list[tuple[str, int]]:
+    """(status, subscriptions in it), worst first: every page of the overview says how
+    many subscriptions are in each status, not only those it lists."""
+    totals: dict[str, int] = {}
+    for _, lag in subscriptions:
+        totals[lag.status] = totals.get(lag.status, 0) + 1
+    return sorted(totals.items(), key=lambda s_n: -SEVERITY[s_n[0]])
 
 
 class ResetPositionForm(forms.Form):
@@ -81,11 +100,20 @@ class ConsumerLagAdmin(ReadOnlyAdmin):
                          for g in lag_rules.lag_overview(conf.read_alias(alias))]
         subscriptions.sort(key=lambda a_g: (-SEVERITY[a_g[1].status], a_g[1].group,
                                             a_g[1].topic, a_g[0]))
+        pages = max(1, -(-len(subscriptions) // OVERVIEW_ROWS))
+        page = min(max(_page_number(request), 1), pages)
+        shown = subscriptions[(page - 1) * OVERVIEW_ROWS:page * OVERVIEW_ROWS]
         rows = [{"lag": g, "strip": status_strip(g.partitions), "database": alias,
-                 "url": self._subscription_url(g.group, g.topic)} for alias, g in subscriptions]
+                 "url": self._subscription_url(g.group, g.topic)} for alias, g in shown]
         return self._render(request, "admin/sqlqueue/lag_overview.html", {
             "title": "Consumer lag",
             "rows": rows,
+            "page": page, "pages": pages, "subscriptions": len(subscriptions),
+            "first_row": (page - 1) * OVERVIEW_ROWS + 1,
+            "last_row": (page - 1) * OVERVIEW_ROWS + len(shown),
+            "previous_url": f"?page={page - 1}" if page > 1 else "",
+            "next_url": f"?page={page + 1}" if page < pages else "",
+            "statuses": _status_totals(subscriptions),
             "unconsumed": [(alias, topic) for alias in conf.databases
                            for topic in unconsumed_topics(conf.read_alias(alias))],
             "several_databases": len(conf.databases) > 1,

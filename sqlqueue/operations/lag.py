@@ -123,18 +123,19 @@ def subscription_lags(subscriptions: list[tuple[str, str]], using: str | None = 
         by_topic.setdefault(topic, []).append(group)
     topics = sorted(by_topic)
     paused = pauses(alias) if paused is None else paused
-    with connection.cursor() as cursor:
-        now = store.database_now_ms(cursor)
-        found = read_subscriptions(cursor, store, alias, topics,
-                                   sorted({g for g, _ in subscriptions}), now, heads)
-    _set_caps(alias, found.reads)
-    with connection.cursor() as cursor:
-        pending = _pending(cursor, store, found, by_topic, count_pending)
-        dead = store.dead_letter_tallies(cursor, [
-            (t + conf.DLQ_SUFFIX, g) for t in topics for g in by_topic[t]
-            # Read whole, the log shows which dead-letter topics have messages at all.
-            if found.log_topics is None or t + conf.DLQ_SUFFIX in found.log_topics],
-            COUNT_CAP)
+    with store.operator_reads(alias):
+        with connection.cursor() as cursor:
+            now = store.database_now_ms(cursor)
+            found = read_subscriptions(cursor, store, alias, topics,
+                                       sorted({g for g, _ in subscriptions}), now, heads)
+        _set_caps(alias, found.reads)
+        with connection.cursor() as cursor:
+            pending = _pending(cursor, store, found, by_topic, count_pending)
+            dead = store.dead_letter_tallies(cursor, [
+                (t + conf.DLQ_SUFFIX, g) for t in topics for g in by_topic[t]
+                # Read whole, the log shows which dead-letter topics have messages at all.
+                if found.log_topics is None or t + conf.DLQ_SUFFIX in found.log_topics],
+                COUNT_CAP)
     return [_group_lag(found, group, topic, pending.get((topic, group), {}),
                        dead.get((topic + conf.DLQ_SUFFIX, group), {}), count_pending,
                        is_paused(group, topic, alias, paused), last_errors)

@@ -6,9 +6,10 @@ reading each topic apart cost about eight statements a topic, and the lag overvi
 in a number of statements that does not grow with the number of topics: the heads of every
 partition of the log (one loose index scan, ``log_heads``), every position, lease and
 delivery state of the topics (one read of each small table), and later the pending
-messages and dead letters of every lagging (group, partition) in statements of up to 200
-probes each (``pending_summaries``, ``dead_letter_tallies``). A single topic (the lag
-page of one group) reads its own heads only.
+messages and dead letters of every lagging (group, partition) in statements planned once
+for many probes (the store's ``pending_summaries`` and ``dead_letter_tallies``: see
+docs/guides/monitoring.md, the cost of a scrape). A single topic (the lag page of one
+group) reads its own heads only.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ Nothing here imports Django at run time.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -205,6 +206,7 @@ class OperatorStore(Protocol):
     dead letters, preflight)."""
 
     def check_connection(self) -> None: ...
+    def operator_reads(self, alias: str) -> AbstractContextManager[None]: ...
     def database_now_ms(self, cursor: CursorWrapper) -> int: ...
     def partition_heads(self, cursor: CursorWrapper, topic: str) -> dict[str, int]: ...
     def pending_summary(self, cursor: CursorWrapper, topic: str, group: str,

@@ -101,3 +101,30 @@ def test_the_overview_counts_what_each_group_lag_counts() -> None:
     assert {p.partition_key: p.pending for p in t0.partitions} == {"a": 1, "b": 1}
     assert overview["g", "t0001"].dead_letters == 0
     assert overview["h", "t0000"].pending == 3
+
+
+def overview_rows(page: str) -> int:
+    table = page.split('id="sqlqueue-lag-overview"', 1)[1].split("</table>", 1)[0]
+    return table.count('<tr class="row')
+
+
+def test_the_overview_lists_the_worst_first_a_page_at_a_time(admin_client: Client) -> None:
+    from sqlqueue.admin.lag import OVERVIEW_ROWS
+    from sqlqueue.operations.lag import known_subscriptions
+
+    make(450)
+    total = len(known_subscriptions())
+    pages = -(-total // OVERVIEW_ROWS)
+    url = reverse("admin:sqlqueue_consumerlag_changelist")
+    first = admin_client.get(url).content.decode()
+    assert f"{total} subscriptions" in first and f"page 1 of {pages}" in first
+    assert overview_rows(first) == OVERVIEW_ROWS and "?page=2" in first
+    last = admin_client.get(f"{url}?page={pages}").content.decode()
+    assert overview_rows(last) == total - OVERVIEW_ROWS * (pages - 1)
+    assert "next page" not in last and f"?page={pages - 1}" in last
+    # Past the last page: the last; not a number: the first.
+    assert overview_rows(admin_client.get(f"{url}?page=99").content.decode()) == \
+        overview_rows(last)
+    assert f"page 1 of {pages}" in admin_client.get(f"{url}?page=x").content.decode()
+    # Worst first: the STOP subscriptions (nobody holds a lagging partition) first.
+    assert "STOP" in first.split('id="sqlqueue-lag-overview"', 1)[1].split("</tr>", 2)[1]

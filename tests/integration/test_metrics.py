@@ -145,3 +145,30 @@ def test_no_answer_is_stored_by_a_cache() -> None:
         directives = {d.strip() for d in answer.headers["Cache-Control"].split(",")}
         assert {"no-store", "private"} <= directives, answer.headers["Cache-Control"]
         assert "Authorization" in answer.headers["Vary"]
+
+
+def test_the_exposition_is_prometheus_clients() -> None:
+    """``gauges_text`` writes the bytes ``prometheus_client`` writes, in both formats,
+    label values and help texts escaped (quotes, backslashes, new lines)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+    from prometheus_client.registry import CollectorRegistry
+
+    from sqlqueue.metrics import gauges_text
+
+    class Gauges:
+        def collect(self) -> Any:
+            family = GaugeMetricFamily("sqlqueue_x", 'a "help" \\ text\nof two lines',
+                                       labels=["topic", "group"])
+            for labels, number in ((['t"1\\\n', "g"], 1.0), (["t", "g"], float("inf")),
+                                   (["u", "g"], 12345678901.5), (["v", "é"], 1e-7),
+                                   (["w", "g"], -0.0)):
+                family.add_metric(labels, number)
+            yield family
+            yield GaugeMetricFamily("sqlqueue_y", "no labels", value=0.25)
+
+    registry = CollectorRegistry()
+    registry.register(Gauges())  # type: ignore[arg-type]
+    assert gauges_text(registry) == generate_latest(registry)
+    assert gauges_text(registry, openmetrics=True) == openmetrics(registry)

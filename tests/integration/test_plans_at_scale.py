@@ -250,17 +250,26 @@ def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
+def _log_reads_capped(node: dict[str, Any], under_limit: bool = False) -> bool:
+    """Every read of the log below ``node`` is under a Limit (a capped range)."""
+    under_limit = under_limit or node["Node Type"] == "Limit"
+    if node.get("Relation Name") == "queue_messages" and not under_limit:
+        return False
+    return all(_log_reads_capped(child, under_limit) for child in node.get("Plans", []))
+
+
 def assert_postgresql_in_order(statement: Statement, index: str | None, table: str, *,
                                dedupes: bool = False) -> None:
     """No Seq Scan of the log or the delivery state, no Sort above a scan of the log
-    (the index gives the order; but where the statement ``dedupes`` the rows of a
-    capped range: a Sort of a Limit's rows), and ``index`` among the scans (when given;
+    (the index gives the order; but where the statement ``dedupes`` the rows of
+    capped ranges: a Sort of rows every read of the log under it got through a Limit),
+    and ``index`` among the scans (when given;
     "a or b": either; PRIMARY: ``table``'s primary key)."""
     plan = postgresql_plan(statement)
     for node in _nodes(plan):
         if node["Node Type"] == "Seq Scan":
             assert node.get("Relation Name") not in BIG_TABLES, plan
-        capped = [child["Node Type"] for child in node.get("Plans", [])] == ["Limit"]
+        capped = _log_reads_capped(node)
         if node["Node Type"] in ("Sort", "Incremental Sort") and not (dedupes and capped):
             below = {n.get("Relation Name") for n in _nodes(node)}
             assert "queue_messages" not in below, plan
@@ -433,6 +442,75 @@ def test_lag_probes_seek_the_offset_index(sql: Statements) -> None:
                     None if connection.vendor == "mysql" else "idx_topic_partition_offset")
     assert_in_order(sql.pending_summary(TOPIC, GROUP, pairs, 100),
                     "idx_topic_partition_offset")
+
+
+def entries_read(statement: Statement) -> int | None:
+    """Index entries and rows the statement read from the log, as the database counted
+    them while running it (MySQL/MariaDB's ``ANALYZE FORMAT=JSON``, PostgreSQL's
+    ``EXPLAIN (ANALYZE)``); None on SQLite, which does not count."""
+    sql, params = statement
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            storage.store(connection).execute_rows(cursor, "ANALYZE FORMAT=JSON " + sql,
+                                                   params)
+            document = json.loads(cursor.fetchone()[0])
+            return round(sum(float(t.get("r_loops") or 0) * float(t.get("r_rows") or 0)
+                             for t in _json_tables(document) if t.get("table_name") == "m"))
+        if connection.vendor == "postgresql":
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+            document = cursor.fetchone()[0]
+            plan = (json.loads(document) if isinstance(document, str) else document)[0]
+            return sum(int(n["Actual Rows"]) * int(n["Actual Loops"])
+                       for n in _nodes(plan["Plan"])
+                       if n.get("Relation Name") == "queue_messages")
+    return None
+
+
+def _json_tables(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        if "table_name" in node:
+            yield node
+        for child in node.values():
+            yield from _json_tables(child)
+    elif isinstance(node, list):
+        for child in node:
+            yield from _json_tables(child)
+
+
+def test_the_lag_of_many_partitions_reads_each_from_one_end(sql: Statements) -> None:
+    """``pending_where_cheap``: each probe reads its partition by
+    ``idx_topic_partition_offset`` from one end, at most ``cap`` entries (4,200 a
+    partition here; read from the start, 16 probes read 67,000): MariaDB reads a
+    correlated ``offset > watermark`` from the partition's start, so a probe below its
+    watermark must stop at the newest ``cap`` entries and leave the partition to the
+    caller. Group g1 has no delivery state."""
+    cap = 100
+    probes = [(TOPIC, "g1", f"k{n}", 0) for n in range(8)]  # wholly above: cap
+    probes += [(TOPIC, "g1", f"k{n}", 1000) for n in range(8)]  # inside: left
+    probes += [("other", "g1", "k9", 0), ("nothing", "g1", "k0", 0)]
+    statement = sql.pending_where_cheap(probes, cap)
+    assert_in_order(statement, "idx_topic_partition_offset")
+    with connection.cursor() as cursor:
+        cursor.execute(*statement)
+        counts = {int(r[0]): r[1] for r in cursor.fetchall()}
+    assert [counts[n] for n in range(18)] == [cap] * 8 + [None] * 8 + [cap, 0], counts
+    # A probe left to the caller reads its newest ``cap`` twice (its count and its due).
+    read = entries_read(statement)
+    assert read is None or read <= len(probes) * 2 * (cap + 2), read
+
+
+def test_the_dead_letters_of_many_groups_stop_at_the_cap(sql: Statements) -> None:
+    """``dead_letters_if_few``: a pair with ``cap`` or more rows (here: the backlog's,
+    every row of it addressed to every group) reads ``cap`` entries of
+    ``idx_group_topic_offset``, not its 270,000 rows."""
+    cap = 100
+    statement = sql.dead_letters_if_few([(TOPIC, ""), (f"{TOPIC}.dlq", GROUP)], cap)
+    assert_in_order(statement, "idx_group_topic_offset", dedupes=True)
+    with connection.cursor() as cursor:
+        cursor.execute(*statement)
+        assert [(int(r[0]), r[1]) for r in cursor.fetchall()] == [(0, None)]
+    read = entries_read(statement)
+    assert read is None or read <= 3 * cap, read
 
 
 # -- leases ------------------------------------------------------------------------------------

@@ -501,6 +501,55 @@ def test_operating_reads(executor: Executor) -> None:
         sql.acked_among("g", "t", [("a", a[1]), ("a", a[2])]))] == [("a", a[1])]
 
 
+def test_the_reads_of_many_partitions_planned_once(executor: Executor) -> None:
+    """``pending_where_cheap`` answers a probe of a small partition (all counted) or of a
+    partition wholly above its watermark (``cap``), and leaves the others (NULL);
+    ``dead_letters_if_few`` counts a pair with fewer than ``cap`` dead letters and marks
+    the others. Names compare as the tables' binary collation does ("T" is not "t")."""
+    sql = executor.sql
+    a = [send_message("t", {}, partition_key="a").offset for _ in range(2)]
+    b = [send_message("t", {}, partition_key="b").offset for _ in range(4)]
+    # A replay for another group first in c: the group's first pending is the next one.
+    send_message("t", {}, partition_key="c", id="for-other")
+    executor.run(("UPDATE queue_messages SET consumer_group = 'other' "
+                  "WHERE id = 'for-other'", []))
+    c = send_message("t", {}, partition_key="c").offset
+    dues = {int(r[0]): int(r[1]) for r in executor.rows(sql.message_dues([a[0], b[0], c]))}
+    rows = executor.rows(sql.pending_where_cheap([
+        ("t", "g", "a", 0), ("t", "g", "a", a[1]), ("t", "g", "b", 0), ("t", "g", "b", b[1]),
+        ("T", "g", "a", 0), ("t", "g", "c", 0)], 3))
+    assert sorted((int(r[0]), None if r[1] is None else int(r[1]),
+                   None if r[2] is None else int(r[2])) for r in rows) == [
+        (0, 2, dues[a[0]]), (1, 0, None), (2, 3, dues[b[0]]), (3, None, None), (4, 0, None),
+        (5, 2, dues[c])]
+    for group, sent in (("g", a[:1] + b[:1]), ("h", b[1:4])):
+        executor.run(sql.insert_dead_letters(dead_letter_topic="t.dlq", group=group, letters=[
+            DeadLetterWrite(o, f"dl-{group}-{o}", 3, "boom", "{}") for o in sent]))
+    tallies = executor.rows(sql.dead_letters_if_few(
+        [("t.dlq", "g"), ("t.dlq", "h"), ("none.dlq", "g"), ("T.dlq", "g")], 3))
+    assert sorted((int(r[0]), r[1], int(r[2])) for r in tallies
+                  if r[1] is not None) == [(0, "a", 1), (0, "b", 1)]
+    assert [int(r[0]) for r in tallies if r[1] is None] == [1]
+
+
+def test_postgresql_jit_for_the_transaction() -> None:
+    """``set_jit``: the setting for the rest of the transaction, and the one before."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's own statement")
+    sql = DjangoExecutor().sql
+    assert isinstance(sql, PostgreSQLStatements)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        (before,) = cursor.fetchone()
+        cursor.execute(*sql.set_jit("off"))
+        assert cursor.fetchone() == (before, "off")
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone() == ("off",)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone() == (before,)  # the transaction's only
+
+
 # -- schedules (sqlqueue.storage.statements.schedules) -----------------------------------------
 def test_schedules(executor: Executor) -> None:
     sql = executor.sql

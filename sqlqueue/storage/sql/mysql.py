@@ -33,6 +33,7 @@ STATEMENT_AROUND_A_ROW = 8 * 1024
 
 
 class MySQLStore(Store):
+    probes_per_statement = 2_000  # the lag's probes (OperatingAccess)
     _autoinc_lock_mode: int | None = None  # read once per connection, when first needed
     _checked_connection: object | None = None  # the DB-API connection found to be utf8mb4
     _max_packet: int | None = None  # its server's max_allowed_packet, read with the charset

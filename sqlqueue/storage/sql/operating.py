@@ -5,7 +5,8 @@ rows."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.db.backends.utils import CursorWrapper
@@ -36,6 +37,18 @@ class PendingSummary:
 class OperatingAccess(VendorHooks):
     """Mixin for ``Store``: the operator's reads."""
 
+    #: probes one ``pending_where_cheap`` / ``dead_letters_if_few`` statement carries:
+    #: SQLite refuses compound SELECTs of more than 500 terms; MySQL/MariaDB parse a UNION
+    #: ALL of constant rows quickly (what costs is planning a member that reads a
+    #: table); PostgreSQL's travel as arrays
+    probes_per_statement = 200
+
+    @contextmanager
+    def operator_reads(self, alias: str) -> Iterator[None]:
+        """Around the reads of the lag of many subscriptions (PostgreSQL's: without
+        JIT compilation)."""
+        yield
+
     def pending_summary(
         self, cursor: CursorWrapper, topic: str, group: str, watermarks: dict[str, int],
         cap: int | None,
@@ -58,9 +71,14 @@ class OperatingAccess(VendorHooks):
         cap: int | None,
     ) -> dict[tuple[str, str, str], PendingSummary]:
         """``probes``: (topic, group, partition key, watermark); the answers by (topic,
-        group, partition key): ``pending_summary`` of many topics and groups, a statement
-        per ``PENDING_BRANCHES_PER_STATEMENT`` probes."""
+        group, partition key): ``pending_summary`` of many topics and groups. The probes
+        of small partitions, or of partitions wholly above the watermark, are answered by
+        ``pending_where_cheap`` (one statement per ``probes_per_statement``, planned
+        once); the others by ``pending_summaries``, a statement per
+        ``PENDING_BRANCHES_PER_STATEMENT`` probes."""
         result: dict[tuple[str, str, str], PendingSummary] = {}
+        if cap is not None:
+            probes = self._pending_of_few(cursor, probes, cap, result)
         for start in range(0, len(probes), PENDING_BRANCHES_PER_STATEMENT):
             cursor.execute(*self.sql.pending_summaries(
                 probes[start:start + PENDING_BRANCHES_PER_STATEMENT], cap))
@@ -68,6 +86,27 @@ class OperatingAccess(VendorHooks):
                 result[topic, group, key] = PendingSummary(
                     None if count is None else int(count), None if due is None else int(due))
         return result
+
+    def _pending_of_few(
+        self, cursor: CursorWrapper, probes: Sequence[tuple[str, str, str, int]], cap: int,
+        result: dict[tuple[str, str, str], PendingSummary],
+    ) -> list[tuple[str, str, str, int]]:
+        """``pending_where_cheap`` of ``probes`` into ``result``; the probes it left."""
+        left = []
+        size = self.probes_per_statement
+        for start in range(0, len(probes), size):
+            chunk = probes[start:start + size]
+            cursor.execute(*self.sql.pending_where_cheap(chunk, cap))
+            answered = {int(n): (count, due) for n, count, due in cursor.fetchall()
+                        if count is not None}
+            for n, (topic, group, key, watermark) in enumerate(chunk):
+                if n not in answered:
+                    left.append((topic, group, key, watermark))
+                    continue
+                count, due = answered[n]
+                result[topic, group, key] = PendingSummary(
+                    int(count), None if due is None else int(due))
+        return left
 
     def first_offsets_above(
         self, cursor: CursorWrapper, topic: str, pairs: Sequence[tuple[str, int]]
@@ -114,9 +153,22 @@ class OperatingAccess(VendorHooks):
         self, cursor: CursorWrapper, pairs: Sequence[tuple[str, str]], cap: int
     ) -> dict[tuple[str, str], dict[str, int]]:
         """``pairs``: (dead-letter topic, group); (topic, group) -> partition -> dead
-        letters (counted over at most ``cap`` rows a pair), a statement per
-        ``PENDING_BRANCHES_PER_STATEMENT`` pairs. A pair without any has no entry."""
+        letters (counted over at most ``cap`` rows a pair). A pair without any has no
+        entry. The pairs with fewer than ``cap``: ``dead_letters_if_few``, one
+        statement per ``probes_per_statement``; the others a statement per
+        ``PENDING_BRANCHES_PER_STATEMENT`` pairs."""
         found: dict[tuple[str, str], dict[str, int]] = {}
+        many = []
+        size = self.probes_per_statement
+        for first in range(0, len(pairs), size):
+            chunk = pairs[first:first + size]
+            cursor.execute(*self.sql.dead_letters_if_few(chunk, cap))
+            for n, key, count in cursor.fetchall():
+                if key is None:
+                    many.append(chunk[int(n)])
+                else:
+                    found.setdefault(chunk[int(n)], {})[key] = int(count)
+        pairs = many
         for start in range(0, len(pairs), PENDING_BRANCHES_PER_STATEMENT):
             cursor.execute(*self.sql.dead_letter_tallies(
                 pairs[start:start + PENDING_BRANCHES_PER_STATEMENT], cap))

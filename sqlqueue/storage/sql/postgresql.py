@@ -17,11 +17,11 @@ accepts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.exceptions import SqlqueueError
@@ -91,11 +91,26 @@ class PostgreSQLStore(Store):
     now_ms_sql = PostgreSQLVendor.now_ms_sql
     locking_read_suffix = PostgreSQLVendor.locking_read_suffix
     server_identity_sql = PostgreSQLVendor.server_identity_sql
+    probes_per_statement = 2_000  # the lag's probes (OperatingAccess), as arrays
 
     def last_inserted_offset(self, cursor: CursorWrapper) -> int:
         row = cursor.fetchone()
         assert row is not None
         return int(row[0])
+
+    @contextmanager
+    def operator_reads(self, alias: str) -> Iterator[None]:
+        """In a transaction whose ``jit`` is off (``set_jit``); inside the caller's
+        transaction, its setting is put back after."""
+        outer = connections[alias].in_atomic_block
+        with transaction.atomic(using=alias):
+            with connections[alias].cursor() as cursor:
+                cursor.execute(*self.sql.set_jit("off"))
+                row = cursor.fetchone()
+            yield
+            if outer and row is not None and row[0] != "off":
+                with connections[alias].cursor() as cursor:
+                    cursor.execute(*self.sql.set_jit(row[0]))
 
     # -- insert_messages ---------------------------------------------------------------
     # -- wake-ups -----------------------------------------------------------------------

@@ -143,6 +143,87 @@ class OperatingStatements(Vendor):
             params += [topic, group, topic, group, cap]
         return " UNION ALL ".join([self.union_member(one)] * len(pairs)), params
 
+    def _probe_select(self, kinds: str, rows: Sequence[Sequence[Any]]) -> Statement:
+        """A SELECT of ``rows`` as columns n (the row's number), c0, c1...; ``kinds``
+        one letter a column, ``t`` text, ``i`` integer. Each row a constant SELECT, in a
+        UNION ALL: planned once, unlike a member that reads a table."""
+        marks = [self.text_mark if kind == "t" else "%s" for kind in kinds]
+        first = ", ".join(["%s AS n", *(f"{m} AS c{i}" for i, m in enumerate(marks))])
+        following = ", ".join(["%s", *marks])
+        return (" UNION ALL ".join([f"SELECT {first}"]
+                                   + [f"SELECT {following}"] * (len(rows) - 1)),
+                [v for n, row in enumerate(rows) for v in (n, *row)])
+
+    def _nth_sql(self, n: int, newest: bool) -> str:
+        """The ``n``-th newest (or oldest) offset of the probe's partition (p.c0 topic,
+        p.c2 key), NULL if it holds fewer: a range of ``idx_topic_partition_offset``
+        from one end that reads at most ``n`` index entries."""
+        q = self.quote
+        # The index's columns: PostgreSQL, planning for any topic, then takes the index
+        # (a rare topic's rows are not found by walking the primary key).
+        order = ", ".join(f"m.{q(c)}{' DESC' if newest else ''}"
+                          for c in ("topic", "partition_key", "offset"))
+        return (f"(SELECT m.{q('offset')} FROM {q(MESSAGE_TABLE)} m {self.offset_index_hint} "
+                f"WHERE m.{q('topic')} = p.c0 AND m.{q('partition_key')} = p.c2 "
+                f"ORDER BY {order} LIMIT 1 OFFSET {int(n) - 1})")
+
+    def pending_where_cheap(self, probes: Sequence[tuple[str, str, str, int]],
+                            cap: int) -> Statement:
+        """``pending_where_cheap``: for each (topic, group, partition, watermark) of
+        ``probes`` (at least one), a row (its number in ``probes``, count, due) as
+        ``pending_summaries`` answers (the messages above the watermark counted up to
+        ``cap``, since when the group's first one is due) where that is cheap: the
+        partition holds fewer than ``cap`` messages (all counted), or all of them are
+        above the watermark (``cap`` or more: ``cap``); elsewhere NULL, NULL (the caller
+        probes those apart). Planned once for all the probes; each correlated subquery
+        reads by (topic, partition) from one end of the partition, at most ``cap``
+        index entries (MariaDB does not range-scan a correlated ``offset > watermark``:
+        it reads from the partition's start; issue 52: a planned UNION member per probe
+        cost 1-5 ms, 1,500 lagging topics 1-3 s)."""
+        q = self.quote
+        count = (f"(SELECT COUNT(*) FROM {q(MESSAGE_TABLE)} m {self.offset_index_hint} "
+                 f"WHERE m.{q('topic')} = p.c0 AND m.{q('partition_key')} = p.c2 "
+                 f"AND m.{q('offset')} > p.c3)")
+        few = f"{self._nth_sql(cap, newest=True)} IS NULL"
+        above = f"{self._nth_sql(1, newest=False)} > p.c3"
+        due = self._first_pending_sql(("p.c0", "p.c2", "p.c3", "p.c1"))
+        rows, params = self._probe_select("ttti", probes)
+        # Each end read once a probe where it can be: the first message's end before the
+        # newest ``cap`` entries (OR stops at its first true term).
+        return (f"SELECT p.n, CASE WHEN {above} THEN CASE WHEN {few} THEN {count} "
+                f"ELSE {int(cap)} END WHEN {few} THEN {count} END, "
+                f"CASE WHEN {above} OR {few} THEN {due} END FROM ({rows}) p", params)
+
+    def dead_letters_if_few(self, pairs: Sequence[tuple[str, str]], cap: int) -> Statement:
+        """``dead_letters_if_few``: for each (dead-letter topic, group) of ``pairs`` (at
+        least one) with fewer than ``cap`` dead letters, rows (its number in ``pairs``,
+        partition, count), all counted; for each with ``cap`` or more, one row (number,
+        NULL, 0) (the caller counts those apart, ``dead_letter_tallies``); a pair without
+        any has no row. The pairs' ranges of ``idx_group_topic_offset``, planned once
+        (MariaDB planned a member a pair in ``dead_letter_tallies``: 0.5-5 ms each)."""
+        q = self.quote
+        nth = (f"(SELECT m.{q('offset')} FROM {q(MESSAGE_TABLE)} m {self.group_index_hint} "
+               f"WHERE {self._of_pair_sql('m.')} "
+               f"ORDER BY {self.names(('consumer_group', 'topic', 'offset'), 'm.')} "
+               f"LIMIT 1 OFFSET {int(cap) - 1})")
+        rows, params = self._probe_select("tt", pairs)
+        return (f"WITH p AS ({rows}) "
+                f"SELECT p.n, NULL, 0 FROM p WHERE {nth} IS NOT NULL "
+                f"UNION ALL SELECT p.n, m.{q('partition_key')}, COUNT(*) FROM p "
+                f"{self._rows_of_pair_sql(cap)} WHERE {nth} IS NULL "
+                f"GROUP BY p.n, m.{q('partition_key')}", params)
+
+    def _of_pair_sql(self, prefix: str = "") -> str:
+        """The rows of the pair (p.c0 topic, p.c1 group)."""
+        q = self.quote
+        return (f"{prefix}{q('consumer_group')} = p.c1 AND {prefix}{q('topic')} = p.c0")
+
+    def _rows_of_pair_sql(self, cap: int) -> str:
+        """The join of a pair (p.c0 topic, p.c1 group) to its rows, ``m``."""
+        q = self.quote
+        return (f"JOIN {q(MESSAGE_TABLE)} m {self.group_index_hint} "
+                f"ON m.{q('consumer_group')} = p.c1 AND m.{q('topic')} = p.c0")
+
     def dead_letter_counts(self, dead_letter_topic: str, group: str, cap: int) -> Statement:
         """``dead_letter_counts``: dead letters of one group per partition of a
         dead-letter topic, counted over at most ``cap`` rows (``idx_topic_partition_offset``
@@ -169,6 +250,41 @@ class PostgreSQLOperating(OperatingStatements):
         return (f"SELECT p.t, p.g, p.k, {self._pending_sql(cap, refs)} FROM "
                 f"unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS p(t, g, k, w)",
                 [*([cap] if cap is not None else []), topics, groups, keys, watermarks])
+
+    def set_jit(self, setting: str) -> Statement:
+        """``set_jit``: PostgreSQL's ``jit`` setting for the rest of the transaction
+        (``set_config(..., true)``, as ``SET LOCAL``), and the one it had, as a row.
+        The planner prices the probes of many partitions at hundreds of thousands and
+        JIT-compiles them: 0.05-0.42 s of a 0.07-0.47 s statement (issue 52)."""
+        return "SELECT current_setting('jit'), set_config('jit', %s, true)", [setting]
+
+    def _of_pair_sql(self, prefix: str = "") -> str:
+        # The topic as a range of one value: equalities to parameters make the group and
+        # the topic constants of the ORDER BY, which the primary key then gives (offset
+        # order), and PostgreSQL, planning for any pair, walked the primary key of the
+        # whole log for a rare one. With the range, idx_group_topic_offset is the only
+        # index in the order asked for, and its scan still starts at (group, topic) and
+        # stops after the topic (the group's equality comes first).
+        q = self.quote
+        topic = f"{prefix}{q('topic')}"
+        return f"{prefix}{q('consumer_group')} = p.c1 AND {topic} >= p.c0 AND {topic} <= p.c0"
+
+    def _rows_of_pair_sql(self, cap: int) -> str:
+        # A lateral subquery with a LIMIT (the pair has fewer rows: nothing is cut), in
+        # the index's order: a join, or a bare LIMIT, the planner made a Seq Scan of the
+        # log (it cannot see the pairs in the arrays; most rows have group '').
+        q = self.quote
+        return (f"CROSS JOIN LATERAL (SELECT {q('partition_key')} FROM {q(MESSAGE_TABLE)} "
+                f"WHERE {self._of_pair_sql()} ORDER BY "
+                f"{self.names(('consumer_group', 'topic', 'offset'))} LIMIT {int(cap)}) m")
+
+    def _probe_select(self, kinds: str, rows: Sequence[Sequence[Any]]) -> Statement:
+        # One array a column: the statement's text does not grow with the probes.
+        types = ["text" if kind == "t" else "bigint" for kind in kinds]
+        arrays = ", ".join(["%s::bigint[]", *(f"%s::{t}[]" for t in types)])
+        names = ", ".join(["n", *(f"c{i}" for i in range(len(kinds)))])
+        return (f"SELECT * FROM unnest({arrays}) AS u({names})",
+                [list(range(len(rows))), *(list(c) for c in zip(*rows, strict=True))])
 
     def dead_letter_tallies(self, pairs: Sequence[tuple[str, str]], cap: int) -> Statement:
         q = self.quote

@@ -40,6 +40,8 @@ class Vendor:
     #: makes the per-partition probes use idx_topic_partition_offset without weighing
     #: the other indexes first: planning, not reading, is what they cost otherwise
     offset_index_hint = ""
+    #: the same for a group's rows of a topic (idx_group_topic_offset)
+    group_index_hint = ""
 
     #: a parameter that is an integer (or NULL) wherever it stands: PostgreSQL types a
     #: CASE whose branches are all bare parameters as text
@@ -189,6 +191,7 @@ class MySQLVendor(Vendor):
     # must be), host and port tell apart servers that share one.
     server_identity_sql = "CONCAT(@@hostname, ':', @@port, ' server_id ', @@server_id)"
     offset_index_hint = "FORCE INDEX (idx_topic_partition_offset)"
+    group_index_hint = "FORCE INDEX (idx_group_topic_offset)"
     # A string parameter arrives in the connection's collation (Django's MySQL connection:
     # utf8mb4_general_ci), not the queue tables' binary one (utf8mb4_nopad_bin on
     # MariaDB). The comparison then runs in the column's collation, but the optimizer no
@@ -372,6 +375,7 @@ class SQLiteVendor(OnConflictVendor):
     vendor = "sqlite"
     now_ms_sql = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
     offset_index_hint = "INDEXED BY idx_topic_partition_offset"
+    group_index_hint = "INDEXED BY idx_group_topic_offset"
     # One writer at a time: BEGIN IMMEDIATE takes the write lock at once, so a writer
     # waits for another instead of failing halfway with "database is locked".
     begin_sql = "BEGIN IMMEDIATE"
