@@ -1,0 +1,118 @@
+"""An atomic handler's late commit against the pass that delivers its message again past
+the visibility timeout, out of attempts: exactly one of them wins, in either order
+(guarantees I7 and I13: the handler's writes and its ack commit together, and a message
+dead-lettered was not handled). Found by the randomized history (seed 1037248471 on
+MariaDB: both won, the writes committed and the message dead-lettered).
+
+Each order is played statement by statement, a single atomic consumer's and a batch
+one's; nothing waits on a clock. On SQLite the two cannot interleave (one writer at a
+time: the handler's transaction holds the write lock from its BEGIN).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+import sqlqueue
+from sqlqueue import Message, send_message
+from sqlqueue.consuming.runner import Runner
+from sqlqueue.models import DeliveryState, QueueMessage
+from sqlqueue.consuming.registry import unregister
+from sqlqueue.storage.sql.delivery import DeliveryAccess
+from tests.integration.consuming_helpers import RUN_TIMEOUT, register, run_until
+from tests.integration.test_consuming import clocked
+from tests.manual_clock import ManualClock
+from tests.testapp.models import Order
+
+pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["clocked", "register"]  # the fixtures
+
+
+class Blocked:
+    """A handler that waits to be let go, then writes one Order per message in its
+    atomic transaction; ``committed`` is set once that transaction commits."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.committed = threading.Event()
+
+    def run(self, messages: list[Message]) -> None:
+        self.started.set()
+        assert self.release.wait(RUN_TIMEOUT), "never released"
+        for message in messages:
+            Order.objects.create(reference=f"order-{message.offset}")
+        transaction.on_commit(self.committed.set)
+
+
+@pytest.fixture(params=["single", "batch"])
+def atomic(request: pytest.FixtureRequest, register: Any) -> Any:
+    """An atomic consumer of topic t, group g, one attempt, 1 s visibility: a single
+    one or a batch one; returns its ``Blocked`` handler."""
+    blocked = Blocked()
+    options = {"atomic": True, "max_attempts": 1, "visibility_timeout": 1}
+    if request.param == "single":
+        register("t", "g", lambda message: blocked.run([message]), **options)
+        yield blocked
+        return
+    sqlqueue.batch_consumer("t", group="g", max_batch=2, **options)(blocked.run)
+    yield blocked
+    unregister("g", "t")
+
+
+def outcome(offset: int) -> tuple[int, bool, int]:
+    """The handler's writes, whether the message is acked, its dead letters."""
+    state = DeliveryState.objects.get(consumer_group="g", message_offset=offset)
+    return (Order.objects.count(), bool(state.acked),
+            QueueMessage.objects.filter(topic="t_dlq").count())
+
+
+def started(clocked: Callable[[str], tuple[Runner, ManualClock]],
+            blocked: Blocked) -> tuple[Runner, ManualClock, int]:
+    offset = send_message("t", "x", partition_key="k").offset
+    runner, clock = clocked("g")
+    run_until(runner, blocked.started.is_set)
+    clock.advance(5_000)  # past the visibility timeout: the pass delivers it again
+    return runner, clock, offset
+
+
+def test_a_late_commit_after_the_dead_letter_rolls_back(
+        atomic: Blocked, server_database: None,
+        clocked: Callable[[str], tuple[Runner, ManualClock]]) -> None:
+    """The pass dead-letters the message (its one attempt spent) and commits; then the
+    handler's transaction tries to commit its writes and ack: it is rolled back."""
+    runner, _, offset = started(clocked, atomic)
+    run_until(runner, lambda: runner.subscribers[0].stats["dead_lettered"] == 1)
+    atomic.release.set()
+    run_until(runner, lambda: runner.pool.in_flight == 0)
+    assert not atomic.committed.is_set(), "the late commit went through after the dead letter"
+    assert outcome(offset) == (0, True, 1)
+
+
+def test_a_late_commit_before_the_redelivery_wins(
+        atomic: Blocked, server_database: None, monkeypatch: pytest.MonkeyPatch,
+        clocked: Callable[[str], tuple[Runner, ManualClock]]) -> None:
+    """The pass reads (on MariaDB its snapshot starts there), then the handler's
+    transaction commits, then the pass marks the message delivered again: the mark
+    leaves the acked row alone, and the pass must see it acked, not dead-letter it."""
+    runner, _, offset = started(clocked, atomic)
+    mark = DeliveryAccess.mark_delivered
+
+    def commit_first(self: DeliveryAccess, cursor: Any, group: str, topic: str,
+                     deliveries: Any) -> None:
+        if not atomic.release.is_set():
+            self.fetch_messages_at(cursor, group, topic, "k", [offset])  # a pass's read
+            atomic.release.set()
+            assert atomic.committed.wait(RUN_TIMEOUT), "the handler never committed"
+        mark(self, cursor, group, topic, deliveries)
+
+    monkeypatch.setattr(DeliveryAccess, "mark_delivered", commit_first)
+    run_until(runner, lambda: atomic.committed.is_set() and runner.pool.in_flight == 0)
+    runner.run_once()
+    assert outcome(offset) == (1, True, 0)
+    assert runner.subscribers[0].stats["dead_lettered"] == 0
