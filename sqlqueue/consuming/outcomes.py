@@ -79,16 +79,17 @@ class DeliveredAck:
 
 class DeliveredAgain(SqlqueueError):
     """An atomic handler's transaction would ack a message delivered again since (past
-    its visibility timeout), or acked or dead-lettered meanwhile: it is rolled back."""
+    its visibility timeout, maybe dead-lettered so): it is rolled back."""
 
 
 def ack_delivered(alias: str, group: str, topic: str, acks: Sequence[DeliveredAck]) -> None:
     """Ack ``acks`` in the caller's transaction on ``alias`` (an atomic handler's), each
-    only while its delivery is the message's latest and the row not acked: its writes
-    and its acks commit together, and never beside a later delivery's outcome (a dead
-    letter, guarantees I7 and I13). Raises ``DeliveredAgain`` (the caller's transaction
-    rolls back) if any row was not acked so. The statement waits for the locks of a
-    pass that is marking the message again, and reads the row as that pass left it."""
+    only while its delivery is the message's latest: its writes and its acks commit
+    together, and never beside a later delivery's outcome (the dead letter of a
+    redelivery out of attempts: guarantees I7 and I13). Raises ``DeliveredAgain`` (the
+    caller's transaction rolls back) if any was delivered again. The statement waits
+    for the locks of a pass that is marking the message again, and reads the row as
+    that pass left it."""
     if not acks:
         return
     connection = connections[alias]
@@ -101,8 +102,8 @@ def ack_delivered(alias: str, group: str, topic: str, acks: Sequence[DeliveredAc
         raise DeliveredAgain(
             f"{len(acks) - acked} of the {len(acks)} message(s) this atomic handler would "
             f"ack ({where}{', ...' if len(acks) > 3 else ''}) were delivered again past "
-            "the visibility timeout, or acked or dead-lettered meanwhile: its transaction "
-            "is rolled back (its writes with it).")
+            "the visibility timeout (and maybe dead-lettered so): its transaction is rolled "
+            "back, its writes with it.")
 
 
 @dataclass(frozen=True)

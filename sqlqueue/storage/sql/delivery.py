@@ -164,7 +164,8 @@ class DeliveryAccess(VendorHooks):
         deliveries: Sequence[tuple[str, int, int]],
     ) -> int:
         """``ack_deliveries``: (partition, offset, retry_count) each acked only if not
-        acked yet and not delivered again since; returns how many were."""
+        delivered again since; returns how many rows matched (an acked one too: Django's
+        MySQL connections count rows matched, ``CLIENT.FOUND_ROWS``)."""
         if not deliveries:
             return 0
         cursor.execute(*self.sql.ack_deliveries(group, topic, deliveries))

@@ -230,19 +230,21 @@ class DeliveryStatements(Vendor):
                        deliveries: Sequence[tuple[str, int, int]]) -> Statement:
         """``ack_deliveries``: an atomic handler's acks, each fenced on its delivery
         (``deliveries``: (partition, offset, retry_count as its mark left it), at least
-        one): a row is acked only if not acked yet and no later delivery charged an
-        attempt since. The caller compares the rows changed with the rows given (a
-        later delivery's dead letter and this commit never both win). Each a
+        one): a row is acked only if no later delivery charged an attempt since (an
+        acked row stays as it was). The caller compares the rows matched with the rows
+        given: a later delivery's dead letter and this commit never both win. Each a
         primary-key lookup."""
         q = self.quote
         terms = " OR ".join([f"({q('partition_key')} = {self.text_mark} "
                              f"AND {q('message_offset')} = %s "
                              f"AND {q('retry_count')} = %s)"] * len(deliveries))
-        return (f"UPDATE {q(STATE_TABLE)} SET {q('acked')} = TRUE, "
-                f"{q('acked_at')} = {self.now_ms_sql}, {q('invisible_until')} = 0, "
-                f"{q('last_error')} = '' "
+        # ``acked`` assigned last: MySQL evaluates left to right, and the others read it.
+        keep = [f"{q(c)} = CASE WHEN {q('acked')} THEN {q(c)} ELSE {v} END"
+                for c, v in (("acked_at", self.now_ms_sql), ("invisible_until", "0"),
+                             ("last_error", "''"))]
+        return (f"UPDATE {q(STATE_TABLE)} SET {', '.join(keep)}, {q('acked')} = TRUE "
                 f"WHERE {q('consumer_group')} = {self.text_mark} "
-                f"AND {q('topic')} = {self.text_mark} AND ({terms}) AND NOT {q('acked')}",
+                f"AND {q('topic')} = {self.text_mark} AND ({terms})",
                 [group, topic, *(v for delivery in deliveries for v in delivery)])
 
     def acked_offsets(self, group: str, topic: str,

@@ -204,18 +204,20 @@ class MemoryStore(MemoryPublishing, MemoryMembership):
 
     def ack_deliveries(self, cursor: Any, group: str, topic: str,
                        deliveries: Sequence[tuple[str, int, int]]) -> int:
-        """Acks fenced on the delivery: only a row not acked, its retry count unchanged."""
+        """Acks fenced on the delivery: only a row whose retry count is unchanged (an
+        acked one stays as it was); returns the rows matched."""
         t, now = self._tables("ack_deliveries"), self._now()
-        acked = 0
+        matched = 0
         for partition, offset, retry_count in deliveries:
             key = (group, topic, partition, offset)
             state = t.states.get(key)
-            if state is None or state.acked or state.retry_count != retry_count:
+            if state is None or state.retry_count != retry_count:
                 continue
-            t.states[key] = dataclasses.replace(state, acked=True, invisible_until=0,
-                                                acked_at=now, last_error="")
-            acked += 1
-        return acked
+            matched += 1
+            if not state.acked:
+                t.states[key] = dataclasses.replace(state, acked=True, invisible_until=0,
+                                                    acked_at=now, last_error="")
+        return matched
 
     def acked_offsets(self, cursor: Any, group: str, topic: str,
                       pairs: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
