@@ -5,7 +5,8 @@ dead-lettered was not handled). Found by the randomized history (seed 1037248471
 MariaDB: both won, the writes committed and the message dead-lettered).
 
 Each order is played statement by statement, a single atomic consumer's and a batch
-one's; nothing waits on a clock. On SQLite the two cannot interleave (one writer at a
+one's, and the "commit first" order once more as after a takeover (the message not in
+flight in the dead-lettering subscriber's view); nothing waits on a clock. On SQLite the two cannot interleave (one writer at a
 time: the handler's transaction holds the write lock from its BEGIN).
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 import sqlqueue
 from sqlqueue import Message, send_message
@@ -117,4 +118,45 @@ def test_a_late_commit_before_the_redelivery_wins(
     run_until(runner, lambda: atomic.committed.is_set() and runner.pool.in_flight == 0)
     runner.run_once()
     assert outcome(offset) == (1, True, 0)
+    assert runner.subscribers[0].stats["dead_lettered"] == 0
+
+
+def test_a_commit_of_an_earlier_holder_before_the_mark_wins(
+        register: Any, server_database: None, monkeypatch: pytest.MonkeyPatch,
+        clocked: Callable[[str], tuple[Runner, ManualClock]]) -> None:
+    """After a takeover the message is not in flight in the new holder's view: it read
+    the row (its one attempt made, its timeout over) and would dead-letter it as "gave
+    up". The earlier holder's atomic transaction commits its ack (here: from another
+    connection) after that read, before the mark: the mark leaves the acked row alone,
+    and the pass must find it acked, not dead-letter it."""
+    ran: list[int] = []
+    register("t", "g", lambda message: ran.append(message.offset), atomic=True,
+             max_attempts=1, visibility_timeout=1)
+    offset = send_message("t", "x", partition_key="k").offset
+    # The earlier holder's delivery: attempt 1, its visibility timeout over.
+    DeliveryState.objects.create(consumer_group="g", topic="t", partition_key="k",
+                                 message_offset=offset, retry_count=0, invisible_until=1)
+    mark = DeliveryAccess.mark_delivered
+    committed = threading.Event()
+
+    def late_commit() -> None:
+        DeliveryState.objects.filter(consumer_group="g", message_offset=offset).update(
+            acked=True)
+        connection.close()  # this thread's own
+
+    def commit_first(self: DeliveryAccess, cursor: Any, group: str, topic: str,
+                     deliveries: Any) -> None:
+        if not committed.is_set():
+            thread = threading.Thread(target=late_commit)
+            thread.start()
+            thread.join(RUN_TIMEOUT)
+            committed.set()
+        mark(self, cursor, group, topic, deliveries)
+
+    monkeypatch.setattr(DeliveryAccess, "mark_delivered", commit_first)
+    runner, _ = clocked("g")
+    run_until(runner, committed.is_set)
+    runner.run_once()
+    assert ran == []
+    assert outcome(offset) == (0, True, 0), "dead-lettered beside the earlier commit"
     assert runner.subscribers[0].stats["dead_lettered"] == 0
