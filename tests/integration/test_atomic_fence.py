@@ -6,8 +6,9 @@ MariaDB: both won, the writes committed and the message dead-lettered).
 
 Each order is played statement by statement, a single atomic consumer's and a batch
 one's, and the "commit first" order once more as after a takeover (the message not in
-flight in the dead-lettering subscriber's view); nothing waits on a clock. On SQLite the two cannot interleave (one writer at a
-time: the handler's transaction holds the write lock from its BEGIN).
+flight in the dead-lettering subscriber's view); nothing waits on a clock. On SQLite the
+two cannot interleave (one writer at a time: the handler's transaction holds the write
+lock from its BEGIN).
 """
 
 from __future__ import annotations
