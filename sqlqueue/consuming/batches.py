@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from django.db import Error as AnyDatabaseError
 from django.db import connections, transaction
 
-from sqlqueue import events, storage
+from sqlqueue import events
 from sqlqueue.consuming.clock import HostClock
 from sqlqueue.consuming.failure_text import described
 from sqlqueue.consuming.handlers import (
@@ -30,7 +30,7 @@ from sqlqueue.consuming.handlers import (
     failure_outcome,
 )
 from sqlqueue.consuming.message import Message
-from sqlqueue.consuming.outcomes import Ack, write_acks
+from sqlqueue.consuming.outcomes import DeliveredAck, ack_delivered
 from sqlqueue.consuming.registry import Consumer
 from sqlqueue.exceptions import SqlqueueError
 
@@ -245,11 +245,9 @@ def _run_atomic(deliveries: list[Delivery]) -> list[Outcome]:
         result = call_handler(consumer.handler, messages)  # type: ignore[arg-type]
         outcomes = outcomes_of(ready, messages, result, "acked")
         confirm_server(ready[0])
-        connection = connections[alias]
-        with connection.cursor() as cursor:
-            write_acks(cursor, storage.store(connection), consumer.group, consumer.topic,
-                       [Ack(o.delivery.partition_key, o.delivery.row.offset)
-                        for o in outcomes if o.kind == "acked"])
+        ack_delivered(alias, consumer.group, consumer.topic, [
+            DeliveredAck(o.delivery.partition_key, o.delivery.row.offset, o.delivery.attempt)
+            for o in outcomes if o.kind == "acked"])
     return outcomes + [Outcome(delivery, "not_started") for delivery in late]
 
 

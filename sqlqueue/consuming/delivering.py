@@ -300,19 +300,21 @@ class Fetcher:
     def _drop_acked_meanwhile(
         self, cursor: CursorWrapper, chosen: list[tuple[PartitionState, Entry]]
     ) -> list[tuple[PartitionState, Entry]]:
-        """Of the redeliveries among ``chosen`` (in flight past their visibility timeout),
-        those whose row is acked are done, not delivered again: an atomic handler's
-        transaction commits its ack itself, and one held up (a lock wait) can commit it
-        just as its timeout runs out, before its outcome reaches this thread. The marking
-        left those rows untouched; this reads them back (redeliveries only, and rare)."""
-        redelivered: dict[str, list[int]] = {}
-        for state, entry in chosen:
-            if entry.in_flight:
-                redelivered.setdefault(state.partition_key, []).append(entry.offset)
-        acked: set[tuple[str, int]] = set()
-        for key, offsets in redelivered.items():
-            rows = self.store.fetch_messages_at(cursor, self.group, self.topic, key, offsets)
-            acked |= {(key, row.offset) for row in rows if row.acked}
+        """Of the redeliveries among ``chosen`` (in flight past their visibility timeout,
+        or out of attempts: dead-lettered, not delivered, if still unacked), those whose
+        row is acked are done, not delivered again: an atomic handler's transaction
+        commits its ack itself, and one held up (a lock wait) can commit it just as its
+        timeout runs out, before its outcome reaches this thread, or after another
+        subscriber read the row (a takeover). The marking left those rows untouched;
+        this reads them back (redeliveries only, and rare) as the marking found them (a
+        locking read: the commit may be newer than this transaction's snapshot)."""
+        spent_at = self.options.max_attempts  # the attempt before one past max_attempts
+        redelivered = [(state.partition_key, entry.offset) for state, entry in chosen
+                       if entry.in_flight or (entry.retry_count is not None
+                                              and entry.attempt >= spent_at)]
+        if not redelivered:
+            return chosen
+        acked = self.store.acked_offsets(cursor, self.group, self.topic, redelivered)
         if not acked:
             return chosen
         for state, entry in chosen:

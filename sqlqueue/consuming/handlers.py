@@ -18,7 +18,7 @@ from sqlqueue import events, storage, tracing
 from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.failure_text import described, error_text
 from sqlqueue.consuming.message import Message, Reject, Retry
-from sqlqueue.consuming.outcomes import ack
+from sqlqueue.consuming.outcomes import DeliveredAck, ack_delivered
 from sqlqueue.consuming.partition import Hold
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.naming import storable_text
@@ -327,8 +327,8 @@ def _run_atomic(delivery: Delivery, message: Message) -> bool:
             return False
         call_handler(consumer.handler, message)
         confirm_server(delivery)
-        ack(delivery.alias, consumer.group, consumer.topic, delivery.partition_key,
-            delivery.row.offset)
+        ack_delivered(delivery.alias, consumer.group, consumer.topic, [
+            DeliveredAck(delivery.partition_key, delivery.row.offset, delivery.attempt)])
     return True
 
 

@@ -20,6 +20,7 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import storage
 from sqlqueue.conf import MAX_NAME_BYTES
+from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.naming import storable_text
 from sqlqueue.storage.protocols import DeliveryStore
 from sqlqueue.storage.sql.base import DeadLetterWrite, OutcomeWrite
@@ -64,6 +65,45 @@ def ack(alias: str, group: str, topic: str, partition_key: str, offset: int) -> 
     connection = connections[alias]
     with connection.cursor() as cursor:
         write_acks(cursor, storage.store(connection), group, topic, [Ack(partition_key, offset)])
+
+
+@dataclass(frozen=True)
+class DeliveredAck:
+    """An atomic handler's ack of its own delivery: the message's ``attempt`` as that
+    delivery's mark charged it."""
+
+    partition_key: str
+    offset: int
+    attempt: int
+
+
+class DeliveredAgain(SqlqueueError):
+    """An atomic handler's transaction would ack a message delivered again since (past
+    its visibility timeout, maybe dead-lettered so): it is rolled back."""
+
+
+def ack_delivered(alias: str, group: str, topic: str, acks: Sequence[DeliveredAck]) -> None:
+    """Ack ``acks`` in the caller's transaction on ``alias`` (an atomic handler's), each
+    only while its delivery is the message's latest: its writes and its acks commit
+    together, and never beside a later delivery's outcome (the dead letter of a
+    redelivery out of attempts: guarantees I7 and I13). Raises ``DeliveredAgain`` (the
+    caller's transaction rolls back) if any was delivered again. The statement waits
+    for the locks of a pass that is marking the message again, and reads the row as
+    that pass left it."""
+    if not acks:
+        return
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        acked = storage.store(connection).ack_deliveries(cursor, group, topic, [
+            (a.partition_key, a.offset, a.attempt - 1) for a in acks])
+    if acked != len(acks):
+        where = ", ".join(f"{topic}/{a.partition_key}@{a.offset} (attempt {a.attempt})"
+                          for a in acks[:3])
+        raise DeliveredAgain(
+            f"{len(acks) - acked} of the {len(acks)} message(s) this atomic handler would "
+            f"ack ({where}{', ...' if len(acks) > 3 else ''}) were delivered again past "
+            "the visibility timeout (and maybe dead-lettered so): its transaction is rolled "
+            "back, its writes with it.")
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,13 @@ SCRIPT: list[tuple[str, Callable[[Side], object]]] = [
     ("restamp_visibility", lambda s: (s.d.restamp_visibility(s.c, G, T, [
         ("p0", s.o("a")), ("p0", s.o("b")), ("p1", s.o("c"))], 2_000), s.rows("p0"),
         s.rows("p1"))),
+    ("acked_offsets", lambda s: sorted((p, s.name(o)) for p, o in s.d.acked_offsets(
+        s.c, G, T, [("p0", s.o("a")), ("p0", s.o("b")), ("p1", s.o("c"))]))),
+    ("ack_deliveries", lambda s: (
+        s.d.ack_deliveries(s.c, G, T, [("p0", s.o("b"), 1)]),  # delivered again since
+        s.d.ack_deliveries(s.c, G, T, [("p0", s.o("a"), 1)]),  # acked already
+        s.d.ack_deliveries(s.c, G, T, [("p0", s.o("b"), 0), ("p1", s.o("c"), 0)]),
+        s.rows("p0"))),
     ("runs_in_flight", lambda s: {p: _clock_free(until) for p, until in s.d.runs_in_flight(
         s.c, G, T, [("p0", 0), ("p1", 0)]).items()}),
     ("list_offsets", lambda s: {p: [s.name(o) for o in offsets] for p, offsets in

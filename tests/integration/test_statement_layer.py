@@ -336,12 +336,23 @@ def test_delivery_state_writes(executor: Executor) -> None:
     executor.run(sql.restamp_visibility("g", "t", [("k", a), ("k", b), ("j", b)], 90_000))
     assert state(executor, a) == (True, 0, 0, "")  # acked: untouched
     assert state(executor, b)[1] >= extended + 30_000  # type: ignore[index]  # now + 90 s
+    pairs = [("k", a), ("k", b), ("j", a)]
+    assert [tuple(r) for r in executor.rows(sql.acked_offsets("g", "t", pairs))] == [("k", a)]
+    assert executor.run(sql.ack_deliveries("g", "t", [("k", b, 0)])) == 0  # delivered again
+    # Acked already: matched (Django's MySQL connections count rows matched, FOUND_ROWS),
+    # and left as it was.
+    executor.run(sql.ack_deliveries("g", "t", [("k", a, 0)]))
+    assert state(executor, a) == (True, 0, 0, "")
+    assert state(executor, b)[0] is False  # type: ignore[index]
     executor.run(sql.give_back("g", "t", [("k", b)], 0))
     assert state(executor, b) == (False, 0, 0, "boom")
     executor.run(sql.give_back("g", "t", [("k", b)], None))
     assert state(executor, b) is None
     executor.run(sql.give_back("g", "t", [("k", a), ("k", b)], None))
     assert state(executor, a) is not None  # acked: never given back
+    executor.run(sql.mark_delivered("g", "t", [("k", b, 10**15)]))
+    assert executor.run(sql.ack_deliveries("g", "t", [("k", b, 0), ("j", b, 0)])) == 1
+    assert state(executor, b) == (True, 0, 0, "")
 
 
 def test_runs_in_flight(executor: Executor) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from django.db import connections
 
-from sqlqueue import Message
+from sqlqueue import Message, storage
 from sqlqueue.consuming import handlers
 from sqlqueue.consuming.handlers import Delivery, Unchecked
 from sqlqueue.consuming.registry import Consumer
@@ -55,6 +55,8 @@ def test_a_delivery_still_within_its_timeout_runs(alias: str, atomic: bool) -> N
     called: list[Message] = []
     delivery = Delivery(Consumer("t", "g", called.append, atomic=atomic), alias, "k", row(1),
                         1, 0)
+    with connections[alias].cursor() as cursor:  # as a subscriber marks what it delivers
+        storage.store(alias).mark_delivered(cursor, "g", "t", [("k", 1, 0)])
     assert delivery.start()
     assert handlers.handle(delivery).kind == ("acked" if atomic else "ack")
     assert [m.offset for m in called] == [1]

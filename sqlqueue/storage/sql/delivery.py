@@ -158,6 +158,30 @@ class DeliveryAccess(VendorHooks):
         if writes:
             self.execute_rows(cursor, *self.sql.write_outcomes(group, topic, writes))
 
+    # ack_deliveries ----------------------------------------------------------------------
+    def ack_deliveries(
+        self, cursor: CursorWrapper, group: str, topic: str,
+        deliveries: Sequence[tuple[str, int, int]],
+    ) -> int:
+        """``ack_deliveries``: (partition, offset, retry_count) each acked only if not
+        delivered again since; returns how many rows matched (an acked one too: Django's
+        MySQL connections count rows matched, ``CLIENT.FOUND_ROWS``)."""
+        if not deliveries:
+            return 0
+        cursor.execute(*self.sql.ack_deliveries(group, topic, deliveries))
+        return int(cursor.rowcount)
+
+    # acked_offsets -----------------------------------------------------------------------
+    def acked_offsets(
+        self, cursor: CursorWrapper, group: str, topic: str, pairs: Sequence[tuple[str, int]],
+    ) -> set[tuple[str, int]]:
+        """``acked_offsets``: which of the (partition, offset) pairs are acked, read as
+        of now (a locking read), not as of the transaction's snapshot."""
+        if not pairs:
+            return set()
+        cursor.execute(*self.sql.acked_offsets(group, topic, pairs))
+        return {(str(partition), int(offset)) for partition, offset in cursor.fetchall()}
+
     # give_back ---------------------------------------------------------------------------
     def give_back(
         self, cursor: CursorWrapper, group: str, topic: str,

@@ -226,6 +226,42 @@ class DeliveryStatements(Vendor):
             "acked": f"{q('acked')} OR {{new}}({q('acked')})",
         }, table=STATE_TABLE)
 
+    def ack_deliveries(self, group: str, topic: str,
+                       deliveries: Sequence[tuple[str, int, int]]) -> Statement:
+        """``ack_deliveries``: an atomic handler's acks, each fenced on its delivery
+        (``deliveries``: (partition, offset, retry_count as its mark left it), at least
+        one): a row is acked only if no later delivery charged an attempt since (an
+        acked row stays as it was). The caller compares the rows matched with the rows
+        given: a later delivery's dead letter and this commit never both win. Each a
+        primary-key lookup."""
+        q = self.quote
+        terms = " OR ".join([f"({q('partition_key')} = {self.text_mark} "
+                             f"AND {q('message_offset')} = %s "
+                             f"AND {q('retry_count')} = %s)"] * len(deliveries))
+        # ``acked`` assigned last: MySQL evaluates left to right, and the others read it.
+        keep = [f"{q(c)} = CASE WHEN {q('acked')} THEN {q(c)} ELSE {v} END"
+                for c, v in (("acked_at", self.now_ms_sql), ("invisible_until", "0"),
+                             ("last_error", "''"))]
+        return (f"UPDATE {q(STATE_TABLE)} SET {', '.join(keep)}, {q('acked')} = TRUE "
+                f"WHERE {q('consumer_group')} = {self.text_mark} "
+                f"AND {q('topic')} = {self.text_mark} AND ({terms})",
+                [group, topic, *(v for delivery in deliveries for v in delivery)])
+
+    def acked_offsets(self, group: str, topic: str,
+                      pairs: Sequence[tuple[str, int]]) -> Statement:
+        """``acked_offsets``: of the (partition, offset) pairs (at least one), those whose
+        row is acked, as (partition, offset): a locking read, so that a transaction that
+        marked them reads what its mark found (an atomic handler's commit), not its
+        snapshot. Each a primary-key lookup."""
+        q = self.quote
+        terms = " OR ".join([f"({q('partition_key')} = {self.text_mark} "
+                             f"AND {q('message_offset')} = %s)"] * len(pairs))
+        return (f"SELECT {q('partition_key')}, {q('message_offset')} FROM {q(STATE_TABLE)} "
+                f"WHERE {q('consumer_group')} = {self.text_mark} "
+                f"AND {q('topic')} = {self.text_mark} AND ({terms}) AND {q('acked')}"
+                f"{self.locking_read_suffix}",
+                [group, topic, *(v for pair in pairs for v in pair)])
+
     def _state_key_sql(self) -> str:
         # The key's text columns, then its offset (an integer).
         return " AND ".join(

@@ -202,6 +202,30 @@ class MemoryStore(MemoryPublishing, MemoryMembership):
                 t.states[key] = dataclasses.replace(state, invisible_until=0,
                                                     retry_count=previous_retry_count)
 
+    def ack_deliveries(self, cursor: Any, group: str, topic: str,
+                       deliveries: Sequence[tuple[str, int, int]]) -> int:
+        """Acks fenced on the delivery: only a row whose retry count is unchanged (an
+        acked one stays as it was); returns the rows matched."""
+        t, now = self._tables("ack_deliveries"), self._now()
+        matched = 0
+        for partition, offset, retry_count in deliveries:
+            key = (group, topic, partition, offset)
+            state = t.states.get(key)
+            if state is None or state.retry_count != retry_count:
+                continue
+            matched += 1
+            if not state.acked:
+                t.states[key] = dataclasses.replace(state, acked=True, invisible_until=0,
+                                                    acked_at=now, last_error="")
+        return matched
+
+    def acked_offsets(self, cursor: Any, group: str, topic: str,
+                      pairs: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
+        t = self._tables("acked_offsets")
+        return {(partition, offset) for partition, offset in pairs
+                if (state := t.states.get((group, topic, partition, offset))) is not None
+                and state.acked}
+
     def extend_visibility(self, cursor: Any, group: str, topic: str, partition: str,
                           offset: int, milliseconds: int) -> int:
         t, now = self._tables("extend_visibility"), self._now()
