@@ -14,12 +14,16 @@ changes, nothing is delivered sooner or marked differently, no guarantee is touc
   which hands each delivery of a failing partition out as one that *yields*).
 - A delivery that yields goes, in the pool's queue, behind the healthy ones of its priority
   handed out up to ``YIELD_SECONDS`` after it (``Delivery.sort_key``; older ones go first:
-  it is postponed, never starved); and it never takes the runner's last handler thread
-  (``FailingRuns``): one thread stays free for the healthy, so a healthy message waits
-  for no failing run. With one handler thread only the order applies.
+  it is postponed, never starved); and the runs of such deliveries take at most half of
+  the runner's handler threads (``FailingRuns``): the other half stays free for the
+  healthy, so a healthy message waits for no failing run (a flood whose runs each wait
+  out a downstream's timeout held every thread, and a wave of healthy messages queued
+  behind it for that long). With one handler thread only the order applies.
 
 A failing partition still has its ``batch_size`` in flight and every failing run is
-recorded as before: with no healthy work waiting, a flood runs on all threads but one.
+recorded as before: the flood goes on at half the pool's pace when each of its runs holds
+a thread for long, at its usual pace when its runs fail at once (the passes, not the
+threads, are what a quick failure waits for).
 """
 
 from __future__ import annotations
@@ -34,14 +38,14 @@ YIELD_SECONDS = 1.0
 
 
 class FailingRuns:
-    """The handler threads' share for deliveries that yield: at most ``threads - 1`` of
-    their runs at once (one, with a single thread). A handler thread that takes one from
+    """The handler threads' share for deliveries that yield: at most half of the threads
+    run them at once (one, with one or two threads). A handler thread that takes one from
     the queue while that many run holds it here, and takes the next item; the thread
     whose failing run ends puts the best held one back in the queue. ``HandlerPool``
     owns one; its handler threads and its shutdown call it (a lock: many threads)."""
 
     def __init__(self, threads: int) -> None:
-        self.limit = max(1, threads - 1)
+        self.limit = max(1, threads // 2)
         self._lock = threading.Lock()
         self._running: set[int] = set()  # ids of the work items of the yielding runs
         self._held: list[tuple[Any, Any]] = []  # (sort key, work item)
