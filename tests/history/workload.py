@@ -74,8 +74,9 @@ class Shape:
     freezes: int = 1
     #: how long past the lease (LEASE_DURATION of ``settings_for``) a freeze lasts
     freeze_past_lease_s: float = 1.0
-    #: a flood (``Flood``): when it begins after the run, and how long it lasts
-    flood_starts_s: tuple[float, float] = (0.0, 1.0)
+    #: a flood (``Flood``): when it begins after the first run of its partition (of its
+    #: group: a loaded machine may take seconds to start the runners), how long it lasts
+    flood_starts_s: tuple[float, float] = (0.0, 0.5)
     flood_lasts_s: tuple[float, float] = (1.0, 2.5)
 
 
@@ -100,8 +101,9 @@ class Flood:
     """For a while every message of one partition of one group fails: ``kind`` "fail"
     (a plain exception: retried with backoff, dead-lettered after MAX_ATTEMPTS) or
     "reject" (dead-lettered at once); then the downstream is back. Chosen from the seed
-    (``of``); ``began`` and ``ends`` are after the run began, in the workload's unit (here
-    seconds; the stepped workload's: clock milliseconds)."""
+    (``of``); ``began`` and ``ends`` are after a start, in the workload's unit (here
+    seconds after the partition's first run; the stepped workload's: clock milliseconds
+    after the run began)."""
 
     group: str
     partition: str
@@ -147,7 +149,7 @@ class Workload:
         self.freezes_left = shape.freezes
         self._freezing = threading.Lock()
         self.flood = Flood.of(seed, FLOOD_GROUPS, shape.flood_starts_s, shape.flood_lasts_s)
-        self.began = time.monotonic()  # the run's start (``run`` sets it again)
+        self.flood_since: float | None = None  # its partition's first run (monotonic)
 
     def visibility_s(self, group: str) -> float:
         return FROZEN_VISIBILITY_S if group == FROZEN_GROUP else self.shape.visibility_s
@@ -173,7 +175,8 @@ class Workload:
             started = now_ms()
             visible_until = _visible_until(group, message)
             what, seconds = self.behaviour(group, message.id, message.attempt)
-            if self.flood.on(group, message.partition_key, time.monotonic() - self.began):
+            if self.flood.on(group, message.partition_key, self._since_flood_began(
+                    group, message.partition_key)):
                 what, seconds = f"flood-{self.flood.kind}", 0.0
             outcome = "ok"
             runner = threading.current_thread().name.rpartition("@")[2]
@@ -205,6 +208,15 @@ class Workload:
                     record()
 
         return handle
+
+    def _since_flood_began(self, group: str, partition: str) -> float:
+        """Seconds since the first run of the flood's partition (-1 for another)."""
+        if (group, partition) != (self.flood.group, self.flood.partition):
+            return -1.0
+        with self._freezing:
+            if self.flood_since is None:
+                self.flood_since = time.monotonic()
+            return time.monotonic() - self.flood_since
 
     def freeze(self, runner: str, seconds: float) -> None:
         """Freeze ``runner``'s loop for ``seconds`` (no renewal, no fence, nothing
@@ -310,7 +322,6 @@ class Workload:
 
     # -- the run -----------------------------------------------------------------------------
     def run(self) -> History:
-        self.began = time.monotonic()
         with registered(self), lease_log.recording(self.history):
             self.runners = runners = [self.gated(
                 Runner(select_consumers(list(self.groups), [TOPIC]), conf=self.conf,
