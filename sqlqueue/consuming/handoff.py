@@ -61,7 +61,7 @@ class HandlerPool:
         self.work: queue.PriorityQueue[tuple[tuple[int, float, int], Delivery | Batch | None]] = (
             queue.PriorityQueue()
         )
-        # Failing partitions' runs never take the last handler thread (fairness.py).
+        # Failing partitions' runs take at most half of the threads (fairness.py).
         self.failing_runs = FailingRuns(threads)
         # Batch consumers' deliveries held to fill a batch (their ``max_wait``).
         self.filling = Filling(host_clock)

@@ -1,6 +1,6 @@
 """A flood does not starve the healthy (sqlqueue.consuming.fairness): when a partition
 counts as failing, how its deliveries take their place in the handler pool's queue, and
-that they never take the last handler thread. No database: deliveries made by hand, and
+that they take at most half of the handler threads. No database: deliveries made by hand, and
 a pool of real threads whose handlers wait on events (never on a clock)."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def test_a_batch_yields_only_when_all_its_deliveries_do() -> None:
     assert Batch([bad, ok]).sort_key() == ok.sort_key()  # it goes as its healthy one
 
 
-# -- the last handler thread -------------------------------------------------------------------
+# -- half of the handler threads----------------------------------------------------------------
 def test_failing_runs_leave_half_the_threads_to_the_healthy() -> None:
     runs = FailingRuns(threads=5)
     first, second, third = (delivery("bad", n, failing=True) for n in (1, 2, 3))
