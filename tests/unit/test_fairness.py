@@ -87,7 +87,7 @@ def test_a_batch_yields_only_when_all_its_deliveries_do() -> None:
     assert Batch([bad, ok]).sort_key() == ok.sort_key()  # it goes as its healthy one
 
 
-# -- half of the handler threads----------------------------------------------------------------
+# -- half of the handler threads ------------------------------------------------------------
 def test_failing_runs_leave_half_the_threads_to_the_healthy() -> None:
     runs = FailingRuns(threads=5)
     first, second, third = (delivery("bad", n, failing=True) for n in (1, 2, 3))
