@@ -46,9 +46,10 @@ class Batch:
 
     deliveries: list[Delivery]
 
-    def sort_key(self) -> tuple[int, int]:
-        """Its place in the pool's queue: its first delivery's (unique, so never a tie)."""
-        return self.deliveries[0].sort_key()
+    def sort_key(self) -> tuple[int, float, int]:
+        """Its place in the pool's queue: its best delivery's (unique, so never a tie;
+        one of a healthy partition's, if any: ``fairness``)."""
+        return min(delivery.sort_key() for delivery in self.deliveries)
 
 
 class BadBatchResult(SqlqueueError):

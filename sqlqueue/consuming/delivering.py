@@ -14,8 +14,10 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import storage
 from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
+from sqlqueue.consuming.fairness import YIELD_SECONDS
 from sqlqueue.consuming.handlers import Delivery
 from sqlqueue.consuming.leases import LeaseKeeper
+from sqlqueue.consuming.ledger import FailingPartitions
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.partition import Entry, Hold, PartitionState
 from sqlqueue.consuming.registry import Consumer, ConsumerOptions
@@ -95,7 +97,8 @@ class Fetcher:
     def __init__(self, *, consumer: Consumer, options: ConsumerOptions, alias: str,
                  clock: Callable[[], int], leases: LeaseKeeper, limits: Limits | None,
                  partitions: dict[str, PartitionState], outstanding: dict[int, Delivery],
-                 view: HeldView, host_clock: HostClock = SYSTEM_CLOCK) -> None:
+                 view: HeldView, host_clock: HostClock = SYSTEM_CLOCK,
+                 failing: FailingPartitions | None = None) -> None:
         self.consumer = consumer
         self.options = options
         self.alias = alias
@@ -106,6 +109,9 @@ class Fetcher:
         self.outstanding = outstanding
         self.view = view
         self.host_clock = host_clock  # a Delivery's: when its handler started
+        # The partitions whose runs all fail lately (the OutcomeRecorder counts them):
+        # their deliveries yield to the healthy ones in the handler pool.
+        self.failing = failing or FailingPartitions()
 
     @property
     def group(self) -> str:
@@ -279,6 +285,7 @@ class Fetcher:
         chosen = self._drop_acked_meanwhile(cursor, chosen)
         deliveries: list[Delivery] = []
         spent: list[Delivery] = []
+        handed_out_at = self.host_clock.monotonic()
         for state, entry in chosen:
             if entry.in_flight:
                 logger.warning(
@@ -291,6 +298,10 @@ class Fetcher:
             delivery = Delivery(self.consumer, self.alias, state.partition_key, entry.row,
                                 entry.attempt, next(_sequence), view=self.view,
                                 tenure=state.tenure, host_clock=self.host_clock, hold=hold)
+            if self.failing.failing(state.partition_key):
+                delivery.yields, delivery.place = True, handed_out_at + YIELD_SECONDS
+            else:
+                delivery.place = handed_out_at
             # Attempts charged but never reported (a worker died mid-handler, or gave up
             # past the visibility timeout) may have spent the retry budget.
             (spent if entry.attempt > self.options.max_attempts else deliveries).append(

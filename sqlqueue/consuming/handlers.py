@@ -91,17 +91,19 @@ class Delivery:
     _state: str = "queued"
     started_at: float = 0.0  # host_clock.monotonic() when a handler thread started it
     host_clock: HostClock = field(default=SYSTEM_CLOCK, repr=False)
-    # False when the handler runs on the caller's connection, inside the caller's
-    # transaction (sqlqueue.testing): a second connection would wait on its locks.
+    # False when the handler runs on the caller's connection, in the caller's transaction
+    # (sqlqueue.testing): a second connection would wait on its locks.
     own_connection: bool = True
-    #: how far its handler's ``extend_visibility()`` pushed its timeout back (the
-    #: handler thread writes it; the main thread reads it through the message's Entry)
+    #: how far its handler's ``extend_visibility()`` pushed its timeout back (its handler
+    #: thread writes it, the main thread reads it through the Entry)
     hold: Hold = field(default_factory=Hold, repr=False)
     #: the handler call it ran in: a batch consumer's deliveries share one (0: its own)
     run: int = 0
+    yields: bool = False  # its partition is failing: it yields (consuming/fairness.py)
+    place: float = 0.0  # in the pool's queue, after its priority (host monotonic seconds)
 
-    def sort_key(self) -> tuple[int, int]:
-        return (self.row.priority, self.sequence)
+    def sort_key(self) -> tuple[int, float, int]:
+        return (self.row.priority, self.place, self.sequence)
 
     def start(self) -> bool:
         """Claim the delivery for a handler thread; False if it was given back, if the
@@ -114,10 +116,9 @@ class Delivery:
             # timeout ran out while it waited in the queue (the main thread was held
             # up): the message may be delivered again already (guarantee I10).
             if not self.view.may_start(self):
-                # Out of "queued" for good: the main thread, which is told it did not
-                # start, must not take it back again (counted out of flight twice, the
-                # runner's tally went below zero and a --max-messages or --until-empty
-                # process never saw zero in flight again).
+                # Out of "queued" for good: the main thread, told it did not start, must
+                # not take it back again (counted out of flight twice, the runner's tally
+                # went below zero: --max-messages or --until-empty never saw zero again).
                 self._state = "refused"
                 return False
             self._state = "started"
@@ -321,8 +322,8 @@ def _run_atomic(delivery: Delivery, message: Message) -> bool:
     False if the delivery may no longer start once its transaction is open."""
     consumer = delivery.consumer
     with transaction.atomic(using=delivery.alias):
-        # Opening the transaction (a connection, a busy SQLite file) can take longer
-        # than what was left of the visibility timeout when the thread took the delivery.
+        # Opening the transaction (a connection, a busy SQLite file) can outlast what was
+        # left of the visibility timeout when the thread took the delivery.
         if not delivery.view.may_start(delivery):
             return False
         call_handler(consumer.handler, message)

@@ -22,6 +22,7 @@ from sqlqueue import events
 from sqlqueue.consuming import batches, handlers
 from sqlqueue.consuming.batches import Batch, Filling
 from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
+from sqlqueue.consuming.fairness import FailingRuns
 from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.ledger import Deliveries
@@ -57,9 +58,11 @@ class HandlerPool:
         self.stats: Counter[str] = Counter()
         self.exit_when_stuck = exit_when_stuck
         self.on_stuck = on_stuck  # called once a handler stays stuck past the grace
-        self.work: queue.PriorityQueue[tuple[tuple[int, int], Delivery | Batch | None]] = (
+        self.work: queue.PriorityQueue[tuple[tuple[int, float, int], Delivery | Batch | None]] = (
             queue.PriorityQueue()
         )
+        # Failing partitions' runs take at most half of the threads (fairness.py).
+        self.failing_runs = FailingRuns(threads)
         # Batch consumers' deliveries held to fill a batch (their ``max_wait``).
         self.filling = Filling(host_clock)
         self.done: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
@@ -146,6 +149,8 @@ class HandlerPool:
     def take_back_queued(self) -> None:
         """Shutdown: take back every delivery still queued (no handler started it)."""
         taken = [delivery for delivery in self.filling.release() if delivery.give_back()]
+        for held in self.failing_runs.release():
+            self.work.put((held.sort_key(), held))  # taken back below, with the queued
         while True:
             try:
                 _, item = self.work.get_nowait()
@@ -159,7 +164,7 @@ class HandlerPool:
 
     def stop_threads(self) -> None:
         for n, _ in enumerate(self.workers):
-            self.work.put(((1 << 30, n), None))  # after any real work; keys never tie
+            self.work.put(((1 << 30, 0.0, n), None))  # after any real work; keys never tie
         for worker in self.workers:
             # Threads still stuck in a handler past SHUTDOWN_TIMEOUT are daemons: the
             # process may exit without them.
@@ -187,6 +192,7 @@ class HandlerPool:
                     self.done.put(Outcome(delivery, "fail", error=(
                         f"TimeoutError: the handler ran past its timeout of {limit:g}s.")))
                     deliveries.timed_out(delivery)
+                    self._failing_run_ended(delivery)  # its thread is replaced
                     thread = delivery.run or -id(delivery)
                     if thread not in replaced:
                         replaced.add(thread)
@@ -225,41 +231,57 @@ class HandlerPool:
 
     def _handle_until_told_to_stop(self) -> None:
         while True:
-            _, delivery = self.work.get()
-            if delivery is None:
+            key, item = self.work.get()
+            if item is None:
                 return
-            if isinstance(delivery, Batch):
-                if not self._handle_batch(delivery):
-                    return  # timed out: counted as failed already, and this thread replaced
-                continue
-            if (self.stopping.is_set() or self._paused_delivery(delivery)) and (
-                delivery.give_back()
-            ):
-                # Stopping or paused: nothing new starts; the main thread gives it back.
+            if not self.failing_runs.start(key, item):
+                continue  # held: back in the queue once a failing partition's run ends
+            try:
+                go_on = (self._handle_batch(item) if isinstance(item, Batch)
+                         else self._handle_delivery(item))
+            finally:
+                self._failing_run_ended(item)
+            if not go_on:
+                return  # timed out: counted as failed already, and this thread replaced
+
+    def _failing_run_ended(self, item: Delivery | Batch) -> None:
+        """A failing partition's run ended (or timed out): one it held goes back."""
+        held = self.failing_runs.ended(item)
+        if held is not None:
+            self.work.put(held)
+
+    def _handle_delivery(self, delivery: Delivery) -> bool:
+        """Run one delivery's handler; False if it ran past its timeout (its outcome
+        decided already: this thread is replaced, and ends)."""
+        if (self.stopping.is_set() or self._paused_delivery(delivery)) and (
+            delivery.give_back()
+        ):
+            # Stopping or paused: nothing new starts; the main thread gives it back.
+            self.done.put(Outcome(delivery, "not_started"))
+            self.wakeup.set()
+            return True
+        if not delivery.start():
+            if delivery.refused:
+                # The partition's lease is no longer trusted: nothing starts, and
+                # the main thread gives the message back.
                 self.done.put(Outcome(delivery, "not_started"))
                 self.wakeup.set()
-                continue
-            if not delivery.start():
-                if delivery.refused:
-                    # The partition's lease is no longer trusted: nothing starts, and
-                    # the main thread gives the message back.
-                    self.done.put(Outcome(delivery, "not_started"))
-                    self.wakeup.set()
-                continue
-            started = self.host_clock.wall()
-            try:
-                outcome = handlers.handle(delivery)
-            finally:
-                if connections[self.alias].in_atomic_block:  # a handler left one open
-                    connections[self.alias].close()
-            self._instrument(outcome, started)
-            if not delivery.finish():
-                return  # timed out: counted as failed already, and this thread replaced
-            self.done.put(outcome)
-            # Wake the main thread once half of what is in flight has finished (or at
-            # its next poll): outcomes are then recorded in batches, not one by one.
-            if 2 * self.done.qsize() >= self.in_flight:
-                self.wakeup.set()
+            return True
+        started = self.host_clock.wall()
+        try:
+            outcome = handlers.handle(delivery)
+        finally:
+            if connections[self.alias].in_atomic_block:  # a handler left one open
+                connections[self.alias].close()
+        self._instrument(outcome, started)
+        if not delivery.finish():
+            return False
+        self.done.put(outcome)
+        # Wake the main thread once half of what is in flight has finished (or at
+        # its next poll): outcomes are then recorded in batches, not one by one.
+        if 2 * self.done.qsize() >= self.in_flight:
+            self.wakeup.set()
+        return True
 
     def _handle_batch(self, batch: Batch) -> bool:
         """Run a batch consumer's handler once for ``batch``; False if it ran past its

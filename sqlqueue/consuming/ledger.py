@@ -3,7 +3,9 @@
 What the pool was handed and has not answered for yet (``outstanding``), and the timed-out
 deliveries whose handler thread still runs (``stuck``: still in flight for the limits).
 Its ``Subscriber`` owns one; the HandlerPool's timeout check asks it (``running``,
-``timed_out``, ``still_stuck``) instead of reading a subscriber's dict.
+``timed_out``, ``still_stuck``) instead of reading a subscriber's dict. And what the
+answers said of each partition lately: ``FailingPartitions`` (its runs all fail: a flood,
+whose deliveries yield to the healthy ones, sqlqueue.consuming.fairness).
 """
 
 from __future__ import annotations
@@ -11,6 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from sqlqueue.consuming.handlers import Delivery, Outcome
+
+#: Runs in a row that failed before a partition counts as failing.
+FAILING_AFTER = 3
+#: What a handler's run came to, for the count: succeeded, or failed (given back: neither).
+SUCCEEDED_RUNS = frozenset({"ack", "acked"})
+FAILED_RUNS = frozenset({"fail", "retry", "reject"})
 
 
 class Deliveries:
@@ -62,3 +70,29 @@ class Deliveries:
     def forget(self) -> None:
         """Another server: no outcome of these will be written."""
         self.outstanding.clear()
+
+
+class FailingPartitions:
+    """One subscription's failed runs in a row, by partition (the runner's main thread
+    writes it: the OutcomeRecorder, once the outcomes are committed; the Fetcher reads
+    it when it hands deliveries out)."""
+
+    def __init__(self) -> None:
+        self._streaks: dict[str, int] = {}
+
+    def ran(self, outcomes: Iterable[Outcome]) -> None:
+        """Count the runs that ``outcomes`` ended, in their order."""
+        for outcome in outcomes:
+            key = outcome.delivery.partition_key
+            if outcome.kind in SUCCEEDED_RUNS:
+                self._streaks.pop(key, None)
+            elif outcome.kind in FAILED_RUNS:
+                self._streaks[key] = self._streaks.get(key, 0) + 1
+
+    def failing(self, partition_key: str) -> bool:
+        return self._streaks.get(partition_key, 0) >= FAILING_AFTER
+
+    def keep_only(self, partition_keys: Iterable[str]) -> None:
+        """Forget the partitions no longer held (a new tenure starts counting afresh)."""
+        held = set(partition_keys)
+        self._streaks = {k: n for k, n in self._streaks.items() if k in held}

@@ -24,7 +24,7 @@ from sqlqueue.consuming import recording
 from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
 from sqlqueue.consuming.delivering import RESTAMP_AFTER_MS
 from sqlqueue.consuming.handlers import Delivery, Outcome, published_id, subject_of
-from sqlqueue.consuming.ledger import Deliveries
+from sqlqueue.consuming.ledger import Deliveries, FailingPartitions
 from sqlqueue.consuming.logholding import (
     DEAD_LETTER_LINES,
     HANDLER_FAILURE_LINES,
@@ -51,7 +51,8 @@ class OutcomeRecorder:
     def __init__(self, *, consumer: Consumer, options: ConsumerOptions, alias: str,
                  dead_letter_topic: str, clock: Callable[[], int],
                  partitions: dict[str, PartitionState], deliveries: Deliveries,
-                 host_clock: HostClock = SYSTEM_CLOCK) -> None:
+                 host_clock: HostClock = SYSTEM_CLOCK,
+                 failing: FailingPartitions | None = None) -> None:
         self.group, self.topic = consumer.group, consumer.topic
         self.options = options
         self.alias = alias
@@ -59,6 +60,8 @@ class OutcomeRecorder:
         self.clock = clock  # the database clock (epoch ms)
         self.partitions = partitions  # the Subscriber's (it adds and drops them)
         self.deliveries = deliveries  # the Subscriber's ledger
+        # The Subscriber's count of failed runs in a row, told of every committed run.
+        self.failing = failing or FailingPartitions()
         #: delivered, acked, retried, dead_lettered, abandoned (``Subscriber.stats``)
         self.stats: Counter[str] = Counter()
         # The flood's log lines: one per interval and kind, not one per message.
@@ -115,6 +118,7 @@ class OutcomeRecorder:
         ledger, and their runs end in the windows."""
         outcomes = list(outcomes)
         self.deliveries.answered(outcomes)
+        self.failing.ran(outcomes)
         # Counted once committed: outcomes kept after a failed write are recorded again.
         self.log_failures(outcomes)
         for outcome in outcomes:

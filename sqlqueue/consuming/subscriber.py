@@ -24,7 +24,7 @@ from sqlqueue.consuming.discovery import PartitionFinder
 from sqlqueue.consuming.earlier_runs import EarlierRuns
 from sqlqueue.consuming.handlers import Delivery
 from sqlqueue.consuming.leases import LeaseChange, LeaseKeeper
-from sqlqueue.consuming.ledger import Deliveries
+from sqlqueue.consuming.ledger import Deliveries, FailingPartitions
 from sqlqueue.consuming.limits import Limits
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.consuming.recorder import OutcomeRecorder
@@ -75,12 +75,14 @@ class Subscriber:
                                       alias=alias, leases=self.leases,
                                       start_latest=consumer.start == "latest",
                                       host_clock=host_clock)
+        # Its partitions' failed runs in a row: the recorder counts, the fetcher reads.
+        self.failing = FailingPartitions()
         self.fetcher = Fetcher(consumer=consumer, options=self.options, alias=alias,
                                clock=clock, leases=self.leases, limits=self.limits,
                                partitions=self.partitions,
                                outstanding=self.deliveries.outstanding,
                                view=HeldView(self.leases, self.partitions, self.hold_clock),
-                               host_clock=host_clock)
+                               host_clock=host_clock, failing=self.failing)
         self.watermarks = WatermarkKeeper(group=consumer.group, topic=consumer.topic,
                                           alias=alias, partitions=self.partitions,
                                           keep_delivery_state=conf.KEEP_DELIVERY_STATE,
@@ -88,7 +90,8 @@ class Subscriber:
         self.recorder = OutcomeRecorder(consumer=consumer, options=self.options, alias=alias,
                                         dead_letter_topic=consumer.topic + conf.DLQ_SUFFIX,
                                         clock=clock, partitions=self.partitions,
-                                        deliveries=self.deliveries, host_clock=host_clock)
+                                        deliveries=self.deliveries, host_clock=host_clock,
+                                        failing=self.failing)
 
     @property
     def stats(self) -> Counter[str]:
@@ -145,6 +148,7 @@ class Subscriber:
         for key, state in list(self.partitions.items()):
             if state.tenure != self.leases.tenure(key):
                 del self.partitions[key]
+        self.failing.keep_only(self.partitions)
         fresh = sorted(set(self.leases.owned) - set(self.partitions))
         for key in fresh:
             watermark = store.ensure_watermark(cursor, self.consumer.group,

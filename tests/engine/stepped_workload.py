@@ -12,7 +12,9 @@ gracefully (its leases released), and later replaced. A handler of the ordered g
 stepped; the other one is, takes the partition, and a message held back below the frozen
 run commits meanwhile): the new holder must start nothing there before the frozen run's
 visibility timeout (issue 51). Batch consumer groups run beside the others
-(``tests.engine.stepped_batches``, issue 55). The runners' lease events are recorded
+(``tests.engine.stepped_batches``, issue 55). A flood (issue 56, ``Flood``): for a while
+every message of one partition of one group fails (a plain exception or ``Reject``), then
+it recovers. The runners' lease events are recorded
 (``tests.history.lease_log``, on the manual clock). The same seed gives the same history
 (``SQLQUEUE_HISTORY_SEED`` replays one); ``tests.history.checker`` checks it.
 """
@@ -28,7 +30,7 @@ from typing import Any
 
 from django.db import transaction
 
-from sqlqueue import Message, send_message
+from sqlqueue import Message, Reject, send_message
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
 from tests.engine import stepped_batches
 from tests.engine.harness import ALIASES, MemoryQueue, SteppedRunner
@@ -37,6 +39,7 @@ from tests.history import lease_log
 from tests.history.batch_workload import ATOMIC_OUT, BATCH_GROUPS
 from tests.history.model import DeadLetter, Fault, FinalState, GroupConfig, History, Publish, Run
 from tests.history.workload import (
+    FLOOD_GROUPS,
     FROZEN_GROUP,
     GROUPS,
     MAX_ATTEMPTS,
@@ -44,6 +47,7 @@ from tests.history.workload import (
     MIN_BACKOFF_S,
     PARTITIONS,
     TOPIC,
+    Flood,
 )
 
 # The real-database workload's topic, partitions, groups and retry settings.
@@ -81,6 +85,9 @@ class Shape:
     freeze_chance: float = 0.05
     #: run the batch consumer groups (``stepped_batches``) beside the others
     batch_groups: bool = True
+    #: a flood (``Flood``): when it begins after the run, and how long it lasts (clock ms)
+    flood_starts_ms: tuple[float, float] = (0, 3_000)
+    flood_lasts_ms: tuple[float, float] = (1_000, 4_000)
 
 
 
@@ -129,6 +136,8 @@ class SteppedWorkload:
         self.late: list[Late] = []
         self.frozen: Slot | None = None
         queue.database.open_writers = {}
+        self.flood = Flood.of(seed, FLOOD_GROUPS, shape.flood_starts_ms, shape.flood_lasts_ms)
+        self.began = self.now
 
     @property
     def now(self) -> float:
@@ -163,6 +172,8 @@ class SteppedWorkload:
                     late.row.partition_key == message.partition_key
                     and late.row.offset < message.offset for late in self.late):
                 what, busy_ms = "freeze", FREEZE_MS
+            if self.flood.on(group, message.partition_key, self.now - self.began):
+                what, busy_ms = f"flood-{self.flood.kind}", self.random_of(message, 20)
             if what == "freeze":
                 self.freeze(slot, busy_ms)
             else:
@@ -176,9 +187,12 @@ class SteppedWorkload:
             if what == "die":
                 ran("cut", None)
                 raise Killed(name)
-            if what == "fail":
+            if what in ("fail", "flood-fail"):
                 ran("fail", self.now)
                 raise RuntimeError(f"{message.id} fails attempt {message.attempt}")
+            if what == "flood-reject":
+                ran("reject", self.now)
+                raise Reject(f"{message.id}: the downstream refuses it")
             if group == "h-atomic":
                 # Its own write, committed with the ack or not at all (guarantee I13).
                 send_message(TOPIC + ".out", message.id, partition_key=message.partition_key,
@@ -189,6 +203,11 @@ class SteppedWorkload:
                 ran("ok", self.now)
 
         return handle
+
+    def random_of(self, message: Message, below: int) -> int:
+        """A number below ``below`` for this delivery, from the seed."""
+        return random.Random(zlib.crc32(
+            f"{self.seed}/{message.id}/{message.attempt}".encode())).randrange(below)
 
     def _visible_until(self, group: str, message: Message) -> float | None:
         """This delivery's visibility deadline, as its state row says now."""

@@ -8,7 +8,9 @@ and then a handler of the ordered group ``h-frozen`` freezes its runner (its loo
 as a SIGSTOP, a VM pause would stop it) for longer than a lease while the handler runs on
 inside its visibility timeout: the other runner takes the partition and must start
 nothing there before that run's timeout (issue 51). Batch consumer groups run beside them
-(``tests.history.batch_workload``: unordered, ordered, ordered and atomic; issue 55).
+(``tests.history.batch_workload``: unordered, ordered, ordered and atomic; issue 55). A
+flood (issue 56): for a while every message of one partition of one group fails, with a
+plain exception or ``Reject`` (a downstream down, a bad deploy), then it recovers.
 The runners' lease events are recorded too (``tests.history.lease_log``). Every choice
 comes from the seed, so a failing run is run again with ``SQLQUEUE_HISTORY_SEED``.
 The history is checked by ``tests.history.checker`` (real processes, kills and restarts
@@ -30,7 +32,7 @@ from typing import Any
 
 from django.db import DatabaseError, connection, connections, transaction
 
-from sqlqueue import Message, send_message
+from sqlqueue import Message, Reject, send_message
 from sqlqueue.conf import QueueSettings
 from sqlqueue.consuming.registry import consumer, select_consumers, unregister
 from sqlqueue.consuming.runner import Runner
@@ -72,6 +74,10 @@ class Shape:
     freezes: int = 1
     #: how long past the lease (LEASE_DURATION of ``settings_for``) a freeze lasts
     freeze_past_lease_s: float = 1.0
+    #: a flood (``Flood``): when it begins after the first run of its partition (of its
+    #: group: a loaded machine may take seconds to start the runners), how long it lasts
+    flood_starts_s: tuple[float, float] = (0.0, 0.5)
+    flood_lasts_s: tuple[float, float] = (1.0, 2.5)
 
 
 GROUPS: dict[str, dict[str, Any]] = {
@@ -86,6 +92,36 @@ FROZEN_VISIBILITY_S = 7.0
 MAX_ATTEMPTS = 3
 MIN_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 0.2
+#: the groups one of which floods (not FROZEN_GROUP: its runs freeze runners)
+FLOOD_GROUPS = ("h-any", "h-ordered", "h-atomic")
+
+
+@dataclass(frozen=True)
+class Flood:
+    """For a while every message of one partition of one group fails: ``kind`` "fail"
+    (a plain exception: retried with backoff, dead-lettered after MAX_ATTEMPTS) or
+    "reject" (dead-lettered at once); then the downstream is back. Chosen from the seed
+    (``of``); ``began`` and ``ends`` are after a start, in the workload's unit (here
+    seconds after the partition's first run; the stepped workload's: clock milliseconds
+    after the run began)."""
+
+    group: str
+    partition: str
+    kind: str
+    began: float
+    ends: float
+
+    @classmethod
+    def of(cls, seed: int, groups: tuple[str, ...], starts: tuple[float, float],
+           lasts: tuple[float, float]) -> Flood:
+        rng = random.Random(f"{seed}/flood")  # the other choices stay the seed's
+        began = rng.uniform(*starts)
+        return cls(rng.choice(groups), rng.choice(PARTITIONS), rng.choice(("fail", "reject")),
+                   began, began + rng.uniform(*lasts))
+
+    def on(self, group: str, partition: str, elapsed: float) -> bool:
+        return (group, partition) == (self.group, self.partition) and (
+            self.began <= elapsed < self.ends)
 
 
 class Workload:
@@ -112,6 +148,8 @@ class Workload:
         self.gates: dict[str, threading.Event] = {}
         self.freezes_left = shape.freezes
         self._freezing = threading.Lock()
+        self.flood = Flood.of(seed, FLOOD_GROUPS, shape.flood_starts_s, shape.flood_lasts_s)
+        self.flood_since: float | None = None  # its partition's first run (monotonic)
 
     def visibility_s(self, group: str) -> float:
         return FROZEN_VISIBILITY_S if group == FROZEN_GROUP else self.shape.visibility_s
@@ -137,6 +175,9 @@ class Workload:
             started = now_ms()
             visible_until = _visible_until(group, message)
             what, seconds = self.behaviour(group, message.id, message.attempt)
+            if self.flood.on(group, message.partition_key, self._since_flood_began(
+                    group, message.partition_key)):
+                what, seconds = f"flood-{self.flood.kind}", 0.0
             outcome = "ok"
             runner = threading.current_thread().name.rpartition("@")[2]
             try:
@@ -144,9 +185,12 @@ class Workload:
                     self.freeze(runner, seconds)
                 elif group != "h-atomic" or self.shape.atomic_sleeps:
                     time.sleep(seconds)
-                if what == "fail":
+                if what in ("fail", "flood-fail"):
                     outcome = "fail"
                     raise RuntimeError(f"{message.id} fails attempt {message.attempt}")
+                if what == "flood-reject":
+                    outcome = "reject"
+                    raise Reject(f"{message.id}: the downstream refuses it")
                 if group == "h-atomic":
                     # A write of the handler's own, committed with the ack (or not at all).
                     send_message(TOPIC + ".out", message.id, partition_key=message.partition_key)
@@ -164,6 +208,15 @@ class Workload:
                     record()
 
         return handle
+
+    def _since_flood_began(self, group: str, partition: str) -> float:
+        """Seconds since the first run of the flood's partition (-1 for another)."""
+        if (group, partition) != (self.flood.group, self.flood.partition):
+            return -1.0
+        with self._freezing:
+            if self.flood_since is None:
+                self.flood_since = time.monotonic()
+            return time.monotonic() - self.flood_since
 
     def freeze(self, runner: str, seconds: float) -> None:
         """Freeze ``runner``'s loop for ``seconds`` (no renewal, no fence, nothing

@@ -1,7 +1,8 @@
 """A short randomized workload on every database, its history checked for every
 invariant (tests/history). Late commits, rollbacks, ids published twice, slow and
-failing handlers, handlers that outlive their visibility timeout, lock stalls (on a
-database server), two runners sharing the partitions.
+failing handlers, handlers that outlive their visibility timeout, a flood (one partition
+of one group failing every message for a while), lock stalls (on a database server), two
+runners sharing the partitions.
 
 The seed is printed; ``SQLQUEUE_HISTORY_SEED=N`` runs that one again (docs/internals.md,
 "The history checker"). The long run with kills and a restart is ``make soak``.
@@ -43,7 +44,8 @@ def shape_for_this_database() -> Shape:
 def test_a_randomized_workload_keeps_every_invariant() -> None:
     seed = seed_for_this_run()
     print(f"history seed {seed} (SQLQUEUE_HISTORY_SEED={seed} runs it again)")
-    history = Workload(seed, shape_for_this_database(), settings_for(QueueSettings())).run()
+    workload = Workload(seed, shape_for_this_database(), settings_for(QueueSettings()))
+    history = workload.run()
     assert not undone(history), f"seed {seed}: not done in time: {undone(history)[:5]}"
     violations = check(history)
     summary = report(history, violations)
@@ -57,6 +59,9 @@ def test_a_randomized_workload_keeps_every_invariant() -> None:
     assert any(not p.committed for p in history.publishes)
     assert any(not p.created for p in history.publishes)
     assert any(r.outcome == "fail" for r in history.runs)
+    flood = workload.flood  # a partition of a group failed every run for a while
+    assert any((r.group, r.partition, r.outcome) == (flood.group, flood.partition, flood.kind)
+               for r in history.runs), flood
     assert {r.group for r in history.runs} == set(history.groups)
     assert history.leases, "no lease event recorded"
     if connection.vendor != "sqlite":  # two runners: one froze past its lease

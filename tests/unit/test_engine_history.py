@@ -15,12 +15,12 @@ import random
 
 import pytest
 
-from tests.engine.harness import memory_queue
+from tests.engine.harness import EPOCH_MS, memory_queue
 from tests.engine.memory.store import MemoryStore
 from tests.engine.stepped_workload import STEPPED_GROUPS, Shape, SteppedWorkload
 from tests.history.checker import Violation, check, report
 from tests.history.model import History
-from tests.history.workload import FROZEN_GROUP
+from tests.history.workload import FLOOD_GROUPS, FROZEN_GROUP, Flood
 
 SEEDS_PER_RUN = 20
 #: a lease duration nobody outlives (a broken expiry check)
@@ -96,6 +96,15 @@ def test_the_workload_makes_every_kind_of_event() -> None:
     assert {r.runner.split(".")[0] for r in runs} == {"runner-0", "runner-1"}
     assert {f.kind for h in histories for f in h.faults} >= {"kill"}
     assert any(h.final.dead_letters for h in histories)
+    # A flood: one partition of one group failed every run for a while (issue 56).
+    flooded = []
+    for seed, history in enumerate(histories):
+        flood = Flood.of(seed, FLOOD_GROUPS, Shape().flood_starts_ms, Shape().flood_lasts_ms)
+        runs = [r for r in history.runs
+                if flood.on(r.group, r.partition, r.started_ms - EPOCH_MS)]
+        assert {r.outcome for r in runs} <= {flood.kind}, (seed, flood)
+        flooded += runs
+    assert {r.outcome for r in flooded} == {"fail", "reject"}
 
 
 def violations_of_broken_store(monkeypatch: pytest.MonkeyPatch, seeds: range,
