@@ -54,7 +54,8 @@ def replay_dead_letter(offset: int, *, using: str | None = None) -> Replayed:
     with transaction.atomic(using=alias):
         dead = _locked_dead_letter(offset, alias)
         detail = dead.failure_detail if isinstance(dead.failure_detail, dict) else {}
-        original_id = str(detail.get("id", dead.id))
+        # The detail's id when it is a string, else the row's own (as ``insert_replays``).
+        original_id = detail["id"] if isinstance(detail.get("id"), str) else dead.id
         replay_detail = json.dumps({"replay_of": {
             "id": original_id, "offset": detail.get("offset"), "dead_letter_offset": offset,
         }})
