@@ -2,7 +2,8 @@
 groups with 2 ``runconsumer`` processes each, in one run: acked (a no-op handler),
 rejected (every message dead-lettered at its first attempt), and failing twice then acked
 (``max_attempts=3``, 1 ms backoff); then the replay of the N dead letters
-(``replay_dead_letters``, as ``queue dead-letters replay --all`` does).
+(``queue dead-letters replay --all``, run in-process: a keyset walk of the dead-letter
+topic, ``REPLAY_CHUNK`` a transaction).
 
     .venv/bin/python -m bench.failure_paths --url mysql://root@127.0.0.1:3306/sqlqueue_bench
     .venv/bin/python -m bench.failure_paths --url postgres://postgres@127.0.0.1:5432/sqlqueue_bench
@@ -39,15 +40,21 @@ def preload(count: int, partitions: int) -> None:
                 for n in range(first, min(first + 5000, count))])
 
 
-def replay_all() -> tuple[int, float]:
-    """Replay every dead letter of the run: (how many, seconds)."""
-    from sqlqueue.models import DeadLetter
-    from sqlqueue.operations.dead_letters import replay_dead_letters
+def replay_all(messages: int) -> tuple[int, float]:
+    """Replay every dead letter of the run as an operator would
+    (``queue dead-letters replay --all --at-most N``): (how many, seconds)."""
+    import io
 
+    from django.core.management import call_command
+
+    from sqlqueue.models import DeadLetter
+
+    before = DeadLetter.objects.count()
     started = time.perf_counter()
-    offsets = list(DeadLetter.objects.values_list("offset", flat=True))
-    result = replay_dead_letters(offsets)
-    return result.done, time.perf_counter() - started
+    call_command("queue", "dead-letters", "replay", "--all", "--at-most", str(messages),
+                 stdout=io.StringIO())
+    seconds = time.perf_counter() - started
+    return before - DeadLetter.objects.count(), seconds
 
 
 def one_round(messages: int, partitions: int, processes: int, url: str,
@@ -57,7 +64,7 @@ def one_round(messages: int, partitions: int, processes: int, url: str,
     rates = {}
     for name in groups:
         rates[name] = messages / drain(GROUPS[name], processes, 100, url)
-    done, seconds = replay_all()
+    done, seconds = replay_all(messages)
     if done != messages:
         raise SystemExit(f"replayed {done} dead letters, not {messages}")
     rates["replay_seconds"] = seconds

@@ -36,6 +36,7 @@ from sqlqueue.operations.dead_letters import (
     BulkResult,
     discard_dead_letters,
     replay_dead_letters,
+    replay_matching,
 )
 from sqlqueue.operations.log_browse import (
     dead_letter_topics,
@@ -79,13 +80,12 @@ def subject_of_dead_letter(dead: DeadLetter) -> str:
 
 
 #: dead letters one "replay all matching" request replays (set-based, REPLAY_CHUNK a
-#: transaction); the rest on the next click, or from the command line (manage.py queue
-#: dead-letters replay --all --at-most N), which shows progress
+#: transaction, walked by the index); the rest on the next click, or from the command
+#: line (manage.py queue dead-letters replay --all --at-most N), which shows progress
 BULK_REPLAY_LIMIT = REPLAY_AT_MOST
 #: dead letters the confirmation page reads to say how many match: an admin page answers
-#: in a second on a log of millions (docs/benchmarks.md), and reading the 100,001 a click
-#: may replay made MariaDB prefer a scan of the whole log to the index; the confirmed
-#: click reads them
+#: in a second on a log of millions (docs/benchmarks.md); the confirmed click walks the
+#: index a step at a time instead of reading every offset it may replay
 BULK_REPLAY_PREVIEW = 5_000
 
 
@@ -263,30 +263,15 @@ class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedL
         except IncorrectLookupParameters:
             self.message_user(request, "Those filters are not valid.", messages.ERROR)
             return HttpResponseRedirect(back)
-        # In the order of the (topic, partition_key, offset) index: partition by partition,
-        # each oldest first, so the read stops after the limit instead of walking the log
-        # by offset for the oldest dead letters (their order within a partition is kept).
-        confirmed = request.method == "POST" and request.POST.get("confirmed") == "yes"
-        read = BULK_REPLAY_LIMIT if confirmed else BULK_REPLAY_PREVIEW
-        offsets = list(matching.order_by("topic", "partition_key", "offset")
-                       .values_list("offset", flat=True)[:read + 1])
-        more = len(offsets) > read
-        offsets = offsets[:read]
-        if confirmed:
-            result = replay_dead_letters(offsets)
-            self._report(request, "Replayed", result)
-            if len(offsets) > REPLAY_CHUNK:
-                self.message_user(request, (
-                    f"In {-(-len(offsets) // REPLAY_CHUNK)} transactions of up to "
-                    f"{REPLAY_CHUNK} (each one INSERT ... SELECT and one DELETE)."),
-                    messages.INFO)
-            if more:
-                self.message_user(request, (
-                    f"More than {BULK_REPLAY_LIMIT} matched; {BULK_REPLAY_LIMIT} were "
-                    "replayed (partition by partition, oldest first). Replay again for the "
-                    "next ones, or run `manage.py queue dead-letters replay --all`."),
-                    messages.WARNING)
+        if request.method == "POST" and request.POST.get("confirmed") == "yes":
+            self._replay_matching(request, matching)
             return HttpResponseRedirect(back)
+        # In the order of the (topic, partition_key, offset) index: partition by partition,
+        # each oldest first, so the read stops after the preview's bound.
+        offsets = list(matching.order_by("topic", "partition_key", "offset")
+                       .values_list("offset", flat=True)[:BULK_REPLAY_PREVIEW + 1])
+        more = len(offsets) > BULK_REPLAY_PREVIEW
+        offsets = offsets[:BULK_REPLAY_PREVIEW]
         return TemplateResponse(request, "admin/sqlqueue/confirm_replay_matching.html", {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -301,6 +286,37 @@ class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedL
             "filters": [(k, v) for k, v in request.GET.items()],
             "back_url": back,
         })
+
+    def _replay_matching(self, request: HttpRequest, matching: QuerySet[DeadLetter]) -> None:
+        """The confirmed click: at most ``BULK_REPLAY_LIMIT``, walked by the index of the
+        dead-letter topics the filters leave (``replay_matching``: no statement reads
+        more than ``REPLAY_CHUNK`` index entries), then how many were replayed and
+        whether more match."""
+        alias = matching.db
+        topics = self.search_topics(request, alias)
+        if group := request.GET.get("consumer_group"):
+            topics = [t for t in group_dead_letter_topics(alias, group) if t in topics]
+        if topic := request.GET.get("original_topic"):
+            topics = [t for t in topics if t == topic + get_settings().DLQ_SUFFIX]
+        transactions = [0]
+
+        def count(done: int) -> None:
+            transactions[0] += 1
+
+        result = replay_matching(topics, matching, at_most=BULK_REPLAY_LIMIT, using=alias,
+                                 on_progress=count)
+        self.message_user(request, (
+            f"Replayed {result.done} dead letter(s). In {transactions[0]} transaction(s) of "
+            f"up to {REPLAY_CHUNK} (each one INSERT ... SELECT and one DELETE)."),
+            messages.SUCCESS)
+        if result.more:
+            self.message_user(request, (
+                f"More match: this click replays at most {BULK_REPLAY_LIMIT} (partition by "
+                "partition, oldest first). Replay again for the next ones, or run "
+                "`manage.py queue dead-letters replay --all`."), messages.WARNING)
+        else:
+            self.message_user(request, "No more dead letters match these filters.",
+                              messages.INFO)
 
     def replay_one_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return self._one(request, object_id, "replay")
@@ -340,15 +356,17 @@ class DeadLetterAdmin(WithoutSchemaHelp, DateRangeFilters, JsonColumns, BoundedL
 
 #: the groups a "replay all matching" confirmation names, at most
 GROUPS_SHOWN = 20
+#: offsets a query of ``_groups_of`` looks up (under SQLite's 999 parameters on Django 5.2)
+GROUPS_BATCH = 900
 
 
 def _groups_of(alias: str, offsets: list[int]) -> list[str]:
-    """The groups of the dead letters at ``offsets`` (by primary key, REPLAY_CHUNK at a
-    time: within every database's limit on parameters), up to ``GROUPS_SHOWN``."""
+    """The groups of the dead letters at ``offsets`` (by primary key, ``GROUPS_BATCH`` at
+    a time: within every database's limit on parameters), up to ``GROUPS_SHOWN``."""
     groups: set[str] = set()
-    for first in range(0, len(offsets), REPLAY_CHUNK):
+    for first in range(0, len(offsets), GROUPS_BATCH):
         groups.update(DeadLetter.objects.using(alias)
-                      .filter(offset__in=offsets[first:first + REPLAY_CHUNK])
+                      .filter(offset__in=offsets[first:first + GROUPS_BATCH])
                       .values_list("consumer_group", flat=True))
         if len(groups) >= GROUPS_SHOWN:
             break

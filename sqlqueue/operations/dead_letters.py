@@ -20,7 +20,7 @@ from sqlqueue import storage
 from sqlqueue.conf import MAX_NAME_BYTES, get_settings
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.models import DeadLetter
-from sqlqueue.storage.sql.base import ReplayWrite
+from sqlqueue.operations.log_browse import dead_letter_topics, group_dead_letter_topics
 
 
 class NotADeadLetter(SqlqueueError, LookupError):
@@ -54,7 +54,8 @@ def replay_dead_letter(offset: int, *, using: str | None = None) -> Replayed:
     with transaction.atomic(using=alias):
         dead = _locked_dead_letter(offset, alias)
         detail = dead.failure_detail if isinstance(dead.failure_detail, dict) else {}
-        original_id = str(detail.get("id", dead.id))
+        # The detail's id when it is a string, else the row's own (as ``insert_replays``).
+        original_id = detail["id"] if isinstance(detail.get("id"), str) else dead.id
         replay_detail = json.dumps({"replay_of": {
             "id": original_id, "offset": detail.get("offset"), "dead_letter_offset": offset,
         }})
@@ -79,22 +80,23 @@ def discard_dead_letter(offset: int, *, using: str | None = None) -> None:
 #: at most this many dead letters in one bulk replay (``queue dead-letters replay --all``'s
 #: ``--at-most`` default, the admin's "replay all matching"): the rest at the next one
 REPLAY_AT_MOST = 100_000
-#: dead letters one transaction of a bulk replay moves
-REPLAY_CHUNK = 1_000
+#: dead letters one transaction of a bulk replay moves (one INSERT ... SELECT and one
+#: DELETE); fewer on SQLite under Django 5.2 (999 parameters a statement)
+REPLAY_CHUNK = 5_000
 
 
 @dataclass
 class BulkResult:
     done: int = 0
     missing: list[int] = field(default_factory=list)  # replayed or discarded meanwhile
+    #: a walk (``replay_matching``) stopped at its bound while more dead letters matched
+    more: bool = False
 
 
 def replay_dead_letters(offsets: Iterable[int], *, using: str | None = None,
                         on_progress: Callable[[int], None] | None = None) -> BulkResult:
     """Replay the dead letters at ``offsets`` (as ``replay_dead_letter``), set-based:
-    ``REPLAY_CHUNK`` at a time in offset order, each chunk one transaction that locks
-    its dead letters, copies them back in a statement or two (``insert_replays``, so the
-    copies of one partition keep their order) and deletes them (``delete_dead_letters``).
+    ``REPLAY_CHUNK`` at a time in offset order, each chunk one transaction (``_replay``).
     Interrupted, the chunks done stay done and the rest stay dead letters: none is lost
     or replayed twice, and no lock is held for long. ``on_progress(n)``: after each chunk,
     how many offsets were handled so far. An offset that is not a dead letter (replayed
@@ -103,9 +105,10 @@ def replay_dead_letters(offsets: Iterable[int], *, using: str | None = None,
     offsets = list(offsets)
     wanted = sorted({o for o in offsets if _is_offset(o)})
     result = BulkResult(missing=[o for o in offsets if not _is_offset(o)])
-    for first in range(0, len(wanted), REPLAY_CHUNK):
-        chunk = wanted[first:first + REPLAY_CHUNK]
-        replayed = _replay_chunk(chunk, alias)
+    step = _chunk(alias)
+    for first in range(0, len(wanted), step):
+        chunk = wanted[first:first + step]
+        replayed = set(_replay(chunk, alias))
         result.done += len(replayed)
         result.missing += [o for o in chunk if o not in replayed]
         if on_progress is not None:
@@ -113,29 +116,102 @@ def replay_dead_letters(offsets: Iterable[int], *, using: str | None = None,
     return result
 
 
-def _replay_chunk(offsets: list[int], alias: str) -> set[int]:
-    """One transaction of ``replay_dead_letters``: the offsets replayed."""
+def replay_matching(topics: Iterable[str], matching: QuerySet[DeadLetter] | None = None, *,
+                    at_most: int = REPLAY_AT_MOST, using: str | None = None,
+                    on_progress: Callable[[int], None] | None = None) -> BulkResult:
+    """Replay the dead letters of the dead-letter ``topics`` (those ``matching`` matches,
+    if given: any filter of the dead letters), at most ``at_most``, partition by partition
+    and oldest first within each: a keyset walk of ``idx_topic_partition_offset``
+    (``dead_letter_keys``), ``REPLAY_CHUNK`` index entries a step, each step's matches one
+    transaction (``_replay``). No statement reads more than a step, however many match
+    (no list of every offset, no sort of every match). ``on_progress(n)``: how many were
+    replayed so far, after each transaction. ``more``: it stopped at ``at_most`` and at
+    least one more matches."""
+    alias = using or get_settings().DATABASE
+    connection = connections[alias]
+    store = storage.store(connection)
+    step = _chunk(alias)
+    result = BulkResult()
+    for topic in sorted(set(topics)):
+        after: tuple[str, int] | None = None
+        while True:
+            with connection.cursor() as cursor:
+                keys = store.dead_letter_keys(cursor, topic, after, step)
+            if not keys:
+                break
+            after = (keys[-1][1], keys[-1][0])
+            offsets = _matches([offset for offset, _ in keys], matching)
+            room = at_most - result.done
+            if offsets and room <= 0:
+                result.more = True
+                return result
+            if offsets:
+                result.done += len(_replay(offsets[:room], alias))
+                if on_progress is not None:
+                    on_progress(result.done)
+                if len(offsets) > room:
+                    result.more = True
+                    return result
+            if len(keys) < step:
+                break
+    return result
+
+
+def replay_dead_letters_of(*, using: str, group: str | None = None, topic: str | None = None,
+                           at_most: int = REPLAY_AT_MOST,
+                           on_progress: Callable[[int], None] | None = None) -> BulkResult:
+    """``replay_matching`` of the dead letters of ``group`` (if given) from ``topic`` (if
+    given): the walk reads ``topic``'s dead-letter topic, or those of the group's topics,
+    or every dead-letter topic (``queue dead-letters replay --all``)."""
+    if topic:
+        topics = [topic + get_settings().DLQ_SUFFIX]
+    else:
+        topics = group_dead_letter_topics(using, group) if group else dead_letter_topics(using)
+    matching = DeadLetter.objects.using(using).filter(consumer_group=group) if group else None
+    return replay_matching(topics, matching, at_most=at_most, using=using,
+                           on_progress=on_progress)
+
+
+def _chunk(alias: str) -> int:
+    return min(REPLAY_CHUNK, storage.store(connections[alias]).offsets_per_statement())
+
+
+def _matches(offsets: list[int], matching: QuerySet[DeadLetter] | None) -> list[int]:
+    """Those of ``offsets`` (a step of the walk, in its order) that ``matching`` matches,
+    in the same order: primary-key lookups."""
+    if matching is None:
+        return offsets
+    found = set(matching.filter(offset__in=offsets).order_by().values_list("offset", flat=True))
+    return [offset for offset in offsets if offset in found]
+
+
+def _replay(offsets: list[int], alias: str) -> list[int]:
+    """One transaction of a bulk replay: lock the dead letters at ``offsets`` (those
+    still dead letters), copy them back in one ``INSERT ... SELECT`` (``insert_replays``:
+    the copies of one partition keep their order, and their ids and details are made by
+    the statement) and delete them (``delete_dead_letters``). Returns the offsets
+    replayed. Each statement counts what it did: a copy without its delete (or the
+    reverse) rolls the transaction back."""
     with transaction.atomic(using=alias):
-        found = (DeadLetter.objects.using(alias).select_for_update()
-                 .filter(offset__in=offsets).order_by("offset")
-                 .values_list("offset", "id", "failure_detail"))
-        replays = [_replay_write(offset, dead_id, detail) for offset, dead_id, detail in found]
+        locked = list(DeadLetter.objects.using(alias).select_for_update()
+                      .filter(offset__in=offsets).order_by("offset")
+                      .values_list("offset", flat=True))
+        if not locked:
+            return []
         connection = connections[alias]
         store = storage.store(connection)
         with connection.cursor() as cursor:
-            for some in store.dead_letter_chunks(replays):
-                store.insert_replays(cursor, some)
-            store.delete_dead_letters(cursor, [r.dead_letter_offset for r in replays])
-    return {r.dead_letter_offset for r in replays}
+            copied = store.insert_replays(cursor, locked)
+            deleted = store.delete_dead_letters(cursor, locked)
+        if copied != len(locked) or deleted != len(locked):
+            raise ReplayMismatch(f"Replaying {len(locked)} dead letters copied {copied} and "
+                                 f"deleted {deleted}: rolled back.")
+    return locked
 
 
-def _replay_write(offset: int, dead_id: str, detail: object) -> ReplayWrite:
-    """What ``insert_replays`` writes for the dead letter at ``offset`` (the same id and
-    detail as ``replay_dead_letter``'s)."""
-    detail = detail if isinstance(detail, dict) else {}
-    original_id = str(detail.get("id", dead_id))
-    return ReplayWrite(offset, _replay_id(original_id, offset), json.dumps({"replay_of": {
-        "id": original_id, "offset": detail.get("offset"), "dead_letter_offset": offset}}))
+class ReplayMismatch(SqlqueueError, RuntimeError):
+    """A bulk replay's transaction copied or deleted another number of rows than it
+    locked (never expected: the locked rows cannot change): rolled back whole."""
 
 
 def _is_offset(offset: object) -> bool:

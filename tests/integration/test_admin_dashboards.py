@@ -13,6 +13,7 @@ from django.urls import reverse
 
 import sqlqueue
 from sqlqueue import OutgoingMessage, send_message, send_messages
+from sqlqueue.admin import dead_letters as dead_letter_admin
 from sqlqueue.models import DeadLetter, DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.storage.sql import store_for
 from tests.integration.consuming_helpers import (
@@ -228,8 +229,8 @@ def test_subscribers_page_shows_holders_and_stale_leases(admin_client: Client,
     assert staff_with("view_subscriberstatus").get(reverse(SUBSCRIBERS)).status_code == 200
 
 
-def test_replay_every_dead_letter_matching_a_filter(admin_client: Client,
-                                                    register: Any) -> None:
+def test_replay_every_dead_letter_matching_a_filter(admin_client: Client, register: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     def reject(message: sqlqueue.Message) -> None:
         raise sqlqueue.Reject("no")
 
@@ -245,8 +246,13 @@ def test_replay_every_dead_letter_matching_a_filter(admin_client: Client,
     ask = admin_client.get(url)
     assert ask.status_code == 200
     assert "the 2 dead letters matching" in " ".join(ask.content.decode().split())
+    # One a click here: the page says how many were replayed and whether more match.
+    monkeypatch.setattr(dead_letter_admin, "BULK_REPLAY_LIMIT", 1)
     done = admin_client.post(url, {"confirmed": "yes"}, follow=True)
-    assert b"Replayed 2 dead letter(s)." in done.content
+    assert b"Replayed 1 dead letter(s)." in done.content and b"More match" in done.content
+    done = admin_client.post(url, {"confirmed": "yes"}, follow=True)
+    assert b"Replayed 1 dead letter(s)." in done.content
+    assert b"No more dead letters match these filters." in done.content
     assert set(DeadLetter.objects.values_list("consumer_group", flat=True)) == {"g2"}
     assert QueueMessage.objects.filter(topic="t", consumer_group="g1").count() == 2
     viewer = staff_with("view_deadletter")

@@ -172,3 +172,55 @@ def test_the_command_replays_at_most_what_it_is_told_oldest_first() -> None:
         by_partition[5:])
     assert "Replayed 7 dead letter(s)." in queue("dead-letters", "replay", "--all")
     assert len(replays()) == 12
+
+
+def test_a_walk_replays_what_matches_at_most_its_bound_and_says_if_more_match(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``replay_matching``: steps of the index (3 entries here), the filter applied to
+    each step, at most ``at_most`` replayed partition by partition, oldest first; then
+    whether more match."""
+    monkeypatch.setattr(dead_letters, "REPLAY_CHUNK", 3)
+    offsets = dead_letter(12)  # partitions a, b, c in turn
+    even = DeadLetter.objects.filter(offset__in=offsets[::2])  # a: 0 6, b: 4 10, c: 2 8
+    progress: list[int] = []
+    result = dead_letters.replay_matching(["orders_dlq", "none_dlq"], even, at_most=3,
+                                          on_progress=progress.append)
+    assert (result.done, result.more, progress) == (3, True, [2, 3])
+    assert [i for _, i in replays()] == [
+        f"m{n}~replay-{offsets[n]}" for n in (0, 6, 4)]
+    result = dead_letters.replay_matching(["orders_dlq"], even, at_most=3)
+    assert (result.done, result.more) == (3, False)
+    assert sorted(i for _, i in replays()) == sorted(
+        f"m{n}~replay-{offsets[n]}" for n in range(0, 12, 2))
+    # The odd ones stay; the command's --all walks every dead-letter topic.
+    assert sorted(DeadLetter.objects.values_list("offset", flat=True)) == offsets[1::2]
+    result = dead_letters.replay_dead_letters_of(using="default", at_most=6)
+    assert (result.done, result.more) == (6, False)
+    assert not DeadLetter.objects.exists()
+
+
+def test_a_walk_that_fails_between_its_statements_leaves_each_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure after a step's INSERT ... SELECT and before its DELETE (a lost
+    connection) rolls the step back whole: each message is a dead letter or replayed,
+    never both, never neither; the next walk replays the rest."""
+    monkeypatch.setattr(dead_letters, "REPLAY_CHUNK", 4)
+    offsets = dead_letter(10)
+    real = DeadLetterAccess.delete_dead_letters
+    calls = {"n": 0}
+
+    def delete(self: Any, cursor: Any, chosen: Sequence[int]) -> int:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise DataError("the connection went away")
+        return real(self, cursor, chosen)
+
+    monkeypatch.setattr(DeadLetterAccess, "delete_dead_letters", delete)
+    with pytest.raises(DataError):
+        dead_letters.replay_matching(["orders_dlq"])
+    left = set(DeadLetter.objects.values_list("offset", flat=True))
+    copied = {int(i.rsplit("-", 1)[1]) for _, i in replays()}
+    assert len(copied) == 4 and not copied & left and copied | left == set(offsets)
+    result = dead_letters.replay_matching(["orders_dlq"])
+    assert (result.done, result.more) == (6, False)
+    assert len(replays()) == 10 and not DeadLetter.objects.exists()

@@ -5,7 +5,9 @@ here fails ``test_every_shared_statement_is_tested``."""
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import subprocess
 import sys
 import time
@@ -28,7 +30,7 @@ from sqlqueue.storage.statements import (
     Statements,
     statements_for,
 )
-from sqlqueue.storage.statements.dead_letters import DeadLetterWrite, ReplayWrite
+from sqlqueue.storage.statements.dead_letters import DeadLetterWrite
 from sqlqueue.storage.statements.delivery import OutcomeWrite
 from sqlqueue.storage.statements.publishing import WAKEUP_CHANNEL, MessageRow
 from sqlqueue.storage.statements.schedules import PublishedTick
@@ -413,15 +415,49 @@ def test_many_dead_letters_and_replays_in_one_statement(executor: Executor) -> N
                                      for n in range(1, 6))]
     assert {(r[5], r[6]) for r in dead} == {("t", "g")}
     assert [int(r[0]) for r in dead] == sorted(int(r[0]) for r in dead)
-    dead_offsets = [int(r[0]) for r in dead]
-    assert executor.run(sql.insert_replays([
-        ReplayWrite(o, f"m{n}~replay-{o}", '{"replay_of": {}}')
-        for n, o in reversed(list(enumerate(dead_offsets)))])) == 6
-    replayed = executor.rows((f"SELECT id, partition_key, consumer_group FROM queue_messages "
-                              f"WHERE topic = 't' AND consumer_group = 'g' ORDER BY {q}", []))
-    assert replayed == [(f"m{n}~replay-{o}", "ab"[n % 2], "g")
-                        for n, o in enumerate(dead_offsets)]
-    assert executor.run(sql.delete_dead_letters([*dead_offsets, sent[0]])) == 6
+    assert executor.run(sql.delete_dead_letters([int(r[0]) for r in dead])) == 6
+
+
+def test_replays_are_copied_straight_from_the_dead_letters() -> None:
+    """``insert_replays`` of dead letters given in any order: one statement, in the dead
+    letters' order, ids and details made by the statement (the detail's id, or the
+    row's own; SHA-256 of a long one); ``dead_letter_keys`` walks them partition by
+    partition; ``delete_dead_letters`` removes them (nothing else). Django's connection
+    only: replays are the admin's and the commands' (SQLite: Django's SHA256)."""
+    executor = DjangoExecutor()
+    sql = executor.sql
+    long_id = "é" * 125  # 250 bytes: with "~replay-<offset>" past 255
+    ids = ["m0", "m1", "m2", long_id, "m4", "m5"]
+    sent = [send_message("t", {"n": n}, partition_key="ab"[n % 2], id=ids[n]).offset
+            for n in range(6)]
+    executor.run(sql.insert_dead_letters(dead_letter_topic="t.dlq", group="g", letters=[
+        DeadLetterWrite(o, f"dl{n}@g", 2, "boom",
+                        json.dumps({"id": ids[n], "offset": o} if n != 5 else [5]))
+        for n, o in enumerate(sent)]))
+    q = sql.quote("offset")
+    dead = [int(r[0]) for r in executor.rows((
+        f"SELECT {q} FROM queue_messages WHERE topic = 't.dlq' ORDER BY {q}", []))]
+    walk = executor.rows(sql.dead_letter_keys("t.dlq", None, 2))
+    assert [(int(o), k) for o, k in walk] == [(dead[0], "a"), (dead[2], "a")]
+    walk = executor.rows(sql.dead_letter_keys("t.dlq", ("a", dead[2]), 10))
+    assert [(int(o), k) for o, k in walk] == [(dead[4], "a"), (dead[1], "b"), (dead[3], "b"),
+                                              (dead[5], "b")]
+    assert executor.run(sql.insert_replays(list(reversed(dead)))) == 6
+    replayed = executor.rows((f"SELECT id, partition_key, consumer_group, failure_detail "
+                              f"FROM queue_messages WHERE topic = 't' AND consumer_group = 'g' "
+                              f"ORDER BY {q}", []))
+    digest = hashlib.sha256(long_id.encode()).hexdigest()
+    assert [r[0] for r in replayed] == [
+        f"m0~replay-{dead[0]}", f"m1~replay-{dead[1]}", f"m2~replay-{dead[2]}",
+        f"sha256:{digest}~replay-{dead[3]}", f"m4~replay-{dead[4]}",
+        f"dl5@g~replay-{dead[5]}"]  # a detail without an id: the dead letter's own
+    assert [(r[1], r[2]) for r in replayed] == [("ab"[n % 2], "g") for n in range(6)]
+    details = [r[3] if isinstance(r[3], dict) else json.loads(r[3]) for r in replayed]
+    assert details[0] == {"replay_of": {"id": "m0", "offset": sent[0],
+                                        "dead_letter_offset": dead[0]}}
+    assert details[5] == {"replay_of": {"id": "dl5@g", "offset": None,
+                                        "dead_letter_offset": dead[5]}}
+    assert executor.run(sql.delete_dead_letters([*dead, sent[0]])) == 6
     assert executor.rows(("SELECT COUNT(*) FROM queue_messages WHERE topic = 't.dlq'",
                           [])) == [(0,)]
     assert executor.rows(("SELECT COUNT(*) FROM queue_messages WHERE topic = 't'",

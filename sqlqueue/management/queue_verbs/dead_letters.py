@@ -16,6 +16,7 @@ from sqlqueue.operations.dead_letters import (
     discard_dead_letters,
     matching_dead_letters,
     replay_dead_letters,
+    replay_dead_letters_of,
 )
 
 
@@ -73,8 +74,11 @@ def replay_or_discard(out: OutputWrapper, options: dict[str, Any]) -> None:
         alias_of(options["topic"]) if options["topic"] else None))
     if options["all"] and options["offsets"]:
         raise CommandError("Give offsets or --all, not both.")
+    if options["all"] and action == "replay":
+        replay_all(out, options, alias)
+        return
     if options["all"]:
-        if action == "discard" and not options["yes"]:
+        if not options["yes"]:
             raise CommandError("Discarding every matching dead letter deletes them for "
                                "good: add --yes to confirm.")
         at_most = options.get("at_most") or REPLAY_AT_MOST
@@ -92,9 +96,6 @@ def replay_or_discard(out: OutputWrapper, options: dict[str, Any]) -> None:
         raise CommandError("Nothing to do: give dead-letter offsets, or --all.")
     total = len(offsets)
 
-    if action == "replay" and total > REPLAY_CHUNK:
-        out.write(f"Replaying {total} dead letter(s), {REPLAY_CHUNK} a transaction.")
-
     def progress(n: int) -> None:  # on long bulk operations (a replay: after each chunk)
         if n % 100 == 0 or n == total:
             out.write(f"  {n}/{total}", ending="\n" if n == total else "\r")
@@ -106,6 +107,29 @@ def replay_or_discard(out: OutputWrapper, options: dict[str, Any]) -> None:
     if result.missing:
         raise CommandError(
             f"No dead letter at offset(s) {', '.join(map(str, result.missing))}.")
+
+
+def replay_all(out: OutputWrapper, options: dict[str, Any], alias: str) -> None:
+    """``replay --all``: every dead letter of ``--group`` and ``--topic``, at most
+    ``--at-most``, partition by partition and oldest first, walked by the index
+    (``replay_dead_letters_of``), ``REPLAY_CHUNK`` a transaction, with progress."""
+    at_most = options.get("at_most") or REPLAY_AT_MOST
+    out.write(f"Replaying at most {at_most} dead letter(s), up to {REPLAY_CHUNK} a "
+              "transaction.")
+
+    def progress(done: int) -> None:
+        out.write(f"  {done} replayed", ending="\r")
+
+    result = replay_dead_letters_of(using=alias, group=options.get("group"),
+                                    topic=options.get("topic"), at_most=at_most,
+                                    on_progress=progress)
+    out.write("")
+    if result.more:
+        out.write(f"More than {at_most} match: replayed the first {at_most} (partition by "
+                  "partition, oldest first); run again for the rest, or raise --at-most.")
+    if not result.done:
+        raise CommandError("No dead letter matches.")
+    out.write(f"Replayed {result.done} dead letter(s).")
 
 
 def _matching(options: dict[str, Any], alias: str) -> Any:

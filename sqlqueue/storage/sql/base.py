@@ -37,7 +37,6 @@ from sqlqueue.storage.sql.tables import (
     MessageKey,
     MessageRow,
     OutcomeWrite,
-    ReplayWrite,
     VendorHooks,
 )
 from sqlqueue.storage.sql.vendors import VendorAccess
@@ -124,7 +123,6 @@ __all__ = [
     "OperatingAccess",
     "OutcomeWrite",
     "PendingSummary",
-    "ReplayWrite",
     "Store",
     "VendorHooks",
 ]

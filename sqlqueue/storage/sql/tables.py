@@ -13,7 +13,6 @@ from django.db.backends.utils import CursorWrapper
 
 from sqlqueue.storage.statements import Statements
 from sqlqueue.storage.statements.dead_letters import DeadLetterWrite as DeadLetterWrite
-from sqlqueue.storage.statements.dead_letters import ReplayWrite as ReplayWrite
 from sqlqueue.storage.statements.delivery import OutcomeWrite as OutcomeWrite
 from sqlqueue.storage.statements.publishing import IdempotencyDigest as IdempotencyDigest
 from sqlqueue.storage.statements.publishing import MessageKey as MessageKey

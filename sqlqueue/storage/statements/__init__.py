@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from sqlqueue.storage.statements.browse import BrowseStatements, MySQLBrowse, PostgreSQLBrowse
 from sqlqueue.storage.statements.bulk import BulkStatements, MySQLBulk, PostgreSQLBulk
-from sqlqueue.storage.statements.dead_letters import DeadLetterStatements, PostgreSQLDeadLetters
+from sqlqueue.storage.statements.dead_letters import (
+    DeadLetterStatements,
+    MySQLDeadLetters,
+    PostgreSQLDeadLetters,
+)
 from sqlqueue.storage.statements.delivery import DeliveryStatements, PostgreSQLDelivery
 from sqlqueue.storage.statements.export import ExportStatements
 from sqlqueue.storage.statements.failover import FailoverStatements
@@ -48,8 +52,8 @@ class Statements(PublishingStatements, DeliveryStatements, WatermarkStatements,
     """Every shared statement; a vendor's hooks come first in its subclass's bases."""
 
 
-class MySQLStatements(MySQLPublishing, MySQLBulk, MySQLSessions, MySQLBrowse, MySQLVendor,
-                      Statements):
+class MySQLStatements(MySQLPublishing, MySQLBulk, MySQLSessions, MySQLBrowse, MySQLDeadLetters,
+                      MySQLVendor, Statements):
     pass
 
 
