@@ -48,8 +48,10 @@ from bench.common import reset, setup
 ROOT = Path(__file__).resolve().parent.parent
 BACKLOG_TOPIC = "bench.scale.backlog"
 BACKLOG_GROUP = "bench-scale-idle"
-#: ``queue gc --share`` (set by --gc-share)
+#: ``queue gc --share`` of each round in turn (set by --gc-share: "1,0.5" alternates)
 GC_SHARE = [1.0]
+#: each round's share, rows deleted and seconds (reported with the live latencies)
+ROUNDS: list[dict[str, float]] = []
 #: rows of the backlog one INSERT ... SELECT writes (one transaction)
 FILL_CHUNK = 1_000_000
 
@@ -158,6 +160,7 @@ def collect(url: str, live_rate: float = 0, quiet_seconds: float = 20, rounds: i
     from sqlqueue.models import QueueMessage
 
     spans = _backlog_spans()
+    ROUNDS.clear()
     if live_rate <= 0:
         return (*_collect_rounds(url, spans, rounds, None, 0), {})
     with LiveTraffic(url, live_rate) as live:
@@ -167,7 +170,7 @@ def collect(url: str, live_rate: float = 0, quiet_seconds: float = 20, rounds: i
     latencies: dict[str, Any] = live.summary()
     latencies["live_rows_left"] = QueueMessage.objects.filter(topic=LIVE_TOPIC).count()
     latencies["live_sent"] = len(live.publish_ms)
-    latencies["rounds"] = rounds
+    latencies["rounds"] = list(ROUNDS)
     connection.close()
     return deleted, seconds, latencies
 
@@ -176,13 +179,16 @@ def _collect_rounds(url: str, spans: dict[str, tuple[int, int]], rounds: int,
                     live: Any, quiet_seconds: float) -> tuple[int, float]:
     deleted, seconds = 0, 0.0
     for step in range(1, rounds + 1):
+        share = GC_SHARE[(step - 1) % len(GC_SHARE)]
         if live is not None:
             live.mark("quiet")
             time.sleep(quiet_seconds)
-            live.mark("gc")
+            # Several shares: each its own phase ("gc 0.5"), the first one's is "gc".
+            live.mark("gc" if share == GC_SHARE[0] else f"gc {share:g}")
         _finish_backlog(spans, step, rounds)
-        rows, took = _collect(url)
+        rows, took = _collect(url, share)
         deleted, seconds = deleted + rows, seconds + took
+        ROUNDS.append({"share": share, "rows": rows, "s": took})
     return deleted, seconds
 
 
@@ -213,8 +219,8 @@ def _finish_backlog(spans: dict[str, tuple[int, int]], step: int, rounds: int) -
              for key, (low, high) in spans.items()])
 
 
-def _collect(url: str) -> tuple[int, float]:
-    out = _manage(url, "queue", "gc", "--share", str(GC_SHARE[0]))
+def _collect(url: str, share: float) -> tuple[int, float]:
+    out = _manage(url, "queue", "gc", "--share", str(share))
     # The command's own time (without the process's start-up): "..., in 71.8 s."
     found = re.search(r"Deleted (\d+) message.*, in ([\d.]+) s", out)
     if found is None:
@@ -326,13 +332,15 @@ def main() -> None:
     parser.add_argument("--gc-rounds", type=int, default=4,
                         help="the backlog finished and collected in this many steps, "
                              "each between two quiet phases of live traffic")
-    parser.add_argument("--gc-share", type=float, default=1.0,
-                        help="queue gc --share: the part of its time it deletes")
+    parser.add_argument("--gc-share", default="1.0",
+                        help="queue gc --share: the part of its time it deletes; several, "
+                             "comma-separated (1,0.5): each round the next, interleaved, "
+                             "the live latency of each in its own phase (\"gc 0.5\")")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--plot", help="also draw the curves to this PNG (matplotlib)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    GC_SHARE[0] = args.gc_share
+    GC_SHARE[:] = [float(share) for share in args.gc_share.split(",")]
     setup(args.url)
     from django.db import connection
 
