@@ -183,10 +183,10 @@ def _collect_rounds(url: str, spans: dict[str, tuple[int, int]], rounds: int,
         if live is not None:
             live.mark("quiet")
             time.sleep(quiet_seconds)
-            # Several shares: each its own phase ("gc 0.5"), the first one's is "gc".
-            live.mark("gc" if share == GC_SHARE[0] else f"gc {share:g}")
         _finish_backlog(spans, step, rounds)
-        rows, took = _collect(url, share)
+        # Several shares: each its own phase ("gc 0.5"), the first one's is "gc".
+        rows, took = _collect(url, share, live,
+                              "gc" if share == GC_SHARE[0] else f"gc {share:g}")
         deleted, seconds = deleted + rows, seconds + took
         ROUNDS.append({"share": share, "rows": rows, "s": took})
     return deleted, seconds
@@ -219,8 +219,26 @@ def _finish_backlog(spans: dict[str, tuple[int, int]], step: int, rounds: int) -
              for key, (low, high) in spans.items()])
 
 
-def _collect(url: str, share: float) -> tuple[int, float]:
-    out = _manage(url, "queue", "gc", "--share", str(share))
+def _collect(url: str, share: float, live: Any = None, phase: str = "gc",
+             ) -> tuple[int, float]:
+    """``queue gc`` as a process. With ``live``: its start-up (Django's, before the first
+    DELETE) is the phase "start-up", what follows its first progress line ``phase``."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings",
+           "BENCH_DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+    if live is not None:
+        live.mark("start-up")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "django", "queue", "gc", "--share", str(share)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    chunks: list[bytes] = []
+    while chunk := os.read(process.stdout.fileno(), 4096):
+        if live is not None and not any(b"so far" in c for c in chunks) and b"so far" in chunk:
+            live.mark(phase)  # the first batch is done: deleting
+        chunks.append(chunk)
+    if process.wait():
+        raise SystemExit(f"queue gc exited with {process.returncode}")
+    out = b"".join(chunks).decode()
     # The command's own time (without the process's start-up): "..., in 71.8 s."
     found = re.search(r"Deleted (\d+) message.*, in ([\d.]+) s", out)
     if found is None:
