@@ -50,6 +50,8 @@ BACKLOG_TOPIC = "bench.scale.backlog"
 BACKLOG_GROUP = "bench-scale-idle"
 #: ``queue gc --share`` of each round in turn (set by --gc-share: "1,0.5" alternates)
 GC_SHARE = [1.0]
+#: seconds to wait after each run's reset and build (set by --settle-seconds)
+SETTLE_SECONDS = [0.0]
 #: each round's share, rows deleted and seconds (reported with the live latencies)
 ROUNDS: list[dict[str, float]] = []
 #: rows of the backlog one INSERT ... SELECT writes (one transaction)
@@ -253,6 +255,11 @@ def run_size(url: str, size: int, partitions: int, messages: int, ids: str = "or
     started = time.perf_counter()
     build_backlog(size, partitions, ids)
     built = time.perf_counter() - started
+    # The database's own work after a bulk write (PostgreSQL's checkpoint of the WAL a
+    # million rows wrote, its autovacuum of the new rows; InnoDB's flushing) would be
+    # measured as the backlog's cost: --settle-seconds waits it out, after every run's
+    # reset or build alike.
+    time.sleep(SETTLE_SECONDS[0])
     result: dict[str, Any] = {"backlog": size, "build_s": round(built, 1),
                               "publish_msg_s": round(publish(messages)),
                               "drain_msg_s": round(drain(url, messages))}
@@ -354,11 +361,14 @@ def main() -> None:
                         help="queue gc --share: the part of its time it deletes; several, "
                              "comma-separated (1,0.5): each round the next, interleaved, "
                              "the live latency of each in its own phase (\"gc 0.5\")")
+    parser.add_argument("--settle-seconds", type=float, default=0,
+                        help="wait this long after each run's reset and build")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--plot", help="also draw the curves to this PNG (matplotlib)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     GC_SHARE[:] = [float(share) for share in args.gc_share.split(",")]
+    SETTLE_SECONDS[0] = args.settle_seconds
     setup(args.url)
     from django.db import connection
 
