@@ -41,9 +41,9 @@ GC_DELETES_PER_PASS = 4
 GC_SWEEP_WINDOW = 10_000
 #: what one DELETE of a sweep aims to take (seconds): a window that took longer makes the
 #: next one smaller (down to ``GC_SWEEP_MIN_WINDOW``), one that took less makes it larger
-#: again (at most twice, up to ``GC_SWEEP_WINDOW``). Each statement is one transaction:
-#: short ones keep what live traffic waits for behind it short (a commit behind its redo,
-#: a page it holds), and a busy database gets smaller ones.
+#: again (at most twice, up to ``GC_SWEEP_WINDOW``), per topic. Each statement is one
+#: transaction: this bounds how long its locks, undo and redo last, on a busy database
+#: too (measured: docs/benchmarks.md, "Scale: a log of millions").
 GC_CHUNK_SECONDS = 0.1
 GC_SWEEP_MIN_WINDOW = 500
 #: partitions a sweep names at most (two parameters each: within SQLite's oldest limit
@@ -75,7 +75,8 @@ class GarbageCollector:
         # it later (a watermark passes settled rows only), so a partition whose
         # collectable offset did not move costs no DELETE.
         self._collected: dict[tuple[str, str], int] = {}
-        self._window = 0  # offsets the next sweep's DELETE covers (0: GC_SWEEP_WINDOW)
+        # Per topic: offsets its sweep's next DELETE covers (none yet: GC_SWEEP_WINDOW).
+        self._window: dict[str, int] = {}
         self._next_results_pass = 0.0
         self._next_keys_pass = 0.0
         self.deleted = 0  # messages
@@ -202,13 +203,14 @@ class GarbageCollector:
         end = max(limits.values())
         deleted = 0
         while after < end and not deleted:
-            span = min(self._window or GC_SWEEP_WINDOW, GC_SWEEP_WINDOW)
+            span = min(self._window.get(topic, GC_SWEEP_WINDOW), GC_SWEEP_WINDOW)
             upto = min(after + span, end)
             window = [(p, limit) for p, limit in sorted(limits.items()) if limit > after]
             began = self.host_clock.monotonic()
             deleted = store.delete_messages_in_window(cursor, topic, after, upto, window)
             if deleted:
-                self._window = next_window(upto - after, self.host_clock.monotonic() - began)
+                self._window[topic] = next_window(upto - after,
+                                                  self.host_clock.monotonic() - began)
             swept = [(p, min(limit, upto)) for p, limit in window]
             if deleted and self.conf.KEEP_DELIVERY_STATE:
                 # The groups' delivery state of the rows collected goes with them.
