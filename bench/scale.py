@@ -14,13 +14,17 @@ For each backlog size (``--sizes``, 0 first: the reference), on emptied tables:
            batches of 1,000, one transaction each
   drain:   those messages by one ``runconsumer --group bench-unordered --until-empty``
            (process start-up included, as bench.drain)
-  gc:      the backlog's group skipped to the head of every partition, then
-           ``manage.py queue gc`` as a process: rows deleted a second of its own time;
-           meanwhile live traffic (``--live-rate`` messages a second, one
-           ``send_message`` each, handled by a ``runconsumer`` of its own,
-           bench.live_traffic): its publish-to-handled latency p50/p99 for
-           ``--quiet-seconds`` before the GC ("quiet") and while it runs ("gc"), and the
-           live topic's rows left at the end (the runner's own collection keeps it bounded)
+  gc:      the backlog's group moved up every partition in ``--gc-rounds`` steps (the
+           last to its head), each followed by ``manage.py queue gc`` as a process: rows
+           deleted a second of its own time; meanwhile live traffic (``--live-rate``
+           messages a second, one ``send_message`` each, handled by a ``runconsumer`` of
+           its own, bench.live_traffic): its publish-to-handled latency p50/p99 while no
+           collection runs ("quiet": ``--quiet-seconds`` before each round and after the
+           last) and while one runs ("gc"), the two phases interleaved so that both see
+           the machine's same load; and the live topic's rows left at the end (the
+           runner's own collection keeps it bounded)
+Run ``--sizes 0,1000000,0,1000000`` to interleave the empty log and the backlog too: each
+backlog's rates are given beside the mean of the empty runs.
 Message ids (``--ids``): ``ordered`` as sqlqueue draws them (UUIDv7: time first), or
 ``random`` (a caller's random ids, or sqlqueue before issue 52: UUIDv4).
 Prints a table (rates, and each beside the size-0 run's); a machine shared with other
@@ -44,8 +48,12 @@ from bench.common import reset, setup
 ROOT = Path(__file__).resolve().parent.parent
 BACKLOG_TOPIC = "bench.scale.backlog"
 BACKLOG_GROUP = "bench-scale-idle"
-#: ``queue gc --share`` (set by --gc-share)
+#: ``queue gc --share`` of each round in turn (set by --gc-share: "1,0.5" alternates)
 GC_SHARE = [1.0]
+#: seconds to wait after each run's reset and build (set by --settle-seconds)
+SETTLE_SECONDS = [0.0]
+#: each round's share, rows deleted and seconds (reported with the live latencies)
+ROUNDS: list[dict[str, float]] = []
 #: rows of the backlog one INSERT ... SELECT writes (one transaction)
 FILL_CHUNK = 1_000_000
 
@@ -141,43 +149,98 @@ def drain(url: str, messages: int) -> float:
     return messages / (time.perf_counter() - started)
 
 
-def collect(url: str, live_rate: float = 0, quiet_seconds: float = 20,
+def collect(url: str, live_rate: float = 0, quiet_seconds: float = 20, rounds: int = 1,
             ) -> tuple[int, float, dict[str, Any]]:
-    """The idle group skipped to the head of each partition, then ``queue gc``: (rows
-    deleted, seconds, the live traffic's latencies by phase: {} without)."""
+    """The idle group moved up its partitions in ``rounds`` steps, each followed by
+    ``queue gc``: (rows deleted, seconds, the live traffic's latencies by phase: {}
+    without). With live traffic the phases interleave: quiet, gc, quiet, gc, ..., quiet,
+    each quiet ``quiet_seconds`` long, so that both phases see the same load."""
     from django.db import connection
 
     from bench.consumers import LIVE_TOPIC
     from bench.live_traffic import LiveTraffic
     from sqlqueue.models import QueueMessage
 
+    spans = _backlog_spans()
+    ROUNDS.clear()
     if live_rate <= 0:
-        return (*_collect(url), {})
+        return (*_collect_rounds(url, spans, rounds, None, 0), {})
     with LiveTraffic(url, live_rate) as live:
+        deleted, seconds = _collect_rounds(url, spans, rounds, live, quiet_seconds)
         live.mark("quiet")
-        time.sleep(quiet_seconds)
-        live.mark("gc")
-        deleted, seconds = _collect(url)
-        live.mark("after")
         time.sleep(quiet_seconds)
     latencies: dict[str, Any] = live.summary()
     latencies["live_rows_left"] = QueueMessage.objects.filter(topic=LIVE_TOPIC).count()
     latencies["live_sent"] = len(live.publish_ms)
+    latencies["rounds"] = list(ROUNDS)
     connection.close()
     return deleted, seconds, latencies
 
 
-def _collect(url: str) -> tuple[int, float]:
+def _collect_rounds(url: str, spans: dict[str, tuple[int, int]], rounds: int,
+                    live: Any, quiet_seconds: float) -> tuple[int, float]:
+    deleted, seconds = 0, 0.0
+    for step in range(1, rounds + 1):
+        share = GC_SHARE[(step - 1) % len(GC_SHARE)]
+        if live is not None:
+            live.mark("quiet")
+            time.sleep(quiet_seconds)
+        _finish_backlog(spans, step, rounds)
+        # Several shares: each its own phase ("gc 0.5"), the first one's is "gc".
+        rows, took = _collect(url, share, live,
+                              "gc" if share == GC_SHARE[0] else f"gc {share:g}")
+        deleted, seconds = deleted + rows, seconds + took
+        ROUNDS.append({"share": share, "rows": rows, "s": took})
+    return deleted, seconds
+
+
+def _backlog_spans() -> dict[str, tuple[int, int]]:
+    """Per partition of the backlog: its first and last offsets."""
     from django.db import connection
 
     q = connection.ops.quote_name
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE queue_offsets SET offset_acked = (SELECT MAX(m.{q('offset')}) "
-            f"FROM queue_messages m WHERE m.topic = queue_offsets.topic AND "
-            f"m.partition_key = queue_offsets.partition_key) "
-            f"WHERE consumer_group = '{BACKLOG_GROUP}'")
-    out = _manage(url, "queue", "gc", "--share", str(GC_SHARE[0]))
+            f"SELECT partition_key, MIN({q('offset')}), MAX({q('offset')}) FROM queue_messages "
+            f"WHERE topic = '{BACKLOG_TOPIC}' GROUP BY partition_key")
+        return {key: (int(low), int(high)) for key, low, high in cursor.fetchall()}
+
+
+def _finish_backlog(spans: dict[str, tuple[int, int]], step: int, rounds: int) -> None:
+    """The idle group's watermark on each partition ``step / rounds`` of the way up."""
+    from django.db import connection
+
+    if not spans:
+        return
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            "UPDATE queue_offsets SET offset_acked = %s WHERE consumer_group = %s "
+            "AND topic = %s AND partition_key = %s",
+            [(high if step == rounds else low - 1 + (high - low + 1) * step // rounds,
+              BACKLOG_GROUP, BACKLOG_TOPIC, key)
+             for key, (low, high) in spans.items()])
+
+
+def _collect(url: str, share: float, live: Any = None, phase: str = "gc",
+             ) -> tuple[int, float]:
+    """``queue gc`` as a process. With ``live``: its start-up (Django's, before the first
+    DELETE) is the phase "start-up", what follows its first progress line ``phase``."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "bench.settings",
+           "BENCH_DATABASE_URL": url, "PYTHONUNBUFFERED": "1"}
+    if live is not None:
+        live.mark("start-up")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "django", "queue", "gc", "--share", str(share)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    chunks: list[bytes] = []
+    while chunk := os.read(process.stdout.fileno(), 4096):
+        if live is not None and not any(b"so far" in c for c in chunks) and b"so far" in chunk:
+            live.mark(phase)  # the first batch is done: deleting
+        chunks.append(chunk)
+    if process.wait():
+        raise SystemExit(f"queue gc exited with {process.returncode}")
+    out = b"".join(chunks).decode()
     # The command's own time (without the process's start-up): "..., in 71.8 s."
     found = re.search(r"Deleted (\d+) message.*, in ([\d.]+) s", out)
     if found is None:
@@ -186,15 +249,22 @@ def _collect(url: str) -> tuple[int, float]:
 
 
 def run_size(url: str, size: int, partitions: int, messages: int, ids: str = "ordered",
-             live_rate: float = 0, quiet_seconds: float = 20) -> dict[str, Any]:
+             live_rate: float = 0, quiet_seconds: float = 20, rounds: int = 1,
+             ) -> dict[str, Any]:
     reset()
     started = time.perf_counter()
     build_backlog(size, partitions, ids)
     built = time.perf_counter() - started
+    # The database's own work after a bulk write (PostgreSQL's checkpoint of the WAL a
+    # million rows wrote, its autovacuum of the new rows; InnoDB's flushing) would be
+    # measured as the backlog's cost: --settle-seconds waits it out, after every run's
+    # reset or build alike.
+    time.sleep(SETTLE_SECONDS[0])
     result: dict[str, Any] = {"backlog": size, "build_s": round(built, 1),
                               "publish_msg_s": round(publish(messages)),
                               "drain_msg_s": round(drain(url, messages))}
-    deleted, seconds, live = collect(url, live_rate if size else 0, quiet_seconds)
+    deleted, seconds, live = collect(url, live_rate if size else 0, quiet_seconds,
+                                     rounds if size else 1)
     # The command gives its time to a tenth of a second: no rate below that.
     result.update(gc_rows=deleted, gc_s=round(seconds, 1),
                   gc_rows_s=round(deleted / seconds) if seconds >= 0.1 else None,
@@ -204,11 +274,15 @@ def run_size(url: str, size: int, partitions: int, messages: int, ids: str = "or
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    base = results[0]
+    """Each backlog's rates beside the mean of the runs on an empty log (run between them:
+    ``--sizes 0,1000000,0,1000000``), or the first run when none was empty."""
+    empty = [r for r in results if not r["backlog"]] or results[:1]
+    base = {key: sum(r[key] for r in empty) / len(empty)
+            for key in ("publish_msg_s", "drain_msg_s")}
     lines = ["| backlog | publish msg/s (vs 0) | drain msg/s (vs 0) | gc rows | gc s | gc rows/s "
-             "| live p50 / p99 ms, quiet | live p50 / p99 ms, during gc | live rows left "
-             "| load |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| live p50 / p99 ms, quiet | live p50 / p99 ms, during gc | p99 gc / quiet "
+             "| live rows left | load |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         publish_ratio = r["publish_msg_s"] / base["publish_msg_s"]
         drain_ratio = r["drain_msg_s"] / base["drain_msg_s"]
@@ -217,12 +291,15 @@ def table(results: list[dict[str, Any]]) -> str:
         def phase(name: str, live: dict[str, Any] = live) -> str:
             got = live.get(name)
             return f"{got['p50_ms']} / {got['p99_ms']}" if got else "-"
+        quiet, during = live.get("quiet"), live.get("gc")
+        ratio = (f"{during['p99_ms'] / quiet['p99_ms']:.2f}x"
+                 if quiet and during and quiet["p99_ms"] else "-")
         lines.append(
             f"| {r['backlog']:,} | {r['publish_msg_s']:,} ({publish_ratio:.2f}x) "
             f"| {r['drain_msg_s']:,} ({drain_ratio:.2f}x) "
             f"| {r['gc_rows']:,} | {r['gc_s']} "
             f"| {'-' if r['gc_rows_s'] is None else format(r['gc_rows_s'], ',')} "
-            f"| {phase('quiet')} | {phase('gc')} | {live.get('live_rows_left', '-')} "
+            f"| {phase('quiet')} | {phase('gc')} | {ratio} | {live.get('live_rows_left', '-')} "
             f"| {r.get('load', '-')} |")
     return "\n".join(lines)
 
@@ -277,20 +354,28 @@ def main() -> None:
                         help="live messages a second while the backlog is collected (0: none)")
     parser.add_argument("--quiet-seconds", type=float, default=20,
                         help="live traffic measured before and after the collection")
-    parser.add_argument("--gc-share", type=float, default=1.0,
-                        help="queue gc --share: the part of its time it deletes")
+    parser.add_argument("--gc-rounds", type=int, default=4,
+                        help="the backlog finished and collected in this many steps, "
+                             "each between two quiet phases of live traffic")
+    parser.add_argument("--gc-share", default="1.0",
+                        help="queue gc --share: the part of its time it deletes; several, "
+                             "comma-separated (1,0.5): each round the next, interleaved, "
+                             "the live latency of each in its own phase (\"gc 0.5\")")
+    parser.add_argument("--settle-seconds", type=float, default=0,
+                        help="wait this long after each run's reset and build")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--plot", help="also draw the curves to this PNG (matplotlib)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    GC_SHARE[0] = args.gc_share
+    GC_SHARE[:] = [float(share) for share in args.gc_share.split(",")]
+    SETTLE_SECONDS[0] = args.settle_seconds
     setup(args.url)
     from django.db import connection
 
     results = []
     for size in sizes:
         results.append(run_size(args.url, size, args.partitions, args.messages, args.ids,
-                                args.live_rate, args.quiet_seconds))
+                                args.live_rate, args.quiet_seconds, args.gc_rounds))
         print(json.dumps(results[-1]), flush=True)
     print(f"\n{connection.vendor}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     print(table(results))

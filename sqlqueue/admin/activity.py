@@ -1,11 +1,13 @@
 """The live overview (issue 42): per (group, topic), what the runners handled in each
 minute of the last 15 minutes, 30 minutes, hour, 6 or 24 hours (``RANGES``), and handler duration
-percentiles, from the per-minute rollup (``sqlqueue.operations.overview``). The page
+percentiles, from the per-minute rollup (``sqlqueue.operations.overview``); above them, the
+runs of ``manage.py queue gc`` running or done lately (``sqlqueue.operations.gc``). The page
 refreshes its numbers in place: a few lines of plain JavaScript fetch its fragment again
 every ``REFRESH_SECONDS``."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin
@@ -26,6 +28,7 @@ from sqlqueue.admin.messages import ReadOnlyAdmin
 from sqlqueue.admin.pages import REFRESH_SECONDS
 from sqlqueue.conf import get_settings
 from sqlqueue.models import LiveOverview
+from sqlqueue.operations.gc import CollectionReport, collection_runs
 from sqlqueue.operations.overview import (
     WINDOW_MINUTES,
     SubscriptionActivity,
@@ -66,6 +69,16 @@ def _card(alias: str, sub: SubscriptionActivity, minutes: int) -> dict[str, Any]
     }
 
 
+def _collection(run: CollectionReport) -> dict[str, Any]:
+    def at(ms: int) -> datetime:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+    return {"run": run, "started": at(run.started_ms), "updated": at(run.updated_ms),
+            "state": {"running": "running", "finished": "finished",
+                      "silent": "no word since"}[run.state],
+            "rate": run.rows_per_second, "paced": run.share < 1}
+
+
 def _seconds(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g} s"
 
@@ -95,6 +108,7 @@ class LiveOverviewAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, template, {
             **({} if fragment else self.admin_site.each_context(request)),
             "opts": self.opts, "title": "Live overview", "cards": cards,
+            "collections": [_collection(run) for run in collection_runs()],
             "several_databases": len(conf.databases) > 1, "minutes": minutes,
             "range_name": _range_name(minutes), "step": minutes_per_point(minutes),
             "ranges": [(r, _range_name(r)) for r in RANGES], "series_style": series_style(),

@@ -35,10 +35,17 @@ GC_BATCH = 1000  # rows per DELETE: short transactions, short locks
 #: the passes that follow, at once. A pass runs on the consumer loop's thread: sixteen
 #: partitions' deletes in one held a message that arrived meanwhile for 15 ms.
 GC_DELETES_PER_PASS = 4
-#: offsets one DELETE of a forced pass (``manage.py queue gc``) covers: it sweeps the log
-#: by windows of the primary key (``delete_messages_in_window``), at most this many rows
-#: a statement (0.1-0.7 s each on MariaDB with a cold 2M-row table: short locks).
+#: offsets one DELETE of a forced pass (``manage.py queue gc``) covers at most: it sweeps
+#: the log by windows of the primary key (``delete_messages_in_window``), at most this
+#: many rows a statement (0.1-0.7 s each on MariaDB with a cold 2M-row table).
 GC_SWEEP_WINDOW = 10_000
+#: what one DELETE of a sweep aims to take (seconds): a window that took longer makes the
+#: next one smaller (down to ``GC_SWEEP_MIN_WINDOW``), one that took less makes it larger
+#: again (at most twice, up to ``GC_SWEEP_WINDOW``), per topic. Each statement is one
+#: transaction: this bounds how long its locks, undo and redo last, on a busy database
+#: too (measured: docs/benchmarks.md, "Scale: a log of millions").
+GC_CHUNK_SECONDS = 0.1
+GC_SWEEP_MIN_WINDOW = 500
 #: partitions a sweep names at most (two parameters each: within SQLite's oldest limit
 #: of 999); a topic with more is collected partition by partition.
 GC_SWEEP_PARTITIONS = 400
@@ -68,6 +75,8 @@ class GarbageCollector:
         # it later (a watermark passes settled rows only), so a partition whose
         # collectable offset did not move costs no DELETE.
         self._collected: dict[tuple[str, str], int] = {}
+        # Per topic: offsets its sweep's next DELETE covers (none yet: GC_SWEEP_WINDOW).
+        self._window: dict[str, int] = {}
         self._next_results_pass = 0.0
         self._next_keys_pass = 0.0
         self.deleted = 0  # messages
@@ -90,7 +99,10 @@ class GarbageCollector:
         return deleted + self._collect_extras(now, force) + self._collect_keys(cursor, now, force)
 
     def _collect_keys(self, cursor: Any, now: float, force: bool) -> int:
-        if not force and now < self._next_keys_pass:
+        # A forced pass too waits for the interval once a pass left none: ``queue gc``
+        # sweeping a backlog runs a pass per window of the log, and two more DELETEs in
+        # each are wasted once the keys and results are done.
+        if now < self._next_keys_pass:
             return 0
         store = storage.store(self.alias)
         self._next_keys_pass = now + GC_INTERVAL
@@ -111,7 +123,7 @@ class GarbageCollector:
         return removed
 
     def _collect_extras(self, now: float, force: bool) -> int:
-        if not force and now < self._next_results_pass:
+        if now < self._next_results_pass:  # forced too: as ``_collect_keys``
             return 0
         removed, more = 0, False
         for collection in _extra_collections:
@@ -191,9 +203,14 @@ class GarbageCollector:
         end = max(limits.values())
         deleted = 0
         while after < end and not deleted:
-            upto = min(after + GC_SWEEP_WINDOW, end)
+            span = min(self._window.get(topic, GC_SWEEP_WINDOW), GC_SWEEP_WINDOW)
+            upto = min(after + span, end)
             window = [(p, limit) for p, limit in sorted(limits.items()) if limit > after]
+            began = self.host_clock.monotonic()
             deleted = store.delete_messages_in_window(cursor, topic, after, upto, window)
+            if deleted:
+                self._window[topic] = next_window(upto - after,
+                                                  self.host_clock.monotonic() - began)
             swept = [(p, min(limit, upto)) for p, limit in window]
             if deleted and self.conf.KEEP_DELIVERY_STATE:
                 # The groups' delivery state of the rows collected goes with them.
@@ -224,3 +241,11 @@ class GarbageCollector:
             else:
                 break
         return upto
+
+
+def next_window(span: int, took: float) -> int:
+    """The offsets a sweep's next DELETE covers, after one of ``span`` offsets that took
+    ``took`` seconds: sized to take ``GC_CHUNK_SECONDS``, at most twice ``span``, within
+    ``GC_SWEEP_MIN_WINDOW`` and ``GC_SWEEP_WINDOW``."""
+    sized = 2 * span if took <= 0 else int(span * GC_CHUNK_SECONDS / took)
+    return max(GC_SWEEP_MIN_WINDOW, min(sized, 2 * span, GC_SWEEP_WINDOW))

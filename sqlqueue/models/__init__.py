@@ -12,10 +12,10 @@ on them, and no surrogate column widens the rows or their secondary indexes.
 
 Each module holds one concern: ``fields`` (the column types they share), ``log`` (the
 messages, dead letters, idempotency keys), ``groups`` (each group's delivery state,
-leases, watermarks, heartbeats), ``control`` (pauses, runner requests), ``schedules``,
-``stats`` (the live overview's per-minute rollup) and ``pages`` (the admin pages without
-a table of their own). Every model is imported here, where Django looks for the app's
-models.
+leases, watermarks, heartbeats), ``control`` (pauses, runner requests), ``collections``
+(the runs of ``queue gc``), ``schedules``, ``stats`` (the live overview's per-minute
+rollup) and ``pages`` (the admin pages without a table of their own). Every model is
+imported here, where Django looks for the app's models.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 # The results table of the Django Tasks backend (sqlqueue.integrations.tasks), defined
 # next to the backend it serves; imported here so that it belongs to this app.
 from sqlqueue.integrations.tasks.models import TaskRecord
+from sqlqueue.models.collections import CollectionRun
 from sqlqueue.models.control import FlowControl, RunnerAction, RunnerRequest, RunnerStopCause
 from sqlqueue.models.fields import UnsignedBigAutoField
 from sqlqueue.models.groups import (
@@ -44,6 +45,7 @@ from sqlqueue.models.stats import MinuteStats
 
 __all__ = [
     "IS_DEAD_LETTER",
+    "CollectionRun",
     "ConsumerLag",
     "DeadLetter",
     "DeadLetterManager",

@@ -5,6 +5,7 @@ permission."""
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -18,6 +19,7 @@ from sqlqueue.admin.activity_charts import (
     throughput_chart,
     tick_text,
 )
+from sqlqueue.models import CollectionRun
 from sqlqueue.operations.overview import Minute, histogram_quantile
 
 pytestmark = pytest.mark.django_db
@@ -214,3 +216,35 @@ def test_points_are_summed_by_the_database_back_from_the_current_minute() -> Non
     (hour,) = activity(now_ms=now, minutes=60)
     assert hour.step == 1 and hour.this_minute is hour.minutes[-1]
     assert [minutes_per_point(m) for m in (15, 60, 360, 1440)] == [1, 1, 5, 15]
+
+
+def test_the_page_shows_the_runs_of_queue_gc(operator: Client) -> None:
+    """A deep collection says what it is doing (issue 52): the running run of ``queue gc``
+    first, with how far it got and how fast; one that went silent says so; then the
+    finished ones."""
+    now = int(time.time() * 1000)
+    CollectionRun.objects.create(collector="queue gc on db1 (pid 7)", started_at=now - 50_000,
+                                 updated_at=now - 1_000, messages=1_225_000, share=0.5)
+    CollectionRun.objects.create(collector="queue gc on db1 (pid 3)", started_at=now - 900_000,
+                                 updated_at=now - 800_000, finished_at=now - 800_000,
+                                 messages=2_000_000)
+    CollectionRun.objects.create(collector="queue gc on db2 (pid 9)", started_at=now - 400_000,
+                                 updated_at=now - 300_000, messages=10)
+    for page in (operator.get(URL).content.decode(),
+                 operator.get(URL, {"fragment": "1"}).content.decode()):
+        box = page[page.index('id="sqlqueue-gc-runs"'):]
+        running, finished, silent = (box.index(f"(pid {pid})") for pid in (7, 3, 9))
+        assert running < silent < finished  # the running run first, then the newest
+        assert "sqlqueue-gc-running" in box and "sqlqueue-gc-silent" in box
+        assert "1225000" in box and "<td>25000</td>" in box  # 1,225,000 rows in 49 s
+        assert "deleting 0.50 of its time" in box and "no word since" in box
+        assert "<td>20000</td>" in box  # the finished run: 2,000,000 rows in 100 s
+    assert "appear once a" in page  # and the empty state of the charts below
+
+
+def test_a_run_of_queue_gc_writes_its_row() -> None:
+    from sqlqueue.operations.gc import collect_garbage
+
+    assert collect_garbage(collector="queue gc in a test").messages == 0
+    run = CollectionRun.objects.get(collector="queue gc in a test")
+    assert run.finished_at >= run.started_at > 0 and run.messages == 0

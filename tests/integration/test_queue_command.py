@@ -9,7 +9,7 @@ from django.core.management.base import CommandError
 
 import sqlqueue
 from sqlqueue import Message, OutgoingMessage, send_message, send_messages
-from sqlqueue.models import QueueMessage
+from sqlqueue.models import CollectionRun, QueueMessage
 from sqlqueue.operations.lag import group_lag
 from tests.integration.consuming_helpers import (
     drain,
@@ -79,6 +79,9 @@ def test_gc_command(register: Any) -> None:
     drain_until_watermarks("g", {"k": sent[-1].offset}, conf=fast_settings(RETENTION=3600))
     assert "Deleted 5 message(s)" in queue("gc")
     assert not QueueMessage.objects.filter(topic="t").exists()
+    # The run is written down for the admin's live overview: who, how far, when.
+    (run,) = CollectionRun.objects.filter(collector__startswith="queue gc on ")
+    assert run.messages == 5 and run.finished_at >= run.started_at > 0
 
 
 def test_gc_share_pauses_between_batches(register: Any,

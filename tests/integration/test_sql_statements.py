@@ -192,11 +192,12 @@ def test_tables_use_a_binary_no_pad_collation(mysql_only: None) -> None:
         collations = dict(cursor.fetchall())
     # The five RFC tables, the Tasks backend's results (migration 0005), the idempotency
     # keys (0007), the pauses (0008), the schedules (0009), the runner requests (0011),
-    # the stored schedules (0012) and the live overview's minute stats (0013).
+    # the stored schedules (0012), the live overview's minute stats (0013) and the runs
+    # of queue gc (0017).
     assert collations == dict.fromkeys(
         (*initial.QUEUE_TABLES, "queue_task_results", "queue_idempotency_keys",
          "queue_flow_control", "queue_schedules", "queue_runner_requests",
-         "queue_stored_schedules", "queue_minute_stats"), expected)
+         "queue_stored_schedules", "queue_minute_stats", "queue_gc_runs"), expected)
 
 
 def test_offset_is_unsigned_auto_increment(mysql_only: None) -> None:

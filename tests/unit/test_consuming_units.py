@@ -370,3 +370,20 @@ def test_a_busy_subscriber_reads_the_head_for_discovery_ten_times_a_second_at_mo
     for _ in range(3):  # idle: every pass
         finder.discover(None, head)  # type: ignore[arg-type]
     assert len(reads) == 5
+
+
+def test_a_sweep_s_window_is_sized_by_the_time_its_last_delete_took() -> None:
+    """A deep collection's DELETEs aim at ``GC_CHUNK_SECONDS`` each (issue 52): a slow one
+    shrinks the next window, a fast one at most doubles it, within the bounds."""
+    from sqlqueue.consuming.gc import (
+        GC_CHUNK_SECONDS,
+        GC_SWEEP_MIN_WINDOW,
+        GC_SWEEP_WINDOW,
+        next_window,
+    )
+
+    assert next_window(8000, GC_CHUNK_SECONDS * 4) == 2000  # four times too slow
+    assert next_window(2000, GC_CHUNK_SECONDS / 10) == 4000  # at most twice as wide
+    assert next_window(8000, GC_CHUNK_SECONDS / 10) == GC_SWEEP_WINDOW
+    assert next_window(600, 60.0) == GC_SWEEP_MIN_WINDOW  # a stalled database
+    assert next_window(1000, 0.0) == 2000

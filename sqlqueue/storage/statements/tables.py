@@ -14,10 +14,12 @@ TASK_RESULTS_TABLE = "queue_task_results"
 RUNNER_REQUESTS_TABLE = "queue_runner_requests"
 STORED_SCHEDULES_TABLE = "queue_stored_schedules"
 MINUTE_STATS_TABLE = "queue_minute_stats"
-#: every table ``migrate`` creates: the RFC's five, then sqlqueue's own seven
+GC_RUNS_TABLE = "queue_gc_runs"
+#: every table ``migrate`` creates: the RFC's five, then sqlqueue's own eight
 ALL_TABLES = (MESSAGE_TABLE, STATE_TABLE, LEASES_TABLE, OFFSETS_TABLE, HEARTBEATS_TABLE,
               TASK_RESULTS_TABLE, IDEMPOTENCY_TABLE, FLOW_CONTROL_TABLE, SCHEDULES_TABLE,
-              RUNNER_REQUESTS_TABLE, STORED_SCHEDULES_TABLE, MINUTE_STATS_TABLE)
+              RUNNER_REQUESTS_TABLE, STORED_SCHEDULES_TABLE, MINUTE_STATS_TABLE,
+              GC_RUNS_TABLE)
 
 #: the primary key of a delivery state row
 STATE_KEY = ("consumer_group", "topic", "partition_key", "message_offset")
