@@ -12,7 +12,7 @@ from sqlqueue.conf import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[2]
 NUMBERS = {"five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10, "eleven": 11,
-           "twelve": 12}
+           "twelve": 12, "thirteen": 13}
 
 
 def prose() -> dict[Path, str]:
