@@ -49,10 +49,14 @@ class FencedTransactions:
                 # The clock is read only now, after the fence's lock wait (however long):
                 # every time this transaction stamps comes from after it (guarantee I4, I10).
                 settled = self.horizon.settled_before(cursor, self.clock.now_ms())
-                subscriber.recorder.record(cursor, outcomes)
+                # A batch consumer's acks: covered by the watermark moved below, in this
+                # transaction, where it can (not written a row each), else written.
+                deferred = subscriber.recorder.record(
+                    cursor, outcomes, defer_acks=subscriber.consumer.batched)
                 deliveries = subscriber.poll(cursor, head, budget)
                 # Fewer watermarks while messages wait for this commit (quiet passes: more).
-                subscriber.watermarks.advance(cursor, settled, delivering=bool(deliveries))
+                subscriber.recorder.write_acks(cursor, subscriber.watermarks.advance(
+                    cursor, settled, delivering=bool(deliveries), covering=deferred))
             subscriber.recorder.committed(outcomes)
             return deliveries
         except AnyDatabaseError as exc:

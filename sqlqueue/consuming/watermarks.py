@@ -7,11 +7,13 @@ its transactions.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events, storage
 from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
+from sqlqueue.consuming.outcomes import Ack
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.storage.protocols import WatermarkStore
 
@@ -60,20 +62,40 @@ class WatermarkKeeper:
 
     def advance(
         self, cursor: CursorWrapper, settled_before: int | None, force: bool = False,
-        delivering: bool = False,
-    ) -> None:
+        delivering: bool = False, covering: Sequence[Ack] = (),
+    ) -> list[Ack]:
         """Move each partition's watermark over settled, done rows (created before
         ``settled_before``; None: all are), after checking the window for late-committed
         rows; then drop the delivery state it covers. At most ``ADVANCES_PER_PASS``
         partitions (``ADVANCES_WHILE_DELIVERING`` when the pass is ``delivering``), but
-        with ``force`` (a stop: every partition)."""
+        with ``force`` (a stop: every partition).
+
+        ``covering``: acks recorded in this transaction but not written (done in the
+        windows already, ``OutcomeRecorder.record(defer_acks=True)``). Their partitions
+        move now, whatever the limits above: a watermark written in the same transaction
+        is their ack (a batch's acks were one row written a message, and the delete of it
+        at the watermark another). Returns those it did not cover, for the caller to
+        write in this transaction."""
+        if self.keep_delivery_state:
+            # The acked rows stay until garbage collection, with their ``acked_at``.
+            self._advance(cursor, settled_before, force, delivering, set())
+            return list(covering)
+        acked = {ack.partition_key for ack in covering}
+        self._advance(cursor, settled_before, force, delivering, acked)
+        return [ack for ack in covering
+                if (state := self.partitions.get(ack.partition_key)) is None
+                or ack.offset > state.watermark]
+
+    def _advance(self, cursor: CursorWrapper, settled_before: int | None, force: bool,
+                 delivering: bool, acked: set[str]) -> None:
         now = self.host_clock.monotonic()
         due: list[tuple[float, str, PartitionState]] = []
         for key, state in self.partitions.items():
             if not state.window_open:
                 continue  # idle and settled: nothing to check, no query
             candidate = state.advance_candidate(settled_before)
-            sweep_due = force or now - self._last_sweep.get(key, 0.0) >= SWEEP_INTERVAL
+            sweep_due = (force or key in acked
+                         or now - self._last_sweep.get(key, 0.0) >= SWEEP_INTERVAL)
             if candidate <= state.watermark and not sweep_due:
                 continue
             recently = now - self._last_advance.get(key, 0.0) < WATERMARK_STEP
@@ -82,7 +104,9 @@ class WatermarkKeeper:
             due.append((self._last_sweep.get(key, 0.0), key, state))
         if not force:
             most = ADVANCES_WHILE_DELIVERING if delivering else ADVANCES_PER_PASS
-            due = sorted(due, key=lambda item: item[0])[:most]
+            # Those with acks to cover first, and all of them.
+            due = sorted(due, key=lambda item: (item[1] not in acked, item[0]))
+            due = due[:max(most, sum(1 for _, key, _ in due if key in acked))]
         if not due:
             return
         # One statement of each kind for every partition that moves: sweep, write, delete.
