@@ -52,11 +52,13 @@ class FencedTransactions:
                 # A batch consumer's acks: covered by the watermark moved below, in this
                 # transaction, where it can (not written a row each), else written.
                 deferred = subscriber.recorder.record(
-                    cursor, outcomes, defer_acks=subscriber.consumer.batched)
+                    cursor, outcomes, defer_acks=subscriber.defers_acks)
                 deliveries = subscriber.poll(cursor, head, budget)
                 # Fewer watermarks while messages wait for this commit (quiet passes: more).
-                subscriber.recorder.write_acks(cursor, subscriber.watermarks.advance(
-                    cursor, settled, delivering=bool(deliveries), covering=deferred))
+                unwritten = subscriber.watermarks.advance(
+                    cursor, settled, delivering=bool(deliveries), covering=deferred)
+                if unwritten:
+                    subscriber.recorder.write_acks(cursor, unwritten)
             subscriber.recorder.committed(outcomes)
             return deliveries
         except AnyDatabaseError as exc:
