@@ -88,8 +88,13 @@ class OutcomeRecorder:
             options=self.options, now_ms=self.clock()), defer_acks)
 
     def write_acks(self, cursor: CursorWrapper, acks: list[Ack]) -> None:
-        """Acks ``record(defer_acks=True)`` returned that no watermark covered."""
+        """Acks ``record(defer_acks=True)`` returned that no watermark covered; done in
+        the windows again (a window read afresh, after a reset, may have read their rows
+        before this write: not acked)."""
         write_acks(cursor, storage.store(self.alias), self.group, self.topic, acks)
+        for ack in acks:
+            if (state := self.partitions.get(ack.partition_key)) is not None:
+                state.finished(ack.offset)
 
     def record_plan(self, cursor: CursorWrapper, plan: recording.Plan,
                     defer_acks: bool = False) -> list[Ack]:

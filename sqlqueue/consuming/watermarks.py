@@ -62,39 +62,43 @@ class WatermarkKeeper:
 
     def advance(
         self, cursor: CursorWrapper, settled_before: int | None, force: bool = False,
-        delivering: bool = False, covering: Sequence[Ack] = (),
-    ) -> list[Ack]:
+        delivering: bool = False,
+    ) -> None:
         """Move each partition's watermark over settled, done rows (created before
         ``settled_before``; None: all are), after checking the window for late-committed
         rows; then drop the delivery state it covers. At most ``ADVANCES_PER_PASS``
         partitions (``ADVANCES_WHILE_DELIVERING`` when the pass is ``delivering``), but
-        with ``force`` (a stop: every partition).
+        with ``force`` (a stop: every partition)."""
+        self._advance(cursor, settled_before, force, delivering, None)
 
-        ``covering``: acks recorded in this transaction but not written (done in the
-        windows already, ``OutcomeRecorder.record(defer_acks=True)``). Their partitions
-        move now, whatever the limits above: a watermark written in the same transaction
-        is their ack (a batch's acks were one row written a message, and the delete of it
-        at the watermark another). Returns those it did not cover, for the caller to
-        write in this transaction."""
-        if self.keep_delivery_state:
+    def cover(self, cursor: CursorWrapper, settled_before: int | None,
+              acks: Sequence[Ack]) -> list[Ack]:
+        """Move the watermark of every partition among ``acks`` (recorded in this
+        transaction but not written: done in the windows already,
+        ``OutcomeRecorder.record(defer_acks=True)``), whatever the limits of ``advance``:
+        a watermark written in the same transaction is their ack (a batch's acks were a
+        row written a message, and a delete of it at the watermark). Returns those it did
+        not cover (a message before them still open, rows not settled), for the caller to
+        write in this transaction, before anything reads their rows."""
+        if self.keep_delivery_state or not acks:
             # The acked rows stay until garbage collection, with their ``acked_at``.
-            self._advance(cursor, settled_before, force, delivering, set())
-            return list(covering)
-        acked = {ack.partition_key for ack in covering}
-        self._advance(cursor, settled_before, force, delivering, acked)
-        return [ack for ack in covering
+            return list(acks)
+        self._advance(cursor, settled_before, False, False,
+                      {ack.partition_key for ack in acks})
+        return [ack for ack in acks
                 if (state := self.partitions.get(ack.partition_key)) is None
                 or ack.offset > state.watermark]
 
     def _advance(self, cursor: CursorWrapper, settled_before: int | None, force: bool,
-                 delivering: bool, acked: set[str]) -> None:
+                 delivering: bool, only: set[str] | None) -> None:
+        """``advance``; ``only``: these partitions, each checked now, none other."""
         now = self.host_clock.monotonic()
         due: list[tuple[float, str, PartitionState]] = []
         for key, state in self.partitions.items():
-            if not state.window_open:
+            if not state.window_open or (only is not None and key not in only):
                 continue  # idle and settled: nothing to check, no query
             candidate = state.advance_candidate(settled_before)
-            sweep_due = (force or key in acked
+            sweep_due = (force or only is not None
                          or now - self._last_sweep.get(key, 0.0) >= SWEEP_INTERVAL)
             if candidate <= state.watermark and not sweep_due:
                 continue
@@ -102,11 +106,9 @@ class WatermarkKeeper:
             if candidate > state.watermark and recently and not sweep_due:
                 continue  # batch watermark writes: at most one per partition per step
             due.append((self._last_sweep.get(key, 0.0), key, state))
-        if not force:
+        if not force and only is None:
             most = ADVANCES_WHILE_DELIVERING if delivering else ADVANCES_PER_PASS
-            # Those with acks to cover first, and all of them.
-            due = sorted(due, key=lambda item: (item[1] not in acked, item[0]))
-            due = due[:max(most, sum(1 for _, key, _ in due if key in acked))]
+            due = sorted(due, key=lambda item: item[0])[:most]
         if not due:
             return
         # One statement of each kind for every partition that moves: sweep, write, delete.
