@@ -215,7 +215,7 @@ def failure_paths_twice(message: sqlqueue.Message) -> None:
         raise RuntimeError("bench: fails twice")
 
 
-#: bench.profile_batch: a no-op batch consumer of the drain topic (issue 55)
+#: bench.drain --group bench-batch: a no-op batch consumer of the drain topic (issue 55)
 @sqlqueue.batch_consumer(TOPIC, group="bench-batch", max_batch=500)
 def batch_noop(messages: list[sqlqueue.Message]) -> None:
     return None
