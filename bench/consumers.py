@@ -213,3 +213,9 @@ def failure_paths_reject(message: sqlqueue.Message) -> None:
 def failure_paths_twice(message: sqlqueue.Message) -> None:
     if message.attempt < 3:
         raise RuntimeError("bench: fails twice")
+
+
+#: bench.drain --group bench-batch: a no-op batch consumer of the drain topic (issue 55)
+@sqlqueue.batch_consumer(TOPIC, group="bench-batch", max_batch=500)
+def batch_noop(messages: list[sqlqueue.Message]) -> None:
+    return None

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.drain                       # 20,000 messages, 16 partitions
     .venv/bin/python -m bench.drain --processes 1 --group bench-ordered --batch 10
+    .venv/bin/python -m bench.drain --messages 100000 --processes 2 --group bench-batch
 
 Several processes share the partitions through leases (start-up included in the time).
 """
@@ -56,7 +57,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--group", default="bench-unordered",
-                        choices=["bench-unordered", "bench-ordered"])
+                        choices=["bench-unordered", "bench-ordered", "bench-batch"])
     args = parser.parse_args()
     setup(args.url)
     reset()

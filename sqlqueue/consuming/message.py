@@ -34,6 +34,10 @@ class Reject(SqlqueueError):
         super().__init__(reason)
 
 
+#: a ``Message``'s payload not decoded yet
+_UNDECODED: Any = object()
+
+
 def _datetime(epoch_ms: int) -> datetime:
     return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
 
@@ -50,9 +54,11 @@ def decode_payload(raw: bytes) -> Any:
 class Message:
     """One delivery of a message to a consumer group's handler."""
 
+    # The payload and the two times are made when first read (a batch handler that reads
+    # a field of each message, or none, does not pay for the rest).
     __slots__ = (
-        "_extend", "attempt", "body", "consumer_group", "created_at", "id", "metadata",
-        "offset", "partition_key", "payload", "published_at", "topic",
+        "_created_at_ms", "_extend", "_payload", "_published_at_ms", "attempt", "body",
+        "consumer_group", "id", "metadata", "offset", "partition_key", "topic",
     )
 
     def __init__(
@@ -66,13 +72,30 @@ class Message:
         self.offset = offset
         self.id = id
         self.body = body
-        self.payload: Any = decode_payload(body)
+        self._payload: Any = _UNDECODED
         self.metadata = metadata
         self.attempt = attempt
-        self.created_at = _datetime(created_at_ms)
-        self.published_at = _datetime(published_at_ms)
+        self._created_at_ms = created_at_ms
+        self._published_at_ms = published_at_ms
         self.consumer_group = consumer_group
         self._extend = extend
+
+    @property
+    def payload(self) -> Any:
+        """The JSON payload, decoded (``decode_payload``) when first read."""
+        if self._payload is _UNDECODED:
+            self._payload = decode_payload(self.body)
+        return self._payload
+
+    @property
+    def created_at(self) -> datetime:
+        """The database clock at insert (an aware datetime, UTC)."""
+        return _datetime(self._created_at_ms)
+
+    @property
+    def published_at(self) -> datetime:
+        """The publisher's clock when it was sent (an aware datetime, UTC)."""
+        return _datetime(self._published_at_ms)
 
     def extend_visibility(self, seconds: float | timedelta) -> None:
         """Keep this message invisible to redelivery for ``seconds`` from now (database

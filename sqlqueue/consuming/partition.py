@@ -20,6 +20,7 @@ import os
 import threading
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from sqlqueue.exceptions import SqlqueueError
 from sqlqueue.storage.sql.base import FetchedRow
@@ -29,6 +30,10 @@ from sqlqueue.storage.sql.base import FetchedRow
 #: engine may be imported before); a process serving messages does not pay for a
 #: thread-identity read on every change of a window.
 CHECK_WRITER_VARIABLE = "SQLQUEUE_CHECK_WRITER"
+
+
+#: the order ``ready`` hands entries out in: priority, then offset
+_BEST_FIRST = attrgetter("priority", "offset")
 
 
 def _writer_to_check() -> int | None:
@@ -193,7 +198,7 @@ class PartitionState:
         room = batch_size - self.in_flight_count + sum(1 for e in due if e.in_flight)
         if room <= 0:
             return []
-        due.sort(key=lambda e: (e.priority, e.offset))
+        due.sort(key=_BEST_FIRST)
         return due[:room]
 
     def _next_in_order(self, now_ms: int, answered: Container[int]) -> list[Entry]:

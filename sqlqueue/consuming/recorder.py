@@ -73,24 +73,38 @@ class OutcomeRecorder:
     def delivered(self, count: int) -> None:
         self.stats["delivered"] += count
 
-    def record(self, cursor: CursorWrapper, outcomes: Iterable[Outcome]) -> None:
+    def record(self, cursor: CursorWrapper, outcomes: Iterable[Outcome],
+               defer_acks: bool = False) -> list[Ack]:
         """Record what the handlers did: ``recording.plan`` decides, ``record_plan``
         records. Deliveries stay outstanding until the caller's transaction commits (and
         calls ``committed``): a failed write is retried as the owner's, not dropped as a
         stranger's (the ack would be lost, the message run again). Nothing to record
-        reads nothing (not even the clock)."""
+        reads nothing (not even the clock). ``defer_acks``: the handlers' acks are not
+        written but returned, for the caller to make durable in this same transaction
+        (``Transactions.deliver``: the watermark covers them, or ``write_acks``)."""
         outcomes = list(outcomes)
         self.log_failures([])  # what was counted, once due
         if not outcomes:
-            return
-        self.record_plan(cursor, recording.plan(
+            return []
+        return self.record_plan(cursor, recording.plan(
             outcomes, outstanding=self.deliveries.outstanding, partitions=self.partitions,
-            options=self.options, now_ms=self.clock()))
+            options=self.options, now_ms=self.clock()), defer_acks)
 
-    def record_plan(self, cursor: CursorWrapper, plan: recording.Plan) -> None:
+    def write_acks(self, cursor: CursorWrapper, acks: list[Ack]) -> None:
+        """Acks ``record(defer_acks=True)`` returned that no watermark covered; done in
+        the windows again (a window read afresh, after a reset, may have read their rows
+        before this write: not acked)."""
+        write_acks(cursor, storage.store(self.alias), self.group, self.topic, acks)
+        for ack in acks:
+            if (state := self.partitions.get(ack.partition_key)) is not None:
+                state.finished(ack.offset)
+
+    def record_plan(self, cursor: CursorWrapper, plan: recording.Plan,
+                    defer_acks: bool = False) -> list[Ack]:
         """Give-backs; the dead letters' copies (a few statements for any number); then
-        the acks (the dead letters' too) and retries of every partition in one statement;
-        then the in-memory view follows."""
+        the acks (the dead letters' too; the handlers' not, if ``defer_acks``: returned)
+        and retries of every partition in one statement; then the in-memory view
+        follows."""
         self.stats["abandoned"] += plan.abandoned
         store = storage.store(self.alias)
         if plan.give_backs:
@@ -100,9 +114,10 @@ class OutcomeRecorder:
         for give in plan.give_backs:
             self.partitions[give.delivery.partition_key].given_back(give.delivery.row.offset)
         copied = self._copy_dead_letters(cursor, plan.dead_letters)
+        deferred = plan.ack_writes() if defer_acks else []
         retries = self._record_acks_and_retries(
-            cursor, plan.ack_writes() + [_ack_of(dead.delivery) for dead in copied],
-            plan.retries)
+            cursor, ([] if defer_acks else plan.ack_writes())
+            + [_ack_of(dead.delivery) for dead in copied], plan.retries)
         self._dead_lettered(copied)
         self.stats["acked"] += len(plan.finished)
         self.stats["retried"] += len(retries)
@@ -112,6 +127,7 @@ class OutcomeRecorder:
         for retry in retries:
             self.partitions[retry.delivery.partition_key].retry_at(
                 retry.delivery.row.offset, retry.invisible_until)
+        return deferred
 
     def committed(self, outcomes: Iterable[Outcome]) -> None:
         """The transaction that recorded ``outcomes`` committed: their deliveries leave the

@@ -87,6 +87,9 @@ class Subscriber:
                                           alias=alias, partitions=self.partitions,
                                           keep_delivery_state=conf.KEEP_DELIVERY_STATE,
                                           host_clock=host_clock)
+        #: a batch consumer's: its acks are left to the watermark of the same pass
+        #: (``Transactions.deliver``), not written a row each where it covers them
+        self.defers_acks = consumer.batched
         self.recorder = OutcomeRecorder(consumer=consumer, options=self.options, alias=alias,
                                         dead_letter_topic=consumer.topic + conf.DLQ_SUFFIX,
                                         clock=clock, partitions=self.partitions,

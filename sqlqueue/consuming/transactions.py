@@ -49,7 +49,14 @@ class FencedTransactions:
                 # The clock is read only now, after the fence's lock wait (however long):
                 # every time this transaction stamps comes from after it (guarantee I4, I10).
                 settled = self.horizon.settled_before(cursor, self.clock.now_ms())
-                subscriber.recorder.record(cursor, outcomes)
+                # A batch consumer's acks: covered by its partitions' watermarks, moved
+                # now, in this transaction (not written a row each); the rest written.
+                # Both before the poll, which may read their rows (after a reset).
+                deferred = subscriber.recorder.record(
+                    cursor, outcomes, defer_acks=subscriber.defers_acks)
+                if deferred and (unwritten := subscriber.watermarks.cover(
+                        cursor, settled, deferred)):
+                    subscriber.recorder.write_acks(cursor, unwritten)
                 deliveries = subscriber.poll(cursor, head, budget)
                 # Fewer watermarks while messages wait for this commit (quiet passes: more).
                 subscriber.watermarks.advance(cursor, settled, delivering=bool(deliveries))

@@ -7,11 +7,13 @@ its transactions.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from django.db.backends.utils import CursorWrapper
 
 from sqlqueue import events, storage
 from sqlqueue.consuming.clock import SYSTEM_CLOCK, HostClock
+from sqlqueue.consuming.outcomes import Ack
 from sqlqueue.consuming.partition import PartitionState
 from sqlqueue.storage.protocols import WatermarkStore
 
@@ -67,20 +69,44 @@ class WatermarkKeeper:
         rows; then drop the delivery state it covers. At most ``ADVANCES_PER_PASS``
         partitions (``ADVANCES_WHILE_DELIVERING`` when the pass is ``delivering``), but
         with ``force`` (a stop: every partition)."""
+        self._advance(cursor, settled_before, force, delivering, None)
+
+    def cover(self, cursor: CursorWrapper, settled_before: int | None,
+              acks: Sequence[Ack]) -> list[Ack]:
+        """Move the watermark of every partition among ``acks`` (recorded in this
+        transaction but not written: done in the windows already,
+        ``OutcomeRecorder.record(defer_acks=True)``), whatever the limits of ``advance``:
+        a watermark written in the same transaction is their ack (a batch's acks were a
+        row written a message, and a delete of it at the watermark). Returns those it did
+        not cover (a message before them still open, rows not settled), for the caller to
+        write in this transaction, before anything reads their rows."""
+        if self.keep_delivery_state or not acks:
+            # The acked rows stay until garbage collection, with their ``acked_at``.
+            return list(acks)
+        self._advance(cursor, settled_before, False, False,
+                      {ack.partition_key for ack in acks})
+        return [ack for ack in acks
+                if (state := self.partitions.get(ack.partition_key)) is None
+                or ack.offset > state.watermark]
+
+    def _advance(self, cursor: CursorWrapper, settled_before: int | None, force: bool,
+                 delivering: bool, only: set[str] | None) -> None:
+        """``advance``; ``only``: these partitions, each checked now, none other."""
         now = self.host_clock.monotonic()
         due: list[tuple[float, str, PartitionState]] = []
         for key, state in self.partitions.items():
-            if not state.window_open:
+            if not state.window_open or (only is not None and key not in only):
                 continue  # idle and settled: nothing to check, no query
             candidate = state.advance_candidate(settled_before)
-            sweep_due = force or now - self._last_sweep.get(key, 0.0) >= SWEEP_INTERVAL
+            sweep_due = (force or only is not None
+                         or now - self._last_sweep.get(key, 0.0) >= SWEEP_INTERVAL)
             if candidate <= state.watermark and not sweep_due:
                 continue
             recently = now - self._last_advance.get(key, 0.0) < WATERMARK_STEP
             if candidate > state.watermark and recently and not sweep_due:
                 continue  # batch watermark writes: at most one per partition per step
             due.append((self._last_sweep.get(key, 0.0), key, state))
-        if not force:
+        if not force and only is None:
             most = ADVANCES_WHILE_DELIVERING if delivering else ADVANCES_PER_PASS
             due = sorted(due, key=lambda item: item[0])[:most]
         if not due:

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 import sqlqueue
 from sqlqueue import Message, OutgoingMessage, Reject, Retry, send_messages
 from sqlqueue.consuming.registry import unregister
-from sqlqueue.models import DeliveryState, QueueMessage
+from sqlqueue.models import DeliveryState, PartitionOffset, QueueMessage
 from sqlqueue.testing import run_consumers
 from tests.integration.consuming_helpers import drain, fast_settings
 
@@ -254,3 +255,46 @@ def test_atomic_with_a_mapping_acks_the_rest_in_its_transaction(batch: Any) -> N
     assert sorted(o.reference for o in Order.objects.all()) == ["0@1", "1@1", "1@2", "2@1"]
     assert runner.stats["acked"] == 3 and runner.stats["retry"] == 1
     assert all(s.acked for s in states("g").values())
+
+
+def settled(topic: str) -> None:
+    """Published an hour ago, as a backlog is: settled under every write horizon
+    (MariaDB's trails the clock by a second or two, docs/guides/consuming.md)."""
+    QueueMessage.objects.filter(topic=topic).update(created_at=F("created_at") - 3_600_000)
+
+
+@pytest.mark.django_db(transaction=True)  # no open transaction holds the horizon back
+def test_a_batch_acked_whole_moves_the_watermark_and_writes_no_ack_rows(batch: Any) -> None:
+    """The acks of batches acked whole are covered by the watermark moved in the pass
+    that records them: no ``write_outcomes`` statement (one row a message), and nothing
+    left of their delivery state. A failure in the mapping is still written (retried)."""
+    batch("b.cover", "g", lambda messages: None, max_batch=50)
+    publish("b.cover", 120, partitions=2)
+    settled("b.cover")
+    with CaptureQueriesContext(connection) as queries:
+        report = run_consumers(group="g")
+    assert report.acked == 120
+    outcome_writes = [q["sql"] for q in queries if "acked_at" in q["sql"]]
+    assert outcome_writes == []
+    assert states("g") == {}
+    last = {key: max(m.offset for m in QueueMessage.objects.filter(
+        topic="b.cover", partition_key=key)) for key in ("p0", "p1")}
+    watermarks = dict(PartitionOffset.objects.filter(consumer_group="g", topic="b.cover")
+                      .values_list("partition_key", "offset_acked"))
+    assert all(watermarks[key] >= offset for key, offset in last.items()), watermarks
+
+    failed: set[int] = set()
+
+    def one_fails(messages: list[Message]) -> dict[Message, BaseException]:
+        first = [m for m in messages if m.payload["n"] == 3 and 3 not in failed]
+        failed.update(m.payload["n"] for m in first)
+        return {m: Retry(delay=0) for m in first}
+
+    batch("b.cover2", "g2", one_fails, max_batch=50)
+    publish("b.cover2", 10)
+    settled("b.cover2")
+    with CaptureQueriesContext(connection) as queries:
+        report = run_consumers(group="g2")
+    assert report.acked == 10 and failed == {3}
+    assert any("acked_at" in q["sql"] for q in queries)  # the retry: written
+    assert states("g2") == {}
