@@ -4,6 +4,7 @@
 #               mode, run the whole suite on SQLite, MariaDB/MySQL and PostgreSQL, then the
 #               acceptance and browser tiers against the built wheel (the newest stack:
 #               the newest Python and Django found); then the LTS stack (make test-lts).
+#               The tiers run in three lanes at once, one per database server (below).
 #               Not the soak and topology runs: make soak, make topologies
 #   make docs   serve the docs site (MkDocs over docs/) at http://127.0.0.1:8000/en/latest/
 PY := .venv/bin/python
