@@ -5,7 +5,8 @@ the manual clock, recorded per message (``Run.batch``).
 A call takes its messages' behaviours from the seed: it raises now and then (every message
 fails; ordered: the first, the rest given back), or returns the failing ones in its
 mapping; it lasts as long as its slowest message, outlives the visibility timeout when one
-of them does, and dies with its runner (every run of it cut) when one of them would.
+of them does, and dies with its runner (every run of it cut) when one of them would. An
+atomic call's runs are cut until its transaction commits (one rolled back stays so).
 """
 
 from __future__ import annotations
@@ -51,29 +52,37 @@ def batch_handler(workload: SteppedWorkload, group: str, calls: itertools.count[
         found = outcomes(ordered, [what == "fail" for what, _ in behaviours], raised)
         workload.queue.clock.advance(max((ms for _, ms in behaviours), default=0))
 
-        def record(cut: bool = False) -> None:
-            ended = None if cut else workload.now
-            for message, outcome in zip(messages, found, strict=True):
-                workload.history.ran(Run(
-                    group, message.topic, message.partition_key, message.offset, message.id,
-                    message.attempt, runner, started, ended,
-                    "cut" if cut else outcome,  # type: ignore[arg-type]
-                    visible_until_ms=visible[message.offset], batch=name))
+        def runs(kinds: list[str], ended: float | None) -> list[Run]:
+            return [Run(group, message.topic, message.partition_key, message.offset,
+                        message.id, message.attempt, runner, started, ended,
+                        kind,  # type: ignore[arg-type]
+                        visible_until_ms=visible[message.offset], batch=name)
+                    for message, kind in zip(messages, kinds, strict=True)]
+
+        def record(recorded: list[Run]) -> None:
+            for run in recorded:
+                workload.history.ran(run)
 
         if dies:
-            record(cut=True)
+            record(runs(["cut"] * len(messages), None))
             raise Killed(runner)
         if raised:
-            record()
+            record(runs(found, workload.now))
             raise RuntimeError(f"batch {name} fails ({len(messages)} messages)")
         if atomic:
             for message, outcome in zip(messages, found, strict=True):
                 if outcome == "ok":  # its write commits with its ack, or not at all
                     send_message(workload.history.topic + ATOMIC_OUT, message.id,
                                  partition_key=message.partition_key, using=slot.alias)
-            transaction.on_commit(record, using=slot.alias)
+            # Cut until its transaction commits (as the real-database workload's): one
+            # rolled back after the call returned stays cut.
+            cut = runs(["cut"] * len(messages), workload.now)
+            record(cut)
+            transaction.on_commit(
+                lambda: workload.history.settled(cut, runs(found, workload.now)),
+                using=slot.alias)
         else:
-            record()
+            record(runs(found, workload.now))
         return {m: RuntimeError(f"{m.id} fails attempt {m.attempt}")
                 for m, outcome in zip(messages, found, strict=True) if outcome == "fail"}
 

@@ -7,7 +7,10 @@ behaviours from the workload's seed: one in eight calls raises (every message fa
 ordered: the first fails and the rest are given back); otherwise the messages whose
 behaviour is to fail are returned in the mapping (``{message: exception}``; ordered: those
 after the first failure are given back, ``uncharged``); a slow message makes the call slow;
-a message that outlives its timeout makes the whole call outlive it.
+a message that outlives its timeout makes the whole call outlive it. An atomic call's
+runs are recorded ``cut`` when it returns, and settled when its transaction commits: one
+rolled back after the call returned stays cut (its messages were delivered all the same:
+the engine charges the first, and a message delivered again meanwhile, its next run).
 """
 
 from __future__ import annotations
@@ -80,26 +83,35 @@ def batch_handler(workload: Workload, group: str, calls: itertools.count[int]
         if not atomic or workload.shape.atomic_sleeps:
             time.sleep(seconds)
 
-        def record() -> None:
+        def runs(outcomes: list[str]) -> list[Run]:
             ended = now_ms()
-            for message, outcome in zip(messages, found, strict=True):
-                workload.history.ran(Run(
-                    group, message.topic, message.partition_key, message.offset, message.id,
-                    message.attempt, runner, started, ended, outcome,  # type: ignore[arg-type]
-                    visible_until_ms=visible.get((message.partition_key, message.offset)),
-                    batch=name))
+            return [Run(group, message.topic, message.partition_key, message.offset,
+                        message.id, message.attempt, runner, started, ended,
+                        outcome,  # type: ignore[arg-type]
+                        visible_until_ms=visible.get((message.partition_key, message.offset)),
+                        batch=name)
+                    for message, outcome in zip(messages, outcomes, strict=True)]
 
         if raised:
-            record()
+            for run in runs(found):
+                workload.history.ran(run)
             raise RuntimeError(f"batch {name} fails ({len(messages)} messages)")
         if atomic:
             for message, outcome in zip(messages, found, strict=True):
                 if outcome == "ok":  # its write commits with its ack, or not at all
                     send_message(workload.history.topic + ATOMIC_OUT, message.id,
                                  partition_key=message.partition_key)
-            transaction.on_commit(record)
+            # Recorded now as cut: a transaction rolled back after the call returned (its
+            # fenced acks found a message delivered again, a database error) leaves them
+            # so, deliveries that reached the handler with no outcome of their own; its
+            # commit settles them.
+            cut = runs(["cut"] * len(messages))
+            for run in cut:
+                workload.history.ran(run)
+            transaction.on_commit(lambda: workload.history.settled(cut, runs(found)))
         else:
-            record()
+            for run in runs(found):
+                workload.history.ran(run)
         return {m: RuntimeError(f"{m.id} fails attempt {m.attempt}")
                 for m, outcome in zip(messages, found, strict=True) if outcome == "fail"}
 

@@ -179,6 +179,13 @@ class History:
         with self._lock:
             self.runs.append(run)
 
+    def settled(self, recorded: list[Run], runs: list[Run]) -> None:
+        """``runs`` in place of ``recorded`` (an atomic call's, recorded cut until its
+        transaction commits)."""
+        with self._lock:
+            kept = {id(run) for run in recorded}
+            self.runs[:] = [run for run in self.runs if id(run) not in kept] + runs
+
     def faulted(self, fault: Fault) -> None:
         with self._lock:
             self.faults.append(fault)

@@ -172,6 +172,30 @@ def test_a_call_that_outlived_its_timeout_may_have_its_given_back_messages_charg
     assert "I7" not in invariants(history(PUBLISHES[1:3], runs))
 
 
+def test_an_atomic_call_rolled_back_in_between_may_have_its_messages_charged() -> None:
+    """c was given back, then delivered again (attempt 1) in an atomic call that started
+    near its visibility timeout's end: the timeout ran out, c was delivered again (attempt
+    2), and the call's fenced acks rolled it back. The workload records that call cut (its
+    commit would have settled it): c's next run after the give-back is attempt 1."""
+    given_back = [*batch("r1-1", "bc", 200, 250, outcomes={"b": "fail", "c": "uncharged"}),
+                  *batch("r1-2", "b", 400, 420, attempt=2)]
+    charged = batch("r1-4", "c", 1_950, 1_970, attempt=2)
+    rolled_back = batch("r1-3", "c", 900, 910, outcomes={"c": "cut"})
+    assert check(history(PUBLISHES[1:3], [*given_back, *rolled_back, *charged])) == []
+    assert invariants(history(PUBLISHES[1:3], [*given_back, *charged])) == ["I7"]
+
+
+def test_an_atomic_calls_cut_runs_are_settled_by_its_commit() -> None:
+    h = history(PUBLISHES[1:3], batch("r1-1", "b", 200, 250))
+    cut = batch("r1-2", "c", 300, 310, outcomes={"c": "cut"})
+    for cut_run in cut:
+        h.ran(cut_run)
+    settled = batch("r1-2", "c", 300, 320)
+    h.settled(cut, settled)
+    assert [r.batch for r in h.runs] == ["r1-1", "r1-2"]
+    assert [r.outcome for r in h.runs] == ["ok", "ok"]
+
+
 def test_an_uncharged_run_without_a_failure_before_it_breaks_i5() -> None:
     runs = [*batch("r1-1", "bc", 200, 250, outcomes={"b": "uncharged"}),
             *batch("r1-2", "b", 300, 310)]
