@@ -271,8 +271,7 @@ class HandlerPool:
         try:
             outcome = handlers.handle(delivery)
         finally:
-            if connections[self.alias].in_atomic_block:  # a handler left one open
-                connections[self.alias].close()
+            self._close_a_transaction_left_open()
         self._instrument(outcome, started)
         if not delivery.finish():
             return False
@@ -282,6 +281,12 @@ class HandlerPool:
         if 2 * self.done.qsize() >= self.in_flight:
             self.wakeup.set()
         return True
+
+    def _close_a_transaction_left_open(self) -> None:
+        """A handler that left a transaction open on this thread's connection: close the
+        connection (rolled back), so that the next handler does not run inside it."""
+        if connections[self.alias].in_atomic_block:
+            connections[self.alias].close()
 
     def _handle_batch(self, batch: Batch) -> bool:
         """Run a batch consumer's handler once for ``batch``; False if it ran past its
@@ -299,8 +304,7 @@ class HandlerPool:
         try:
             outcomes = batches.run_batch(started)
         finally:
-            if connections[self.alias].in_atomic_block:  # a handler left one open
-                connections[self.alias].close()
+            self._close_a_transaction_left_open()
         self.instruments.batch(first.consumer.group, first.consumer.topic, len(started))
         in_time = [o for o in outcomes if o.delivery.finish()]
         for outcome in in_time:
