@@ -325,7 +325,7 @@ class Fetcher:
                                               and entry.attempt >= spent_at)]
         if not redelivered:
             return chosen
-        acked = self.store.acked_offsets(cursor, self.group, self.topic, redelivered)
+        acked = self.store.acked_among(cursor, self.group, self.topic, redelivered, lock=True)
         if not acked:
             return chosen
         for state, entry in chosen:

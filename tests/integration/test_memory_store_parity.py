@@ -157,8 +157,8 @@ SCRIPT: list[tuple[str, Callable[[Side], object]]] = [
     ("restamp_visibility", lambda s: (s.d.restamp_visibility(s.c, G, T, [
         ("p0", s.o("a")), ("p0", s.o("b")), ("p1", s.o("c"))], 2_000), s.rows("p0"),
         s.rows("p1"))),
-    ("acked_offsets", lambda s: sorted((p, s.name(o)) for p, o in s.d.acked_offsets(
-        s.c, G, T, [("p0", s.o("a")), ("p0", s.o("b")), ("p1", s.o("c"))]))),
+    ("acked_among", lambda s: sorted((p, s.name(o)) for p, o in s.d.acked_among(
+        s.c, G, T, [("p0", s.o("a")), ("p0", s.o("b")), ("p1", s.o("c"))], lock=True))),
     ("ack_deliveries", lambda s: (
         s.d.ack_deliveries(s.c, G, T, [("p0", s.o("b"), 1)]),  # delivered again since
         s.d.ack_deliveries(s.c, G, T, [("p0", s.o("a"), 1)]),  # acked already

@@ -339,7 +339,8 @@ def test_delivery_state_writes(executor: Executor) -> None:
     assert state(executor, a) == (True, 0, 0, "")  # acked: untouched
     assert state(executor, b)[1] >= extended + 30_000  # type: ignore[index]  # now + 90 s
     pairs = [("k", a), ("k", b), ("j", a)]
-    assert [tuple(r) for r in executor.rows(sql.acked_offsets("g", "t", pairs))] == [("k", a)]
+    locked = sql.acked_among("g", "t", pairs, lock=True)  # the fetcher's read-back
+    assert [tuple(r) for r in executor.rows(locked)] == [("k", a)]
     assert executor.run(sql.ack_deliveries("g", "t", [("k", b, 0)])) == 0  # delivered again
     # Acked already: matched (Django's MySQL connections count rows matched, FOUND_ROWS),
     # and left as it was.

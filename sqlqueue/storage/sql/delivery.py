@@ -171,17 +171,6 @@ class DeliveryAccess(VendorHooks):
         cursor.execute(*self.sql.ack_deliveries(group, topic, deliveries))
         return int(cursor.rowcount)
 
-    # acked_offsets -----------------------------------------------------------------------
-    def acked_offsets(
-        self, cursor: CursorWrapper, group: str, topic: str, pairs: Sequence[tuple[str, int]],
-    ) -> set[tuple[str, int]]:
-        """``acked_offsets``: which of the (partition, offset) pairs are acked, read as
-        of now (a locking read), not as of the transaction's snapshot."""
-        if not pairs:
-            return set()
-        cursor.execute(*self.sql.acked_offsets(group, topic, pairs))
-        return {(str(partition), int(offset)) for partition, offset in cursor.fetchall()}
-
     # give_back ---------------------------------------------------------------------------
     def give_back(
         self, cursor: CursorWrapper, group: str, topic: str,

@@ -134,12 +134,13 @@ class OperatingAccess(VendorHooks):
         return result
 
     def acked_among(
-        self, cursor: CursorWrapper, group: str, topic: str, pairs: Sequence[tuple[str, int]]
+        self, cursor: CursorWrapper, group: str, topic: str, pairs: Sequence[tuple[str, int]],
+        lock: bool = False,
     ) -> set[tuple[str, int]]:
         found: set[tuple[str, int]] = set()
         for start in range(0, len(pairs), DUES_PER_STATEMENT):
-            cursor.execute(*self.sql.acked_among(group, topic,
-                                                 pairs[start:start + DUES_PER_STATEMENT]))
+            cursor.execute(*self.sql.acked_among(
+                group, topic, pairs[start:start + DUES_PER_STATEMENT], lock))
             found.update((key, int(offset)) for key, offset in cursor.fetchall())
         return found
 

@@ -247,21 +247,6 @@ class DeliveryStatements(Vendor):
                 f"AND {q('topic')} = {self.text_mark} AND ({terms})",
                 [group, topic, *(v for delivery in deliveries for v in delivery)])
 
-    def acked_offsets(self, group: str, topic: str,
-                      pairs: Sequence[tuple[str, int]]) -> Statement:
-        """``acked_offsets``: of the (partition, offset) pairs (at least one), those whose
-        row is acked, as (partition, offset): a locking read, so that a transaction that
-        marked them reads what its mark found (an atomic handler's commit), not its
-        snapshot. Each a primary-key lookup."""
-        q = self.quote
-        terms = " OR ".join([f"({q('partition_key')} = {self.text_mark} "
-                             f"AND {q('message_offset')} = %s)"] * len(pairs))
-        return (f"SELECT {q('partition_key')}, {q('message_offset')} FROM {q(STATE_TABLE)} "
-                f"WHERE {q('consumer_group')} = {self.text_mark} "
-                f"AND {q('topic')} = {self.text_mark} AND ({terms}) AND {q('acked')}"
-                f"{self.locking_read_suffix}",
-                [group, topic, *(v for pair in pairs for v in pair)])
-
     def _state_key_sql(self) -> str:
         # The key's text columns, then its offset (an integer).
         return " AND ".join(

@@ -114,10 +114,12 @@ class OperatingStatements(Vendor):
         return (f"SELECT {q('offset')}, {due}, {q('consumer_group')} FROM {q(MESSAGE_TABLE)} "
                 f"WHERE {q('offset')} IN ({', '.join(str(int(o)) for o in offsets)})", [])
 
-    def acked_among(self, group: str, topic: str,
-                    pairs: Sequence[tuple[str, int]]) -> Statement:
+    def acked_among(self, group: str, topic: str, pairs: Sequence[tuple[str, int]],
+                    lock: bool = False) -> Statement:
         """``acked_among``: which of the (partition, offset) pairs (at least one) the
-        group has acked (delivery state, by primary key)."""
+        group has acked (delivery state, by primary key). ``lock``: a locking read, as of
+        now rather than the transaction's snapshot (a pass that marked the rows reads
+        what its marking found: an atomic handler's commit)."""
         q = self.quote
         terms = " OR ".join([f"({q('partition_key')} = {self.text_mark} "
                              f"AND {q('message_offset')} = %s)"]
@@ -125,7 +127,7 @@ class OperatingStatements(Vendor):
         return (f"SELECT {q('partition_key')}, {q('message_offset')} FROM {q(STATE_TABLE)} "
                 f"WHERE {q('consumer_group')} = {self.text_mark} "
                 f"AND {q('topic')} = {self.text_mark} AND ({terms}) "
-                f"AND {q('acked')} = %s",
+                f"AND {q('acked')} = %s{self.locking_read_suffix if lock else ''}",
                 [group, topic, *(v for pair in pairs for v in pair), True])
 
     def dead_letter_tallies(self, pairs: Sequence[tuple[str, str]], cap: int) -> Statement:

@@ -219,9 +219,10 @@ class MemoryStore(MemoryPublishing, MemoryMembership):
                                                     acked_at=now, last_error="")
         return matched
 
-    def acked_offsets(self, cursor: Any, group: str, topic: str,
-                      pairs: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
-        t = self._tables("acked_offsets")
+    def acked_among(self, cursor: Any, group: str, topic: str,
+                    pairs: Sequence[tuple[str, int]], lock: bool = False
+                    ) -> set[tuple[str, int]]:
+        t = self._tables("acked_among")  # one process: no lock to take
         return {(partition, offset) for partition, offset in pairs
                 if (state := t.states.get((group, topic, partition, offset))) is not None
                 and state.acked}
