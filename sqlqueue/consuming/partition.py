@@ -266,11 +266,22 @@ class PartitionState:
         open_offsets = [o for o, e in self.entries.items() if not e.done]
         return self.entries[min(open_offsets)] if open_offsets else None
 
-    def next_due_ms(self) -> int | None:
-        """When the earliest waiting entry becomes deliverable (None: nothing waits)."""
+    def next_due_ms(self, batch_size: int, ordered: bool) -> int | None:
+        """When the earliest waiting entry becomes deliverable (None: nothing waits). With
+        no room for another run (ordered: one in flight; unordered: ``batch_size``), not
+        before the first run's timeout ends: only an outcome makes room sooner, and it
+        wakes the runner itself. ("Due now" made the runner pass back to back while the
+        runs went on: a third of a core for one slow ordered handler.)"""
         waiting = [e.due_ms for e in self.entries.values() if not e.done and not e.in_flight]
+        if not waiting:
+            return None
         # (Set in ordered partitions only, where it holds every one of them back.)
-        return max(min(waiting), self.earlier_runs_until_ms) if waiting else None
+        due = max(min(waiting), self.earlier_runs_until_ms)
+        running = [max(e.visible_again_ms, e.held_until_ms)
+                   for e in self.entries.values() if e.in_flight]
+        if running and (ordered or len(running) >= batch_size):
+            due = max(due, min(running))
+        return due
 
     def dispatched(self, entry: Entry, visible_again_ms: int = 0,
                    hold: Hold | None = None) -> None:

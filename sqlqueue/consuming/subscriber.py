@@ -290,7 +290,9 @@ class Subscriber:
         return min(dues, default=None)
 
     def _delivery_due_ms(self) -> int | None:
-        dues = [d for d in (s.next_due_ms() for s in self.partitions.values()) if d is not None]
+        batch, ordered = self.options.batch_size, self.consumer.ordered
+        dues = [d for d in (s.next_due_ms(batch, ordered) for s in self.partitions.values())
+                if d is not None]
         if not dues:
             return None
         if self.limits is not None and self.allowance() == 0:

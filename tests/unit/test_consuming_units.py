@@ -120,8 +120,35 @@ def test_scheduled_and_invisible_rows_wait() -> None:
     (now,) = state.ready(5000, 10, False)
     assert now.offset == 3
     state.dispatched(now)
-    assert state.next_due_ms() == 7000  # the invisible one comes back first
+    assert state.next_due_ms(10, False) == 7000  # the invisible one comes back first
     assert [e.offset for e in state.ready(8000, 10, False)] == [1, 2]
+
+
+def test_waiting_rows_are_not_due_while_the_partition_has_no_room() -> None:
+    """Unordered with ``batch_size`` runs going, or ordered with one: what waits cannot
+    start before a run's visibility timeout ends (or an outcome makes room)."""
+    state = PartitionState("k", watermark=0)
+    state.absorb([row(1), row(2), row(3)], "g")
+    first, second = state.ready(5000, 2, False)
+    state.dispatched(first, visible_again_ms=9000)
+    assert state.next_due_ms(2, False) == 0  # room for one more: row 2 is due
+    state.dispatched(second, visible_again_ms=9500)
+    assert state.next_due_ms(2, False) == 9000  # full: the first run's timeout
+    first.hold.push_back(12_000)  # extend_visibility
+    assert state.next_due_ms(2, False) == 9500
+    state.finished(2)
+    assert state.next_due_ms(2, False) == 0  # room again
+
+
+def test_an_ordered_run_going_holds_the_next_ones_until_its_timeout() -> None:
+    state = PartitionState("k", watermark=0)
+    state.absorb([row(1), row(2)], "g")
+    (first,) = state.ready(5000, 10, ordered=True)
+    state.dispatched(first, visible_again_ms=9000)
+    assert state.next_due_ms(10, True) == 9000
+    assert state.next_due_ms(10, False) == 0  # unordered, the same rows could start
+    state.finished(1)
+    assert state.next_due_ms(10, True) == 0
 
 
 def test_rows_acked_or_for_other_groups_are_done() -> None:
