@@ -52,23 +52,36 @@ def read_subscriptions(cursor: Any, store: OperatorStore, alias: str, topics: li
     """The heads, positions, leases and delivery states of ``topics`` (sorted) for
     ``groups`` (the positions: of every group, for the count caps). ``heads``: of the
     one topic asked about, if already read."""
-    log_topics = None
     if heads is not None and len(topics) == 1:
-        by_topic = {topics[0]: heads}
-    elif len(topics) == 1:
-        by_topic = {topics[0]: store.partition_heads(cursor, topics[0])}
+        by_topic, log_topics = {topics[0]: heads}, None
     else:
-        by_topic = store.log_heads(cursor, HEADS_READ)
-        if sum(len(keys) for keys in by_topic.values()) < HEADS_READ:
-            log_topics = set(by_topic)
-        else:
-            by_topic = {t: store.partition_heads(cursor, t) for t in topics}
+        by_topic, log_topics = read_heads(cursor, store, topics)
     reads = read_positions(alias, topics, now, by_topic)
     return SubscriptionsRead(now, reads, read_leases(alias, topics, groups, now),
                              delivery_summary(alias, topics, groups, now), log_topics)
 
 
-def _of_topics(rows: QuerySet[Any], topics: list[str]) -> QuerySet[Any]:
+def read_heads(cursor: Any, store: OperatorStore, topics: list[str]
+               ) -> tuple[dict[str, dict[str, int]], set[str] | None]:
+    """topic -> partition -> newest offset of ``topics`` (a topic not in the log: none),
+    and the topics of the log when it was read whole (None: not known). One topic: its
+    own heads; more: every partition of the log in one loose index scan, or each topic's
+    apart past ``HEADS_READ`` partitions."""
+    if len(topics) == 1:
+        return {topics[0]: store.partition_heads(cursor, topics[0])}, None
+    by_topic = store.log_heads(cursor, HEADS_READ)
+    if sum(len(keys) for keys in by_topic.values()) < HEADS_READ:
+        return by_topic, set(by_topic)
+    return {t: store.partition_heads(cursor, t) for t in topics}, None
+
+
+def heads_of_topics(cursor: Any, store: OperatorStore, topics: list[str]
+                    ) -> dict[str, dict[str, int]]:
+    """``read_heads`` without what it says of the log's topics."""
+    return read_heads(cursor, store, topics)[0]
+
+
+def of_topics(rows: QuerySet[Any], topics: list[str]) -> QuerySet[Any]:
     if len(topics) == 1:
         return rows.filter(topic=topics[0])
     return rows.filter(topic__in=topics) if len(topics) <= NAMED_TOPICS else rows
@@ -80,7 +93,7 @@ def read_positions(alias: str, topics: list[str], now: int,
     offset each group's consumer saw (its hint); the count caps are left for the caller
     to set (``sqlqueue.operations.lag``)."""
     reads = {t: TopicRead(alias, t, now, heads.get(t, {}), {}, {}, None) for t in topics}
-    for group, topic, key, acked, moved, hint in _of_topics(
+    for group, topic, key, acked, moved, hint in of_topics(
             PartitionOffset.objects.using(alias), topics).values_list(
             "consumer_group", "topic", "partition_key", "offset_acked", "updated_at",
             "first_pending"):
@@ -98,7 +111,7 @@ def read_leases(alias: str, topics: list[str], groups: list[str], now: int) -> B
     operator's repair revoked has lease_renewed_at 0: no age (not 56 years)."""
     result: ByTopic = {}
     wanted = set(topics)
-    for group, topic, key, owner, renewed in _of_topics(
+    for group, topic, key, owner, renewed in of_topics(
             PartitionLease.objects.using(alias).filter(consumer_group__in=groups),
             topics).values_list("consumer_group", "topic", "partition_key", "leased_by",
                                 "lease_renewed_at"):
@@ -112,7 +125,7 @@ def delivery_summary(alias: str, topics: list[str], groups: list[str], now: int)
     """topic -> group -> partition -> its delivery states. Delivery state only exists
     above the watermark, so this reads the groups' working windows (primary-key
     prefix)."""
-    rows = (_of_topics(DeliveryState.objects.using(alias).filter(consumer_group__in=groups),
+    rows = (of_topics(DeliveryState.objects.using(alias).filter(consumer_group__in=groups),
                        topics)
             .values("consumer_group", "topic", "partition_key")
             .annotate(in_flight=Count("message_offset", filter=Q(

@@ -17,6 +17,7 @@ from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.models import PartitionLease, SubscriberHeartbeat
 from sqlqueue.operations.lag import known_subscriptions
+from sqlqueue.operations.lag_many import heads_of_topics, of_topics
 
 
 @dataclass
@@ -65,44 +66,55 @@ class Membership:
 
 
 def memberships(using: str | None = None) -> list[Membership]:
-    """One ``Membership`` per known (group, topic)."""
+    """One ``Membership`` per known (group, topic), in a number of statements that does not
+    grow with the number of subscriptions (a topic's heads, leases and heartbeats read
+    apart took 1.1-1.2 s for 1,500 subscribed topics)."""
     conf = get_settings()
     alias = using or conf.DATABASE
     connection = connections[alias]
     store = storage.store(connection)
     lease_ms = round(conf.LEASE_DURATION * 1000)
+    subscriptions = known_subscriptions(alias)
+    topics = sorted({topic for _, topic in subscriptions})
     with connection.cursor() as cursor:
         now = store.database_now_ms(cursor)
-    heads: dict[str, set[str]] = {}
-    result = []
-    for group, topic in known_subscriptions(alias):
-        if topic not in heads:
-            with connection.cursor() as cursor:
-                heads[topic] = set(store.partition_heads(cursor, topic))
-        leases = list(PartitionLease.objects.using(alias)
-                      .filter(consumer_group=group, topic=topic)
-                      .values_list("partition_key", "leased_by", "lease_renewed_at"))
-        beats = (SubscriberHeartbeat.objects.using(alias)
-                 .filter(consumer_group=group, topic=topic)
-                 .values_list("subscriber_name", "heartbeat_at", "deregistered_at"))
-        subscribers = {
-            # A heartbeat stamped 0 (written by another client) has no age to show.
-            name: SubscriberInfo(name, (now - beat) / 1000 if beat > 0 else None,
-                                 live=now - beat < lease_ms and not goodbye)
-            for name, beat, goodbye in beats
-        }
-        membership = Membership(group, topic, len(heads[topic] | {p for p, _, _ in leases}))
-        held = set()
-        for partition, holder, renewed in sorted(leases):
-            if now - renewed < lease_ms:
-                held.add(partition)
-                subscribers.setdefault(holder, SubscriberInfo(holder, (now - renewed) / 1000,
-                                                              live=True))
-                subscribers[holder].partitions.append(partition)
-            else:
-                membership.stale_leases.append(StaleLease(
-                    partition, holder, (now - renewed) / 1000 if renewed else None))
-        membership.subscribers = sorted(subscribers.values(), key=lambda s: s.name)
-        membership.unheld = membership.partitions - len(held)
-        result.append(membership)
-    return result
+        heads = heads_of_topics(cursor, store, topics) if topics else {}
+    leases: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
+    for group, topic, key, holder, renewed in of_topics(
+            PartitionLease.objects.using(alias), topics).values_list(
+            "consumer_group", "topic", "partition_key", "leased_by", "lease_renewed_at"):
+        leases.setdefault((group, topic), []).append((key, holder, renewed))
+    beats: dict[tuple[str, str], list[tuple[str, int, int]]] = {}
+    for group, topic, name, beat, goodbye in of_topics(
+            SubscriberHeartbeat.objects.using(alias), topics).values_list(
+            "consumer_group", "topic", "subscriber_name", "heartbeat_at", "deregistered_at"):
+        beats.setdefault((group, topic), []).append((name, beat, goodbye))
+    return [_membership(group, topic, set(heads.get(topic, {})),
+                        leases.get((group, topic), []), beats.get((group, topic), []),
+                        now, lease_ms)
+            for group, topic in subscriptions]
+
+
+def _membership(group: str, topic: str, partitions: set[str],
+                leases: list[tuple[str, str, int]], beats: list[tuple[str, int, int]],
+                now: int, lease_ms: int) -> Membership:
+    subscribers = {
+        # A heartbeat stamped 0 (written by another client) has no age to show.
+        name: SubscriberInfo(name, (now - beat) / 1000 if beat > 0 else None,
+                             live=now - beat < lease_ms and not goodbye)
+        for name, beat, goodbye in beats
+    }
+    membership = Membership(group, topic, len(partitions | {p for p, _, _ in leases}))
+    held = set()
+    for partition, holder, renewed in sorted(leases):
+        if now - renewed < lease_ms:
+            held.add(partition)
+            subscribers.setdefault(holder, SubscriberInfo(holder, (now - renewed) / 1000,
+                                                          live=True))
+            subscribers[holder].partitions.append(partition)
+        else:
+            membership.stale_leases.append(StaleLease(
+                partition, holder, (now - renewed) / 1000 if renewed else None))
+    membership.subscribers = sorted(subscribers.values(), key=lambda s: s.name)
+    membership.unheld = membership.partitions - len(held)
+    return membership
