@@ -43,15 +43,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import reset, setup
+from bench.common import QUEUE_TABLES, reset, setup
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKLOG_TOPIC = "bench.scale.backlog"
 BACKLOG_GROUP = "bench-scale-idle"
 #: ``queue gc --share`` of each round in turn (set by --gc-share: "1,0.5" alternates)
 GC_SHARE = [1.0]
-#: seconds to wait after each run's reset and build (set by --settle-seconds)
+#: seconds to wait after each run's reset and build (set by --settle-seconds), and how
+#: to settle before them (--settle: "auto" or "none")
 SETTLE_SECONDS = [0.0]
+SETTLE = ["auto"]
 #: each round's share, rows deleted and seconds (reported with the live latencies)
 ROUNDS: list[dict[str, float]] = []
 #: rows of the backlog one INSERT ... SELECT writes (one transaction)
@@ -248,6 +250,42 @@ def _collect(url: str, share: float, live: Any = None, phase: str = "gc",
     return int(found.group(1)), float(found.group(2))
 
 
+def settle() -> None:
+    """Bring the tables to the state a backlog grown over hours is in, then wait for the
+    server to be idle: a log read seconds after one statement wrote a million rows pays
+    for that statement (PostgreSQL sets the rows' hint bits on first read, dirtying every
+    page, while its autovacuum and a WAL checkpoint run beside the measurement: 0.5x
+    in some runs). ``--settle auto`` (the default): PostgreSQL vacuums and analyzes the
+    queue tables and checkpoints; MySQL/MariaDB analyzes them and waits until InnoDB's
+    purge is done; then, on either, ``--settle-seconds`` more. ``--settle none``: only
+    the seconds."""
+    from django.db import connection
+
+    if SETTLE[0] == "auto":
+        tables = [connection.ops.quote_name(table) for table in QUEUE_TABLES]
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(f"VACUUM (ANALYZE) {', '.join(tables)}")
+                cursor.execute("CHECKPOINT")
+            elif connection.vendor == "mysql":
+                cursor.execute(f"ANALYZE TABLE {', '.join(tables)}")
+                cursor.fetchall()
+                wait_for_purge(cursor)
+    time.sleep(SETTLE_SECONDS[0])
+
+
+def wait_for_purge(cursor: Any, limit: float = 300) -> None:
+    """Until InnoDB's history list (undo of committed changes not purged yet) is short."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        cursor.execute("SELECT `COUNT` FROM information_schema.INNODB_METRICS "
+                       "WHERE NAME = 'trx_rseg_history_len'")
+        found = cursor.fetchone()
+        if found is None or found[0] < 1000:
+            return
+        time.sleep(1)
+
+
 def run_size(url: str, size: int, partitions: int, messages: int, ids: str = "ordered",
              live_rate: float = 0, quiet_seconds: float = 20, rounds: int = 1,
              ) -> dict[str, Any]:
@@ -257,9 +295,8 @@ def run_size(url: str, size: int, partitions: int, messages: int, ids: str = "or
     built = time.perf_counter() - started
     # The database's own work after a bulk write (PostgreSQL's checkpoint of the WAL a
     # million rows wrote, its autovacuum of the new rows; InnoDB's flushing) would be
-    # measured as the backlog's cost: --settle-seconds waits it out, after every run's
-    # reset or build alike.
-    time.sleep(SETTLE_SECONDS[0])
+    # measured as the backlog's cost: settled, after every run's reset or build alike.
+    settle()
     result: dict[str, Any] = {"backlog": size, "build_s": round(built, 1),
                               "publish_msg_s": round(publish(messages)),
                               "drain_msg_s": round(drain(url, messages))}
@@ -361,14 +398,19 @@ def main() -> None:
                         help="queue gc --share: the part of its time it deletes; several, "
                              "comma-separated (1,0.5): each round the next, interleaved, "
                              "the live latency of each in its own phase (\"gc 0.5\")")
+    parser.add_argument("--settle", choices=("auto", "none"), default="auto",
+                        help="after each run's reset and build, bring the tables to a "
+                             "steady state (auto: PostgreSQL VACUUM ANALYZE and "
+                             "CHECKPOINT; MySQL ANALYZE and InnoDB's purge) or not")
     parser.add_argument("--settle-seconds", type=float, default=0,
-                        help="wait this long after each run's reset and build")
+                        help="then wait this long")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--plot", help="also draw the curves to this PNG (matplotlib)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     GC_SHARE[:] = [float(share) for share in args.gc_share.split(",")]
     SETTLE_SECONDS[0] = args.settle_seconds
+    SETTLE[0] = args.settle
     setup(args.url)
     from django.db import connection
 

@@ -372,6 +372,21 @@ def test_fetch_of_many_partitions_reads_each_in_index_order(sql: Statements) -> 
                     "idx_topic_partition_offset")
 
 
+@pytest.mark.parametrize("topic", [TOPIC, "other"])
+def test_a_fetch_from_the_start_reads_every_partition_by_its_offset_index(
+        sql: Statements, topic: str) -> None:
+    """Each partition read from offset 0 (a new group, or a partition's first fetch):
+    the range covers all of its rows, and MariaDB, which reads the index dives, then
+    priced ``idx_topic_partition_id`` (a ref on the same two columns) below it and sorted
+    the whole partition for every fetch. Every member of the UNION must read the offset
+    index, not merely one of them."""
+    statement = sql.fetch_partitions(GROUP, topic, [(f"k{n}", 0) for n in range(16)], 10)
+    assert_in_order(statement, "idx_topic_partition_offset")
+    if connection.vendor == "mysql":
+        reads = [row["key"] for row in mysql_plan(statement) if row["table"] == "m"]
+        assert reads == ["idx_topic_partition_offset"] * 16, reads
+
+
 def test_fetch_of_given_offsets_looks_them_up(sql: Statements) -> None:
     # By primary key, or by the offset index (the partition's prefix and the offsets).
     index = "PRIMARY" if connection.vendor == "mysql" else None

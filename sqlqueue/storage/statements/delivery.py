@@ -41,7 +41,11 @@ class DeliveryStatements(Vendor):
     # reads ---------------------------------------------------------------------------------
     def _fetch_sql(self, where: str, *, with_partition: bool = False,
                    after: bool = False) -> str:
-        """``after``: the rows read are above an offset (the first parameter after the
+        """The log's rows by ``idx_topic_partition_offset``, named on the vendors that take
+        a hint: MariaDB, its statistics taken beside a backlog of another topic, read a
+        partition by ``idx_topic_partition_id`` and sorted it whole for every fetch (a
+        drain of 100,000 messages beside 2 million: 0.19x its rate on an empty log).
+        ``after``: the rows read are above an offset (the first parameter after the
         group, then again in ``where``). The state's side of the join is bounded by it
         too: a tautology, given the join on the offset, that keeps its index range to the
         partition's rows above the cursor whichever plan the planner picks. (PostgreSQL,
@@ -54,7 +58,7 @@ class DeliveryStatements(Vendor):
         return (
             f"SELECT {self.names(FETCH_COLUMNS, 'm.')}, s.{q('acked')}, "
             f"s.{q('invisible_until')}, s.{q('retry_count')}{partition} "
-            f"FROM {q(MESSAGE_TABLE)} m LEFT JOIN {q(STATE_TABLE)} s "
+            f"FROM {q(MESSAGE_TABLE)} m {self.offset_index_hint} LEFT JOIN {q(STATE_TABLE)} s "
             f"ON s.{q('consumer_group')} = {self.text_mark} AND s.{q('topic')} = m.{q('topic')} "
             f"AND s.{q('partition_key')} = m.{q('partition_key')} "
             f"AND s.{q('message_offset')} = m.{q('offset')} {bound}"
