@@ -111,11 +111,12 @@ class DeliveryStatements(Vendor):
                        after: int, upto: int, limit: int) -> Statement:
         """``partition_rows``: ``columns`` of a partition's rows with after < offset <=
         upto, in offset order, at most ``limit`` (a range of
-        ``idx_topic_partition_offset``; index-only for the offsets alone, which is how
+        ``idx_topic_partition_offset``, named where a hint is taken, as for the fetch;
+        index-only for the offsets alone, which is how
         ``list_offsets`` finds late-committed rows)."""
         q = self.quote
         return (
-            f"SELECT {self.names(columns)} FROM {q(MESSAGE_TABLE)} "
+            f"SELECT {self.names(columns)} FROM {q(MESSAGE_TABLE)} {self.offset_index_hint} "
             f"WHERE {q('topic')} = {self.text_mark} AND {q('partition_key')} = {self.text_mark} "
             f"AND {q('offset')} > %s AND {q('offset')} <= %s "
             f"ORDER BY {q('offset')} LIMIT %s",
