@@ -37,6 +37,7 @@ class PartitionFinder:
         self._discovered_at_head = -1
         self._next_discovery = 0.0
         self._deferred = False
+        self._look_at = 0.0  # when a look put off is allowed (host monotonic seconds)
         self._head_read_at = -math.inf  # when discover last read the head
         # @consumer(start="latest"): placed at the topic's heads once, before any partition.
         self._start_placed = not start_latest
@@ -44,14 +45,14 @@ class PartitionFinder:
     def reset(self) -> None:
         """Look again at the next pass (the in-memory view is being rebuilt)."""
         self._discovered_at_head = -1
-        self._next_discovery = 0.0
+        self._next_discovery = self._look_at = 0.0
         self._head_read_at = -math.inf
 
     def look_again_now(self) -> None:
         """Look for new partitions at the next pass, however recently it looked: for a
         caller that knows the log grew (sqlqueue.testing, after its handlers published),
         rather than wait MIN_DISCOVERY_INTERVAL."""
-        self._next_discovery = 0.0
+        self._next_discovery = self._look_at = 0.0
         self._head_read_at = -math.inf
 
     def discover(self, cursor: CursorWrapper, head: Callable[[], int],
@@ -63,6 +64,11 @@ class PartitionFinder:
         statement a pass, about a tenth of a busy MariaDB pass)."""
         now = self.host_clock.monotonic()
         if busy and now - self._head_read_at < MIN_DISCOVERY_INTERVAL:
+            # Put off like a look too soon (``due_ms``): the next pass may be far, once
+            # handlers run and nothing is due (a pass woken by a new partition's first
+            # message, while a delivery was still in flight, left it to the next poll).
+            self._deferred = True
+            self._look_at = max(self._look_at, self._head_read_at + MIN_DISCOVERY_INTERVAL)
             return
         self._head_read_at = now
         if now < self._next_discovery:
@@ -70,8 +76,10 @@ class PartitionFinder:
             # next poll, however far: the message that woke this pass may be a new
             # partition's first.
             self._deferred = True
+            self._look_at = max(self._look_at, self._next_discovery)
             return
         self._deferred = False
+        self._look_at = 0.0
         # A new head may mean a new partition: look again soon (see
         # MIN_DISCOVERY_INTERVAL); with no new message anywhere, only now and then.
         if head() == self._discovered_at_head and now < (
@@ -100,5 +108,5 @@ class PartitionFinder:
         """When a look put off (``discover`` came too soon) is allowed (None: none is)."""
         if not self._deferred:
             return None
-        wait = max(0.0, self._next_discovery - self.host_clock.monotonic())
+        wait = max(0.0, self._look_at - self.host_clock.monotonic())
         return now_ms + math.ceil(wait * 1000)

@@ -399,6 +399,29 @@ def test_a_busy_subscriber_reads_the_head_for_discovery_ten_times_a_second_at_mo
     assert len(reads) == 5
 
 
+def test_a_look_a_busy_pass_skips_is_due_once_allowed() -> None:
+    """A busy pass that does not read the head (the last read under
+    MIN_DISCOVERY_INTERVAL ago) puts the look off to when it is allowed, as a look too
+    soon after the last one does: the pass may have been woken by a new partition's first
+    message, and the next one may be a poll interval away."""
+    from sqlqueue.consuming import discovery
+
+    now = ManualSeconds(1000.0)
+    finder = discovery.PartitionFinder(group="g", topic="t", alias="default",
+                                       leases=LeaseKeeper("g", "t", "a", 30, 10,
+                                                          host_clock=now),
+                                       start_latest=False, host_clock=now)
+    finder._discovered_at_head = 7
+    finder._next_discovery = now.now
+    finder.discover(None, lambda: 7, busy=True)  # type: ignore[arg-type]  # reads the head
+    assert finder.due_ms(5_000) is None
+    now.now += 0.04
+    finder.discover(None, lambda: 8, busy=True)  # type: ignore[arg-type]  # skipped
+    interval_ms = round(discovery.MIN_DISCOVERY_INTERVAL * 1000)
+    due = finder.due_ms(5_000)
+    assert due is not None and 0 <= due - (5_000 + interval_ms - 40) <= 1  # ceil of ms
+
+
 def test_a_sweep_s_window_is_sized_by_the_time_its_last_delete_took() -> None:
     """A deep collection's DELETEs aim at ``GC_CHUNK_SECONDS`` each (issue 52): a slow one
     shrinks the next window, a fast one at most doubles it, within the bounds."""
