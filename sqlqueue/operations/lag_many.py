@@ -75,12 +75,6 @@ def read_heads(cursor: Any, store: OperatorStore, topics: list[str]
     return {t: store.partition_heads(cursor, t) for t in topics}, None
 
 
-def heads_of_topics(cursor: Any, store: OperatorStore, topics: list[str]
-                    ) -> dict[str, dict[str, int]]:
-    """``read_heads`` without what it says of the log's topics."""
-    return read_heads(cursor, store, topics)[0]
-
-
 def of_topics(rows: QuerySet[Any], topics: list[str]) -> QuerySet[Any]:
     if len(topics) == 1:
         return rows.filter(topic=topics[0])

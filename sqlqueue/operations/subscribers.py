@@ -17,7 +17,7 @@ from sqlqueue import storage
 from sqlqueue.conf import get_settings
 from sqlqueue.models import PartitionLease, SubscriberHeartbeat
 from sqlqueue.operations.lag import known_subscriptions
-from sqlqueue.operations.lag_many import heads_of_topics, of_topics
+from sqlqueue.operations.lag_many import of_topics, read_heads
 
 
 @dataclass
@@ -78,7 +78,7 @@ def memberships(using: str | None = None) -> list[Membership]:
     topics = sorted({topic for _, topic in subscriptions})
     with connection.cursor() as cursor:
         now = store.database_now_ms(cursor)
-        heads = heads_of_topics(cursor, store, topics) if topics else {}
+        heads = read_heads(cursor, store, topics)[0] if topics else {}
     leases: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
     for group, topic, key, holder, renewed in of_topics(
             PartitionLease.objects.using(alias), topics).values_list(
