@@ -308,7 +308,7 @@ def call_handler(handler: Callable[[Message], Any], message: Message) -> Any:
     this thread's connection, so ``atomic=True`` wraps them in the handler's transaction.
     """
     result = handler(message)
-    if inspect.isawaitable(result):
+    if result is not None and inspect.isawaitable(result):  # most return None: no check
         return async_to_sync(_awaited)(result)
     return result
 

@@ -91,7 +91,7 @@ class Pacer:
             s.caught_up(head) and not s.busy() for s in self.subscribers
         ):
             return None
-        if pool.has_outcomes():
+        if pool.has_outcomes() and pool.outcomes_due():
             return 0.0
         unpaused = self._unpaused()
         if any(s.fetcher.reads_on() for s in unpaused):
