@@ -27,6 +27,7 @@ from sqlqueue.consuming.handlers import Delivery, Outcome
 from sqlqueue.consuming.instruments import Instruments
 from sqlqueue.consuming.ledger import Deliveries
 from sqlqueue.consuming.registry import Consumer
+from sqlqueue.consuming.workqueue import WorkQueue
 from sqlqueue.wakeups import Doorbell
 
 logger = logging.getLogger("sqlqueue.consumer")
@@ -58,9 +59,7 @@ class HandlerPool:
         self.stats: Counter[str] = Counter()
         self.exit_when_stuck = exit_when_stuck
         self.on_stuck = on_stuck  # called once a handler stays stuck past the grace
-        self.work: queue.PriorityQueue[tuple[tuple[int, float, int], Delivery | Batch | None]] = (
-            queue.PriorityQueue()
-        )
+        self.work: WorkQueue[Delivery | Batch | None] = WorkQueue()
         # Failing partitions' runs take at most half of the threads (fairness.py).
         self.failing_runs = FailingRuns(threads)
         # Batch consumers' deliveries held to fill a batch (their ``max_wait``).
@@ -117,8 +116,7 @@ class HandlerPool:
         if deliveries and deliveries[0].consumer.max_batch is not None:  # a batch consumer
             self._queue_batches(self.filling.add(deliveries[0].consumer, deliveries))
             return
-        for delivery in deliveries:
-            self.work.put((delivery.sort_key(), delivery))
+        self.work.put_many([(delivery.sort_key(), delivery) for delivery in deliveries])
 
     def dispatch_filled(self) -> None:
         """Hand out the batches held past their consumer's ``max_wait``."""
@@ -130,8 +128,7 @@ class HandlerPool:
         return self.filling.next_in()
 
     def _queue_batches(self, ready: list[Batch]) -> None:
-        for batch in ready:
-            self.work.put((batch.sort_key(), batch))
+        self.work.put_many([(batch.sort_key(), batch) for batch in ready])
 
     # -- what comes back ------------------------------------------------------------------
     def collect(self) -> dict[int, list[Outcome]]:

@@ -113,6 +113,9 @@ class PartitionState:
     #: the thread that made it, its one writer (the runner's main thread; None: not
     #: checked, CHECK_WRITER_VARIABLE)
     writer: int | None = field(default_factory=_writer_to_check, repr=False, compare=False)
+    #: the entries not done, by offset: what the scans of open work read (not the done
+    #: ones waiting for the watermark: hundreds a partition in a drain)
+    open_entries: dict[int, Entry] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.fetched_upto = max(self.fetched_upto, self.watermark)
@@ -143,17 +146,19 @@ class PartitionState:
                 entry.retry_count = row.retry_count
                 entry.due_ms = max(row.deliver_after, row.invisible_until or 0)
             self.entries[row.offset] = entry
+            if not entry.done:
+                self.open_entries[row.offset] = entry
             added.append(entry)
             self.fetched_upto = max(self.fetched_upto, row.offset)
         return added
 
     @property
     def open_count(self) -> int:
-        return sum(1 for e in self.entries.values() if not e.done)
+        return len(self.open_entries)
 
     @property
     def in_flight_count(self) -> int:
-        return sum(1 for e in self.entries.values() if e.in_flight)
+        return sum(1 for e in self.open_entries.values() if e.in_flight)
 
     def wants_fetch(self, batch_size: int, head: Callable[[], int]) -> bool:
         """Read more when the buffer is at most half full and there may be new rows
@@ -193,7 +198,7 @@ class PartitionState:
         if ordered:
             head = self._next_in_order(now_ms, answered)
             return self._run_from(head[0], now_ms, answered, run) if head and run > 1 else head
-        due = [e for e in self.entries.values() if not e.done and e.offset not in answered
+        due = [e for e in self.open_entries.values() if e.offset not in answered
                and (self.overdue(e, now_ms) if e.in_flight else e.due_ms <= now_ms)]
         room = batch_size - self.in_flight_count + sum(1 for e in due if e.in_flight)
         if room <= 0:
@@ -212,9 +217,9 @@ class PartitionState:
         if now_ms < self.earlier_runs_until_ms:
             return []
         if any(e.in_flight and not self._redeliverable(e, now_ms, answered)
-               for e in self.entries.values()) or self._overtaken_run_going(now_ms):
+               for e in self.open_entries.values()) or self._overtaken_run_going(now_ms):
             return []
-        head = self._first_open()
+        head = self.open_entries.get(min(self.open_entries, default=-1))
         if (head is None or head.offset in answered
                 or (not head.in_flight and head.due_ms > now_ms)):
             return []
@@ -226,9 +231,8 @@ class PartitionState:
         as far as each is due and not in flight: consecutive messages of the partition
         for one batch call (nothing else of it is in flight: ``_next_in_order``)."""
         taken = [head]
-        for offset in sorted(o for o, e in self.entries.items()
-                             if o > head.offset and not e.done):
-            entry = self.entries[offset]
+        for offset in sorted(o for o in self.open_entries if o > head.offset):
+            entry = self.open_entries[offset]
             if (len(taken) == run or entry.in_flight or entry.due_ms > now_ms
                     or offset in answered):
                 break
@@ -262,23 +266,19 @@ class PartitionState:
         return (entry.in_flight and 0 < entry.visible_again_ms <= now_ms
                 and now_ms >= entry.held_until_ms)
 
-    def _first_open(self) -> Entry | None:
-        open_offsets = [o for o, e in self.entries.items() if not e.done]
-        return self.entries[min(open_offsets)] if open_offsets else None
-
     def next_due_ms(self, batch_size: int, ordered: bool) -> int | None:
         """When the earliest waiting entry becomes deliverable (None: nothing waits). With
         no room for another run (ordered: one in flight; unordered: ``batch_size``), not
         before the first run's timeout ends: only an outcome makes room sooner, and it
         wakes the runner itself. ("Due now" made the runner pass back to back while the
         runs went on: a third of a core for one slow ordered handler.)"""
-        waiting = [e.due_ms for e in self.entries.values() if not e.done and not e.in_flight]
+        waiting = [e.due_ms for e in self.open_entries.values() if not e.in_flight]
         if not waiting:
             return None
         # (Set in ordered partitions only, where it holds every one of them back.)
         due = max(min(waiting), self.earlier_runs_until_ms)
         running = [max(e.visible_again_ms, e.held_until_ms)
-                   for e in self.entries.values() if e.in_flight]
+                   for e in self.open_entries.values() if e.in_flight]
         if running and (ordered or len(running) >= batch_size):
             due = max(due, min(running))
         return due
@@ -325,6 +325,7 @@ class PartitionState:
             self.overtaken(offset, entry.attempt,
                            max(entry.visible_again_ms, entry.held_until_ms))
         entry.done, entry.in_flight, entry.row = True, False, None
+        self.open_entries.pop(offset, None)
 
     def overtaken(self, offset: int, attempt: int, until_ms: int) -> None:
         """The run of ``attempt`` goes on although its message is done already."""
@@ -379,21 +380,20 @@ class PartitionState:
     def first_open(self) -> int | None:
         """The first fetched offset not done yet: with every fetched row between the
         watermark and it done, the group's first pending message (None: none fetched)."""
-        return min((o for o, e in self.entries.items() if not e.done), default=None)
+        return min(self.open_entries, default=None)
 
     def moved_watermark(self, new_watermark: int) -> None:
         self._writing()
         for offset in [o for o in self.entries if o <= new_watermark]:
             del self.entries[offset]
+            self.open_entries.pop(offset, None)
         self.watermark = max(self.watermark, new_watermark)
 
     # -- status ---------------------------------------------------------------------------
     def busy(self, now_ms: int) -> bool:
         """Work that ``--until-empty`` waits for: in flight, deliverable, or retrying.
         A message scheduled for later and never delivered does not count."""
-        for entry in self.entries.values():
-            if entry.done:
-                continue
+        for entry in self.open_entries.values():
             if entry.in_flight or entry.due_ms <= now_ms or entry.retry_count is not None:
                 return True
         return False

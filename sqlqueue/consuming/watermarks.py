@@ -97,14 +97,14 @@ class WatermarkKeeper:
         for key, state in self.partitions.items():
             if not state.window_open or (only is not None and key not in only):
                 continue  # idle and settled: nothing to check, no query
-            candidate = state.advance_candidate(settled_before)
             sweep_due = (force or only is not None
                          or now - self._last_sweep.get(key, 0.0) >= SWEEP_INTERVAL)
-            if candidate <= state.watermark and not sweep_due:
-                continue
-            recently = now - self._last_advance.get(key, 0.0) < WATERMARK_STEP
-            if candidate > state.watermark and recently and not sweep_due:
-                continue  # batch watermark writes: at most one per partition per step
+            if not sweep_due:
+                if now - self._last_advance.get(key, 0.0) < WATERMARK_STEP:
+                    continue  # batch watermark writes: at most one per partition per step
+                # (Read only now: it sorts the window, done entries included, every pass.)
+                if state.advance_candidate(settled_before) <= state.watermark:
+                    continue
             due.append((self._last_sweep.get(key, 0.0), key, state))
         if not force and only is None:
             most = ADVANCES_WHILE_DELIVERING if delivering else ADVANCES_PER_PASS
