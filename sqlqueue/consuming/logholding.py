@@ -37,6 +37,17 @@ _consumer_log = logging.getLogger("sqlqueue.consumer")
 HELD_LOGGERS = ("sqlqueue.consumer", "sqlqueue.leases")
 
 
+def _held_loggers() -> list[logging.Logger]:
+    """The loggers of ``HELD_LOGGERS``, looked up once (``getLogger`` takes the logging
+    module's lock: twice a pass, every pass)."""
+    if not _HELD:
+        _HELD.extend(logging.getLogger(name) for name in HELD_LOGGERS)
+    return _HELD
+
+
+_HELD: list[logging.Logger] = []
+
+
 class HeldLogs(logging.Filter):
     """A filter on ``HELD_LOGGERS`` while ``holding()``: the records the holding thread
     logs are kept, and handled after the block; other threads' pass."""
@@ -55,7 +66,7 @@ class HeldLogs(logging.Filter):
     @contextmanager
     def holding(self) -> Iterator[None]:
         """Keep this thread's records of ``HELD_LOGGERS`` until the block ends."""
-        loggers = [logging.getLogger(name) for name in HELD_LOGGERS]
+        loggers = _held_loggers()
         self._thread = threading.get_ident()
         for logger in loggers:
             logger.addFilter(self)

@@ -79,13 +79,11 @@ class DeliveryAccess(VendorHooks):
 
     @staticmethod
     def _fetched(r: Sequence[Any]) -> FetchedRow:
+        # Positional, in FetchedRow's field order (every fetched row passes here).
         return FetchedRow(
-            offset=int(r[0]), id=r[1], payload=bytes(r[2]), metadata=_text(r[3]),
-            created_at=int(r[4]), published_at=int(r[5]), priority=int(r[6]),
-            deliver_after=int(r[7]), consumer_group=r[8], failure_detail=_text(r[9]),
-            acked=None if r[10] is None else bool(r[10]),
-            invisible_until=None if r[11] is None else int(r[11]),
-            retry_count=None if r[12] is None else int(r[12]),
+            int(r[0]), r[1], bytes(r[2]), _text(r[3]), int(r[4]), int(r[5]), int(r[6]),
+            int(r[7]), r[8], _text(r[9]), None if r[10] is None else bool(r[10]),
+            None if r[11] is None else int(r[11]), None if r[12] is None else int(r[12]),
         )
 
     # list_offsets -------------------------------------------------------------------------
