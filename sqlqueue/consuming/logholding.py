@@ -35,17 +35,8 @@ _consumer_log = logging.getLogger("sqlqueue.consumer")
 
 #: the loggers of what runs inside a runner's cycle transaction
 HELD_LOGGERS = ("sqlqueue.consumer", "sqlqueue.leases")
-
-
-def _held_loggers() -> list[logging.Logger]:
-    """The loggers of ``HELD_LOGGERS``, looked up once (``getLogger`` takes the logging
-    module's lock: twice a pass, every pass)."""
-    if not _HELD:
-        _HELD.extend(logging.getLogger(name) for name in HELD_LOGGERS)
-    return _HELD
-
-
-_HELD: list[logging.Logger] = []
+#: ...looked up once: ``getLogger`` takes the logging module's lock (twice a pass, every pass)
+_HELD = tuple(logging.getLogger(name) for name in HELD_LOGGERS)
 
 
 class HeldLogs(logging.Filter):
@@ -66,7 +57,7 @@ class HeldLogs(logging.Filter):
     @contextmanager
     def holding(self) -> Iterator[None]:
         """Keep this thread's records of ``HELD_LOGGERS`` until the block ends."""
-        loggers = _held_loggers()
+        loggers = _HELD
         self._thread = threading.get_ident()
         for logger in loggers:
             logger.addFilter(self)
