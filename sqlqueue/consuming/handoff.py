@@ -82,14 +82,14 @@ class HandlerPool:
         return not self.done.empty() or bool(self.unrecorded)
 
     def outcomes_due(self) -> bool:
-        """Should a pass record the outcomes now? Yes once half of what is in flight has
-        finished, when an earlier pass could not record some, or when fewer deliveries
+        """Should a pass record the outcomes now? Yes once three quarters of what is in
+        flight has finished, when an earlier pass could not record some, or when fewer deliveries
         wait in the queue than there are threads (the threads would soon wait for the
         pass that makes room and refills it). Otherwise the threads are busy with the
         queue: a pass now would record a few outcomes at the cost of a whole pass (a
         fence, a fetch, a commit), and the loop passed back to back at ~30 messages a
         pass with over 100 still queued."""
-        return (bool(self.unrecorded) or 2 * self.done.qsize() >= self.in_flight
+        return (bool(self.unrecorded) or 4 * self.done.qsize() >= 3 * self.in_flight
                 or self.work.qsize() < self.threads)
 
     def keep_unrecorded(self, outcomes: Iterable[Outcome]) -> None:

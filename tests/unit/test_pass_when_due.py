@@ -28,9 +28,11 @@ def test_outcomes_wait_while_the_threads_have_queued_work() -> None:
     handlers.done.put(Outcome(queued[0], "ack"))
     # One of ten finished, eight more queued: a pass now would record one outcome.
     assert not handlers.outcomes_due()
-    for made in queued[1:5]:
+    for made in queued[1:7]:
         handlers.done.put(Outcome(made, "ack"))
-    assert handlers.outcomes_due()  # half of what is in flight has finished
+    assert not handlers.outcomes_due()  # seven of ten: the queue still holds work
+    handlers.done.put(Outcome(queued[7], "ack"))
+    assert handlers.outcomes_due()  # three quarters of what is in flight has finished
 
 
 def test_outcomes_are_due_when_the_queue_runs_dry_or_a_pass_failed_to_record() -> None:

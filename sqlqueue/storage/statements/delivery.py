@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from sqlqueue.storage.statements.tables import (
@@ -82,13 +83,22 @@ class DeliveryStatements(Vendor):
         statement (at least one), each its own range of ``idx_topic_partition_offset``
         with its own limit (a UNION ALL), the partition key last. One round trip where a
         poll after new rows in one partition of many would make one per partition."""
-        one = self._fetch_sql(f"m.{self.quote('offset')} > %s", with_partition=True,
-                              after=True)
         params: list[Any] = []
         for partition, after in positions:
             params += [group, after, topic, partition, after, limit]
-        return (" UNION ALL ".join([self.union_member(one + " LIMIT %s")] * len(positions)),
-                params)
+        return self._fetch_partitions_sql(len(positions)), params
+
+    def _fetch_partitions_sql(self, members: int) -> str:
+        """The text of ``fetch_partitions`` for ``members`` partitions, built once per count
+        (a runner's passes ask for the same few counts, each pass)."""
+        texts: dict[int, str] = self.__dict__.setdefault("_fetch_partitions_texts", {})
+        text = texts.get(members)
+        if text is None:
+            one = self.union_member(self._fetch_sql(
+                f"m.{self.quote('offset')} > %s", with_partition=True, after=True)
+                + " LIMIT %s")
+            text = texts[members] = " UNION ALL ".join([one] * members)
+        return text
 
     def partitions_with_rows(self, topic: str, after: int, upto: int) -> Statement:
         """``partitions_with_rows``: the partitions of ``topic`` with a visible row whose
@@ -190,8 +200,11 @@ class DeliveryStatements(Vendor):
         for partition, offset, invisible_until in deliveries:
             params += [group, topic, partition, offset, invisible_until]
         return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) VALUES {values} "
-                f"{self._mark_delivered_clause()}", params)
+                f"{self._mark_delivered_clause}", params)
 
+    # Built once (cached_property): it depends on the vendor alone, and every pass of a
+    # runner writes marks and outcomes.
+    @cached_property
     def _mark_delivered_clause(self) -> str:
         q = self.quote
         return self.upsert_clause(STATE_KEY, {
@@ -214,9 +227,10 @@ class DeliveryStatements(Vendor):
             params += [group, topic, s.partition_key, s.offset, s.acked, s.invisible_until,
                        s.acked, s.last_error]
         return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) "
-                f"VALUES {', '.join([one] * len(writes))} {self._write_outcomes_clause()}",
+                f"VALUES {', '.join([one] * len(writes))} {self._write_outcomes_clause}",
                 params)
 
+    @cached_property
     def _write_outcomes_clause(self) -> str:
         q = self.quote
         return self.upsert_clause(STATE_KEY, {
@@ -329,15 +343,19 @@ class PostgreSQLDelivery(DeliveryStatements):
 
     def mark_delivered(self, group: str, topic: str,
                        deliveries: Sequence[tuple[str, int, int]]) -> Statement:
+        partitions, offsets, invisible = zip(*deliveries, strict=True)
+        return (self._mark_delivered_sql,
+                [group, topic, text_array(partitions), number_array(offsets),
+                 number_array(invisible)])
+
+    @cached_property
+    def _mark_delivered_sql(self) -> str:
         q = self.quote
         columns = (*STATE_KEY, "acked", "invisible_until", "retry_count")
-        partitions, offsets, invisible = zip(*deliveries, strict=True)
         return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) "
                 f"SELECT %s, %s, d.p, d.o, FALSE, d.i, 0 "
                 f"FROM unnest(%s::text[], %s::bigint[], %s::bigint[]) AS d(p, o, i) "
-                f"{self._mark_delivered_clause()}",
-                [group, topic, text_array(partitions), number_array(offsets),
-                 number_array(invisible)])
+                f"{self._mark_delivered_clause}")
 
     def restamp_visibility(self, group: str, topic: str, pairs: Sequence[tuple[str, int]],
                            milliseconds: int) -> Statement:
@@ -353,15 +371,19 @@ class PostgreSQLDelivery(DeliveryStatements):
 
     def write_outcomes(self, group: str, topic: str,
                        writes: Sequence[OutcomeWrite]) -> Statement:
+        return (self._write_outcomes_sql,
+                [group, topic, text_array([s.partition_key for s in writes]),
+                 number_array([s.offset for s in writes]),
+                 "{" + ",".join(["t" if s.acked else "f" for s in writes]) + "}",
+                 number_array([s.invisible_until for s in writes]),
+                 text_array([s.last_error for s in writes])])
+
+    @cached_property
+    def _write_outcomes_sql(self) -> str:
         q = self.quote
         columns = (*STATE_KEY, "acked", "invisible_until", "acked_at", "last_error")
         return (f"INSERT INTO {q(STATE_TABLE)} ({self.names(columns)}) "
                 f"SELECT %s, %s, w.p, w.o, w.a, w.i, "
                 f"CASE WHEN w.a THEN {self.now_ms_sql} ELSE 0 END, w.e "
                 f"FROM unnest(%s::text[], %s::bigint[], %s::boolean[], %s::bigint[], "
-                f"%s::text[]) AS w(p, o, a, i, e) {self._write_outcomes_clause()}",
-                [group, topic, text_array([s.partition_key for s in writes]),
-                 number_array([s.offset for s in writes]),
-                 "{" + ",".join(["t" if s.acked else "f" for s in writes]) + "}",
-                 number_array([s.invisible_until for s in writes]),
-                 text_array([s.last_error for s in writes])])
+                f"%s::text[]) AS w(p, o, a, i, e) {self._write_outcomes_clause}")
