@@ -173,18 +173,23 @@ class BatchRules:
         return False
 
     def _done_after(self, group: str, failed: Run) -> float | None:
-        """When the message of ``failed`` was done, by a later run (None: never)."""
+        """When the message of ``failed`` was done (None: never): by a later run, or by an
+        earlier attempt's late ack (a run past its visibility timeout that returned well
+        while the message was delivered again: its ack is the message's, as
+        ``Checker._done`` counts it)."""
         dead = self.checker.dead.get((group, failed.id))
         if dead is not None and failed.attempt >= dead.attempts:
             return failed.finished_ms
         if self._dead_unseen(group, failed.partition, failed.id):
             return float("-inf")  # dead-lettered with no run of its last attempt
+        done: list[float] = []
         for run in self.checker.runs_of[(group, failed.partition, failed.id)]:
-            if run.started_ms <= failed.started_ms or run.finished_ms is None:
+            if run is failed or run.finished_ms is None:
                 continue
-            if run.outcome == "ok" or (dead is not None and run.attempt >= dead.attempts):
-                return run.finished_ms
-        return None
+            if run.outcome == "ok" or (run.started_ms > failed.started_ms and dead is not None
+                                       and run.attempt >= dead.attempts):
+                done.append(run.finished_ms)
+        return min(done, default=None)
 
     def _dead_unseen(self, group: str, partition: str, message_id: str) -> bool:
         """Dead-lettered without a run of its last attempt (attempts that never completed:

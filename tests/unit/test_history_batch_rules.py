@@ -102,6 +102,22 @@ def test_a_given_back_message_that_runs_before_the_failed_one_is_done_breaks_i5(
                for v in check(h))
 
 
+def test_a_given_back_message_may_run_once_an_earlier_attempt_acked_the_failed_one() -> None:
+    """b's first run outlives its visibility timeout (1,000 ms) and returns well at 1,500:
+    a late ack, the message's. Its second delivery (from 1,500, with c) fails and gives c
+    back; c runs again at 1,700, after b was done by that late ack (seed 186559736 of the
+    randomized workload on SQLite, wave 4's seventh session)."""
+    runs = [*batch("r1-1", "b", 200, 1_500),
+            *batch("r1-2", "b", 1_500, 1_600, attempt=2, outcomes={"b": "fail"}),
+            *batch("r1-2", "c", 1_500, 1_600, outcomes={"c": "uncharged"}),
+            *batch("r1-3", "c", 1_700, 1_710)]
+    assert check(history(PUBLISHES[1:3], runs)) == []
+    # Without the late ack (b's first run failed too), c ran before b was done.
+    failed_first = [replace(runs[0], outcome="fail"), *runs[1:]]
+    assert any("c, given back behind b, ran again before b was done" in v.text
+               for v in check(history(PUBLISHES[1:3], failed_first)))
+
+
 def test_a_given_back_message_may_run_behind_the_failed_ones_retry_in_one_call() -> None:
     """b fails, c is given back; the next call holds b's retry and c after it (b fails
     again, c is given back again), then both run well."""
