@@ -148,6 +148,20 @@ def test_a_redelivery_after_the_timeout_of_a_run_that_then_fails_is_no_early_ret
     assert "I9" in invariants(history([publish("a", 1, 0)], [early, again]))
 
 
+def test_a_redelivery_made_before_a_late_failure_may_start_after_it() -> None:
+    """Attempt 1 outlives its timeout (at 1,100) and fails at 1,400; attempt 2 was
+    delivered again at 1,150 (its deadline 2,150 = 1,150 + the 1,000 ms timeout) and
+    started at 1,410, once attempt 1 ended (an ordered partition's new run waits for the
+    one still running): no retry of that failure, its backoff does not apply (seed
+    1291695760 on SQLite, wave 4's seventh session)."""
+    first = run("a", 1, 100, 1_400, outcome="fail")
+    again = replace(run("a", 1, 1_410, 1_420, attempt=2), visible_until_ms=2_150)
+    assert not invariants(history([publish("a", 1, 0)], [first, again]))
+    # Marked after the failure (its deadline 2,405): a retry, 10 ms after it.
+    retried = replace(again, visible_until_ms=2_405)
+    assert "I9" in invariants(history([publish("a", 1, 0)], [first, retried]))
+
+
 def test_a_redelivery_before_the_timeout_breaks_i10() -> None:
     runs = [run("a", 1, 100, None, outcome="cut", runner="r1"),
             run("a", 1, 600, 650, attempt=2, runner="r2")]
