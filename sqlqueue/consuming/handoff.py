@@ -83,9 +83,9 @@ class HandlerPool:
 
     def outcomes_due(self) -> bool:
         """Should a pass record the outcomes now? Yes once three quarters of what is in
-        flight has finished, when an earlier pass could not record some, or when fewer deliveries
-        wait in the queue than there are threads (the threads would soon wait for the
-        pass that makes room and refills it). Otherwise the threads are busy with the
+        flight has finished, when an earlier pass could not record some, or when fewer
+        deliveries wait in the queue than there are threads (the threads would soon wait
+        for the pass that makes room and refills it). Otherwise the threads are busy with the
         queue: a pass now would record a few outcomes at the cost of a whole pass (a
         fence, a fetch, a commit), and the loop passed back to back at ~30 messages a
         pass with over 100 still queued."""

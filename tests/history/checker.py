@@ -367,9 +367,12 @@ class Checker:
 
     @staticmethod
     def _delivered_at(run: Run, visibility_ms: int) -> float | None:
-        """When ``run``'s delivery was marked, at the latest: its visibility deadline as
-        read at its start, less the timeout (a deadline stamped again while it waited in
-        the queue is later: the estimate errs late, never early). None: not known."""
+        """When ``run``'s delivery was marked: its visibility deadline as read at its
+        start, less the timeout. A deadline stamped again while it waited in the queue
+        is later (the estimate errs late); it errs early only where the run before's
+        failure was written after this mark (its backoff's deadline), and then this
+        delivery was made before that failure was known: no retry of it either. None:
+        not known."""
         if not run.visible_until_ms:
             return None
         return run.visible_until_ms - visibility_ms

@@ -27,6 +27,9 @@ def test_a_fetch_of_n_partitions_has_n_members_and_is_built_once(vendor: str) ->
         texts[n] = sql
     again, _ = statements.fetch_partitions("g", "u", [("a", 1), ("b", 2)], 7)
     assert again is texts[2]  # the kept text, whatever the group, topic or limit
+    fresh = type(statements)()  # nothing kept yet: every text built afresh
+    assert fresh.fetch_partitions("g", "t", [("p0", 0), ("p1", 10), ("p2", 20)], 5)[0] \
+        == texts[3]
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
@@ -38,6 +41,9 @@ def test_marks_and_outcomes_keep_their_text_and_take_new_values(vendor: str) -> 
     write = [OutcomeWrite("p", 1, True, 0), OutcomeWrite("q", 2, False, 5, "boom")]
     outcome, values = statements.write_outcomes("g", "t", write)
     assert statements.write_outcomes("g", "t", write) == (outcome, values)
+    fresh = type(statements)()
+    assert fresh.mark_delivered("g", "t", [("p", 1, 100)])[0] == first
+    assert fresh.write_outcomes("g", "t", write)[0] == outcome
     if vendor == "postgresql":  # one text for any number of rows (arrays of values)
         assert first is second
         assert values[:2] == ["g", "t"] and values[2] == '{"p","q"}'
